@@ -1,0 +1,3 @@
+from cometnmt.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,297 @@
+"""Typed configuration: YAML -> nested dataclasses, with strict checks and dotted overrides.
+
+A run is described by one :class:`Config`. YAML files are loaded with :func:`load_config`; every
+key must be a field of the matching dataclass, every value must have the field's type, and every
+``Literal`` field must hold one of its choices. Errors name the dotted key (``train.lr``) and what
+is allowed. ``configs/reference.yaml`` documents every key and its default; a test checks that it
+is complete.
+
+Architecture-specific hyper-parameters live next to the code that uses them (e.g.
+:class:`cometnmt.models.comet.CometConfig`) and are nested here under ``model.<arch>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from cometnmt.errors import ConfigError
+from cometnmt.models.comet import CometConfig
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel text comes from and how it becomes token ids."""
+
+    corpus: Literal["multi30k", "files"] = "multi30k"
+    multi30k_dir: Optional[str] = None  # None: $COMETNMT_MULTI30K_DIR, else download + verify
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    # corpus: files -- explicit paths (plain or gzip UTF-8, one sentence per line)
+    train_src: Optional[str] = None
+    train_tgt: Optional[str] = None
+    valid_src: Optional[str] = None
+    valid_tgt: Optional[str] = None
+    test_src: Optional[str] = None
+    test_tgt: Optional[str] = None
+    max_train_pairs: Optional[int] = None  # first N pairs only (smoke runs)
+    max_valid_pairs: Optional[int] = None
+    tokenizer: Literal["spacy", "sentencepiece"] = "spacy"
+    lowercase: bool = False
+    min_freq: int = 2  # word vocabularies (spacy): drop rarer tokens
+    max_vocab: Optional[int] = None
+    sp_vocab_size: int = 8000  # sentencepiece: per language
+    sp_model_type: Literal["unigram", "bpe"] = "unigram"
+    max_len: int = 100  # training pairs longer than this (tokens, either side) are skipped
+    src_sos_eos: bool = False  # COMET Table 1 "source SOS/EOS": wrap source in <s> ... </s>
+
+
+@dataclass
+class ModelConfig:
+    """Shared Transformer-family sizes plus one section per architecture."""
+
+    arch: str = "transformer"
+    d_model: int = 256
+    n_heads: int = 8
+    enc_layers: int = 3
+    dec_layers: int = 3
+    d_ff: int = 2048
+    dropout: float = 0.1
+    max_positions: int = 1024
+    comet: CometConfig = field(default_factory=CometConfig)
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, stopping, checkpointing and logging."""
+
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA; fp16 uses loss scaling
+    compile: bool = False  # torch.compile the model (falls back to eager on failure)
+    num_threads: Optional[int] = None  # torch.set_num_threads on the CPU
+    max_epochs: int = 100
+    max_steps: Optional[int] = None  # optimizer steps; None = no limit
+    batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side
+    batch_sentences: Optional[int] = None  # cap sentences per micro-batch (the paper: 10)
+    accum_steps: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: Literal["constant", "inverse_sqrt"] = "constant"
+    warmup_steps: int = 4000  # inverse_sqrt: linear warmup to lr, then lr * sqrt(warmup/step)
+    label_smoothing: float = 0.0
+    clip_norm: Optional[float] = 1.0
+    stopping: Literal["loss_rise", "bleu_patience", "none"] = "loss_rise"
+    loss_rise_epochs: int = 2  # paper: stop once validation loss rose this many epochs in a row
+    patience: int = 5  # bleu_patience: epochs without a better validation BLEU
+    valid_bleu: bool = True  # greedy-decode the validation set every epoch
+    valid_bleu_max_sentences: Optional[int] = None
+    log_every: int = 50  # optimizer steps between metrics-log lines
+    save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps
+    keep_checkpoints: int = 0  # keep the last N epoch checkpoints for averaging
+    save_dir: str = "runs/default"
+    progress: bool = True  # tqdm bar on stderr
+
+
+@dataclass
+class DecodeConfig:
+    """Search used by `translate`, validation BLEU and evaluation."""
+
+    method: Literal["greedy", "beam"] = "greedy"
+    beam_size: int = 5
+    length_penalty: float = 1.0  # GNMT alpha: score / ((5 + len) / 6) ** alpha
+    nbest: int = 1
+    max_len_a: float = 1.5  # output length bound: a * source_len + b
+    max_len_b: int = 10
+    batch_sentences: int = 128
+
+
+@dataclass
+class Config:
+    """A complete, self-describing run."""
+
+    name: str = "run"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# dict <-> dataclass with strict checks
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against type ``tp``; return it (int -> float allowed). Raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}': expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, key)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"config key '{key}': {value!r} is not allowed; expected {_type_name(tp)}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
+
+
+def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in hints:
+            raise ConfigError(f"unknown config key '{dotted}'; allowed keys here: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict (YAML/JSON/pickle friendly)."""
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``train.lr=3e-4`` -> ("train.lr", 0.0003); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}' has no key")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str):
+        # YAML 1.1 reads "3e-4" as a string; accept scientific notation as a number.
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML file (or defaults when ``path`` is None), apply dotted overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded or {}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    cfg = config_from_dict(data)
+    return cfg
+
+
+def config_from_dict(data: dict) -> Config:
+    cfg = from_dict(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that types alone cannot express."""
+    from cometnmt.models import REGISTRY
+
+    if cfg.model.arch not in REGISTRY:
+        raise ConfigError(f"config key 'model.arch': {cfg.model.arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}")
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)")
+    if len(cfg.train.betas) != 2:
+        raise ConfigError(f"config key 'train.betas': expected two numbers, got {cfg.train.betas}")
+    positive = {
+        "train.batch_tokens": cfg.train.batch_tokens,
+        "train.accum_steps": cfg.train.accum_steps,
+        "train.max_epochs": cfg.train.max_epochs,
+        "decode.beam_size": cfg.decode.beam_size,
+        "decode.nbest": cfg.decode.nbest,
+        "decode.batch_sentences": cfg.decode.batch_sentences,
+        "data.max_len": cfg.data.max_len,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"config key '{key}': must be at least 1, got {value}")
+    if cfg.decode.nbest > cfg.decode.beam_size:
+        raise ConfigError(f"config key 'decode.nbest': {cfg.decode.nbest} exceeds decode.beam_size={cfg.decode.beam_size}")
+    if cfg.data.corpus == "files":
+        for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+            if getattr(cfg.data, key) is None:
+                raise ConfigError(f"config key 'data.{key}': required when data.corpus is 'files'")

@@ -1,0 +1,407 @@
+"""Translation quality metrics: sacreBLEU scores, the COMET paper's sentence BLEU, significance.
+
+Two families of scores are reported side by side, because they are not comparable:
+
+* **Corpus BLEU and chrF** from sacreBLEU (Post, 2018, "A Call for Clarity in Reporting BLEU
+  Scores"), computed on detokenised text with sacreBLEU's defaults (cased, ``13a`` tokeniser,
+  ``exp`` smoothing) and reported with their signatures, so that numbers can be reproduced.
+* **The COMET paper's metric** (:data:`PAPER_BLEU_LABEL`): the *average of sentence-level*
+  BLEU-4 scores on tokenised text, smoothed as in Lin and Och (2004), "ORANGE: a Method for
+  Evaluating Automatic Evaluation Metrics for Machine Translation" (COLING 2004), i.e. NLTK's
+  ``SmoothingFunction().method2``. Its Figure 4 plots this metric against source length, which
+  :func:`bleu_by_length` reproduces.
+
+Significance is estimated with paired bootstrap resampling (Koehn, 2004, "Statistical
+Significance Tests for Machine Translation Evaluation", EMNLP 2004).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+from sacrebleu.metrics import BLEU, CHRF
+
+from cometnmt.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+PAPER_BLEU_LABEL = "avg sentence BLEU (Lin-Och add-1, tokenised; COMET paper metric)"
+
+#: BLEU-4, as in Papineni et al. (2002) and the COMET paper.
+_MAX_ORDER = 4
+
+Tokenizer = Callable[[str], list[str]]
+
+
+# --------------------------------------------------------------------------------------------
+# sacreBLEU corpus scores
+# --------------------------------------------------------------------------------------------
+
+
+def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
+    """Corpus BLEU and chrF with sacreBLEU's default settings, plus their signatures.
+
+    Post (2018), "A Call for Clarity in Reporting BLEU Scores": scores are computed on
+    detokenised text by sacreBLEU's own tokeniser (``13a``, cased) so that they are comparable
+    across papers; chrF is Popović (2015), "chrF: character n-gram F-score for automatic MT
+    evaluation".
+
+    :param hyps: detokenised system outputs, one per segment.
+    :param refs: detokenised references, aligned with ``hyps``.
+    :return: ``{"bleu", "bleu_signature", "chrf", "chrf_signature"}``.
+    """
+    bleu, chrf = BLEU(), CHRF()
+    bleu_score = bleu.corpus_score(hyps, [refs])
+    chrf_score = chrf.corpus_score(hyps, [refs])
+    return {
+        "bleu": float(bleu_score.score),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf": float(chrf_score.score),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The COMET paper's metric: sentence BLEU with Lin-Och add-one smoothing
+# --------------------------------------------------------------------------------------------
+
+
+def _ngram_counts(tokens: Sequence[str], n: int) -> Counter:
+    """Counts of the ``n``-grams of ``tokens`` (empty when the sequence is shorter than ``n``)."""
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+
+
+def _brevity_penalty(hyp_len: int, ref_len: int) -> float:
+    """BLEU's brevity penalty (Papineni et al., 2002): ``exp(1 - r/c)`` when ``c <= r``."""
+    if hyp_len > ref_len:
+        return 1.0
+    if hyp_len == 0:
+        return 0.0
+    return math.exp(1.0 - ref_len / hyp_len)
+
+
+def paper_sentence_bleu(hyp_tokens: list[str], ref_tokens: list[str]) -> float:
+    """Sentence BLEU-4 with Lin and Och (2004) add-one smoothing, on a 0..100 scale.
+
+    The modified n-gram precision ``p_n = m_n / t_n`` (clipped matches over hypothesis n-grams,
+    Papineni et al., 2002) is smoothed for ``n >= 2`` as ``(m_n + 1) / (t_n + 1)``, "adding 1 to
+    both numerator and denominator" (Lin and Och, 2004); ``p_1`` is left unsmoothed. The score
+    is ``BP * exp(mean_n log p_n)``; it is 0 when no unigram matches.
+
+    This reproduces NLTK's ``sentence_bleu(..., smoothing_function=SmoothingFunction().method2)``
+    exactly, including NLTK's convention that an n-gram order the hypothesis is too short to
+    have counts ``t_n = 1`` (so it smooths to ``1/2``, not ``1/1``). Because of that convention a
+    hypothesis identical to its reference scores 100 only when it has at least 4 tokens, and
+    sacreBLEU's ``add-k`` smoothing (which gives ``1/1`` there) is *not* the same metric.
+
+    :param hyp_tokens: tokenised hypothesis.
+    :param ref_tokens: tokenised reference.
+    :return: the score in ``[0, 100]``.
+    """
+    log_sum = []
+    for n in range(1, _MAX_ORDER + 1):
+        hyp_ngrams = _ngram_counts(hyp_tokens, n)
+        ref_ngrams = _ngram_counts(ref_tokens, n)
+        matches = sum(min(c, ref_ngrams[g]) for g, c in hyp_ngrams.items())
+        total = max(1, sum(hyp_ngrams.values()))
+        if n == 1:
+            if matches == 0:
+                return 0.0
+        else:
+            matches, total = matches + 1, total + 1
+        log_sum.append(math.log(matches / total) / _MAX_ORDER)
+    bp = _brevity_penalty(len(hyp_tokens), len(ref_tokens))
+    return 100.0 * bp * math.exp(math.fsum(log_sum))
+
+
+def _sentence_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: Tokenizer) -> np.ndarray:
+    """:func:`paper_sentence_bleu` of every (hypothesis, reference) pair, tokenised by ``tokenize``."""
+    return np.array(
+        [paper_sentence_bleu(tokenize(h), tokenize(r)) for h, r in zip(hyps, refs)],
+        dtype=np.float64,
+    )
+
+
+def paper_bleu(hyps: list[str], refs: list[str], tokenize: Tokenizer) -> float:
+    """The COMET paper's corpus metric: the mean of :func:`paper_sentence_bleu` over the set.
+
+    :param hyps: system outputs (untokenised; ``tokenize`` is applied to each).
+    :param refs: references aligned with ``hyps``.
+    :param tokenize: the tokeniser of the target language (e.g. spaCy's).
+    :return: the average sentence BLEU, 0..100 (0 for an empty set).
+    """
+    _check_aligned(hyps, refs)
+    if not hyps:
+        return 0.0
+    return float(_sentence_scores(hyps, refs, tokenize).mean())
+
+
+def bleu_by_length(
+    src_lengths: list[int],
+    hyps_tokens: list[list[str]],
+    refs_tokens: list[list[str]],
+    min_count: int = 3,
+) -> list[dict]:
+    """Mean sentence BLEU per source length, as in the COMET paper's Figure 4.
+
+    :param src_lengths: number of source tokens of every sentence.
+    :param hyps_tokens: tokenised hypotheses.
+    :param refs_tokens: tokenised references.
+    :param min_count: lengths with fewer sentences than this are dropped (too noisy to plot).
+    :return: rows ``{"length", "count", "paper_bleu"}`` sorted by length.
+    """
+    if not len(src_lengths) == len(hyps_tokens) == len(refs_tokens):
+        raise DataError(
+            f"bleu_by_length: got {len(src_lengths)} source lengths, {len(hyps_tokens)} "
+            f"hypotheses and {len(refs_tokens)} references; they must be aligned"
+        )
+    buckets: dict[int, list[float]] = defaultdict(list)
+    for length, hyp, ref in zip(src_lengths, hyps_tokens, refs_tokens):
+        buckets[int(length)].append(paper_sentence_bleu(hyp, ref))
+    rows = [
+        {"length": length, "count": len(scores), "paper_bleu": float(np.mean(scores))}
+        for length, scores in sorted(buckets.items())
+        if len(scores) >= min_count
+    ]
+    logger.debug("bleu_by_length: %d of %d lengths kept (min_count=%d)",
+                 len(rows), len(buckets), min_count)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Paired bootstrap resampling
+# --------------------------------------------------------------------------------------------
+
+
+def _bleu_stats(metric: BLEU, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+    """Per-segment BLEU sufficient statistics, shape ``(n, 2 + 2 * max_order)``.
+
+    Rows are ``[hyp_len, ref_len, correct_1..4, total_1..4]`` as produced by sacreBLEU's
+    ``Metric._extract_corpus_statistics``, the same path sacreBLEU's own significance tests use.
+    """
+    return np.asarray(metric._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.int64)
+
+
+def _bleu_from_stats(metric: BLEU, stats: np.ndarray) -> float:
+    """Corpus BLEU from summed sufficient statistics, with ``metric``'s smoothing settings."""
+    k = metric.max_ngram_order
+    return float(BLEU.compute_bleu(
+        correct=[int(x) for x in stats[2 : 2 + k]],
+        total=[int(x) for x in stats[2 + k : 2 + 2 * k]],
+        sys_len=int(stats[0]),
+        ref_len=int(stats[1]),
+        smooth_method=metric.smooth_method,
+        smooth_value=metric.smooth_value,
+        effective_order=metric.effective_order,
+        max_ngram_order=k,
+    ).score)
+
+
+def _resample_counts(n_items: int, n_samples: int, seed: int) -> np.ndarray:
+    """How often each index is drawn in each bootstrap sample, shape ``(n_samples, n_items)``."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n_items, size=(n_samples, n_items))
+    flat = (idx + np.arange(n_samples)[:, None] * n_items).ravel()
+    return np.bincount(flat, minlength=n_samples * n_items).reshape(n_samples, n_items)
+
+
+def _ci95(samples: np.ndarray) -> list[float]:
+    """The 2.5th and 97.5th percentiles of bootstrap samples."""
+    lo, hi = np.percentile(samples, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def paired_bootstrap(
+    hyps_a: list[str],
+    hyps_b: list[str],
+    refs: list[str],
+    n_samples: int = 1000,
+    seed: int = 12345,
+    metric: Literal["bleu", "paper"] = "bleu",
+    tokenize: Tokenizer | None = None,
+) -> dict:
+    """Paired bootstrap resampling (Koehn, 2004) of system A against system B.
+
+    Sentence indices are drawn with replacement ``n_samples`` times; both systems are scored on
+    the same draws. ``"bleu"`` is sacreBLEU corpus BLEU, recomputed from summed per-segment
+    sufficient statistics; ``"paper"`` is the mean of :func:`paper_sentence_bleu`.
+
+    :param hyps_a: outputs of system A.
+    :param hyps_b: outputs of system B.
+    :param refs: references.
+    :param n_samples: number of bootstrap samples.
+    :param seed: seed of the random generator; equal seeds give equal results.
+    :param metric: ``"bleu"`` or ``"paper"``.
+    :param tokenize: target tokeniser, required for ``metric="paper"``.
+    :return: ``{"metric", "label", "a", "b", "delta", "a_mean", "a_ci95", "b_mean", "b_ci95",
+        "p_value", "n_samples"}``, where ``p_value`` is the fraction of samples in which B scores
+        at least as high as A (one-sided test of "A is better"; ties count for B).
+    """
+    if not len(hyps_a) == len(hyps_b) == len(refs):
+        raise DataError(
+            f"paired_bootstrap: got {len(hyps_a)} hypotheses for A, {len(hyps_b)} for B and "
+            f"{len(refs)} references; they must be aligned"
+        )
+    if not refs:
+        raise DataError("paired_bootstrap: no sentences to resample")
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    counts = _resample_counts(len(refs), n_samples, seed)
+
+    if metric == "bleu":
+        bleu = BLEU()
+        stats_a, stats_b = _bleu_stats(bleu, hyps_a, refs), _bleu_stats(bleu, hyps_b, refs)
+        full_a, full_b = _bleu_from_stats(bleu, stats_a.sum(0)), _bleu_from_stats(bleu, stats_b.sum(0))
+        sums_a, sums_b = counts @ stats_a, counts @ stats_b
+        samples_a = np.array([_bleu_from_stats(bleu, s) for s in sums_a])
+        samples_b = np.array([_bleu_from_stats(bleu, s) for s in sums_b])
+        label = str(bleu.get_signature())
+    elif metric == "paper":
+        if tokenize is None:
+            raise ValueError('paired_bootstrap(metric="paper") needs a tokenize function')
+        scores_a = _sentence_scores(hyps_a, refs, tokenize)
+        scores_b = _sentence_scores(hyps_b, refs, tokenize)
+        full_a, full_b = float(scores_a.mean()), float(scores_b.mean())
+        samples_a = counts @ scores_a / len(refs)
+        samples_b = counts @ scores_b / len(refs)
+        label = PAPER_BLEU_LABEL
+    else:
+        raise ValueError(f'metric must be "bleu" or "paper", got {metric!r}')
+
+    p_value = float(np.mean(samples_b >= samples_a))
+    logger.info("paired bootstrap (%s, %d samples): A=%.2f B=%.2f p=%.4f",
+                metric, n_samples, full_a, full_b, p_value)
+    return {
+        "metric": metric,
+        "label": label,
+        "a": full_a,
+        "b": full_b,
+        "delta": full_a - full_b,
+        "a_mean": float(samples_a.mean()),
+        "a_ci95": _ci95(samples_a),
+        "b_mean": float(samples_b.mean()),
+        "b_ci95": _ci95(samples_b),
+        "p_value": p_value,
+        "n_samples": n_samples,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Full evaluation, reporting
+# --------------------------------------------------------------------------------------------
+
+
+def _check_aligned(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    """Raise :class:`DataError` unless there is exactly one hypothesis per reference."""
+    if len(hyps) != len(refs):
+        raise DataError(
+            f"got {len(hyps)} hypotheses but {len(refs)} references; "
+            "the hypothesis and reference files must have the same number of lines"
+        )
+
+
+def _check_references(refs: Sequence[str]) -> None:
+    """Raise :class:`DataError` naming the first empty or blank reference (1-based line)."""
+    for line_no, ref in enumerate(refs, start=1):
+        if not ref.strip():
+            raise DataError(f"reference line {line_no} is empty")
+
+
+def evaluate(
+    hyps: list[str],
+    refs: list[str],
+    *,
+    tokenize: Tokenizer,
+    src: list[str] | None = None,
+    src_tokenize: Tokenizer | None = None,
+) -> dict:
+    """Score a test set: sacreBLEU BLEU/chrF, the COMET paper's metric and, given sources, Fig. 4.
+
+    :param hyps: detokenised system outputs (an empty output is allowed and scores 0).
+    :param refs: detokenised references; none may be blank.
+    :param tokenize: target-language tokeniser for the paper metric.
+    :param src: source sentences; when given, ``bleu_by_length`` is added.
+    :param src_tokenize: source-language tokeniser giving the lengths (defaults to ``tokenize``).
+    :return: :func:`corpus_scores` plus ``paper_bleu``, ``paper_bleu_label``, ``n_sentences``
+        and, with ``src``, ``bleu_by_length``.
+    :raises DataError: on misaligned inputs, an empty set or a blank reference.
+    """
+    _check_aligned(hyps, refs)
+    if not refs:
+        raise DataError("no sentences to evaluate: the reference set is empty")
+    _check_references(refs)
+    result = corpus_scores(hyps, refs)
+    hyps_tokens = [tokenize(h) for h in hyps]
+    refs_tokens = [tokenize(r) for r in refs]
+    sentence = [paper_sentence_bleu(h, r) for h, r in zip(hyps_tokens, refs_tokens)]
+    result.update(
+        paper_bleu=float(np.mean(sentence)),
+        paper_bleu_label=PAPER_BLEU_LABEL,
+        n_sentences=len(refs),
+    )
+    if src is not None:
+        if len(src) != len(refs):
+            raise DataError(
+                f"got {len(src)} source sentences but {len(refs)} references; "
+                "the source and reference files must have the same number of lines"
+            )
+        src_tok = src_tokenize or tokenize
+        lengths = [len(src_tok(s)) for s in src]
+        result["bleu_by_length"] = bleu_by_length(lengths, hyps_tokens, refs_tokens)
+    logger.info("BLEU %.2f, chrF %.2f, paper BLEU %.2f on %d sentences",
+                result["bleu"], result["chrf"], result["paper_bleu"], len(refs))
+    return result
+
+
+def format_table(result: dict) -> str:
+    """A human-readable, aligned table of an :func:`evaluate` result.
+
+    :param result: the dictionary returned by :func:`evaluate`.
+    :return: a multi-line string (no trailing newline).
+    """
+    rows = [
+        ("BLEU", f"{result['bleu']:.2f}", result.get("bleu_signature", "")),
+        ("chrF", f"{result['chrf']:.2f}", result.get("chrf_signature", "")),
+        ("paper BLEU", f"{result['paper_bleu']:.2f}",
+         result.get("paper_bleu_label", PAPER_BLEU_LABEL)),
+        ("sentences", str(result["n_sentences"]), ""),
+    ]
+    name_w = max(len(r[0]) for r in rows)
+    score_w = max(len(r[1]) for r in rows)
+    lines = [f"{name:<{name_w}}  {score:>{score_w}}  {note}".rstrip() for name, score, note in rows]
+    by_length = result.get("bleu_by_length")
+    if by_length:
+        lines += ["", "paper BLEU by source length", f"{'length':>6}  {'count':>5}  {'BLEU':>6}"]
+        lines += [f"{r['length']:>6}  {r['count']:>5}  {r['paper_bleu']:>6.2f}" for r in by_length]
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: str | Path) -> None:
+    """Write ``result`` as JSON atomically: a temporary file in the same folder, then ``os.replace``.
+
+    :param result: a JSON-serialisable dictionary (e.g. from :func:`evaluate`).
+    :param path: destination file; its parent folders are created when missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    logger.debug("wrote %s", path)

@@ -1,0 +1,71 @@
+"""The protocol every architecture implements, so that training and search never name one.
+
+    memory = model.encode(src, src_pad_mask)      # whole source, once
+    logits = model.decode(tgt_in, memory)         # training: whole target prefix, teacher forcing
+    state  = model.init_state(memory)             # search: start incremental decoding
+    logits, state = model.step(tokens, state)     # one target position, using cached state
+    state  = model.reorder(state, index)          # beam search: reselect/duplicate batch rows
+
+``memory`` and ``state`` are plain (nested) dicts whose tensors have the batch on dim 0, so the
+default :meth:`Seq2Seq.reorder` is a generic ``index_select`` and architectures rarely override it.
+Masks follow one convention everywhere: ``pad_mask`` is True at padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+State = dict[str, Any]
+
+
+def reorder_nested(value: Any, index: torch.Tensor) -> Any:
+    """index_select dim 0 of every tensor in a nested dict/list; other values pass through."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index) if value.dim() > 0 else value
+    if isinstance(value, dict):
+        return {k: reorder_nested(v, index) for k, v in value.items()}
+    if isinstance(value, list):
+        return [reorder_nested(v, index) for v in value]
+    return value
+
+
+class Seq2Seq(nn.Module):
+    """Base class of all translation models. Subclasses implement the five protocol methods."""
+
+    def __init__(self, pad_id: int) -> None:
+        super().__init__()
+        self.pad_id = pad_id
+
+    def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> State:
+        """src B,S long; src_pad_mask B,S bool -> memory dict (tensors batch-first)."""
+        raise NotImplementedError
+
+    def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
+        """tgt_in B,T long (BOS + prefix) -> logits B,T,V. Position t sees only tgt_in[:, :t+1]."""
+        raise NotImplementedError
+
+    def init_state(self, memory: State) -> State:
+        """Start incremental decoding from an encoded batch."""
+        raise NotImplementedError
+
+    def step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """tokens B long (the last emitted token) -> logits B,V for the next position, new state."""
+        raise NotImplementedError
+
+    def reorder(self, state: State, index: torch.Tensor) -> State:
+        """Keep/duplicate batch rows of the state (index: long, new batch size)."""
+        return reorder_nested(state, index)
+
+    def forward(self, src: torch.Tensor, src_pad_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Training entry point: logits B,T,V (and the hook for DDP/compile wrappers)."""
+        return self.decode(tgt_in, self.encode(src, src_pad_mask))
+
+    def extra_losses(self) -> dict[str, torch.Tensor]:
+        """Auxiliary losses from the last forward (e.g. Transformer++ POS/NER tags); none by default."""
+        return {}
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

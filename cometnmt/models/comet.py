@@ -1,0 +1,220 @@
+"""COMET: the Transformer with a convolution unit in place of the encoder feed-forward sublayer.
+
+Paper: "Improved Transformer Architecture for Sequence to Sequence Translation" (COMET),
+sections 2.2, 3.1, 3.4, 5.2-5.4.
+
+* GatedConv (eq. 3): g(x) = tanh(k_f * x) ⊙ sigmoid(k_s * x), a 1-D convolution along the sequence,
+  kernel 3, dilation l, l zeros of padding on both ends (section 3.1).
+* MultiLayerConv: F1 = BN(g_{d,64,1}(x)), F2 = BN(g_{64,32,2}(F1)), F3 = BN(g_{32,16,3}(F2)).
+* ConvUnit: y = LeakyReLU(W concat(F1, F2, F3, x) + b), W in R^{d x (d+112)} (eq. 4 with a leaky ReLU).
+* Variants of Table 1: FFN-1 and FFN-2 units (section 5.3), a 4-layer unit with F4 at dilation 4
+  (section 5.4), and temporal convolutions replacing the decoder feed-forward (section 5.2), padded
+  on the left by 2l so that they are strictly causal. The source SOS/EOS variant is a data option
+  (``data.src_sos_eos``).
+
+Choices the paper leaves open, made here:
+* Padding never leaks into real positions: padded positions are zeroed before every convolution
+  and batch-norm statistics are computed over real tokens only (``MaskedBatchNorm``). A sentence
+  therefore encodes identically alone or inside a padded batch (in eval mode).
+* F4 of the 4-layer unit has 8 features (the paper halves the width at each layer but does not
+  give F4's size); ``comet.features`` sets it.
+* The leaky ReLU slope is PyTorch's default, 0.01 (``comet.leaky_slope``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cometnmt.models.transformer import FeedForward, Transformer
+
+
+@dataclass
+class CometConfig:
+    """Hyper-parameters of the convolution unit (``model.comet.*``)."""
+
+    features: list[int] = field(default_factory=lambda: [64, 32, 16])  # n_f of F1, F2, F3 (, F4)
+    dilations: list[int] = field(default_factory=lambda: [1, 2, 3])
+    kernel_size: int = 3
+    unit: Literal["conv", "ffn1", "ffn2"] = "conv"  # section 3.1 | FFN-1 | FFN-2 (section 5.3)
+    ffn1_hidden: int = 512  # FFN-1: hidden size of the FFN_2 over concat(F1..F3)
+    ffn2_hidden: int = 1024  # FFN-2: hidden size of the FFN_2 over concat(F1..F3, x)
+    leaky_slope: float = 0.01
+    batch_norm: bool = True
+    decoder: Literal["ffn", "temporal_conv"] = "ffn"  # temporal_conv: section 5.2
+
+
+class MaskedBatchNorm(nn.Module):
+    """Batch normalisation over the channels of B,L,C inputs whose statistics ignore padding.
+
+    Training: mean and (biased) variance over real positions only; running statistics updated with
+    ``momentum`` (unbiased variance, as ``nn.BatchNorm1d``). Eval: running statistics. Padded
+    outputs are zero.
+    """
+
+    def __init__(self, channels: int, momentum: float = 0.1, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.ones(channels))
+        self.momentum = momentum
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        keep = None if pad_mask is None else (~pad_mask).unsqueeze(-1).to(x.dtype)  # B,L,1
+        if self.training:
+            n = x.new_tensor(x.shape[0] * x.shape[1]) if keep is None else keep.sum()
+            xm = x if keep is None else x * keep  # B,L,C
+            mean = xm.sum(dim=(0, 1)) / n  # C
+            centred = x - mean  # B,L,C
+            sq = centred.square() if keep is None else centred.square() * keep  # B,L,C
+            var = sq.sum(dim=(0, 1)) / n  # C
+            with torch.no_grad():
+                unbiased = var * n / (n - 1).clamp(min=1)
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+        else:
+            mean, var = self.running_mean.to(x.dtype), self.running_var.to(x.dtype)
+        y = (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias  # B,L,C
+        return y if keep is None else y * keep
+
+
+class GatedConv(nn.Module):
+    """tanh(k_f * x) ⊙ sigmoid(k_s * x) (eq. 3); both kernels in one Conv1d of 2*n_f channels.
+
+    ``causal=False``: l zeros on both ends (encoder, section 3.1). ``causal=True``: (K-1)*l zeros on
+    the left only (temporal convolution, section 5.2), so position t sees t-(K-1)l .. t.
+    """
+
+    def __init__(self, d_in: int, n_f: int, kernel_size: int, dilation: int, causal: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(d_in, 2 * n_f, kernel_size, dilation=dilation)
+        self.causal = causal
+        self.context = (kernel_size - 1) * dilation  # positions of history the kernel spans
+        self.pad = (self.context, 0) if causal else (self.context // 2, self.context - self.context // 2)
+
+    def gate(self, h: torch.Tensor) -> torch.Tensor:
+        f, s = h.chunk(2, dim=1)  # B,n_f,L each
+        return torch.tanh(f) * torch.sigmoid(s)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x B,L,C_in (padding already zeroed) -> B,L,n_f."""
+        h = self.conv(F.pad(x.transpose(1, 2), self.pad))  # B,2n_f,L
+        return self.gate(h).transpose(1, 2)  # B,L,n_f
+
+    def step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal only: x B,1,C_in and the last (K-1)*l inputs -> output B,1,n_f and the new history."""
+        if history is None:
+            history = x.new_zeros(x.shape[0], self.context, x.shape[2])  # B,(K-1)l,C_in
+        window = torch.cat([history, x], dim=1)  # B,(K-1)l+1,C_in
+        h = self.conv(window.transpose(1, 2))  # B,2n_f,1
+        return self.gate(h).transpose(1, 2), window[:, 1:]  # B,1,n_f
+
+
+class MultiLayerConv(nn.Module):
+    """F_i = BN(g_{n_{i-1}, n_i, l_i}(F_{i-1})), F_0 = x; returns [F_1, ..., F_n]."""
+
+    def __init__(self, d_model: int, cfg: CometConfig, causal: bool) -> None:
+        super().__init__()
+        if len(cfg.features) != len(cfg.dilations):
+            raise ValueError(f"comet.features {cfg.features} and comet.dilations {cfg.dilations} differ in length")
+        widths = [d_model] + list(cfg.features)
+        self.convs = nn.ModuleList(
+            GatedConv(widths[i], widths[i + 1], cfg.kernel_size, cfg.dilations[i], causal) for i in range(len(cfg.features))
+        )
+        self.norms = nn.ModuleList(
+            MaskedBatchNorm(n) if cfg.batch_norm else _MaskOnly() for n in cfg.features
+        )
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> list[torch.Tensor]:
+        maps = []
+        h = x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # B,L,D
+        for conv, norm in zip(self.convs, self.norms):
+            h = norm(conv(h), pad_mask)  # B,L,n_i (zero at padding)
+            maps.append(h)
+        return maps
+
+    def step(self, x: torch.Tensor, cache: dict) -> tuple[list[torch.Tensor], dict]:
+        maps, new_cache = [], {}
+        h = x  # B,1,D
+        for i, (conv, norm) in enumerate(zip(self.convs, self.norms)):
+            h, new_cache[f"conv{i}"] = conv.step(h, cache.get(f"conv{i}"))  # B,1,n_i
+            h = norm(h, None)
+            maps.append(h)
+        return maps, new_cache
+
+
+class _MaskOnly(nn.Module):
+    """Stand-in for batch norm when ``comet.batch_norm`` is false: only zeroes padding."""
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        return x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+
+
+class ConvUnit(nn.Module):
+    """The convolution sublayer and its Table 1 variants; B,L,D -> B,L,D.
+
+    conv: y = LeakyReLU(W [F_1..F_n; x] + b)                          (section 3.1)
+    ffn1: x' = LN(F' + FFN_2(F')), F' = [F_1..F_n]; y = FFN_1([x'; x]) (section 5.3, FFN-1)
+    ffn2: y = FFN_2([F_1..F_n; x])                                     (section 5.3, FFN-2)
+    """
+
+    def __init__(self, d_model: int, cfg: CometConfig, dropout: float, causal: bool = False) -> None:
+        super().__init__()
+        self.convs = MultiLayerConv(d_model, cfg, causal)
+        self.kind = cfg.unit
+        n_feat = sum(cfg.features)
+        if cfg.unit == "ffn1":
+            self.inner = FeedForward(n_feat, cfg.ffn1_hidden)
+            self.inner_norm = nn.LayerNorm(n_feat)
+            self.inner_dropout = nn.Dropout(dropout)
+        if cfg.unit == "ffn2":
+            self.reduce = FeedForward(n_feat + d_model, cfg.ffn2_hidden, d_out=d_model)
+        else:
+            self.reduce = nn.Linear(n_feat + d_model, d_model)
+        self.slope = cfg.leaky_slope
+
+    def combine(self, maps: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        feats = torch.cat(maps, dim=-1)  # B,L,n_feat
+        if self.kind == "ffn1":
+            feats = self.inner_norm(feats + self.inner_dropout(self.inner(feats)))  # B,L,n_feat
+        joined = torch.cat([feats, x], dim=-1)  # B,L,n_feat+D
+        if self.kind == "ffn2":
+            return self.reduce(joined)  # B,L,D
+        return F.leaky_relu(self.reduce(joined), self.slope)  # B,L,D
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.combine(self.convs(x, pad_mask), x)
+
+    def step(self, x: torch.Tensor, cache: dict) -> tuple[torch.Tensor, dict]:
+        maps, cache = self.convs.step(x, cache)
+        return self.combine(maps, x), cache  # B,1,D
+
+
+def build_comet(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Transformer:
+    """COMET: ConvUnit in every encoder unit; FFN_2 (or, for the variant, a causal ConvUnit) in the decoder."""
+    c = cfg.comet
+
+    def decoder_ffn():
+        if c.decoder == "temporal_conv":
+            return ConvUnit(cfg.d_model, c, cfg.dropout, causal=True)
+        return FeedForward(cfg.d_model, cfg.d_ff)
+
+    return Transformer(
+        src_vocab_size,
+        tgt_vocab_size,
+        pad_id,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        enc_layers=cfg.enc_layers,
+        dec_layers=cfg.dec_layers,
+        dropout=cfg.dropout,
+        max_positions=cfg.max_positions,
+        encoder_ffn=lambda: ConvUnit(cfg.d_model, c, cfg.dropout),
+        decoder_ffn=decoder_ffn,
+    )

@@ -1,0 +1,166 @@
+"""The baseline Transformer of the COMET paper (section 3; Vaswani et al. 2017).
+
+Post-norm residual units, x' = LayerNorm(x + Dropout(Sublayer(x))); sinusoidal positions (eq. 5);
+embeddings scaled by sqrt(d_m); separate source and target embeddings and an untied output layer
+(section 3.3); N encoder and N decoder units; FFN_2(x) = W_2 max(0, W_1 x + b_1) + b_2 (eq. 6);
+dropout on every sublayer output and on embeddings + positions (section 4.2).
+
+The feed-forward sublayer of each unit is pluggable: any module with ``forward(x, pad_mask)`` and
+``step(x, cache) -> (y, new_cache)`` fits. Incremental steps never modify the state they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and,
+for the temporal-convolution variant, a causal convolution unit into the decoder.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from cometnmt.models.base import Seq2Seq, State
+from cometnmt.modules.attention import MultiHeadAttention, key_mask
+from cometnmt.modules.embeddings import ScaledEmbedding
+
+
+class FeedForward(nn.Module):
+    """FFN_2 (eq. 6), applied to each position alone, so its incremental step needs no cache.
+
+    ``d_out`` defaults to ``d_model``; COMET's FFN-2 variant maps d_m + 112 features back to d_m.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, d_out: Optional[int] = None) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_out or d_model)
+        nn.init.xavier_uniform_(self.w1.weight)
+        nn.init.xavier_uniform_(self.w2.weight)
+        nn.init.zeros_(self.w1.bias)
+        nn.init.zeros_(self.w2.bias)
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.w2(torch.relu(self.w1(x)))  # B,L,D
+
+    def step(self, x: torch.Tensor, cache: dict) -> tuple[torch.Tensor, dict]:
+        return self.forward(x), cache  # B,1,D
+
+
+FFNFactory = Callable[[], nn.Module]
+
+
+class EncoderUnit(nn.Module):
+    """x' = LN(x + SelfAttn(x)); y = LN(x' + FFN(x')) (section 3.4)."""
+
+    def __init__(self, d_model: int, n_heads: int, ffn: nn.Module, dropout: float) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.ffn = ffn
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.dropout(self.self_attn(x, x, pad_mask)))  # B,S,D
+        return self.norm2(x + self.dropout(self.ffn(x, pad_mask)))  # B,S,D
+
+
+class DecoderUnit(nn.Module):
+    """Masked self-attention, attention over the encoder output, then FFN; post-norm (section 3.5)."""
+
+    def __init__(self, d_model: int, n_heads: int, ffn: nn.Module, dropout: float) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.ffn = ffn
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_pad_mask: torch.Tensor, tgt_pad_mask: torch.Tensor) -> torch.Tensor:
+        # Targets are right-padded, so the causal mask alone keeps padding out of real positions.
+        x = self.norm1(x + self.dropout(self.self_attn(x, x, None, causal=True)))  # B,T,D
+        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory_pad_mask)))  # B,T,D
+        return self.norm3(x + self.dropout(self.ffn(x, tgt_pad_mask)))  # B,T,D
+
+    def step(self, x: torch.Tensor, cache: dict, memory_mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """x B,1,D; cache holds this unit's self-attention keys/values, cross keys/values, FFN state.
+
+        Eval-only (no dropout). Returns the output B,1,D and a new cache."""
+        h, self_cache = self.self_attn.step(x, cache["self"])
+        x = self.norm1(x + h)  # B,1,D
+        x = self.norm2(x + self.cross_attn.attend(x, cache["cross_k"], cache["cross_v"], memory_mask, causal=False))
+        h, ffn_cache = self.ffn.step(x, cache["ffn"])
+        return self.norm3(x + h), {**cache, "self": self_cache, "ffn": ffn_cache}  # B,1,D
+
+
+class Transformer(Seq2Seq):
+    """Encoder-decoder Transformer implementing the :class:`Seq2Seq` protocol."""
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int,
+        d_model: int,
+        n_heads: int,
+        enc_layers: int,
+        dec_layers: int,
+        dropout: float,
+        max_positions: int,
+        encoder_ffn: FFNFactory,
+        decoder_ffn: FFNFactory,
+    ) -> None:
+        super().__init__(pad_id)
+        self.src_embed = ScaledEmbedding(src_vocab_size, d_model, pad_id, max_positions, dropout)
+        self.tgt_embed = ScaledEmbedding(tgt_vocab_size, d_model, pad_id, max_positions, dropout)
+        self.encoder = nn.ModuleList(EncoderUnit(d_model, n_heads, encoder_ffn(), dropout) for _ in range(enc_layers))
+        self.decoder = nn.ModuleList(DecoderUnit(d_model, n_heads, decoder_ffn(), dropout) for _ in range(dec_layers))
+        self.out_proj = nn.Linear(d_model, tgt_vocab_size)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> State:
+        x = self.src_embed(src)  # B,S,D
+        for unit in self.encoder:
+            x = unit(x, src_pad_mask)  # B,S,D
+        return {"out": x, "pad_mask": src_pad_mask}
+
+    def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
+        tgt_pad_mask = tgt_in.eq(self.pad_id)  # B,T
+        x = self.tgt_embed(tgt_in)  # B,T,D
+        for unit in self.decoder:
+            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask)  # B,T,D
+        return self.out_proj(x)  # B,T,V
+
+    def init_state(self, memory: State) -> State:
+        units = []
+        for unit in self.decoder:
+            k, v = unit.cross_attn.project_kv(memory["out"])  # B,H,S,D/H each
+            units.append({"cross_k": k, "cross_v": v, "self": {}, "ffn": {}})
+        return {"units": units, "memory_mask": key_mask(memory["pad_mask"]), "pos": 0}
+
+    def step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        x = self.tgt_embed(tokens[:, None], offset=state["pos"])  # B,1,D
+        units = []
+        for unit, cache in zip(self.decoder, state["units"]):
+            x, cache = unit.step(x, cache, state["memory_mask"])  # B,1,D
+            units.append(cache)
+        state = {**state, "units": units, "pos": state["pos"] + 1}
+        return self.out_proj(x[:, 0]), state  # B,V
+
+
+def build_transformer(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Transformer:
+    """The paper's baseline: FFN_2 in every encoder and decoder unit. ``cfg`` is a ModelConfig."""
+    return Transformer(
+        src_vocab_size,
+        tgt_vocab_size,
+        pad_id,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        enc_layers=cfg.enc_layers,
+        dec_layers=cfg.dec_layers,
+        dropout=cfg.dropout,
+        max_positions=cfg.max_positions,
+        encoder_ffn=lambda: FeedForward(cfg.d_model, cfg.d_ff),
+        decoder_ffn=lambda: FeedForward(cfg.d_model, cfg.d_ff),
+    )

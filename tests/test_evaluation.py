@@ -1,0 +1,232 @@
+"""Tests for cometnmt.evaluation: sacreBLEU scores, the COMET paper metric, bootstrap, reporting."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from cometnmt.errors import DataError
+from cometnmt.evaluation import (
+    PAPER_BLEU_LABEL,
+    bleu_by_length,
+    corpus_scores,
+    evaluate,
+    format_table,
+    paired_bootstrap,
+    paper_bleu,
+    paper_sentence_bleu,
+    write_json,
+)
+
+VAL_EN = Path("/work/shared/data/multi30k/val.en.gz")
+
+
+def _perturb(sentence: str, rng: random.Random) -> str:
+    """A plausible 'system output': drop, duplicate and swap some words of a reference."""
+    words = sentence.split()
+    out = []
+    for w in words:
+        r = rng.random()
+        if r < 0.15:
+            continue
+        out.append(w.lower() if r < 0.25 else w)
+        if r > 0.93:
+            out.append(w)
+    if len(out) > 3 and rng.random() < 0.5:
+        i = rng.randrange(len(out) - 1)
+        out[i], out[i + 1] = out[i + 1], out[i]
+    return " ".join(out)
+
+
+@pytest.fixture(scope="module")
+def val_refs() -> list[str]:
+    if not VAL_EN.exists():
+        pytest.skip(f"{VAL_EN} not available")
+    with gzip.open(VAL_EN, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+@pytest.fixture(scope="module")
+def val_hyps(val_refs) -> list[str]:
+    rng = random.Random(0)
+    return [_perturb(r, rng) for r in val_refs]
+
+
+# ------------------------------------------------------------------ corpus_scores
+
+
+def test_corpus_scores_match_sacrebleu(val_refs, val_hyps):
+    refs, hyps = val_refs[:40], val_hyps[:40]
+    got = corpus_scores(hyps, refs)
+    bleu = sacrebleu.metrics.BLEU()
+    expected = bleu.corpus_score(hyps, [refs])
+    assert got["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-12)
+    assert got["bleu"] == pytest.approx(expected.score, abs=1e-12)
+    assert got["bleu_signature"] == str(bleu.get_signature())
+    assert "tok:13a" in got["bleu_signature"] and "case:mixed" in got["bleu_signature"]
+    chrf = sacrebleu.metrics.CHRF()
+    assert got["chrf"] == pytest.approx(chrf.corpus_score(hyps, [refs]).score, abs=1e-12)
+    assert got["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=1e-12)
+    assert got["chrf_signature"] == str(chrf.get_signature())
+    assert 0 < got["bleu"] < 100 and 0 < got["chrf"] < 100
+
+
+# ------------------------------------------------------------------ paper_sentence_bleu
+
+
+def test_paper_sentence_bleu_matches_nltk_method2():
+    bleu_score = pytest.importorskip("nltk.translate.bleu_score")
+    smooth = bleu_score.SmoothingFunction().method2
+    rng = random.Random(1234)
+    vocab = "a man woman dog the runs on grass red ball".split()
+    n_cases = 0
+    for i in range(250):
+        ref = [rng.choice(vocab) for _ in range(rng.randint(1, 14))]
+        if i % 5 == 0:  # near-copies, so higher-order matches are common
+            hyp = [w for w in ref if rng.random() > 0.2]
+        else:
+            hyp = [rng.choice(vocab) for _ in range(rng.randint(0, 14))]
+        expected = 100 * bleu_score.sentence_bleu([ref], hyp, smoothing_function=smooth)
+        assert paper_sentence_bleu(hyp, ref) == pytest.approx(expected, rel=1e-12, abs=1e-12), (hyp, ref)
+        n_cases += 1
+    assert n_cases == 250
+
+
+def test_paper_sentence_bleu_hand_cases():
+    sent = "a man rides a red bike".split()
+    assert paper_sentence_bleu(sent, sent) == pytest.approx(100.0)
+    # no common word: p1 = 0, so the score is 0 whatever the smoothing of n >= 2
+    assert paper_sentence_bleu("x y z w".split(), "a b c d".split()) == 0.0
+    # all unigrams match, no bigram does: p = 4/4, 1/4, 1/3, 1/2; BP = 1
+    assert paper_sentence_bleu("a b c d".split(), "d c b a".split()) == pytest.approx(
+        100 * (1 * 1 / 4 * 1 / 3 * 1 / 2) ** 0.25
+    )
+    # 1-token hypothesis: p1 = 1, p2..p4 = (0+1)/(1+1) (empty order counts as 1, NLTK convention),
+    # BP = exp(1 - 3/1)
+    assert paper_sentence_bleu(["a"], "a b c".split()) == pytest.approx(
+        100 * math.exp(-2) * 0.5 ** 0.75
+    )
+    # an identical 1-token sentence does not reach 100 under this smoothing
+    assert paper_sentence_bleu(["a"], ["a"]) == pytest.approx(100 * 0.5 ** 0.75)
+    assert paper_sentence_bleu([], "a b".split()) == 0.0
+
+
+def test_paper_bleu_is_mean_of_sentence_scores():
+    hyps = ["a man rides a bike", "the dog", ""]
+    refs = ["a man rides a red bike", "the dog runs", "two women"]
+    expected = sum(paper_sentence_bleu(h.split(), r.split()) for h, r in zip(hyps, refs)) / 3
+    assert paper_bleu(hyps, refs, str.split) == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ bleu_by_length
+
+
+def test_bleu_by_length_drops_rare_lengths():
+    lengths = [2, 2, 2, 5, 5, 7, 7, 7, 7]
+    refs = [["a", "b", "c", "d", "e"]] * len(lengths)
+    hyps = [["a", "b", "c", "d", "e"]] * 3 + [["a"]] * 2 + [["a", "b", "c", "d", "x"]] * 4
+    rows = bleu_by_length(lengths, hyps, refs)
+    assert [r["length"] for r in rows] == [2, 7]
+    assert [r["count"] for r in rows] == [3, 4]
+    assert rows[0]["paper_bleu"] == pytest.approx(100.0)
+    assert rows[1]["paper_bleu"] == pytest.approx(paper_sentence_bleu(hyps[-1], refs[-1]))
+    assert [r["length"] for r in bleu_by_length(lengths, hyps, refs, min_count=2)] == [2, 5, 7]
+
+
+# ------------------------------------------------------------------ paired_bootstrap
+
+
+def test_paired_bootstrap_detects_better_system(val_refs):
+    refs = val_refs[:60]
+    garbage = [" ".join(reversed(r.lower().split()))[:20] for r in refs]
+    res = paired_bootstrap(refs, garbage, refs, n_samples=300)
+    assert res["delta"] > 0 and res["p_value"] < 0.05
+    assert res["a"] == pytest.approx(100.0)
+    assert res["a"] == pytest.approx(corpus_scores(refs, refs)["bleu"])
+    assert res["b"] == pytest.approx(corpus_scores(garbage, refs)["bleu"])
+    assert res["b_ci95"][0] <= res["b_mean"] <= res["b_ci95"][1]
+    res = paired_bootstrap(refs, garbage, refs, n_samples=300, metric="paper", tokenize=str.split)
+    assert res["delta"] > 0 and res["p_value"] < 0.05
+    assert res["a"] == pytest.approx(100.0)
+    assert res["b"] == pytest.approx(paper_bleu(garbage, refs, str.split))
+
+
+def test_paired_bootstrap_identical_systems_and_determinism(val_refs, val_hyps):
+    refs, hyps = val_refs[:80], val_hyps[:80]
+    res = paired_bootstrap(hyps, list(hyps), refs, n_samples=200)
+    assert res["delta"] == 0
+    assert res["p_value"] >= 0.5  # ties count for B
+    assert res["n_samples"] == 200 and res["metric"] == "bleu"
+    other = _perturb_all(hyps)
+    r1 = paired_bootstrap(hyps, other, refs, n_samples=200, seed=7)
+    r2 = paired_bootstrap(hyps, other, refs, n_samples=200, seed=7)
+    r3 = paired_bootstrap(hyps, other, refs, n_samples=200, seed=8)
+    assert r1 == r2
+    assert r1["a_ci95"] != r3["a_ci95"]
+    json.dumps(r1)  # plain Python types only
+
+
+def _perturb_all(sentences: list[str]) -> list[str]:
+    rng = random.Random(99)
+    return [_perturb(s, rng) for s in sentences]
+
+
+def test_paired_bootstrap_full_set_is_fast_and_matches_corpus_bleu(val_refs, val_hyps):
+    refs, hyps = val_refs[:1000], val_hyps[:1000]
+    other = _perturb_all(hyps)
+    res = paired_bootstrap(hyps, other, refs, n_samples=1000)
+    assert res["a"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+    assert res["b"] == pytest.approx(sacrebleu.corpus_bleu(other, [refs]).score, abs=1e-9)
+    assert res["a_ci95"][0] < res["a"] < res["a_ci95"][1]
+
+
+def test_paired_bootstrap_rejects_misaligned():
+    with pytest.raises(DataError, match="2 hypotheses for A, 1 for B"):
+        paired_bootstrap(["a", "b"], ["a"], ["a", "b"])
+
+
+# ------------------------------------------------------------------ evaluate, reporting
+
+
+def test_evaluate_full_result(val_refs, val_hyps):
+    refs, hyps = val_refs[:50], val_hyps[:50]
+    hyps = hyps[:-1] + [""]  # an empty hypothesis is allowed
+    res = evaluate(hyps, refs, tokenize=str.split, src=refs, src_tokenize=str.split)
+    assert res["n_sentences"] == 50
+    assert res["paper_bleu_label"] == PAPER_BLEU_LABEL
+    assert res["paper_bleu"] == pytest.approx(paper_bleu(hyps, refs, str.split))
+    assert res["bleu"] == pytest.approx(corpus_scores(hyps, refs)["bleu"])
+    rows = res["bleu_by_length"]
+    assert rows and all(r["count"] >= 3 for r in rows)
+    assert [r["length"] for r in rows] == sorted(r["length"] for r in rows)
+    assert "bleu_by_length" not in evaluate(hyps, refs, tokenize=str.split)
+    table = format_table(res)
+    for needle in ("BLEU", res["bleu_signature"], res["chrf_signature"], PAPER_BLEU_LABEL,
+                   "sentences", f"{res['bleu']:.2f}", "source length"):
+        assert needle in table
+
+
+def test_evaluate_rejects_count_mismatch():
+    with pytest.raises(DataError, match=r"3 hypotheses but 2 references"):
+        evaluate(["a", "b", "c"], ["a", "b"], tokenize=str.split)
+
+
+def test_evaluate_rejects_empty_reference():
+    with pytest.raises(DataError, match=r"reference line 2 is empty"):
+        evaluate(["a b", "c d", "e"], ["a b", "   ", "e"], tokenize=str.split)
+
+
+def test_write_json_round_trips(tmp_path):
+    result = evaluate(["a man rides a bike ."], ["a man rides a red bike ."], tokenize=str.split)
+    path = tmp_path / "sub" / "scores.json"
+    write_json(result, path)
+    assert json.loads(path.read_text(encoding="utf-8")) == result
+    write_json({"bleu": 1.5}, str(path))  # overwrite in place
+    assert json.loads(path.read_text(encoding="utf-8")) == {"bleu": 1.5}
+    assert [p.name for p in path.parent.iterdir()] == ["scores.json"]  # no temp file left

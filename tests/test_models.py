@@ -1,0 +1,177 @@
+"""Properties every registered architecture (and every COMET variant) must have (DESIGN.md rule 10).
+
+Each case is a small model built from a ModelConfig through the registry, so adding an
+architecture to ``cometnmt.models.REGISTRY`` plus a line in ``CASES`` puts it under every test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cometnmt.config import ModelConfig, from_dict
+from cometnmt.models import build_model
+
+PAD, BOS, EOS = 0, 2, 3
+V_SRC, V_TGT = 23, 19
+
+SMALL = {"d_model": 32, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 64, "dropout": 0.1}
+
+CASES = {
+    "transformer": {"arch": "transformer"},
+    "comet": {"arch": "comet"},
+    "comet_temporal": {"arch": "comet", "comet": {"decoder": "temporal_conv"}},
+    "comet_ffn1": {"arch": "comet", "comet": {"unit": "ffn1", "ffn1_hidden": 48}},
+    "comet_ffn2": {"arch": "comet", "comet": {"unit": "ffn2", "ffn2_hidden": 48}},
+    "comet_4layer": {"arch": "comet", "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
+}
+
+
+def make(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = from_dict(ModelConfig, {**SMALL, **CASES[name]}, "model")
+    return build_model(cfg, V_SRC, V_TGT, PAD)
+
+
+def random_batch(lengths: list[int], vocab: int, generator: torch.Generator):
+    """Right-padded token ids B,L (no specials) and pad mask."""
+    L = max(lengths)
+    ids = torch.full((len(lengths), L), PAD, dtype=torch.long)  # B,L
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(4, vocab, (n,), generator=generator)
+    return ids, ids.eq(PAD)
+
+
+def warm_batch_norm(model, gen):
+    """Train-mode forward passes so batch-norm running statistics are not the identity."""
+    model.train()
+    for _ in range(3):
+        src, mask = random_batch([7, 4, 9], V_SRC, gen)
+        tgt, _ = random_batch([6, 8, 3], V_TGT, gen)
+        model(src, mask, tgt)
+    model.eval()
+
+
+@pytest.fixture(params=sorted(CASES))
+def name(request):
+    return request.param
+
+
+def test_output_shapes(name):
+    model = make(name).eval()
+    gen = torch.Generator().manual_seed(1)
+    src, mask = random_batch([5, 3], V_SRC, gen)
+    tgt, _ = random_batch([4, 6], V_TGT, gen)
+    logits = model(src, mask, tgt)
+    assert logits.shape == (2, 6, V_TGT)
+    assert torch.isfinite(logits).all()
+
+
+def test_padding_invariance(name):
+    """A sentence translated alone or inside a padded batch gives the same encoding and logits."""
+    model = make(name)
+    gen = torch.Generator().manual_seed(2)
+    warm_batch_norm(model, gen)
+    src, mask = random_batch([6, 11, 3], V_SRC, gen)
+    tgt, _ = random_batch([5, 9, 2], V_TGT, gen)
+    with torch.no_grad():
+        mem = model.encode(src, mask)
+        batch_logits = model.decode(tgt, mem)
+        for i, (n_src, n_tgt) in enumerate([(6, 5), (11, 9), (3, 2)]):
+            alone = model.encode(src[i : i + 1, :n_src], mask[i : i + 1, :n_src])
+            torch.testing.assert_close(alone["out"][0], mem["out"][i, :n_src], atol=1e-5, rtol=1e-5)
+            logits = model.decode(tgt[i : i + 1, :n_tgt], alone)
+            torch.testing.assert_close(logits[0], batch_logits[i, :n_tgt], atol=1e-5, rtol=1e-5)
+
+
+def test_train_mode_padding_does_not_change_real_positions(name):
+    """In training mode too (batch statistics!), adding a padded column changes nothing real."""
+    model = make(name).train()
+    gen = torch.Generator().manual_seed(3)
+    src, mask = random_batch([6, 4], V_SRC, gen)
+    tgt, _ = random_batch([5, 3], V_TGT, gen)
+    wide_src = torch.cat([src, torch.full((2, 5), PAD)], dim=1)
+    wide_tgt = torch.cat([tgt, torch.full((2, 4), PAD)], dim=1)
+    torch.manual_seed(0)
+    out = model(src, mask, tgt)
+    torch.manual_seed(0)
+    # Dropout masks depend on tensor sizes, so compare with dropout off but batch norm in training mode.
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    out = model(src, mask, tgt)
+    wide = model(wide_src, wide_src.eq(PAD), wide_tgt)
+    real = ~tgt.eq(PAD)
+    torch.testing.assert_close(wide[:, : tgt.size(1)][real], out[real], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_is_causal(name):
+    """Changing target token t changes no logits before t."""
+    model = make(name)
+    gen = torch.Generator().manual_seed(4)
+    warm_batch_norm(model, gen)
+    src, mask = random_batch([7, 5], V_SRC, gen)
+    tgt, _ = random_batch([9, 9], V_TGT, gen)
+    with torch.no_grad():
+        mem = model.encode(src, mask)
+        base = model.decode(tgt, mem)
+        for t in (1, 4, 8):
+            changed = tgt.clone()
+            changed[:, t] = (changed[:, t] + 1 - 4) % (V_TGT - 4) + 4
+            out = model.decode(changed, mem)
+            torch.testing.assert_close(out[:, :t], base[:, :t], atol=1e-5, rtol=1e-5)
+            assert not torch.allclose(out[:, t:], base[:, t:])
+
+
+def test_incremental_step_equals_full_decode(name):
+    model = make(name)
+    gen = torch.Generator().manual_seed(5)
+    warm_batch_norm(model, gen)
+    src, mask = random_batch([7, 3, 5], V_SRC, gen)
+    tgt, _ = random_batch([8, 8, 8], V_TGT, gen)
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        mem = model.encode(src, mask)
+        full = model.decode(tgt, mem)  # B,T,V
+        state = model.init_state(mem)
+        for t in range(tgt.size(1)):
+            logits, state = model.step(tgt[:, t], state)
+            torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_reorder_selects_rows(name):
+    """reorder(state, index) makes row i of the new state continue sentence index[i]."""
+    model = make(name).eval()
+    gen = torch.Generator().manual_seed(6)
+    src, mask = random_batch([4, 6], V_SRC, gen)
+    with torch.no_grad():
+        mem = model.encode(src, mask)
+        state = model.init_state(mem)
+        first = torch.tensor([BOS, BOS])
+        _, state = model.step(first, state)
+        nxt = torch.tensor([5, 7])
+        ref, _ = model.step(nxt, state)
+        index = torch.tensor([1, 1, 0])
+        swapped = model.reorder(state, index)
+        got, _ = model.step(nxt.index_select(0, index), swapped)
+    torch.testing.assert_close(got, ref.index_select(0, index), atol=1e-5, rtol=1e-5)
+
+
+def test_loss_ignores_padding(name):
+    """Cross-entropy with ignore_index=PAD is unchanged by extra padded columns."""
+    model = make(name)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    gen = torch.Generator().manual_seed(7)
+    src, mask = random_batch([5, 4], V_SRC, gen)
+    tgt, _ = random_batch([4, 2], V_TGT, gen)
+    gold, _ = random_batch([4, 2], V_TGT, gen)
+    gold = gold.masked_fill(tgt.eq(PAD), PAD)
+
+    def loss(s, t, g):
+        logits = model(s, s.eq(PAD), t)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), g.flatten(), ignore_index=PAD, reduction="sum")
+
+    pad2 = lambda x: torch.cat([x, torch.full((2, 3), PAD)], dim=1)
+    torch.testing.assert_close(loss(src, tgt, gold), loss(pad2(src), pad2(tgt), pad2(gold)), atol=1e-4, rtol=1e-5)
