@@ -63,8 +63,10 @@ class Seq2Seq(nn.Module):
         """Training entry point: logits B,T,V (and the hook for DDP/compile wrappers)."""
         return self.decode(tgt_in, self.encode(src, src_pad_mask))
 
-    def extra_losses(self) -> dict[str, torch.Tensor]:
-        """Auxiliary losses from the last forward (e.g. Transformer++ POS/NER tags); none by default."""
+    def extra_losses(self) -> dict[str, tuple[torch.Tensor, float]]:
+        """Auxiliary losses of the last forward as ``name -> (mean loss, weight)`` (e.g.
+        Transformer++ POS/NER tags). The trainer adds ``weight * loss`` to the objective and logs
+        each as ``loss_<name>``. None by default."""
         return {}
 
     def num_parameters(self) -> int:

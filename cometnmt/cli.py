@@ -1,0 +1,203 @@
+"""Command line: ``cometnmt train | translate | evaluate | average | reproduce``.
+
+Thin by design: parse arguments, load the config or checkpoint, call the library. Any
+:class:`~cometnmt.errors.CometNMTError` becomes a one-line message on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from cometnmt.errors import CometNMTError
+
+log = logging.getLogger("cometnmt")
+
+
+def _sigterm(signum, frame):  # pragma: no cover - exercised by an interrupted run
+    raise KeyboardInterrupt
+
+
+def cmd_train(args) -> int:
+    from cometnmt.config import load_config
+    from cometnmt.training.run import train
+
+    cfg = load_config(args.config, args.set)
+    signal.signal(signal.SIGTERM, _sigterm)
+    Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(Path(cfg.train.save_dir) / "train.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        summary = train(cfg, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: cometnmt train {args.config} --resume"
+              + "".join(f" --set {s}" for s in args.set), file=sys.stderr)
+        return 130
+    best = summary["best"]
+    print(f"trained {summary['steps']} steps, {summary['epochs']} epochs; best validation "
+          f"{'BLEU' if cfg.train.stopping == 'bleu_patience' else 'loss'} {best if best is None else round(best, 4)}; "
+          f"checkpoints in {summary['save_dir']}")
+    return 0
+
+
+def _decode_cfg(base, args):
+    from cometnmt.config import DecodeConfig, from_dict, to_dict
+
+    data = to_dict(base)
+    if args.beam is not None:
+        data.update(method="beam" if args.beam > 1 else "greedy", beam_size=args.beam)
+    for key in ("nbest", "length_penalty", "batch_sentences"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    if data["nbest"] > 1:
+        data["method"] = "beam"
+    return from_dict(DecodeConfig, data, "decode")
+
+
+def cmd_translate(args) -> int:
+    from cometnmt.data.corpus import read_lines
+    from cometnmt.inference import Translator
+
+    translator = Translator.from_checkpoint(args.checkpoint, args.device)
+    decode = _decode_cfg(translator.cfg.decode, args)
+    texts = read_lines(args.input) if args.input else sys.stdin.read().splitlines()
+    results = translator.translate(texts, decode, progress=args.input is not None)
+    lines = []
+    for i, hyps in enumerate(results):
+        if decode.nbest > 1:
+            lines += [f"{i}\t{h.score:.4f}\t{h.text}" for h in hyps]
+        else:
+            lines.append(hyps[0].text)
+    text = "".join(line + "\n" for line in lines)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from cometnmt.data.pipeline import read_split, read_text_file
+    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.evaluation import evaluate, format_table, write_json
+
+    src = None
+    if args.checkpoint:
+        from cometnmt.inference import Translator
+
+        translator = Translator.from_checkpoint(args.checkpoint, args.device)
+        corpus = read_split(translator.cfg.data, args.split)
+        decode = _decode_cfg(translator.cfg.decode, args)
+        hyps = [h[0].text for h in translator.translate(corpus.src, decode, progress=True)]
+        refs, src = corpus.tgt, corpus.src
+        lang, src_lang = translator.cfg.data.tgt_lang, translator.cfg.data.src_lang
+        if args.hyp_out:
+            Path(args.hyp_out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    else:
+        if not (args.hyp and args.ref):
+            raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
+        hyps, refs = _read_hyps(args.hyp), read_text_file(args.ref)
+        src = read_text_file(args.src) if args.src else None
+        lang, src_lang = args.lang, args.src_lang
+    tok = SpacyTokenizer(lang)
+    result = evaluate(hyps, refs, tokenize=tok.tokenize, src=src, src_tokenize=SpacyTokenizer(src_lang).tokenize if src else None)
+    print(format_table(result))
+    if args.json:
+        write_json(result, args.json)
+    return 0
+
+
+def _read_hyps(path: str) -> list[str]:
+    """Hypotheses may contain empty lines (an empty translation scores zero)."""
+    from cometnmt.data.corpus import read_lines
+
+    return read_lines(path)
+
+
+def cmd_average(args) -> int:
+    from cometnmt.training.checkpoint import average_checkpoints, save_checkpoint
+
+    paths = list(args.checkpoints)
+    if args.last:
+        found = sorted(Path(args.dir).glob("epoch*.pt")) if args.dir else []
+        if len(found) < args.last:
+            raise CometNMTError(f"--last {args.last}: only {len(found)} epoch checkpoints in {args.dir} (set train.keep_checkpoints)")
+        paths += found[-args.last :]
+    save_checkpoint(average_checkpoints(paths), args.output)
+    print(f"averaged {len(paths)} checkpoints into {args.output}")
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    from cometnmt.reproduce import run_reproduce
+
+    return run_reproduce(args)
+
+
+def _add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=int, help="beam size (1 = greedy); default: the checkpoint's decode config")
+    p.add_argument("--nbest", type=int, help="hypotheses per sentence (beam search)")
+    p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
+    p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cometnmt", description="Neural machine translation: COMET, Transformer and friends.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model from a YAML config")
+    p.add_argument("config", help="YAML file, e.g. configs/multi30k/transformer.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4")
+    p.add_argument("--resume", action="store_true", help="continue the run in train.save_dir from last.pt")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("translate", help="translate text with a checkpoint (stdin -> stdout by default)")
+    p.add_argument("checkpoint")
+    p.add_argument("-i", "--input", help="source file (plain or gzip); default stdin")
+    p.add_argument("-o", "--output", help="output file; default stdout")
+    _add_decode_args(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("evaluate", help="score translations (sacreBLEU BLEU/chrF and the COMET paper's metric)")
+    p.add_argument("--hyp", help="hypothesis file")
+    p.add_argument("--ref", help="reference file")
+    p.add_argument("--src", help="source file (adds BLEU by source length)")
+    p.add_argument("--lang", default="en", help="target language for tokenised metrics (default en)")
+    p.add_argument("--src-lang", dest="src_lang", default="de", help="source language (default de)")
+    p.add_argument("--checkpoint", help="translate a data split with this checkpoint, then score it")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="with --checkpoint (default test)")
+    p.add_argument("--hyp-out", dest="hyp_out", help="with --checkpoint: also write the translations here")
+    p.add_argument("--json", help="write all results to this JSON file")
+    _add_decode_args(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("average", help="average the weights of several checkpoints")
+    p.add_argument("checkpoints", nargs="*")
+    p.add_argument("--dir", help="run folder holding epochNNN.pt files")
+    p.add_argument("--last", type=int, help="average the last N epoch checkpoints of --dir")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_average)
+
+    p = sub.add_parser("reproduce", help="rerun the COMET paper's Table 1 rows and write a report")
+    from cometnmt.reproduce import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_reproduce)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except CometNMTError as exc:
+        print(f"cometnmt: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,134 @@
+"""Reading line-aligned text files (plain or gzip, strict UTF-8) into parallel corpora."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cometnmt.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Return the file's bytes, gunzipped when it starts with the gzip magic bytes."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a text file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
+
+
+def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError) -> DataError:
+    """Build a DataError naming the 1-based line and character column of an undecodable byte."""
+    pos = exc.start
+    line_start = data.rfind(b"\n", 0, pos) + 1
+    line_no = data.count(b"\n", 0, pos) + 1
+    column = len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
+    return DataError(
+        f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
+        "the file must be UTF-8 encoded text"
+    )
+
+
+def _split_lines(text: str) -> list[str]:
+    """Split on "\\n" only (not str.splitlines, which also splits on U+2028, \\x1c, ...) and drop "\\r"."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Read a plain or gzip (detected by magic bytes) strict-UTF-8 file into lines.
+
+    Only the line terminator ("\\n" or "\\r\\n") is removed; other whitespace is kept.
+    Raises DataError naming the file (and line for decoding errors).
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _utf8_error(path, data, exc) from None
+    return _split_lines(text)
+
+
+@dataclass
+class ParallelCorpus:
+    """Aligned source/target sentences read from two files."""
+
+    src: list[str]
+    tgt: list[str]
+    src_path: str
+    tgt_path: str
+    skipped: int  # line pairs skipped because a side was empty or whitespace-only
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def _is_blank(line: str) -> bool:
+    """True for an empty or whitespace-only line."""
+    return not line.strip()
+
+
+def read_parallel(
+    src_path: str | Path,
+    tgt_path: str | Path,
+    *,
+    empty: Literal["skip", "error"],
+    max_pairs: int | None = None,
+) -> ParallelCorpus:
+    """Read two line-aligned files into a ParallelCorpus.
+
+    ``empty="skip"`` drops a pair whose source or target line is empty/whitespace-only (counted in
+    ``.skipped`` and logged once); ``empty="error"`` raises DataError naming file and line.
+    ``max_pairs`` keeps only the first N pairs (after skipping).
+    """
+    if empty not in ("skip", "error"):
+        raise ValueError(f"empty must be 'skip' or 'error', not {empty!r}")
+    if max_pairs is not None and max_pairs < 0:
+        raise ValueError(f"max_pairs must be >= 0, not {max_pairs}")
+    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise DataError(
+            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)} lines; "
+            "parallel files must have the same number of lines"
+        )
+    src, tgt, skipped, first_skipped = [], [], 0, 0
+    for line_no, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1):
+        if max_pairs is not None and len(src) >= max_pairs:
+            break
+        if _is_blank(s) or _is_blank(t):
+            if empty == "error":
+                bad_path = src_path if _is_blank(s) else tgt_path
+                raise DataError(f"{bad_path}:{line_no}: empty line (empty or whitespace-only)")
+            skipped += 1
+            first_skipped = first_skipped or line_no
+            continue
+        src.append(s)
+        tgt.append(t)
+    if skipped:
+        logger.warning(
+            "%s / %s: skipped %d line pair(s) empty or whitespace-only on either side (first at line %d)",
+            src_path, tgt_path, skipped, first_skipped,
+        )
+    return ParallelCorpus(src, tgt, str(src_path), str(tgt_path), skipped)

@@ -1,0 +1,148 @@
+"""From a DataConfig to token ids and back: corpora -> tokenizers -> vocabularies -> examples.
+
+:class:`TextCodec` bundles both sides' tokenizers and vocabularies. It is what a checkpoint stores
+(``state_dict``), so ``translate`` needs nothing but the checkpoint file.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
+from cometnmt.data.multi30k import resolve_dir, split_paths
+from cometnmt.data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_state
+from cometnmt.data.vocab import BOS, EOS, Vocab
+from cometnmt.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TextCodec:
+    """Text <-> ids for one translation direction."""
+
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    src_sos_eos: bool = False  # COMET "source SOS/EOS" variant
+
+    def encode_src(self, tokens: list[str]) -> list[int]:
+        ids = self.src_vocab.encode(tokens)
+        return [BOS] + ids + [EOS] if self.src_sos_eos else ids
+
+    def encode_tgt(self, tokens: list[str]) -> list[int]:
+        return self.tgt_vocab.encode(tokens)
+
+    def decode_tgt(self, ids: list[int]) -> str:
+        return self.tgt_tok.detokenize(self.tgt_vocab.decode(ids))
+
+    def state_dict(self) -> dict:
+        return {
+            "src_tok": self.src_tok.state_dict(),
+            "tgt_tok": self.tgt_tok.state_dict(),
+            "src_vocab": self.src_vocab.to_dict(),
+            "tgt_vocab": self.tgt_vocab.to_dict(),
+            "src_sos_eos": self.src_sos_eos,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "TextCodec":
+        return cls(
+            tokenizer_from_state(state["src_tok"]),
+            tokenizer_from_state(state["tgt_tok"]),
+            Vocab.from_dict(state["src_vocab"]),
+            Vocab.from_dict(state["tgt_vocab"]),
+            bool(state["src_sos_eos"]),
+        )
+
+
+@dataclass
+class Examples:
+    """Encoded pairs of one split, aligned with the raw text they came from."""
+
+    src_ids: list[list[int]]
+    tgt_ids: list[list[int]]
+    src_text: list[str]
+    tgt_text: list[str]
+
+    def __len__(self) -> int:
+        return len(self.src_ids)
+
+
+def split_files(cfg, split: str) -> tuple[Path, Path]:
+    """Source and target file of a split ('train' | 'valid' | 'test') for a DataConfig."""
+    if cfg.corpus == "files":
+        src, tgt = getattr(cfg, f"{split}_src"), getattr(cfg, f"{split}_tgt")
+        if src is None or tgt is None:
+            raise DataError(f"config keys 'data.{split}_src' and 'data.{split}_tgt' must name files for the {split} split")
+        return Path(src), Path(tgt)
+    name = {"train": cfg.train_split, "valid": cfg.valid_split, "test": cfg.test_split}[split]
+    files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
+    root = resolve_dir(cfg.multi30k_dir, files=files)
+    return split_paths(root, name, cfg.src_lang, cfg.tgt_lang)
+
+
+def read_split(cfg, split: str) -> ParallelCorpus:
+    """Training skips empty pairs (with a logged count); evaluation splits reject them."""
+    src, tgt = split_files(cfg, split)
+    limit = {"train": cfg.max_train_pairs, "valid": cfg.max_valid_pairs}.get(split)
+    corpus = read_parallel(src, tgt, empty="skip" if split == "train" else "error", max_pairs=limit)
+    if corpus.skipped:
+        log.warning("%s: skipped %d pairs with an empty side", src, corpus.skipped)
+    return corpus
+
+
+def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
+    """Fit tokenizers and vocabularies on the training split; also return its tokens."""
+    src_tok = build_tokenizer(
+        cfg.tokenizer, cfg.src_lang, train.src, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size, sp_model_type=cfg.sp_model_type
+    )
+    tgt_tok = build_tokenizer(
+        cfg.tokenizer, cfg.tgt_lang, train.tgt, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size, sp_model_type=cfg.sp_model_type
+    )
+    src_tokens, tgt_tokens = src_tok.tokenize_many(train.src), tgt_tok.tokenize_many(train.tgt)
+    min_freq = cfg.min_freq if cfg.tokenizer == "spacy" else 1
+    codec = TextCodec(
+        src_tok,
+        tgt_tok,
+        Vocab.build(src_tokens, min_freq=min_freq, max_size=cfg.max_vocab),
+        Vocab.build(tgt_tokens, min_freq=min_freq, max_size=cfg.max_vocab),
+        cfg.src_sos_eos,
+    )
+    log.info("vocabularies: %s %d, %s %d types", cfg.src_lang, len(codec.src_vocab), cfg.tgt_lang, len(codec.tgt_vocab))
+    return codec, src_tokens, tgt_tokens
+
+
+def encode_pairs(
+    codec: TextCodec,
+    corpus: ParallelCorpus,
+    max_len: int | None,
+    tokens: tuple[list[list[str]], list[list[str]]] | None = None,
+) -> Examples:
+    """Tokenise and index a corpus; pairs longer than ``max_len`` on either side are dropped (training)."""
+    src_tokens, tgt_tokens = tokens or (codec.src_tok.tokenize_many(corpus.src), codec.tgt_tok.tokenize_many(corpus.tgt))
+    out = Examples([], [], [], [])
+    dropped = 0
+    for s_tok, t_tok, s_txt, t_txt in zip(src_tokens, tgt_tokens, corpus.src, corpus.tgt):
+        if max_len is not None and (len(s_tok) > max_len or len(t_tok) > max_len):
+            dropped += 1
+            continue
+        out.src_ids.append(codec.encode_src(s_tok))
+        out.tgt_ids.append(codec.encode_tgt(t_tok))
+        out.src_text.append(s_txt)
+        out.tgt_text.append(t_txt)
+    if dropped:
+        log.info("%s: dropped %d pairs longer than data.max_len=%d tokens", corpus.src_path, dropped, max_len)
+    return out
+
+
+def read_text_file(path: str | Path) -> list[str]:
+    """Monolingual input for translation/evaluation: every line must be non-empty."""
+    lines = read_lines(path)
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataError(f"{path}:{i}: empty line")
+    return lines

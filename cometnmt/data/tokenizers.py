@@ -1,0 +1,211 @@
+"""Tokenizers: spaCy rule-based words (detokenized with Moses) and in-memory SentencePiece models."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterable
+from typing import Literal, Protocol, runtime_checkable
+
+import sentencepiece as spm
+import spacy
+from sacremoses import MosesDetokenizer
+
+from cometnmt.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+# An intra-word hyphen split off by spaCy ("t-shirt" -> t - shirt) is emitted as Moses' "@-@" marker,
+# which MosesDetokenizer glues back ("t @-@ shirt" -> "t-shirt"); a free-standing " - " stays "-".
+HYPHEN_MARKER = "@-@"
+_STATE_VERSION = 1
+_SP_THREADS = 4  # fixed (not cpu_count) so the trained model is the same on every machine
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> token strings; ``state_dict`` is plain Python so it pickles into a checkpoint."""
+
+    kind: str
+
+    def tokenize(self, text: str) -> list[str]: ...
+
+    def tokenize_many(self, texts: Iterable[str]) -> list[list[str]]: ...
+
+    def detokenize(self, tokens: list[str]) -> str: ...
+
+    def state_dict(self) -> dict: ...
+
+
+def _blank_tokenizer(lang: str) -> spacy.tokenizer.Tokenizer:
+    """The rule-based tokenizer of ``spacy.blank(lang)`` (no statistical model needed)."""
+    try:
+        return spacy.blank(lang).tokenizer
+    except (ImportError, KeyError, ValueError) as exc:
+        raise DataError(f"spaCy has no tokenizer for language {lang!r} ({exc})") from None
+
+
+def _doc_tokens(doc: spacy.tokens.Doc) -> list[str]:
+    """Token strings of a spaCy Doc, without whitespace tokens, intra-word hyphens as "@-@"."""
+    out = []
+    last = len(doc) - 1
+    for i, tok in enumerate(doc):
+        if tok.is_space:
+            continue
+        glued = 0 < i < last and tok.text == "-" and not tok.whitespace_ and not doc[i - 1].whitespace_
+        out.append(HYPHEN_MARKER if glued else tok.text)
+    return out
+
+
+class SpacyTokenizer:
+    """Word tokenizer: ``spacy.blank(lang).tokenizer``; detokenized with sacremoses' MosesDetokenizer."""
+
+    kind = "spacy"
+
+    def __init__(self, lang: str, lowercase: bool = False) -> None:
+        self.lang = lang
+        self.lowercase = lowercase
+        self._tokenizer = _blank_tokenizer(lang)
+        self._detok = MosesDetokenizer(lang=lang)
+
+    def _prepare(self, text: str) -> str:
+        return text.lower() if self.lowercase else text
+
+    def tokenize(self, text: str) -> list[str]:
+        """Tokens of one sentence."""
+        return _doc_tokens(self._tokenizer(self._prepare(text)))
+
+    def tokenize_many(self, texts: Iterable[str]) -> list[list[str]]:
+        """Tokens of many sentences (spaCy's batched ``pipe``: 29k sentences in about a second)."""
+        docs = self._tokenizer.pipe((self._prepare(t) for t in texts), batch_size=1000)
+        return [_doc_tokens(doc) for doc in docs]
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """Plain text (as sacreBLEU expects) from tokens."""
+        return self._detok.detokenize(list(tokens), unescape=False)
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
+
+
+class SentencePieceTokenizer:
+    """Subword tokenizer from a SentencePiece model kept as serialized proto bytes.
+
+    Trained with the identity normalization and whitespace kept, so ``detokenize(tokenize(x)) == x``
+    for any text made of characters seen in training.
+    """
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes, lowercase: bool = False) -> None:
+        self.model_proto = bytes(model_proto)
+        self.lowercase = lowercase
+        self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+
+    @classmethod
+    def train(
+        cls,
+        texts: list[str],
+        vocab_size: int,
+        model_type: Literal["unigram", "bpe"] = "unigram",
+        character_coverage: float = 1.0,
+        seed: int = 1,
+        *,
+        lowercase: bool = False,
+    ) -> "SentencePieceTokenizer":
+        """Train quietly and deterministically in memory; the vocabulary may end up smaller than asked."""
+        texts = [t.lower() for t in texts] if lowercase else list(texts)
+        if not any(t.strip() for t in texts):
+            raise DataError("cannot train a SentencePiece model: the training text is empty")
+        proto = _train_sentencepiece(texts, vocab_size, model_type, character_coverage, seed)
+        tok = cls(proto, lowercase=lowercase)
+        logger.info(
+            "trained SentencePiece %s model on %d sentences: %d pieces (asked %d)",
+            model_type, len(texts), len(tok._sp), vocab_size,
+        )
+        return tok
+
+    def _prepare(self, text: str) -> str:
+        return text.lower() if self.lowercase else text
+
+    def tokenize(self, text: str) -> list[str]:
+        """Pieces of one sentence."""
+        return self._sp.encode(self._prepare(text), out_type=str)
+
+    def tokenize_many(self, texts: Iterable[str]) -> list[list[str]]:
+        """Pieces of many sentences (SentencePiece's batched encode)."""
+        return self._sp.encode([self._prepare(t) for t in texts], out_type=str)
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """Text from pieces."""
+        return self._sp.decode_pieces(list(tokens))
+
+    def state_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "version": _STATE_VERSION,
+            "model_proto": self.model_proto,
+            "lowercase": self.lowercase,
+        }
+
+
+def _train_sentencepiece(
+    texts: list[str], vocab_size: int, model_type: str, character_coverage: float, seed: int
+) -> bytes:
+    """Run SentencePieceTrainer on ``texts`` and return the serialized model proto."""
+    spm.set_random_generator_seed(seed)
+    buf = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=buf,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            hard_vocab_limit=False,  # small corpora may not support vocab_size pieces
+            normalization_rule_name="identity",  # keep text byte-exact for lossless round trips
+            remove_extra_whitespaces=False,
+            bos_id=-1,  # BOS/EOS/PAD are handled by cometnmt's Vocab
+            eos_id=-1,
+            pad_id=-1,
+            num_threads=_SP_THREADS,
+            minloglevel=2,  # errors only: training is quiet
+        )
+    except RuntimeError as exc:
+        raise DataError(
+            f"SentencePiece training ({model_type}, vocab_size={vocab_size}) on {len(texts)} sentences "
+            f"failed: {exc}"
+        ) from None
+    return buf.getvalue()
+
+
+def tokenizer_from_state(state: dict) -> Tokenizer:
+    """Rebuild a tokenizer from its ``state_dict``."""
+    kind = state.get("kind") if isinstance(state, dict) else None
+    if kind == SpacyTokenizer.kind:
+        return SpacyTokenizer(state["lang"], lowercase=bool(state.get("lowercase", False)))
+    if kind == SentencePieceTokenizer.kind:
+        return SentencePieceTokenizer(state["model_proto"], lowercase=bool(state.get("lowercase", False)))
+    raise DataError(
+        f"unknown tokenizer kind {kind!r} in saved tokenizer state; expected 'spacy' or 'sentencepiece' "
+        "(the checkpoint may come from an incompatible cometnmt version)"
+    )
+
+
+def build_tokenizer(
+    kind: Literal["spacy", "sentencepiece"],
+    lang: str,
+    train_texts: list[str],
+    *,
+    lowercase: bool,
+    sp_vocab_size: int,
+    sp_model_type: str,
+) -> Tokenizer:
+    """A spaCy tokenizer for ``lang``, or a SentencePiece model trained on ``train_texts``."""
+    if kind == "spacy":
+        return SpacyTokenizer(lang, lowercase=lowercase)
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer.train(
+            train_texts, sp_vocab_size, model_type=sp_model_type, lowercase=lowercase  # type: ignore[arg-type]
+        )
+    raise DataError(f"unknown tokenizer {kind!r}; choose 'spacy' or 'sentencepiece'")

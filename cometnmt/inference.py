@@ -1,0 +1,79 @@
+"""Translate text with a model and its codec: sort by length, batch, search, restore the order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tqdm import tqdm
+
+from cometnmt.config import Config, config_from_dict
+from cometnmt.data.batching import collate
+from cometnmt.data.pipeline import TextCodec
+from cometnmt.data.vocab import BOS, EOS, PAD
+from cometnmt.decoding import search
+from cometnmt.models import build_model
+from cometnmt.models.base import Seq2Seq
+from cometnmt.training.checkpoint import load_checkpoint
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float
+    tokens: list[str]
+
+
+class Translator:
+    """A model plus everything needed to turn text into text; built from a checkpoint alone."""
+
+    def __init__(self, model: Seq2Seq, codec: TextCodec, cfg: Config, device: torch.device) -> None:
+        self.model, self.codec, self.cfg, self.device = model.to(device).eval(), codec, cfg, device
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str = "auto") -> "Translator":
+        payload = load_checkpoint(path)
+        cfg = config_from_dict(payload["config"])
+        codec = TextCodec.from_state(payload["codec"])
+        model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
+        model.load_state_dict(payload["model"])
+        return cls(model, codec, cfg, resolve_device(device))
+
+    def _batches(self, ids: list[list[int]], size: int) -> Iterator[list[int]]:
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for start in range(0, len(order), size):
+            yield order[start : start + size]
+
+    def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
+        """n-best translations of already-indexed sentences, in input order."""
+        decode_cfg = decode_cfg or self.cfg.decode
+        out: list[list[Translation]] = [[] for _ in src_ids]
+        bar = tqdm(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
+        self.model.eval()
+        for idx in self._batches(src_ids, decode_cfg.batch_sentences):
+            batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
+            results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg)
+            for i, hyps in zip(idx, results):
+                out[i] = [self._text(h.tokens, h.score) for h in hyps]
+            bar.update(len(idx))
+        bar.close()
+        return out
+
+    def _text(self, ids: list[int], score: float) -> Translation:
+        tokens = self.codec.tgt_vocab.decode(ids)
+        return Translation(self.codec.tgt_tok.detokenize(tokens), score, tokens)
+
+    def translate(self, texts: list[str], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
+        """Plain-text sentences in, n-best detokenised translations out (blank lines give blanks)."""
+        tokens = self.codec.src_tok.tokenize_many(texts)
+        ids = [self.codec.encode_src(t) if text.strip() else [] for t, text in zip(tokens, texts)]
+        results = self.translate_ids(ids, decode_cfg, progress)
+        return [r if text.strip() else [Translation("", 0.0, [])] for r, text in zip(results, texts)]

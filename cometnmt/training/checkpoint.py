@@ -1,0 +1,74 @@
+"""Self-describing checkpoints (DESIGN.md rule 8): weights, config, vocabularies and tokenizer
+models, optimizer/scheduler/RNG state and trainer position, under a format version. Writes are
+atomic (temp file in the same folder, then rename), so an interrupted write never leaves a torn
+file behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cometnmt.errors import CheckpointError
+
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format_version": FORMAT_VERSION, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load and sanity-check a checkpoint; every failure is a CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises several types for truncated/garbled files
+        raise CheckpointError(f"{path}: not a readable cometnmt checkpoint (corrupt or truncated?): {exc}") from exc
+    if not isinstance(payload, dict) or "format_version" not in payload:
+        raise CheckpointError(f"{path}: not a cometnmt checkpoint (no format_version)")
+    if payload["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {payload['format_version']} is not supported (this version reads {FORMAT_VERSION})")
+    for key in ("config", "codec", "model"):
+        if key not in payload:
+            raise CheckpointError(f"{path}: checkpoint lacks '{key}'")
+    return payload
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
+    """Element-wise mean of the model weights of ``paths`` (floating tensors; integer buffers from
+    the last file). Config, codec and metadata come from the last file; training state is dropped."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    loaded = [load_checkpoint(p) for p in paths]
+    keys = loaded[-1]["model"].keys()
+    for p, ck in zip(paths, loaded):
+        if ck["model"].keys() != keys:
+            raise CheckpointError(f"{p}: model weights do not match {paths[-1]} (different architecture?)")
+    avg = {}
+    for key in keys:
+        last = loaded[-1]["model"][key]
+        if last.is_floating_point():
+            avg[key] = torch.stack([ck["model"][key].float() for ck in loaded]).mean(0).to(last.dtype)
+        else:
+            avg[key] = last
+    out = {k: v for k, v in loaded[-1].items() if k in ("config", "codec", "step", "epoch")}
+    out["model"] = avg
+    out["averaged_from"] = [str(p) for p in paths]
+    return out

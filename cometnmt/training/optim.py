@@ -1,0 +1,32 @@
+"""Adam (0.9, 0.98, 1e-9) as the COMET paper (section 4.2) and learning-rate schedules."""
+
+from __future__ import annotations
+
+import torch
+
+
+def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    """Adam from a TrainConfig; the fused kernel on CUDA (one launch for all parameters)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = all(p.is_cuda for p in params)
+    return torch.optim.Adam(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+    )
+
+
+def lr_factor(step: int, schedule: str, warmup_steps: int) -> float:
+    """Multiplier of train.lr at optimizer step ``step`` (0-based count of steps taken).
+
+    constant: 1 (the paper). inverse_sqrt: linear warmup to 1 over ``warmup_steps``, then
+    sqrt(warmup_steps / step) (Vaswani et al. 2017, normalised to peak at train.lr).
+    """
+    if schedule == "constant":
+        return 1.0
+    step = step + 1
+    if step < warmup_steps:
+        return step / warmup_steps
+    return (warmup_steps / step) ** 0.5
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg.schedule, cfg.warmup_steps))

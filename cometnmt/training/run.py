@@ -1,0 +1,86 @@
+"""Set up and run one training job from a Config: seeds, device, data, codec, model, trainer."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import torch
+import yaml
+
+from cometnmt.config import Config, config_from_dict, to_dict
+from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split
+from cometnmt.data.vocab import PAD
+from cometnmt.errors import CheckpointError, ConfigError
+from cometnmt.inference import resolve_device
+from cometnmt.models import build_model
+from cometnmt.training.checkpoint import load_checkpoint
+from cometnmt.training.distributed import init_from_env, shutdown
+from cometnmt.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
+    """Never overwrite a run by accident; on --resume, return the last checkpoint."""
+    last = Path(cfg.train.save_dir) / "last.pt"
+    if resume:
+        if not last.exists():
+            raise CheckpointError(f"--resume: no checkpoint at {last} (train.save_dir={cfg.train.save_dir})")
+        payload = load_checkpoint(last)
+        saved = config_from_dict(payload["config"])
+        if to_dict(saved.model) != to_dict(cfg.model) or to_dict(saved.data) != to_dict(cfg.data):
+            raise ConfigError(f"--resume: model/data config differs from the run in {last}; resume with the same config")
+        return payload
+    if last.exists():
+        raise ConfigError(
+            f"train.save_dir={cfg.train.save_dir} already holds a run ({last}); pass --resume to continue it "
+            "or set train.save_dir to a new folder"
+        )
+    return None
+
+
+def train(cfg: Config, resume: bool = False) -> dict:
+    """Train (or continue training) the run described by ``cfg``; returns the trainer's summary."""
+    device = resolve_device(cfg.train.device)
+    dist = init_from_env(device.type)
+    if dist.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    payload = _check_save_dir(cfg, resume)
+    seed_everything(cfg.train.seed)
+
+    train_corpus = read_split(cfg.data, "train")
+    valid_corpus = read_split(cfg.data, "valid")
+    if payload is None:
+        codec, src_tokens, tgt_tokens = build_codec(cfg.data, train_corpus)
+        train_data = encode_pairs(codec, train_corpus, cfg.data.max_len, (src_tokens, tgt_tokens))
+    else:
+        codec = TextCodec.from_state(payload["codec"])
+        train_data = encode_pairs(codec, train_corpus, cfg.data.max_len)
+    valid_data = encode_pairs(codec, valid_corpus, None)
+    log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
+
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
+    log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
+    trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
+    if payload is not None:
+        trainer.load_state_dict(payload)
+        log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
+    elif dist.is_main:
+        Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.train.save_dir) / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    try:
+        return trainer.fit()
+    finally:
+        shutdown(dist)

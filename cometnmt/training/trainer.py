@@ -1,0 +1,348 @@
+"""The training loop. It knows the model only through ``model(src, src_pad_mask, tgt_in) -> logits``
+and ``model.extra_losses()``.
+
+Position and determinism: the batches of epoch e are a pure function of (train.seed, e), an
+optimizer step consumes ``accum_steps * world_size`` consecutive micro-batches of that list, and
+a checkpoint records the epoch, the number of micro-batches consumed and the RNG state as it was
+at the start of the next step. Resuming therefore continues exactly where the run stopped, also
+with a different number of ranks (the epoch's micro-batches are re-split among the new ranks).
+
+Stopping (section 4.2 of the COMET paper): ``loss_rise`` stops once the validation loss has risen
+``loss_rise_epochs`` epochs in a row and keeps the lowest-loss checkpoint as ``best.pt``;
+``bleu_patience`` keeps the highest validation BLEU and stops after ``patience`` epochs without a
+better one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from cometnmt.config import Config, to_dict
+from cometnmt.data.batching import Batch, collate, make_batches
+from cometnmt.data.pipeline import Examples, TextCodec
+from cometnmt.data.tokenizers import SpacyTokenizer
+from cometnmt.data.vocab import PAD
+from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
+from cometnmt.inference import Translator
+from cometnmt.models.base import Seq2Seq
+from cometnmt.training.checkpoint import save_checkpoint
+from cometnmt.training.distributed import DistInfo
+from cometnmt.training.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_to_tuple(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_tuple(value):
+    return tuple(_to_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def token_loss(logits: torch.Tensor, gold: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Summed cross-entropy over non-pad target tokens (logits B,T,V; gold B,T)."""
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), gold.flatten(), ignore_index=PAD, label_smoothing=label_smoothing, reduction="sum"
+    )
+
+
+class Trainer:
+    """Fits a model on encoded examples; writes checkpoints and a JSONL metrics log to train.save_dir."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        model: Seq2Seq,
+        codec: TextCodec,
+        train: Examples,
+        valid: Examples,
+        device: torch.device,
+        dist: DistInfo = DistInfo(),
+    ) -> None:
+        self.cfg, self.tc = cfg, cfg.train
+        self.model, self.codec, self.train_data, self.valid_data = model, codec, train, valid
+        self.device, self.dist = device, dist
+        self.save_dir = Path(self.tc.save_dir)
+        self.optimizer = build_optimizer(model, self.tc)
+        self.scheduler = build_scheduler(self.optimizer, self.tc)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
+        self.net = self._wrap(model)
+        self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
+        self.history: list[dict] = []
+        self.best: Optional[float] = None
+        self.stale = 0  # epochs of rising loss (loss_rise) or without better BLEU (bleu_patience)
+        self.finished = False
+        self._step_rng: Optional[dict] = None
+        self._eval_tok = SpacyTokenizer(cfg.data.tgt_lang)
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _wrap(self, model: Seq2Seq) -> torch.nn.Module:
+        net: torch.nn.Module = model
+        if self.dist.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if self.tc.compile:
+            try:
+                net = torch.compile(net)
+            except Exception as exc:  # pragma: no cover - depends on the platform's compiler
+                log.warning("torch.compile unavailable (%s); training eagerly", exc)
+        return net
+
+    def autocast(self):
+        if self.tc.precision == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.tc.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": to_dict(self.cfg),
+            "codec": self.codec.state_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": self._step_rng or rng_state(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "trainer": {
+                "consumed": self.consumed,
+                "history": self.history,
+                "best": self.best,
+                "stale": self.stale,
+                "finished": self.finished,
+            },
+        }
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        self.scaler.load_state_dict(payload["scaler"])
+        self.step, self.epoch = payload["step"], payload["epoch"]
+        t = payload["trainer"]
+        self.consumed, self.history, self.best, self.stale, self.finished = (
+            t["consumed"], t["history"], t["best"], t["stale"], t["finished"]
+        )
+        set_rng_state(payload["rng"])
+
+    def save(self, name: str) -> None:
+        if self.dist.is_main:
+            save_checkpoint(self.state_dict(), self.save_dir / name)
+
+    def log_metrics(self, record: dict) -> None:
+        if self.dist.is_main:
+            with open(self.save_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        d = self.train_data
+        batches = make_batches(
+            [len(s) for s in d.src_ids],
+            [len(t) for t in d.tgt_ids],
+            max_tokens=self.tc.batch_tokens,
+            max_sentences=self.tc.batch_sentences,
+            shuffle=True,
+            seed=self.tc.seed * 100003 + epoch,
+        )
+        group = self.tc.accum_steps * self.dist.world_size
+        if self.dist.enabled:  # every rank must take part in every step
+            batches = batches[: len(batches) - len(batches) % group]
+        return batches
+
+    def collate(self, idx: list[int]) -> Batch:
+        d = self.train_data
+        batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device, non_blocking=True)
+
+    # -- one optimizer step --------------------------------------------------------------------
+
+    def train_step(self, group: list[list[int]]) -> tuple[torch.Tensor, int]:
+        """Forward/backward the micro-batches of one global step; returns (summed loss, target tokens)."""
+        n_tokens = sum(sum(len(self.train_data.tgt_ids[i]) + 1 for i in idx) for idx in group)
+        A, r = self.tc.accum_steps, self.dist.rank
+        mine = group[r * A : (r + 1) * A] if self.dist.enabled else group
+        total = torch.zeros((), device=self.device)
+        for i, idx in enumerate(mine):
+            batch = self.collate(idx)
+            sync = i == len(mine) - 1 or not self.dist.enabled
+            with (nullcontext() if sync else self.net.no_sync()), self.autocast():
+                logits = self.net(batch.src, batch.src_pad_mask, batch.tgt_in)  # B,T,V
+                loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
+                objective = loss / n_tokens
+                for value, weight in self.model.extra_losses().values():
+                    objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
+            self.scaler.scale(objective * self.dist.world_size).backward()
+            total += loss.detach()
+        self.scaler.unscale_(self.optimizer)
+        if self.tc.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return total, n_tokens
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        """Train until the stopping rule, max_epochs or max_steps. Ctrl-C/SIGTERM saves `last.pt`."""
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            while not self.finished and self.epoch < self.tc.max_epochs:
+                if self.run_epoch():
+                    self.end_epoch()
+        except KeyboardInterrupt:
+            log.warning("interrupted at step %d; saving %s", self.step, self.save_dir / "last.pt")
+            self.save("last.pt")
+            raise
+        return self.summary()
+
+    def _steps_left(self) -> bool:
+        return self.tc.max_steps is None or self.step < self.tc.max_steps
+
+    def run_epoch(self) -> bool:
+        """Train the rest of the current epoch; False if max_steps stopped it part-way."""
+        batches = self.epoch_batches(self.epoch)
+        G = self.tc.accum_steps * self.dist.world_size
+        n_steps = math.ceil(len(batches) / G)
+        bar = tqdm(total=n_steps, initial=self.consumed // G, desc=f"epoch {self.epoch + 1}", unit="step",
+                   disable=not (self.tc.progress and self.dist.is_main), dynamic_ncols=True)
+        window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+        while self.consumed < len(batches):
+            if not self._steps_left():
+                bar.close()
+                self.finished = True
+                self.save("last.pt")
+                return False
+            self._step_rng = rng_state()
+            group = batches[self.consumed : self.consumed + G]
+            self.net.train()
+            loss, n_tokens = self.train_step(group)
+            self.step += 1
+            self.consumed += len(group)
+            self._step_rng = None
+            window_loss += loss
+            window_tokens += n_tokens
+            bar.update(1)
+            if self.step % self.tc.log_every == 0 or self.consumed >= len(batches):
+                seconds = time.perf_counter() - window_start
+                record = {
+                    "event": "train", "step": self.step, "epoch": self.epoch + 1,
+                    "loss": window_loss.item() / max(window_tokens, 1),  # the only host sync of the loop
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "tgt_tokens_per_s": window_tokens * self.dist.world_size / max(seconds, 1e-9),
+                }
+                record.update({f"loss_{k}": float(v.detach()) for k, (v, _) in self.model.extra_losses().items()})
+                self.log_metrics(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}")
+                window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+            if self.tc.save_every and self.step % self.tc.save_every == 0:
+                self.save("last.pt")
+        bar.close()
+        return True
+
+    def end_epoch(self) -> None:
+        """Validate, checkpoint, apply the stopping rule, move to the next epoch."""
+        self.epoch += 1
+        self.consumed = 0
+        metrics = {"event": "valid", "epoch": self.epoch, "step": self.step, **self.validate()}
+        self.history.append(metrics)
+        self.log_metrics(metrics)
+        improved = self.update_stopping(metrics)
+        self.save("last.pt")
+        if improved:
+            self.save("best.pt")
+        if self.tc.keep_checkpoints:
+            self.save(f"epoch{self.epoch:03d}.pt")
+            old = self.save_dir / f"epoch{self.epoch - self.tc.keep_checkpoints:03d}.pt"
+            if self.dist.is_main and old.exists():
+                old.unlink()
+        log.info(
+            "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
+            self.epoch, metrics["val_loss"], metrics["val_loss_per_100_tokens"],
+            f", val BLEU {metrics['val_bleu']:.2f}, {PAPER_BLEU_LABEL} {metrics['val_paper_bleu']:.2f}" if "val_bleu" in metrics else "",
+        )
+
+    def update_stopping(self, m: dict) -> bool:
+        """Return True if this epoch is the best so far; set self.finished when the rule fires."""
+        if self.tc.stopping == "bleu_patience":
+            if "val_bleu" not in m:
+                raise ValueError("train.stopping=bleu_patience needs train.valid_bleu=true")
+            improved = self.best is None or m["val_bleu"] > self.best
+            self.best = m["val_bleu"] if improved else self.best
+            self.stale = 0 if improved else self.stale + 1
+            self.finished = self.stale >= self.tc.patience
+            return improved
+        prev = self.history[-2]["val_loss"] if len(self.history) > 1 else None
+        improved = self.best is None or m["val_loss"] < self.best
+        self.best = m["val_loss"] if improved else self.best
+        if self.tc.stopping == "loss_rise":
+            self.stale = self.stale + 1 if prev is not None and m["val_loss"] > prev else 0
+            self.finished = self.stale >= self.tc.loss_rise_epochs
+        return improved
+
+    # -- validation ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        self.model.eval()
+        d = self.valid_data
+        total, tokens = 0.0, 0
+        for idx in make_batches([len(s) for s in d.src_ids], [len(t) for t in d.tgt_ids],
+                                max_tokens=self.tc.batch_tokens, shuffle=False):
+            batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx).to(self.device)
+            with self.autocast():
+                logits = self.model(batch.src, batch.src_pad_mask, batch.tgt_in)
+            total += float(token_loss(logits, batch.tgt_out, 0.0))
+            tokens += batch.n_tgt_tokens
+        out = {"val_loss": total / tokens, "val_loss_per_100_tokens": 100.0 * total / tokens}
+        if self.tc.valid_bleu:
+            out.update(self.validation_bleu())
+        return out
+
+    def validation_bleu(self) -> dict:
+        d = self.valid_data
+        n = len(d) if self.tc.valid_bleu_max_sentences is None else min(len(d), self.tc.valid_bleu_max_sentences)
+        greedy = type(self.cfg.decode)(**{**to_dict(self.cfg.decode), "method": "greedy"})
+        hyps = [h[0].text for h in Translator(self.model, self.codec, self.cfg, self.device).translate_ids(d.src_ids[:n], greedy)]
+        scores = corpus_scores(hyps, d.tgt_text[:n])
+        return {
+            "val_bleu": scores["bleu"],
+            "val_chrf": scores["chrf"],
+            "val_paper_bleu": paper_bleu(hyps, d.tgt_text[:n], self._eval_tok.tokenize),
+            "bleu_signature": scores["bleu_signature"],
+        }
+
+    def summary(self) -> dict:
+        return {"steps": self.step, "epochs": self.epoch, "best": self.best, "history": self.history,
+                "save_dir": str(self.save_dir)}

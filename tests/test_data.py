@@ -1,0 +1,235 @@
+"""Tests of the data pipeline: reading, tokenizers, vocabulary, batching (uses the shared Multi30k copy)."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cometnmt.data import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIALS,
+    UNK,
+    SentencePieceTokenizer,
+    SpacyTokenizer,
+    Vocab,
+    build_tokenizer,
+    collate,
+    make_batches,
+    padding_fraction,
+    read_lines,
+    read_parallel,
+    tokenizer_from_state,
+)
+from cometnmt.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+
+def multi30k_dir() -> Path:
+    """The shared Multi30k copy: $COMETNMT_MULTI30K_DIR, else ../shared/data/multi30k beside the repo."""
+    env = os.environ.get("COMETNMT_MULTI30K_DIR")
+    root = Path(env) if env else Path(__file__).parents[1] / ".." / "shared" / "data" / "multi30k"
+    if not root.is_dir():
+        pytest.skip(f"shared Multi30k copy not found at {root} (set COMETNMT_MULTI30K_DIR)")
+    return root
+
+
+@pytest.fixture(scope="module")
+def train_pairs() -> tuple[list[str], list[str]]:
+    root = multi30k_dir()
+    corpus = read_parallel(root / "train.de.gz", root / "train.en.gz", empty="skip")
+    return corpus.src, corpus.tgt
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def test_gzip_and_plain_read_the_same(tmp_path: Path) -> None:
+    text = "Ein Hund läuft.\r\nZwei  Katzen \n\nLetzte Zeile ohne Umbruch"
+    plain = tmp_path / "a.txt.gz"  # misleading extension: detection is by magic bytes
+    plain.write_bytes(text.encode("utf-8"))
+    zipped = tmp_path / "b.txt"
+    zipped.write_bytes(gzip.compress(text.encode("utf-8")))
+    expected = ["Ein Hund läuft.", "Zwei  Katzen ", "", "Letzte Zeile ohne Umbruch"]
+    assert read_lines(plain) == expected
+    assert read_lines(zipped) == expected
+
+
+def test_only_newline_splits_lines(tmp_path: Path) -> None:
+    path = tmp_path / "x.txt"
+    path.write_bytes("a\u2028b\x1cc\n".encode("utf-8"))
+    assert read_lines(path) == ["a\u2028b\x1cc"]
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert read_lines(empty) == []
+
+
+def test_undecodable_byte_names_file_line_column(tmp_path: Path) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"ok\nnoch gut\n\xc3\xbcb\xffer\n")
+    with pytest.raises(DataError) as info:
+        read_lines(path)
+    assert f"{path}:3: not valid UTF-8 (byte 0xff at column 3)" in str(info.value)
+    zipped = tmp_path / "bad.gz"
+    zipped.write_bytes(gzip.compress(b"ok\n\xe9t\xe9\n"))
+    with pytest.raises(DataError, match=rf"{zipped}:2: not valid UTF-8 \(byte 0xe9 at column 1\)"):
+        read_lines(zipped)
+
+
+def test_missing_file_and_corrupt_gzip(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.de.gz"
+    with pytest.raises(DataError, match=rf"^{missing}: file not found$"):
+        read_lines(missing)
+    corrupt = tmp_path / "corrupt.gz"
+    corrupt.write_bytes(gzip.compress(b"hello\n" * 100)[:30])
+    with pytest.raises(DataError, match=str(corrupt)):
+        read_lines(corrupt)
+
+
+def test_mismatched_counts_name_both_files_and_counts(tmp_path: Path) -> None:
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("a\nb\nc\n", encoding="utf-8")
+    tgt.write_text("x\ny\n", encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        read_parallel(src, tgt, empty="skip")
+    msg = str(info.value)
+    assert str(src) in msg and str(tgt) in msg and "3" in msg and "2" in msg
+
+
+def test_empty_lines_skip_or_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("a\nb\n\nd\ne\n", encoding="utf-8")
+    tgt.write_text("v\n \t\nx\ny\nz\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        corpus = read_parallel(src, tgt, empty="skip")
+    assert (corpus.src, corpus.tgt, corpus.skipped) == (["a", "d", "e"], ["v", "y", "z"], 2)
+    assert len([r for r in caplog.records if "skipped 2" in r.getMessage() and "line 2" in r.getMessage()]) == 1
+    with pytest.raises(DataError, match=rf"^{tgt}:2: empty line"):
+        read_parallel(src, tgt, empty="error")
+    first2 = read_parallel(src, tgt, empty="skip", max_pairs=2)
+    assert first2.src == ["a", "d"] and first2.tgt == ["v", "y"]
+
+
+# --- vocabulary ----------------------------------------------------------------------------------
+
+
+def test_vocab_build_encode_decode_roundtrip() -> None:
+    vocab = Vocab.build([["b", "a", "c"], ["a", "b"], ["a", "d"]], min_freq=1)
+    assert vocab.itos == list(SPECIALS) + ["a", "b", "c", "d"]  # freq desc, then token
+    assert (PAD, UNK, BOS, EOS) == (0, 1, 2, 3)
+    assert Vocab.build([["b", "a", "c"], ["a", "b"], ["a", "d"]], min_freq=2).itos[4:] == ["a", "b"]
+    assert len(Vocab.build([["b", "a", "c"], ["a", "b"]], max_size=5)) == 5
+    ids = vocab.encode(["a", "zzz", "d"])
+    assert ids == [4, UNK, 7] and vocab["zzz"] == UNK and vocab["c"] == 6
+    assert vocab.decode([BOS, 4, PAD, 7, EOS, 5]) == ["a", "d"]
+    restored = Vocab.from_dict(vocab.to_dict())
+    assert restored.itos == vocab.itos and len(restored) == 8
+    assert restored.decode(restored.encode(["d", "c"])) == ["d", "c"]
+
+
+# --- tokenizers ----------------------------------------------------------------------------------
+
+
+def test_spacy_tokenizes_german_and_english() -> None:
+    de = SpacyTokenizer("de")
+    assert de.tokenize("Ein Mann schläft in einem grünen Raum auf einem Sofa.") == [
+        "Ein", "Mann", "schläft", "in", "einem", "grünen", "Raum", "auf", "einem", "Sofa", ".",
+    ]
+    en = SpacyTokenizer("en", lowercase=True)
+    assert en.tokenize("A boy wearing headphones sits on a woman's shoulders.") == [
+        "a", "boy", "wearing", "headphones", "sits", "on", "a", "woman", "'s", "shoulders", ".",
+    ]
+    assert en.tokenize_many(["A t-shirt.", "Hi!"]) == [["a", "t", "@-@", "shirt", "."], ["hi", "!"]]
+    assert tokenizer_from_state(en.state_dict()).tokenize("Hi there") == ["hi", "there"]
+
+
+def test_spacy_detokenize_roundtrip_on_multi30k_val() -> None:
+    sentences = read_lines(multi30k_dir() / "val.en.gz")[:50]
+    tok = SpacyTokenizer("en")
+    exact = sum(tok.detokenize(toks) == s for toks, s in zip(tok.tokenize_many(sentences), sentences))
+    fraction = exact / len(sentences)
+    logger.info("spaCy en round trip: %d/%d exact", exact, len(sentences))
+    assert fraction >= 0.95, f"only {exact}/{len(sentences)} val sentences round-trip exactly"
+
+
+def test_spacy_tokenizes_train_quickly(train_pairs: tuple[list[str], list[str]]) -> None:
+    start = time.perf_counter()
+    tokens = SpacyTokenizer("en").tokenize_many(train_pairs[1])
+    elapsed = time.perf_counter() - start
+    assert len(tokens) == len(train_pairs[1])
+    assert elapsed < 30, f"tokenising {len(tokens)} sentences took {elapsed:.1f}s"
+
+
+def test_sentencepiece_train_roundtrip_and_state(train_pairs: tuple[list[str], list[str]]) -> None:
+    texts = train_pairs[1][:2000]
+    tok = SentencePieceTokenizer.train(texts, vocab_size=4000)  # more than 2k sentences allow
+    again = SentencePieceTokenizer.train(texts, vocab_size=4000)
+    assert tok.state_dict() == again.state_dict(), "training is not deterministic"
+    pieces = tok.tokenize_many(texts)
+    assert all(tok.detokenize(p) == t for p, t in zip(pieces, texts))
+    restored = tokenizer_from_state(tok.state_dict())
+    assert restored.kind == "sentencepiece"
+    assert restored.tokenize_many(texts[:200]) == pieces[:200]
+    assert restored.tokenize(texts[0]) == tok.tokenize(texts[0])
+    bpe = build_tokenizer("sentencepiece", "en", texts, lowercase=True, sp_vocab_size=500, sp_model_type="bpe")
+    assert bpe.detokenize(bpe.tokenize("A Dog runs.")) == "a dog runs."
+
+
+# --- batching ------------------------------------------------------------------------------------
+
+
+def _lengths(train_pairs: tuple[list[str], list[str]]) -> tuple[list[int], list[int]]:
+    src = SpacyTokenizer("de").tokenize_many(train_pairs[0])
+    tgt = SpacyTokenizer("en").tokenize_many(train_pairs[1])
+    return [len(t) for t in src], [len(t) for t in tgt]
+
+
+@pytest.fixture(scope="module")
+def train_lengths(train_pairs: tuple[list[str], list[str]]) -> tuple[list[int], list[int]]:
+    return _lengths(train_pairs)
+
+
+def test_make_batches_on_multi30k_train(train_lengths: tuple[list[int], list[int]]) -> None:
+    src_lens, tgt_lens = train_lengths
+    batches = make_batches(src_lens, tgt_lens, max_tokens=4096, shuffle=True, seed=3)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(len(src_lens)))
+    for b in batches:
+        cost = len(b) * max(max(src_lens[i] for i in b), max(tgt_lens[i] + 1 for i in b))
+        assert cost <= 4096 or len(b) == 1
+    frac = padding_fraction(batches, src_lens, tgt_lens)
+    assert frac < 0.10, f"padding fraction {frac:.2%} with max_tokens=4096 ({len(batches)} batches)"
+    assert make_batches(src_lens, tgt_lens, max_tokens=4096, shuffle=True, seed=3) == batches
+    assert make_batches(src_lens, tgt_lens, max_tokens=4096, shuffle=True, seed=4) != batches
+
+
+def test_make_batches_caps_and_overlong() -> None:
+    src_lens, tgt_lens = [3, 50, 4, 3, 5, 2], [2, 60, 3, 4, 4, 1]
+    batches = make_batches(src_lens, tgt_lens, max_tokens=20, max_sentences=2, shuffle=False)
+    assert [1] in batches  # index 1 (target row 61 > 20 tokens) gets a batch of its own
+    assert all(len(b) <= 2 for b in batches)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert make_batches(src_lens, None, max_tokens=10, shuffle=False) == [[5, 0, 3], [2, 4], [1]]
+    assert padding_fraction([[0, 1]], [1, 3], None) == pytest.approx(2 / 6)
+
+
+def test_collate_shapes_and_masks() -> None:
+    batch = collate([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], indices=[4, 2])
+    assert batch.src.tolist() == [[5, 6, 7], [8, PAD, PAD]]
+    assert batch.src_pad_mask.tolist() == [[False, False, False], [False, True, True]]
+    assert batch.tgt_in.tolist() == [[BOS, 9, 10, PAD], [BOS, 11, 12, 13]]
+    assert batch.tgt_out.tolist() == [[9, 10, EOS, PAD], [11, 12, 13, EOS]]
+    assert batch.src.dtype == torch.long and batch.src_pad_mask.dtype == torch.bool
+    assert (batch.indices, batch.n_src_tokens, batch.n_tgt_tokens) == ([4, 2], 4, 7)
+    moved = batch.to("cpu").pin_memory()
+    assert torch.equal(moved.tgt_out, batch.tgt_out)
+    infer = collate([[5], [6, 7]], None, indices=[0, 1])
+    assert infer.tgt_in.shape == (2, 0) and infer.tgt_out.shape == (2, 0) and infer.n_tgt_tokens == 0

@@ -1,0 +1,124 @@
+"""Search against hand-set probabilities (a toy Markov model implementing the protocol), and on
+the real architectures: beam 1 == greedy, cached greedy == full-prefix greedy, length bounds."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix, length_normalise
+from cometnmt.models.base import Seq2Seq
+
+from test_models import CASES, make, random_batch, warm_batch_norm
+
+BOS, EOS = 2, 3
+
+
+class Markov(Seq2Seq):
+    """Next-token log-probabilities depend on (sentence, position, previous token) through a fixed table."""
+
+    def __init__(self, n_sent: int, max_len: int, vocab: int, seed: int) -> None:
+        super().__init__(pad_id=0)
+        g = torch.Generator().manual_seed(seed)
+        table = torch.randn(n_sent, max_len + 1, vocab, vocab, generator=g) * 2.0
+        table[..., :, 0] = -1e9  # never PAD or BOS or UNK
+        table[..., :, 1] = -1e9
+        table[..., :, BOS] = -1e9
+        self.register_buffer("table", torch.log_softmax(table, dim=-1))
+
+    def encode(self, src, src_pad_mask):
+        return {"sent": src[:, 0], "pad_mask": src_pad_mask}
+
+    def init_state(self, memory):
+        return {"sent": memory["sent"], "pos": 0}
+
+    def step(self, tokens, state):
+        logits = self.table[state["sent"], state["pos"], tokens]  # B,V
+        return logits, {**state, "pos": state["pos"] + 1}
+
+    def logprob(self, sent: int, seq: list[int]) -> float:
+        total, prev = 0.0, BOS
+        for pos, tok in enumerate(seq):
+            total += float(self.table[sent, pos, prev, tok])
+            prev = tok
+        return total
+
+
+def brute_force(model: Markov, sent: int, limit: int, alpha: float) -> tuple[float, list[int]]:
+    """Best length-normalised hypothesis over every sequence ending in EOS or at the length bound."""
+    best = (-math.inf, [])
+    words = [4, 5, 6]
+    for n in range(0, limit + 1):
+        for body in itertools.product(words + [EOS], repeat=n):
+            if EOS in body[:-1]:
+                continue
+            seq = list(body)
+            ends = bool(seq) and seq[-1] == EOS
+            if not ends and n != limit:
+                continue
+            score = float(length_normalise(torch.tensor(model.logprob(sent, seq)), len(seq), alpha))
+            best = max(best, (score, [t for t in seq if t != EOS]))
+    return best
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_wide_beam_finds_the_best_hypothesis(alpha):
+    model = Markov(n_sent=3, max_len=6, vocab=7, seed=0)
+    src = torch.tensor([[0, 9], [1, 9], [2, 9]])
+    mask = torch.zeros_like(src, dtype=torch.bool)
+    # max_len_a=0, b=4: at most 4 generated tokens, EOS included.
+    results = beam_search(model, src, mask, BOS, EOS, beam_size=64, length_penalty=alpha, nbest=3, max_len_a=0.0, max_len_b=4)
+    for sent in range(3):
+        score, tokens = brute_force(model, sent, 4, alpha)
+        assert results[sent][0].tokens == tokens
+        assert results[sent][0].score == pytest.approx(score, abs=1e-4)
+        assert [h.score for h in results[sent]] == sorted((h.score for h in results[sent]), reverse=True)
+
+
+def test_markov_beam_one_equals_greedy():
+    model = Markov(n_sent=4, max_len=10, vocab=7, seed=1)
+    src = torch.tensor([[0], [1], [2], [3]])
+    mask = torch.zeros_like(src, dtype=torch.bool)
+    greedy = greedy_search(model, src, mask, BOS, EOS, 0.0, 8)
+    beam = beam_search(model, src, mask, BOS, EOS, 1, 0.0, 1, 0.0, 8)
+    assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
+
+
+@pytest.fixture(params=sorted(CASES))
+def trained_like(request):
+    """An untrained model whose output distribution is peaked enough to stop on its own sometimes."""
+    model = make(request.param, seed=3)
+    warm_batch_norm(model, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.out_proj.bias[EOS] += 2.0
+    return model
+
+
+def test_beam_one_equals_greedy(trained_like):
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(1))
+    greedy = greedy_search(trained_like, src, mask, BOS, EOS, 1.5, 5)
+    beam = beam_search(trained_like, src, mask, BOS, EOS, 1, 0.0, 1, 1.5, 5)
+    assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
+
+
+def test_cached_greedy_equals_full_prefix(trained_like):
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(2))
+    cached = greedy_search(trained_like, src, mask, BOS, EOS, 1.5, 5)
+    full = greedy_search_full_prefix(trained_like, src, mask, BOS, EOS, 1.5, 5)
+    assert [h.tokens for h in cached] == [h.tokens for h in full]
+    for a, b in zip(cached, full):
+        assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_output_length_is_bounded(trained_like):
+    with torch.no_grad():
+        trained_like.out_proj.bias[EOS] -= 100.0  # never stop by itself
+    src, mask = random_batch([4, 1], 23, torch.Generator().manual_seed(3))
+    greedy = greedy_search(trained_like, src, mask, BOS, EOS, 2.0, 3)
+    assert [len(h.tokens) for h in greedy] == [11, 5]
+    beam = beam_search(trained_like, src, mask, BOS, EOS, 3, 1.0, 3, 2.0, 3)
+    assert [len(b[0].tokens) for b in beam] == [11, 5]
+    assert all(len(b) == 3 for b in beam)
