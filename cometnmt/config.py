@@ -23,6 +23,9 @@ import yaml
 
 from cometnmt.errors import ConfigError
 from cometnmt.models.comet import CometConfig
+from cometnmt.models.convs2s import ConvS2SConfig
+from cometnmt.models.rnn import RNNConfig
+from cometnmt.models.transformer_pp import TransformerPPConfig
 
 
 @dataclass
@@ -68,6 +71,9 @@ class ModelConfig:
     dropout: float = 0.1
     max_positions: int = 1024
     comet: CometConfig = field(default_factory=CometConfig)
+    convs2s: ConvS2SConfig = field(default_factory=ConvS2SConfig)
+    rnn: RNNConfig = field(default_factory=RNNConfig)
+    transformer_pp: TransformerPPConfig = field(default_factory=TransformerPPConfig)
 
 
 @dataclass
@@ -240,23 +246,41 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML file (or defaults when ``path`` is None), apply dotted overrides, validate."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        data = loaded or {}
+    data = _read_yaml(Path(path)) if path is not None else {}
     for text in overrides or []:
         key, value = parse_override(text)
         _set_dotted(data, key, value)
     cfg = config_from_dict(data)
     return cfg
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """Read one preset. A top-level ``base: other.yaml`` (relative to this file) is read first and
+    this file's keys are merged over it, section by section."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base' chain loops back to itself")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = loaded or {}
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: config key 'base' must be a file name, got {base!r}")
+    return _merge(_read_yaml(path.parent / base, seen + (path.resolve(),)), data)
 
 
 def config_from_dict(data: dict) -> Config:
@@ -295,3 +319,56 @@ def validate(cfg: Config) -> None:
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             if getattr(cfg.data, key) is None:
                 raise ConfigError(f"config key 'data.{key}': required when data.corpus is 'files'")
+
+
+# ---------------------------------------------------------------------------------------------
+# configs/reference.yaml is generated from these dataclasses (and their comments), so it cannot
+# drift from the code: `python -m cometnmt.config > configs/reference.yaml`; a test checks it.
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    import inspect
+    import re
+
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = re.match(r"\s+(\w+):[^#]*#\s*(.*)$", line)
+        if match:
+            comments[match.group(1)] = match.group(2).strip()
+    return comments
+
+
+def _reference_lines(cls: type, indent: int) -> list[str]:
+    pad = "  " * indent
+    lines = []
+    doc = (cls.__doc__ or "").strip().splitlines()
+    if doc:
+        lines.append(f"{pad}# {doc[0]}")
+    comments = _field_comments(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{pad}{f.name}:")
+            lines += _reference_lines(type(value), indent + 1)
+            continue
+        text = yaml.safe_dump(value, default_flow_style=True).strip()
+        text = text.removesuffix("\n...").removesuffix("...").strip()
+        comment = f"  # {comments[f.name]}" if f.name in comments else ""
+        lines.append(f"{pad}{f.name}: {text}{comment}")
+    return lines
+
+
+def reference_yaml() -> str:
+    header = [
+        "# Every configuration key with its default value (generated: python -m cometnmt.config).",
+        "# Presets under configs/ override a few of these; `--set section.key=value` overrides any.",
+        "# A preset may start with `base: other.yaml` (relative path) to extend another preset.",
+    ]
+    return "\n".join(header + _reference_lines(Config, 0)) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(reference_yaml())

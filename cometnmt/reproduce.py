@@ -1,11 +1,376 @@
-"""`cometnmt reproduce`: written in the COMET issue (see below)."""
+"""`cometnmt reproduce`: rerun rows of the COMET paper's Table 1 with several seeds and write a
+report a reader can put beside the paper.
+
+Each (row, seed) trains in its own subprocess (``cometnmt train PRESET --set train.seed=S``), so
+several run side by side (``--jobs``) and every run is resumable: a finished run (``done.json``)
+is skipped, an interrupted one continues from its ``last.pt``. Finished runs are then decoded
+greedily (the paper's search) on the validation and test splits, and the report folder gets:
+
+* ``report.md``: our numbers beside the paper's (dev and test; the paper's metric, sacreBLEU BLEU
+  and chrF; mean ± standard deviation over seeds), a paired bootstrap test of COMET against the
+  Transformer, Table 2-style examples, and the commit, configs, hardware and time that produced it;
+* ``figure4_bleu_by_length.png``: BLEU difference COMET - Transformer by source length (Figure 4);
+* ``learning_curves.png``: validation loss and BLEU per epoch;
+* ``report.json``: everything above as data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from cometnmt.errors import CometNMTError
+
+log = logging.getLogger(__name__)
+
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "multi30k"
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--rows", nargs="*", default=[])
+@dataclass(frozen=True)
+class Row:
+    preset: str  # file under the config folder
+    label: str  # as printed in the paper's Table 1
+    paper_dev: Optional[float]  # the paper's BLEU score (development)
+    paper_test: Optional[float] = None
+    in_paper: bool = True
+
+
+ROWS: dict[str, Row] = {
+    "comet": Row("comet.yaml", "COMET", 38.65, 38.69),
+    "temporal_conv": Row("comet_temporal_conv.yaml", "Temporal Convolutions", 37.71),
+    "ffn1": Row("comet_ffn1.yaml", "FFN-1", 38.10),
+    "ffn2": Row("comet_ffn2.yaml", "FFN-2", 38.46),
+    "src_sos_eos": Row("comet_src_sos_eos.yaml", "Source EOS/SOS token", 37.78),
+    "conv4": Row("comet_conv4.yaml", "4-Layer Convolutional Subunit", 38.17),
+    "transformer": Row("transformer.yaml", "Transformer", 38.33, 38.36),
+    "dff1024": Row("transformer_dff1024.yaml", "d_ff = 1024", 38.37),
+    "n4": Row("transformer_n4.yaml", "N = 4", 37.10),
+    "n2": Row("transformer_n2.yaml", "N = 2", 37.70),
+    "dm512": Row("transformer_dm512.yaml", "d_m = 512", 37.63),
+    "dropout03": Row("transformer_dropout03.yaml", "dropout = 0.3", 37.89),
+    # Not in the COMET paper's table: the other architectures of this toolkit, same data and search.
+    "convs2s": Row("convs2s.yaml", "ConvS2S (not in the paper)", None, in_paper=False),
+    "rnn": Row("rnn.yaml", "RNN + attention (not in the paper)", None, in_paper=False),
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--rows", nargs="+", default=["comet", "transformer"], metavar="ROW",
+                   help=f"Table 1 rows to run (default: comet transformer); 'all' = every paper row. Rows: {', '.join(ROWS)}")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="training seeds (default 1 2 3)")
+    p.add_argument("--out", default="reports/reproduce", help="report folder; runs are kept in OUT/runs")
+    p.add_argument("--jobs", type=int, default=1, help="training runs side by side (several fit on one GPU)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run, e.g. train.max_epochs=5")
+    p.add_argument("--config-dir", default=str(REPO_CONFIGS), help="folder of the presets")
+    p.add_argument("--device", default="auto", help="device for training and decoding (auto = GPU if present)")
+    p.add_argument("--eval-limit", type=int, help="decode only the first N sentences of each split (smoke runs; labelled in the report)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap samples (default 1000)")
+    p.add_argument("--examples", type=int, default=5, help="Table 2-style examples per direction")
+    p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def _run_dir(out: Path, row: str, seed: int) -> Path:
+    return out / "runs" / row / f"seed{seed}"
+
+
+def _train_one(args, row: str, seed: int) -> dict:
+    """Train (or resume) one run in a subprocess; returns its done.json record."""
+    run = _run_dir(Path(args.out), row, seed)
+    done = run / "done.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    preset = Path(args.config_dir) / ROWS[row].preset
+    cmd = [sys.executable, "-m", "cometnmt", "train", str(preset), "--set", f"train.seed={seed}",
+           "--set", f"train.save_dir={run}", "--set", f"train.device={args.device}", "--set", "train.progress=false"]
+    for override in args.set:
+        cmd += ["--set", override]
+    if (run / "last.pt").exists():
+        cmd.append("--resume")
+    run.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    with open(run / "stdout.log", "a", encoding="utf-8") as logf:
+        logf.write(f"$ {shlex.join(cmd)}\n")
+        logf.flush()
+        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise CometNMTError(f"training {row} seed {seed} failed (exit {proc.returncode}); see {run / 'stdout.log'}")
+    record = {"row": row, "seed": seed, "train_seconds": time.time() - start, "command": shlex.join(cmd)}
+    record.update(_evaluate_run(args, run))
+    done.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _evaluate_run(args, run: Path) -> dict:
+    """Greedy-decode the validation and test splits with the run's best checkpoint."""
+    from cometnmt.data.pipeline import read_split
+    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.evaluation import evaluate
+    from cometnmt.inference import Translator
+
+    translator = Translator.from_checkpoint(run / "best.pt", args.device)
+    dcfg = type(translator.cfg.decode)(**{**translator.cfg.decode.__dict__, "method": "greedy"})
+    tgt_tok, src_tok = SpacyTokenizer(translator.cfg.data.tgt_lang), SpacyTokenizer(translator.cfg.data.src_lang)
+    out = {}
+    for split in ("valid", "test"):
+        corpus = read_split(translator.cfg.data, split)
+        src, refs = corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit]
+        hyps = [h[0].text for h in translator.translate(src, dcfg)]
+        (run / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize, src=src, src_tokenize=src_tok.tokenize)
+        result["sentence_bleu"] = _sentence_scores(hyps, refs, tgt_tok.tokenize)
+        out[split] = result
+    history = [r for r in _metrics(run) if r.get("event") == "valid"]
+    out["epochs"] = len(history)
+    out["history"] = history
+    return out
+
+
+def _sentence_scores(hyps, refs, tokenize) -> list[float]:
+    from cometnmt.evaluation import paper_sentence_bleu
+
+    return [paper_sentence_bleu(tokenize(h), tokenize(r)) for h, r in zip(hyps, refs)]
+
+
+def _metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def run_reproduce(args) -> int:
-    from cometnmt.errors import CometNMTError
+    rows = list(r for r in ROWS if ROWS[r].in_paper) if args.rows == ["all"] else args.rows
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise CometNMTError(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(ROWS)} or 'all'")
+    missing = [ROWS[r].preset for r in rows if not (Path(args.config_dir) / ROWS[r].preset).exists()]
+    if missing:
+        raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(r, s) for r in rows for s in args.seeds]
+    start = time.time()
+    records: list[dict] = []
+    if args.report_only:
+        records = [json.loads(p.read_text()) for r, s in jobs if (p := _run_dir(out, r, s) / "done.json").exists()]
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool, tqdm(total=len(jobs), desc="runs", unit="run") as bar:
+            futures = [pool.submit(_train_one, args, r, s) for r, s in jobs]
+            for fut in futures:
+                records.append(fut.result())
+                bar.update(1)
+    report = build_report(args, rows, records, time.time() - start)
+    print(f"report written to {out / 'report.md'}")
+    return 0 if report else 1
 
-    raise CometNMTError("reproduce is not built yet")
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def _mean_sd(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _fmt(mean_sd: tuple[Optional[float], Optional[float]]) -> str:
+    mean, sd = mean_sd
+    return "–" if mean is None else f"{mean:.2f} ± {sd:.2f}"
+
+
+def summarise(rows: list[str], records: list[dict]) -> list[dict]:
+    table = []
+    for row in rows:
+        recs = [r for r in records if r["row"] == row]
+        entry = {"row": row, "label": ROWS[row].label, "paper_dev": ROWS[row].paper_dev,
+                 "paper_test": ROWS[row].paper_test, "seeds": [r["seed"] for r in recs]}
+        for split in ("valid", "test"):
+            for metric in ("paper_bleu", "bleu", "chrf"):
+                entry[f"{split}_{metric}"] = _mean_sd([r[split][metric] for r in recs])
+        entry["epochs"] = _mean_sd([r["epochs"] for r in recs])
+        table.append(entry)
+    return table
+
+
+def _provenance(args, seconds: float) -> dict:
+    import torch
+
+    def git(*cmd):
+        try:
+            return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO_CONFIGS, timeout=10).stdout.strip()
+        except Exception:
+            return ""
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+    return {
+        "commit": git("rev-parse", "HEAD") + (" (uncommitted changes)" if git("status", "--porcelain") else ""),
+        "command": "cometnmt reproduce " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else "",
+        "hardware": device,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "wall_seconds": seconds,
+        "overrides": args.set,
+        "eval_limit": args.eval_limit,
+    }
+
+
+def build_report(args, rows: list[str], records: list[dict], seconds: float) -> dict:
+    out = Path(args.out)
+    table = summarise(rows, records)
+    report = {"provenance": _provenance(args, seconds), "table": table, "runs": records}
+    pair = [r for r in ("comet", "transformer") if r in rows]
+    if len(pair) == 2:
+        report["significance"] = _significance(args, out, records)
+        report["figure4"] = _figure4(out, records)
+        report["examples"] = _examples(args, out, records)
+    _learning_curves(out, rows, records)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "report.md").write_text(_markdown(args, report), encoding="utf-8")
+    return report
+
+
+def _paired_runs(records: list[dict]) -> list[tuple[dict, dict]]:
+    by = {(r["row"], r["seed"]): r for r in records}
+    return [(by[("comet", s)], by[("transformer", s)]) for (row, s) in by if row == "comet" and ("transformer", s) in by]
+
+
+def _test_texts(out: Path, rec: dict) -> list[str]:
+    return (_run_dir(out, rec["row"], rec["seed"]) / "test.hyp").read_text(encoding="utf-8").splitlines()
+
+
+def _test_corpus(args, out: Path, rec: dict):
+    from cometnmt.config import config_from_dict
+    from cometnmt.data.pipeline import read_split
+    from cometnmt.training.checkpoint import load_checkpoint
+
+    cfg = config_from_dict(load_checkpoint(_run_dir(out, rec["row"], rec["seed"]) / "best.pt")["config"])
+    corpus = read_split(cfg.data, "test")
+    return corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit], cfg
+
+
+def _significance(args, out: Path, records: list[dict]) -> list[dict]:
+    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.evaluation import paired_bootstrap
+
+    results = []
+    for comet, trans in _paired_runs(records):
+        _, refs, cfg = _test_corpus(args, out, comet)
+        tok = SpacyTokenizer(cfg.data.tgt_lang).tokenize
+        for metric in ("paper", "bleu"):
+            res = paired_bootstrap(_test_texts(out, comet), _test_texts(out, trans), refs, n_samples=args.bootstrap,
+                                   metric=metric, tokenize=tok)
+            results.append({"seed": comet["seed"], **res})
+    return results
+
+
+def _figure4(out: Path, records: list[dict]) -> list[dict]:
+    """Mean (over seed pairs) paper BLEU difference COMET - Transformer per source length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    diffs: dict[int, list[float]] = {}
+    for comet, trans in _paired_runs(records):
+        t = {r["length"]: r["paper_bleu"] for r in trans["test"]["bleu_by_length"]}
+        for r in comet["test"]["bleu_by_length"]:
+            if r["length"] in t:
+                diffs.setdefault(r["length"], []).append(r["paper_bleu"] - t[r["length"]])
+    rows = [{"length": L, "diff": statistics.fmean(v), "pairs": len(v)} for L, v in sorted(diffs.items())]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar([r["length"] for r in rows], [r["diff"] for r in rows],
+           color=["tab:blue" if r["diff"] >= 0 else "tab:red" for r in rows])
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("source sentence length (spaCy tokens)")
+    ax.set_ylabel("BLEU difference (COMET − Transformer)")
+    ax.set_title("Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences")
+    fig.tight_layout()
+    fig.savefig(out / "figure4_bleu_by_length.png", dpi=120)
+    plt.close(fig)
+    return rows
+
+
+def _examples(args, out: Path, records: list[dict]) -> list[dict]:
+    pairs = _paired_runs(records)
+    if not pairs:
+        return []
+    comet, trans = pairs[0]
+    src, refs, _ = _test_corpus(args, out, comet)
+    c_h, t_h = _test_texts(out, comet), _test_texts(out, trans)
+    c_s, t_s = comet["test"]["sentence_bleu"], trans["test"]["sentence_bleu"]
+    order = sorted(range(len(refs)), key=lambda i: c_s[i] - t_s[i])
+    picks = order[::-1][: args.examples] + order[: args.examples]
+    return [{"index": i, "source": src[i], "reference": refs[i], "transformer": t_h[i], "comet": c_h[i],
+             "transformer_bleu": t_s[i], "comet_bleu": c_s[i]} for i in picks]
+
+
+def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, row in enumerate(rows):
+        for rec in (r for r in records if r["row"] == row):
+            hist = rec["history"]
+            kw = {"color": f"C{i % 10}", "alpha": 0.8, "label": ROWS[row].label if rec["seed"] == min(
+                r["seed"] for r in records if r["row"] == row) else None}
+            a1.plot([h["epoch"] for h in hist], [h["val_loss"] for h in hist], **kw)
+            if hist and "val_bleu" in hist[0]:
+                a2.plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], **kw)
+    a1.set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
+    a2.set(xlabel="epoch", ylabel="validation BLEU (sacreBLEU, greedy)", title="validation BLEU")
+    a1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "learning_curves.png", dpi=120)
+    plt.close(fig)
+
+
+def _markdown(args, report: dict) -> str:
+    from cometnmt.evaluation import PAPER_BLEU_LABEL
+
+    p = report["provenance"]
+    lines = ["# COMET Table 1, reproduced", ""]
+    lines += [f"- commit: `{p['commit']}`", f"- command: `{p['command']}`", f"- hardware: {p['hardware']}, torch {p['torch']}",
+              f"- date: {p['date']}; wall time {p['wall_seconds'] / 60:.1f} min", f"- overrides for every run: {p['overrides'] or 'none'}"]
+    if p["eval_limit"]:
+        lines.append(f"- **smoke setting: only the first {p['eval_limit']} sentences of each split were decoded**")
+    lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
+              "(signatures in report.json). Greedy decoding, best-validation-loss checkpoint. Mean ± sd over seeds.", ""]
+    lines.append("| model | seeds | epochs | paper dev | ours dev (paper) | ours dev BLEU | paper test | ours test (paper) | ours test BLEU | ours test chrF |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    for e in report["table"]:
+        pd = "–" if e["paper_dev"] is None else f"{e['paper_dev']:.2f}"
+        pt = "–" if e["paper_test"] is None else f"{e['paper_test']:.2f}"
+        lines.append(f"| {e['label']} | {len(e['seeds'])} | {_fmt(e['epochs'])} | {pd} | {_fmt(e['valid_paper_bleu'])} | "
+                     f"{_fmt(e['valid_bleu'])} | {pt} | {_fmt(e['test_paper_bleu'])} | {_fmt(e['test_bleu'])} | {_fmt(e['test_chrf'])} |")
+    if report.get("significance"):
+        lines += ["", "## Paired bootstrap: COMET vs Transformer (test)", "",
+                  "| seed | metric | COMET | Transformer | Δ | p (Transformer ≥ COMET) |", "|---|---|---|---|---|---|"]
+        for s in report["significance"]:
+            lines.append(f"| {s['seed']} | {s['metric']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | {s['p_value']:.3f} |")
+    if report.get("figure4"):
+        lines += ["", "## Figure 4: BLEU difference by source length", "", "![figure 4](figure4_bleu_by_length.png)", ""]
+    lines += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
+    if report.get("examples"):
+        lines += ["## Table 2-style examples (test sentences where the models differ most)", ""]
+        for ex in report["examples"]:
+            lines += [f"**#{ex['index']}** (sentence BLEU: COMET {ex['comet_bleu']:.1f}, Transformer {ex['transformer_bleu']:.1f})", "",
+                      f"- Source: {ex['source']}", f"- Reference: {ex['reference']}",
+                      f"- Transformer: {ex['transformer']}", f"- COMET: {ex['comet']}", ""]
+    return "\n".join(lines) + "\n"

@@ -24,6 +24,14 @@ CASES = {
     "comet_ffn1": {"arch": "comet", "comet": {"unit": "ffn1", "ffn1_hidden": 48}},
     "comet_ffn2": {"arch": "comet", "comet": {"unit": "ffn2", "ffn2_hidden": 48}},
     "comet_4layer": {"arch": "comet", "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
+    "convs2s": {"arch": "convs2s", "convs2s": {"embed_dim": 16, "enc_layers": [[32, 3, 2]], "dec_layers": [[32, 3, 2]], "out_embed_dim": 24}},
+    "convs2s_mixed": {"arch": "convs2s", "convs2s": {"embed_dim": 16, "enc_layers": [[24, 2], [32, 5], [32, 1]], "dec_layers": [[24, 2], [32, 4], [32, 1]], "out_embed_dim": 16}},
+    "rnn_gru_additive": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 16, "hidden_size": 32, "attention": "additive"}},
+    "rnn_lstm_general": {"arch": "rnn", "rnn": {"cell": "lstm", "embed_dim": 16, "hidden_size": 32, "enc_layers": 2, "dec_layers": 2, "attention": "general"}},
+    "rnn_gru_dot": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 16, "hidden_size": 32, "dec_layers": 2, "attention": "dot"}},
+    "rnn_lstm_scaled_dot_no_feed": {"arch": "rnn", "rnn": {"cell": "lstm", "embed_dim": 16, "hidden_size": 32, "attention": "scaled_dot", "input_feeding": False, "bridge": False}},
+    "transformer_pp": {"arch": "transformer_pp", "transformer_pp": {"kernel_sizes": [3, 5], "dilations": [1, 2], "tasks": []}},
+    "transformer_pp_all_conv": {"arch": "transformer_pp", "transformer_pp": {"kernel_sizes": [5, 3], "dilations": [1, 1], "conv_heads": 4, "tasks": []}},
 }
 
 

@@ -7,13 +7,19 @@ from typing import Callable
 
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.comet import build_comet
+from cometnmt.models.convs2s import build_convs2s
+from cometnmt.models.rnn import build_rnn
 from cometnmt.models.transformer import build_transformer
+from cometnmt.models.transformer_pp import build_transformer_pp
 
 Builder = Callable[..., Seq2Seq]
 
 REGISTRY: dict[str, Builder] = {
     "transformer": build_transformer,
     "comet": build_comet,
+    "convs2s": build_convs2s,
+    "rnn": build_rnn,
+    "transformer_pp": build_transformer_pp,
 }
 
 

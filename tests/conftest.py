@@ -1,0 +1,42 @@
+"""Shared fixtures: the Multi30k copy beside the repo (or $COMETNMT_MULTI30K_DIR) and a runner for
+the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def multi30k_dir() -> Path:
+    env = os.environ.get("COMETNMT_MULTI30K_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = multi30k_dir()
+    if not (path / "train.de.gz").exists():
+        pytest.fail(f"Multi30k not found at {path}; set COMETNMT_MULTI30K_DIR")
+    return path
+
+
+@pytest.fixture
+def cli(data_dir, tmp_path):
+    """Run `python -m cometnmt ARGS` in the repo root; returns CompletedProcess (text)."""
+
+    def run(*args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "cometnmt", *args], cwd=REPO, env=env, input=input, capture_output=True, text=True, timeout=600
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"cometnmt {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        return proc
+
+    return run

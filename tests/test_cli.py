@@ -1,0 +1,156 @@
+"""The CLI end to end on configs/tiny.yaml, and every bad input exits non-zero with a clear message."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import sacrebleu
+
+TINY = ["configs/tiny.yaml", "--set", "data.max_train_pairs=600", "--set", "data.max_valid_pairs=40",
+        "--set", "train.max_epochs=1", "--set", "train.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    """One tiny training run shared by the tests of this module."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run_dir = tmp_path_factory.mktemp("tiny")
+    env = {**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir)}
+    proc = subprocess.run([sys.executable, "-m", "cometnmt", "train", *TINY, "--set", f"train.save_dir={run_dir}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_train_writes_run_folder(trained):
+    for name in ("best.pt", "last.pt", "metrics.jsonl", "config.yaml", "train.log"):
+        assert (trained / name).exists(), name
+    records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["event"] == "valid"]
+    assert valid and {"val_loss", "val_loss_per_100_tokens", "val_bleu", "val_chrf", "val_paper_bleu"} <= set(valid[0])
+    assert any(r["event"] == "train" and r["tgt_tokens_per_s"] > 0 for r in records)
+
+
+def test_translate_file_and_stdin(trained, cli, tmp_path, data_dir):
+    src = tmp_path / "src.de"
+    with gzip.open(data_dir / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        src.write_text("".join(next(f) for _ in range(12)), encoding="utf-8")
+    out = tmp_path / "hyp.en"
+    cli("translate", str(trained / "best.pt"), "-i", str(src), "-o", str(out))
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 12
+    proc = cli("translate", str(trained / "best.pt"), input=src.read_text(encoding="utf-8"))
+    assert proc.stdout.splitlines() == lines  # same checkpoint, same greedy search
+    nbest = cli("translate", str(trained / "best.pt"), "--beam", "3", "--nbest", "2", input="Ein Hund läuft.\n")
+    rows = [line.split("\t") for line in nbest.stdout.splitlines()]
+    assert len(rows) == 2 and all(r[0] == "0" and len(r) == 3 for r in rows)
+
+
+def test_evaluate_checkpoint_on_split(trained, cli, tmp_path):
+    out_json = tmp_path / "result.json"
+    proc = cli("evaluate", "--checkpoint", str(trained / "best.pt"), "--split", "valid", "--json", str(out_json))
+    result = json.loads(out_json.read_text())
+    assert result["n_sentences"] == 40
+    assert "COMET paper metric" in proc.stdout and "nrefs:1" in proc.stdout
+    assert result["bleu_by_length"] is not None
+
+
+def test_evaluate_matches_sacrebleu(cli, tmp_path, data_dir):
+    with gzip.open(data_dir / "val.en.gz", "rt", encoding="utf-8") as f:
+        refs = [next(f).rstrip("\n") for _ in range(50)]
+    hyps = [" ".join(r.split()[::-1][:6]) if i % 3 else r for i, r in enumerate(refs)]
+    (tmp_path / "h").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    (tmp_path / "r").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    out = tmp_path / "e.json"
+    cli("evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), "--json", str(out))
+    expected = sacrebleu.corpus_bleu(hyps, [refs])
+    assert json.loads(out.read_text())["bleu"] == pytest.approx(expected.score, abs=1e-9)
+
+
+def test_average_checkpoints(trained, cli, tmp_path):
+    out = tmp_path / "avg.pt"
+    cli("average", str(trained / "best.pt"), str(trained / "last.pt"), "-o", str(out))
+    proc = cli("translate", str(out), input="Ein Mann.\n")
+    assert proc.returncode == 0
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def _err(proc) -> str:
+    assert proc.returncode != 0, "expected a non-zero exit"
+    return proc.stderr
+
+
+def test_mismatched_line_counts_name_both_files(cli, tmp_path):
+    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("one\ntwo\n", encoding="utf-8")
+    args = ["train", "configs/tiny.yaml", "--set", "data.corpus=files", "--set", f"data.train_src={tmp_path}/a.de",
+            "--set", f"data.train_tgt={tmp_path}/a.en", "--set", f"data.valid_src={tmp_path}/a.de",
+            "--set", f"data.valid_tgt={tmp_path}/a.en", "--set", f"train.save_dir={tmp_path}/run"]
+    err = _err(cli(*args, check=False))
+    assert "a.de" in err and "a.en" in err and "3" in err and "2" in err
+
+
+def test_undecodable_bytes_name_file_and_line(cli, tmp_path):
+    (tmp_path / "h").write_bytes(b"fine\nbad \xff byte\n")
+    (tmp_path / "r").write_text("fine\nalso fine\n", encoding="utf-8")
+    err = _err(cli("evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), check=False))
+    assert f"{tmp_path / 'h'}:2" in err
+
+
+def test_empty_reference_line_is_an_error_in_evaluation(cli, tmp_path):
+    (tmp_path / "h").write_text("a\nb\n", encoding="utf-8")
+    (tmp_path / "r").write_text("a\n\n", encoding="utf-8")
+    err = _err(cli("evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), check=False))
+    assert "empty" in err and ":2" in err
+
+
+def test_missing_file(cli, tmp_path):
+    err = _err(cli("evaluate", "--hyp", str(tmp_path / "nope"), "--ref", str(tmp_path / "nope2"), check=False))
+    assert "nope" in err and "not found" in err
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.lrr=0.1", "train.lrr"),
+        ("train.lr=fast", "train.lr"),
+        ("model.arch=lstm9", "model.arch"),
+        ("train.stopping=never", "train.stopping"),
+        ("model.comet.unit=ffn9", "model.comet.unit"),
+        ("decode.beam_size=0", "decode.beam_size"),
+    ],
+)
+def test_bad_config_names_the_key(cli, override, needle, tmp_path):
+    err = _err(cli("train", "configs/tiny.yaml", "--set", override, "--set", f"train.save_dir={tmp_path}", check=False))
+    assert needle in err and "Traceback" not in err
+
+
+def test_missing_and_corrupt_checkpoint(cli, tmp_path):
+    err = _err(cli("translate", str(tmp_path / "none.pt"), input="x\n", check=False))
+    assert "none.pt" in err and "not found" in err
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x80\x02garbage" * 100)
+    err = _err(cli("translate", str(bad), input="x\n", check=False))
+    assert "bad.pt" in err and "Traceback" not in err
+
+
+def test_truncated_checkpoint(trained, cli, tmp_path):
+    data = (trained / "best.pt").read_bytes()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(data[: len(data) // 2])
+    err = _err(cli("translate", str(cut), input="x\n", check=False))
+    assert "cut.pt" in err and "corrupt" in err
+
+
+def test_refuses_to_overwrite_a_run(trained, cli):
+    err = _err(cli("train", *TINY, "--set", f"train.save_dir={trained}", check=False))
+    assert "--resume" in err

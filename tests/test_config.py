@@ -1,0 +1,67 @@
+"""Config loading: strict keys and types, overrides, and a reference YAML that documents every key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cometnmt.config import Config, load_config, to_dict
+from cometnmt.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def flat_keys(d: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for k, v in d.items():
+        dotted = f"{prefix}{k}"
+        keys |= flat_keys(v, dotted + ".") if isinstance(v, dict) else {dotted}
+    return keys
+
+
+def test_reference_yaml_documents_every_key_with_its_default():
+    ref = yaml.safe_load((REPO / "configs" / "reference.yaml").read_text(encoding="utf-8"))
+    assert flat_keys(ref) == flat_keys(to_dict(Config()))
+    assert ref == to_dict(Config()), "reference.yaml values must be the defaults"
+
+
+def test_every_preset_loads():
+    presets = sorted((REPO / "configs").rglob("*.yaml"))
+    assert len(presets) >= 3
+    for path in presets:
+        if path.name == "reference.yaml" or "iwslt" in path.parts:
+            continue
+        load_config(path)
+
+
+def test_overrides_and_types(tmp_path):
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["train.lr=3e-4", "model.comet.features=[8,4]", "data.max_len=50"])
+    assert cfg.train.lr == pytest.approx(3e-4) and cfg.model.comet.features == [8, 4] and cfg.data.max_len == 50
+    with pytest.raises(ConfigError, match="model.d_model"):
+        load_config(None, ["model.d_model=2.5"])
+    with pytest.raises(ConfigError, match="'data.nope'"):
+        load_config(None, ["data.nope=1"])
+    with pytest.raises(ConfigError, match="model.n_heads"):
+        load_config(None, ["model.n_heads=7"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2]\n")
+    with pytest.raises(ConfigError, match="train"):
+        load_config(bad)
+
+
+def test_defaults_are_the_papers_transformer():
+    m = Config().model
+    assert (m.enc_layers, m.d_model, m.n_heads, m.d_ff, m.dropout) == (3, 256, 8, 2048, 0.1)
+    t = Config().train
+    assert (t.lr, t.betas, t.eps) == (1e-4, [0.9, 0.98], 1e-9)
+
+
+def test_reference_yaml_is_up_to_date():
+    from cometnmt.config import reference_yaml
+
+    assert (REPO / "configs" / "reference.yaml").read_text(encoding="utf-8") == reference_yaml(), (
+        "regenerate with: python -m cometnmt.config > configs/reference.yaml"
+    )

@@ -1,0 +1,52 @@
+"""An interrupted run resumed from its last checkpoint ends with exactly the weights of an
+uninterrupted run with the same seed (dropout on, interruption mid-epoch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cometnmt.config import load_config
+from cometnmt.training import run as run_module
+from cometnmt.training.checkpoint import load_checkpoint
+from cometnmt.training.trainer import Trainer
+
+from conftest import REPO
+
+
+def tiny_cfg(save_dir, data_dir, arch="transformer"):
+    return load_config(REPO / "configs" / "tiny.yaml", [
+        f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
+        "train.batch_tokens=600", "train.max_epochs=2", "train.valid_bleu=false", "train.progress=false",
+        "train.accum_steps=2", f"train.save_dir={save_dir}", f"model.arch={arch}",
+    ])
+
+
+@pytest.mark.parametrize("arch", ["transformer", "comet"])
+def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
+    run_module.train(tiny_cfg(tmp_path / "full", data_dir, arch))
+    reference = load_checkpoint(tmp_path / "full" / "last.pt")
+
+    calls = {"n": 0}
+    original = Trainer.train_step
+
+    def interrupt_on_seventh(self, group):
+        calls["n"] += 1
+        if calls["n"] == 7:  # the 2nd step of epoch 2 (5 steps of 2 micro-batches per epoch)
+            raise KeyboardInterrupt
+        return original(self, group)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupt_on_seventh)
+    cfg = tiny_cfg(tmp_path / "cut", data_dir, arch)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.train(cfg)
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert saved["step"] == 6 and saved["trainer"]["consumed"] > 0  # stopped inside an epoch
+    monkeypatch.setattr(Trainer, "train_step", original)
+    run_module.train(cfg, resume=True)
+    resumed = load_checkpoint(tmp_path / "cut" / "last.pt")
+
+    assert resumed["step"] == reference["step"] and resumed["epoch"] == reference["epoch"] == 2
+    for key, value in reference["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    assert resumed["trainer"]["history"] == reference["trainer"]["history"]
