@@ -80,6 +80,7 @@ def add_arguments(p) -> None:
     p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap samples (default 1000)")
     p.add_argument("--examples", type=int, default=5, help="Table 2-style examples per direction")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
+    p.add_argument("--deadline", type=float, help="seconds: start no run after this, stop running ones (they stay resumable), report what finished")
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -104,13 +105,23 @@ def _train_one(args, row: str, seed: int) -> dict:
         cmd.append("--resume")
     run.mkdir(parents=True, exist_ok=True)
     start = time.time()
+    if args.stop_at is not None and start >= args.stop_at:
+        return None
     with open(run / "stdout.log", "a", encoding="utf-8") as logf:
         logf.write(f"$ {shlex.join(cmd)}\n")
         logf.flush()
-        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise CometNMTError(f"training {row} seed {seed} failed (exit {proc.returncode}); see {run / 'stdout.log'}")
-    record = {"row": row, "seed": seed, "train_seconds": time.time() - start, "command": shlex.join(cmd)}
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=None if args.stop_at is None else max(1.0, args.stop_at - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # SIGTERM: the trainer saves last.pt, so a later call resumes it
+            proc.wait()
+            log.warning("%s seed %d stopped at the deadline; it resumes on the next call", row, seed)
+            return None
+    if code != 0:
+        raise CometNMTError(f"training {row} seed {seed} failed (exit {code}); see {run / 'stdout.log'}")
+    record = {"row": row, "seed": seed, "train_seconds": time.time() - start, "command": shlex.join(cmd),
+              "hardware": _hardware(args.device)}
     record.update(_evaluate_run(args, run))
     done.write_text(json.dumps(record, indent=1))
     return record
@@ -162,17 +173,24 @@ def run_reproduce(args) -> int:
         raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(r, s) for r in rows for s in args.seeds]
+    # COMET and the Transformer first (all seeds), then the other rows seed by seed.
+    jobs = sorted(((r, s) for r in rows for s in args.seeds),
+                  key=lambda j: (j[0] not in ("comet", "transformer"), j[1], rows.index(j[0])))
     start = time.time()
-    records: list[dict] = []
-    if args.report_only:
-        records = [json.loads(p.read_text()) for r, s in jobs if (p := _run_dir(out, r, s) / "done.json").exists()]
-    else:
+    args.stop_at = None if args.deadline is None else start + args.deadline
+    failed: list[str] = []
+    if not args.report_only:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool, tqdm(total=len(jobs), desc="runs", unit="run") as bar:
-            futures = [pool.submit(_train_one, args, r, s) for r, s in jobs]
-            for fut in futures:
-                records.append(fut.result())
+            futures = {pool.submit(_train_one, args, r, s): (r, s) for r, s in jobs}
+            for fut, (r, s) in futures.items():
+                try:
+                    fut.result()
+                except CometNMTError as exc:
+                    log.error("%s", exc)
+                    failed.append(f"{r} seed {s}")
                 bar.update(1)
+    records = [json.loads(p.read_text()) for r, s in jobs if (p := _run_dir(out, r, s) / "done.json").exists()]
+    args.missing = [f"{r} seed {s}" for r, s in jobs if not (_run_dir(out, r, s) / "done.json").exists()]
     report = build_report(args, rows, records, time.time() - start)
     print(f"report written to {out / 'report.md'}")
     return 0 if report else 1
@@ -206,7 +224,15 @@ def summarise(rows: list[str], records: list[dict]) -> list[dict]:
     return table
 
 
-def _provenance(args, seconds: float) -> dict:
+def _hardware(device: str) -> str:
+    import torch
+
+    if torch.cuda.is_available() and device != "cpu":
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+
+
+def _provenance(args, seconds: float, records: list[dict]) -> dict:
     import torch
 
     def git(*cmd):
@@ -215,11 +241,14 @@ def _provenance(args, seconds: float) -> dict:
         except Exception:
             return ""
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+    hardware = sorted({r["hardware"] for r in records if "hardware" in r}) or [_hardware(args.device)]
     return {
-        "commit": git("rev-parse", "HEAD") + (" (uncommitted changes)" if git("status", "--porcelain") else ""),
+        "commit": (git("rev-parse", "HEAD") + (" (uncommitted changes)" if git("status", "--porcelain") else ""))
+        or os.environ.get("COMETNMT_COMMIT", "unknown (no git checkout)"),
         "command": "cometnmt reproduce " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else "",
-        "hardware": device,
+        "hardware": ", ".join(hardware),
+        "train_hours": sum(r.get("train_seconds", 0.0) for r in records) / 3600,
+        "missing_runs": getattr(args, "missing", []),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "wall_seconds": seconds,
@@ -231,7 +260,7 @@ def _provenance(args, seconds: float) -> dict:
 def build_report(args, rows: list[str], records: list[dict], seconds: float) -> dict:
     out = Path(args.out)
     table = summarise(rows, records)
-    report = {"provenance": _provenance(args, seconds), "table": table, "runs": records}
+    report = {"provenance": _provenance(args, seconds, records), "table": table, "runs": records}
     pair = [r for r in ("comet", "transformer") if r in rows]
     if len(pair) == 2:
         report["significance"] = _significance(args, out, records)
@@ -253,11 +282,13 @@ def _test_texts(out: Path, rec: dict) -> list[str]:
 
 
 def _test_corpus(args, out: Path, rec: dict):
+    import yaml
+
     from cometnmt.config import config_from_dict
     from cometnmt.data.pipeline import read_split
-    from cometnmt.training.checkpoint import load_checkpoint
 
-    cfg = config_from_dict(load_checkpoint(_run_dir(out, rec["row"], rec["seed"]) / "best.pt")["config"])
+    saved = yaml.safe_load((_run_dir(out, rec["row"], rec["seed"]) / "config.yaml").read_text(encoding="utf-8"))
+    cfg = config_from_dict({**saved, "data": {**saved["data"], "multi30k_dir": None}})
     corpus = read_split(cfg.data, "test")
     return corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit], cfg
 
@@ -347,7 +378,10 @@ def _markdown(args, report: dict) -> str:
     p = report["provenance"]
     lines = ["# COMET Table 1, reproduced", ""]
     lines += [f"- commit: `{p['commit']}`", f"- command: `{p['command']}`", f"- hardware: {p['hardware']}, torch {p['torch']}",
-              f"- date: {p['date']}; wall time {p['wall_seconds'] / 60:.1f} min", f"- overrides for every run: {p['overrides'] or 'none'}"]
+              f"- date: {p['date']}; wall time of this call {p['wall_seconds'] / 60:.1f} min; "
+              f"training time of all runs {p['train_hours']:.2f} h", f"- overrides for every run: {p['overrides'] or 'none'}"]
+    if p["missing_runs"]:
+        lines.append(f"- **not finished (not in the table): {', '.join(p['missing_runs'])}**")
     if p["eval_limit"]:
         lines.append(f"- **smoke setting: only the first {p['eval_limit']} sentences of each split were decoded**")
     lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
