@@ -121,7 +121,8 @@ def _train_one(args, row: str, seed: int) -> dict:
     if code != 0:
         raise CometNMTError(f"training {row} seed {seed} failed (exit {code}); see {run / 'stdout.log'}")
     record = {"row": row, "seed": seed, "train_seconds": time.time() - start, "command": shlex.join(cmd),
-              "hardware": _hardware(args.device)}
+              "hardware": _hardware(args.device), "torch": _torch_version(),
+              "commit": os.environ.get("COMETNMT_COMMIT") or _git_head()}
     record.update(_evaluate_run(args, run))
     done.write_text(json.dumps(record, indent=1))
     return record
@@ -224,6 +225,19 @@ def summarise(rows: list[str], records: list[dict]) -> list[dict]:
     return table
 
 
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _git_head() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_CONFIGS, timeout=10).stdout.strip()
+    except Exception:
+        return ""
+
+
 def _hardware(device: str) -> str:
     import torch
 
@@ -249,7 +263,8 @@ def _provenance(args, seconds: float, records: list[dict]) -> dict:
         "hardware": ", ".join(hardware),
         "train_hours": sum(r.get("train_seconds", 0.0) for r in records) / 3600,
         "missing_runs": getattr(args, "missing", []),
-        "torch": torch.__version__,
+        "torch": ", ".join(sorted({r["torch"] for r in records if "torch" in r})) or torch.__version__,
+        "run_commits": sorted({r["commit"] for r in records if r.get("commit")}),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "wall_seconds": seconds,
         "overrides": args.set,
@@ -372,12 +387,29 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
     plt.close(fig)
 
 
+def _short_command(command: str) -> str:
+    """The recorded training command without the interpreter path and run folder."""
+    parts = shlex.split(command)
+    if len(parts) > 2 and parts[1:3] == ["-m", "cometnmt"]:
+        parts = ["cometnmt"] + parts[3:]
+    out, skip = [], False
+    for i, part in enumerate(parts):
+        if skip:
+            skip = False
+            continue
+        if part == "--set" and i + 1 < len(parts) and parts[i + 1].split("=")[0] in ("train.save_dir", "train.progress"):
+            skip = True
+            continue
+        out.append(Path(part).name if part.endswith(".yaml") else part)
+    return " ".join(out)
+
+
 def _markdown(args, report: dict) -> str:
     from cometnmt.evaluation import PAPER_BLEU_LABEL
 
     p = report["provenance"]
     lines = ["# COMET Table 1, reproduced", ""]
-    lines += [f"- commit: `{p['commit']}`", f"- command: `{p['command']}`", f"- hardware: {p['hardware']}, torch {p['torch']}",
+    lines += [f"- commit (report): `{p['commit']}`; commits the runs were trained at: {', '.join(f'`{c}`' for c in p['run_commits']) or 'not recorded'}", f"- command: `{p['command']}`", f"- hardware: {p['hardware']}, torch {p['torch']}",
               f"- date: {p['date']}; wall time of this call {p['wall_seconds'] / 60:.1f} min; "
               f"training time of all runs {p['train_hours']:.2f} h", f"- overrides for every run: {p['overrides'] or 'none'}"]
     if p["missing_runs"]:
@@ -393,6 +425,11 @@ def _markdown(args, report: dict) -> str:
         pt = "–" if e["paper_test"] is None else f"{e['paper_test']:.2f}"
         lines.append(f"| {e['label']} | {len(e['seeds'])} | {_fmt(e['epochs'])} | {pd} | {_fmt(e['valid_paper_bleu'])} | "
                      f"{_fmt(e['valid_bleu'])} | {pt} | {_fmt(e['test_paper_bleu'])} | {_fmt(e['test_bleu'])} | {_fmt(e['test_chrf'])} |")
+    lines += ["", "## How each row was trained (seed of the first run; other seeds differ only in train.seed)", ""]
+    for e in report["table"]:
+        recs = sorted((r for r in report["runs"] if r["row"] == e["row"]), key=lambda r: r["seed"])
+        if recs:
+            lines.append(f"- {e['label']}: `{_short_command(recs[0]['command'])}`")
     if report.get("significance"):
         lines += ["", "## Paired bootstrap: COMET vs Transformer (test)", "",
                   "| seed | metric | COMET | Transformer | Δ | p (Transformer ≥ COMET) |", "|---|---|---|---|---|---|"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install cometnmt with its test extras. Idempotent.
+# Create .venv (if missing) and install cometnmt with its test and tagging extras. Idempotent.
 # PyTorch is pinned to 2.13.0 first: on our CPU machines its wheel is on disk, and asking for it
 # by version keeps pip from pulling a multi-GB CUDA build. GPU machines keep their own torch.
 set -euo pipefail
@@ -13,4 +13,4 @@ python -m pip install -q --upgrade pip >/dev/null
 if ! python -c "import torch" 2>/dev/null; then
   python -m pip install -q "torch==2.13.0"
 fi
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test,tagging]"

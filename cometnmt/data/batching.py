@@ -22,6 +22,7 @@ class Batch:
     indices: list[int]  # positions of these examples in the dataset
     n_src_tokens: int  # real (non-pad) source tokens
     n_tgt_tokens: int  # real tgt_out tokens (y + EOS)
+    tags: dict[str, torch.Tensor] | None = None  # Transformer++: task -> B,S long tag ids (-100 = none)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -29,7 +30,10 @@ class Batch:
     def _map_tensors(self, fn) -> "Batch":
         """A copy with ``fn`` applied to every tensor field."""
         tensors = {f.name: getattr(self, f.name) for f in fields(self)}
-        return replace(self, **{k: fn(v) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+        out = {k: fn(v) for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+        if self.tags is not None:
+            out["tags"] = {k: fn(v) for k, v in self.tags.items()}
+        return replace(self, **out)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         """A copy on ``device``."""
@@ -42,16 +46,22 @@ class Batch:
         return self._map_tensors(lambda t: t.pin_memory())
 
 
-def _pad(seqs: Sequence[Sequence[int]], width: int) -> torch.Tensor:
-    """Rows of ``seqs`` right-padded with PAD to ``width``."""
-    rows = [list(s) + [PAD] * (width - len(s)) for s in seqs]
+def _pad(seqs: Sequence[Sequence[int]], width: int, fill: int = PAD) -> torch.Tensor:
+    """Rows of ``seqs`` right-padded with ``fill`` to ``width``."""
+    rows = [list(s) + [fill] * (width - len(s)) for s in seqs]
     return torch.tensor(rows, dtype=torch.long).view(len(seqs), width)  # B,W
 
 
-def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, indices: list[int]) -> Batch:
+def collate(
+    src_ids: list[list[int]],
+    tgt_ids: list[list[int]] | None,
+    indices: list[int],
+    tags: dict[str, list[list[int]]] | None = None,
+) -> Batch:
     """Pad a batch. The source is used as given; the target y becomes ``tgt_in = BOS+y`` and ``tgt_out = y+EOS``.
 
-    ``tgt_ids=None`` (translation) gives empty (B,0) target tensors.
+    ``tgt_ids=None`` (translation) gives empty (B,0) target tensors. ``tags`` (Transformer++: task ->
+    one tag-id list per source, as long as it) are padded with -100, the ignored label.
     """
     n = len(src_ids)
     if len(indices) != n or (tgt_ids is not None and len(tgt_ids) != n):
@@ -69,7 +79,8 @@ def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, indices: 
         tgt_in = _pad([[BOS] + list(t) for t in tgt_ids], width)  # B,T
         tgt_out = _pad([list(t) + [EOS] for t in tgt_ids], width)  # B,T
         n_tgt = sum(len(t) + 1 for t in tgt_ids)
-    return Batch(src, src_pad_mask, tgt_in, tgt_out, list(indices), sum(len(s) for s in src_ids), n_tgt)
+    tag_tensors = None if tags is None else {k: _pad(v, src.size(1), fill=-100) for k, v in tags.items()}  # B,S each
+    return Batch(src, src_pad_mask, tgt_in, tgt_out, list(indices), sum(len(s) for s in src_ids), n_tgt, tag_tensors)
 
 
 def _row_lens(src_lens: list[int], tgt_lens: list[int] | None) -> tuple[list[int], list[int] | None]:

@@ -67,6 +67,7 @@ class Examples:
     tgt_ids: list[list[int]]
     src_text: list[str]
     tgt_text: list[str]
+    src_tags: dict[str, list[list[int]]] | None = None  # Transformer++: task -> tag ids per source token (data/tagging.py)
 
     def __len__(self) -> int:
         return len(self.src_ids)

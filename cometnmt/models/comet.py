@@ -51,9 +51,10 @@ class CometConfig:
 class MaskedBatchNorm(nn.Module):
     """Batch normalisation over the channels of B,L,C inputs whose statistics ignore padding.
 
-    Training: mean and (biased) variance over real positions only; running statistics updated with
-    ``momentum`` (unbiased variance, as ``nn.BatchNorm1d``). Eval: running statistics. Padded
-    outputs are zero.
+    Training: mean and (biased) variance over real positions only, computed in float32; running
+    statistics updated with ``momentum`` (unbiased variance, as ``nn.BatchNorm1d``). Eval: running
+    statistics. Padded outputs are zero. Outputs keep the memory layout of the input (the B,L,C
+    view of a channels-first convolution output stays one), and nothing waits on the GPU.
     """
 
     def __init__(self, channels: int, momentum: float = 0.1, eps: float = 1e-5) -> None:
@@ -66,22 +67,35 @@ class MaskedBatchNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        keep = None if pad_mask is None else (~pad_mask).unsqueeze(-1).to(x.dtype)  # B,L,1
+        """x B,L,C; pad_mask B,L (True = padding) or None -> B,L,C, zero at padding."""
         if self.training:
-            n = x.new_tensor(x.shape[0] * x.shape[1]) if keep is None else keep.sum()
-            xm = x if keep is None else x * keep  # B,L,C
-            mean = xm.sum(dim=(0, 1)) / n  # C
-            centred = x - mean  # B,L,C
-            sq = centred.square() if keep is None else centred.square() * keep  # B,L,C
-            var = sq.sum(dim=(0, 1)) / n  # C
+            mean, var, n = self.moments(x, pad_mask)  # C, C, real positions
             with torch.no_grad():
                 unbiased = var * n / (n - 1).clamp(min=1)
                 self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
                 self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
         else:
-            mean, var = self.running_mean.to(x.dtype), self.running_var.to(x.dtype)
-        y = (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias  # B,L,C
-        return y if keep is None else y * keep
+            mean, var = self.running_mean, self.running_var
+        # (x - mean) / sqrt(var + eps) * weight + bias, folded into one multiply-add per element
+        scale = self.weight * torch.rsqrt(var + self.eps)  # C
+        shift = self.bias - mean * scale  # C
+        y = torch.addcmul(shift, x, scale)  # B,L,C
+        return y if pad_mask is None else y.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+
+    @staticmethod
+    def moments(x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Float32 mean and biased variance per channel over the real positions of x B,L,C, and
+        their number (a tensor: no host sync on a GPU)."""
+        xf = x.float()
+        if pad_mask is None:
+            var, mean = torch.var_mean(xf, dim=(0, 1), correction=0)  # C each
+            return mean, var, xf.new_full((), float(x.shape[0] * x.shape[1]))  # a fill: no host-to-device copy
+        keep = (~pad_mask).unsqueeze(-1).float()  # B,L,1
+        n = keep.sum()
+        mean = (xf * keep).sum(dim=(0, 1)) / n  # C
+        centred = (xf - mean) * keep  # B,L,C, zero at padding
+        var = torch.linalg.vector_norm(centred, dim=(0, 1)).square() / n  # C
+        return mean, var, n
 
 
 class GatedConv(nn.Module):
@@ -103,8 +117,13 @@ class GatedConv(nn.Module):
         return torch.tanh(f) * torch.sigmoid(s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x B,L,C_in (padding already zeroed) -> B,L,n_f."""
-        h = self.conv(F.pad(x.transpose(1, 2), self.pad))  # B,2n_f,L
+        """x B,L,C_in (padding already zeroed) -> B,L,n_f, a view of channels-first memory: the
+        next GatedConv's transpose is then free, and so is Conv1d's own symmetric padding."""
+        left, right = self.pad
+        if left == right:
+            h = F.conv1d(x.transpose(1, 2), self.conv.weight, self.conv.bias, padding=left, dilation=self.conv.dilation)  # B,2n_f,L
+        else:
+            h = self.conv(F.pad(x.transpose(1, 2), self.pad))  # B,2n_f,L
         return self.gate(h).transpose(1, 2)  # B,L,n_f
 
     def step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,19 +22,26 @@
 * Initialisation and normalisation (section 3.4; fairseq): every linear and convolution is weight
   normalised; linears drawn from N(0, sqrt((1-p)/n_in)) (p = dropout where the input was dropped
   out, else 0), convolutions feeding a GLU from N(0, sqrt(4(1-p)/(k n_in))), biases zero.
-  Gradients reaching the encoder through the attention are scaled by 1/(2 * attention layers)
-  (section 3.4; ``scale_encoder_grad``).
+  Gradients reaching the encoder through the attention are scaled down by the number of
+  attention layers m (section 3.4), as fairseq by 1/(2m) (``scale_encoder_grad``).
 
 Incremental decoding keeps, for every decoder layer, a window of its last k-1 inputs, so one
-step costs O(k) convolution work however long the prefix is (fairseq's LinearizedConvolution).
-Choices the papers leave open, made here: positions count from 0 for real tokens (fairseq starts
-after its padding index); padded keys are also zeroed in the encoder output (as later fairseq).
+step costs O(k) convolution work however long the prefix is (fairseq's LinearizedConvolution:
+the kernel flattened into one matrix product). The weight-normalised matrices are evaluated once
+per search (``init_state``) rather than at every step.
+
+Choices the papers leave open, made here: positions count from 0 (fairseq starts after its
+padding index); padded keys are also zeroed in the encoder output (as later fairseq); targets
+are right-padded, so the causal convolutions keep target padding out of real positions without
+a mask; every dropout is an ``nn.Dropout`` module (embeddings, each convolution's input, the
+decoder output before ``out_proj``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +49,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from cometnmt.errors import ConfigError
-from cometnmt.models.base import Seq2Seq, State
+from cometnmt.models.base import Seq2Seq, State, reorder_nested
 
 SQRT_HALF = math.sqrt(0.5)
 
@@ -104,7 +111,8 @@ def wn_linear(d_in: int, d_out: int, dropout: float = 0.0) -> nn.Linear:
 
 def wn_conv(d_in: int, d_out: int, kernel_size: int, dropout: float) -> nn.Conv1d:
     """Weight-normalised convolution feeding a GLU, W ~ N(0, sqrt(4 (1 - dropout) / (k d_in))).
-    No built-in padding: callers pad ("same" in the encoder, causal in the decoder)."""
+    The module holds the kernel 2C_out,C_in,k and its normalisation; :class:`ConvGLU` pads and
+    applies it as a matrix product rather than calling the module."""
     m = nn.Conv1d(d_in, d_out, kernel_size)
     nn.init.normal_(m.weight, mean=0.0, std=math.sqrt(4.0 * (1.0 - dropout) / (kernel_size * d_in)))
     nn.init.zeros_(m.bias)
@@ -151,6 +159,9 @@ class ConvGLU(nn.Module):
     """dropout -> width-k convolution to 2*C_out channels -> GLU, on B,L,C inputs.
 
     ``pad`` is (left, right) zeros: ((k-1)//2, k//2) for the encoder, (k-1, 0) for the decoder.
+    The convolution is one matrix product of the unfolded input windows with the kernel flattened
+    to 2C_out, C_in*k, as fairseq's ConvTBC and LinearizedConvolution (faster than a convolution
+    call for small kernels); the incremental step is the same product on a single window.
     """
 
     def __init__(self, c_in: int, c_out: int, kernel_size: int, dropout: float, pad: tuple[int, int]) -> None:
@@ -160,16 +171,26 @@ class ConvGLU(nn.Module):
         self.pad = pad
         self.kernel_size = kernel_size
 
+    def flat_weight(self) -> torch.Tensor:
+        """The weight-normalised kernel as one matrix 2C_out, C_in*k (a view)."""
+        weight = self.conv.weight  # 2C_out,C_in,k
+        return weight.view(weight.size(0), -1)
+
+    def apply(self, padded: torch.Tensor, flat_weight: torch.Tensor) -> torch.Tensor:
+        """padded B,L+k-1,C_in -> GLU(conv) B,L,C_out (no padding added here)."""
+        windows = padded.unfold(1, self.kernel_size, 1)  # B,L,C_in,k (a view)
+        h = F.linear(windows.flatten(2), flat_weight, self.conv.bias)  # B,L,2C_out
+        return F.glu(h, dim=-1)  # B,L,C_out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x B,L,C_in -> B,L,C_out."""
-        h = self.conv(F.pad(self.dropout(x).transpose(1, 2), self.pad))  # B,2C_out,L
-        return F.glu(h, dim=1).transpose(1, 2)  # B,L,C_out
+        padded = F.pad(self.dropout(x), (0, 0, *self.pad))  # B,L+k-1,C_in
+        return self.apply(padded, self.flat_weight())
 
-    def step(self, x: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, x: torch.Tensor, history: torch.Tensor, flat_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal only: x B,1,C_in and the last k-1 inputs B,k-1,C_in -> B,1,C_out and the new history."""
         window = torch.cat([history, x], dim=1)  # B,k,C_in
-        h = self.conv(window.transpose(1, 2))  # B,2C_out,1
-        return F.glu(h, dim=1).transpose(1, 2), window[:, 1:]  # B,1,C_out
+        return self.apply(window, flat_weight), window[:, 1:]  # B,1,C_out
 
 
 class EncoderLayer(nn.Module):
@@ -198,12 +219,14 @@ class MultiStepAttention(nn.Module):
         self.to_embed = wn_linear(channels, embed_dim)
         self.to_conv = wn_linear(embed_dim, channels)
 
-    def forward(self, h: torch.Tensor, target_embed: torch.Tensor, mem: State) -> torch.Tensor:
-        query = (self.to_embed(h) + target_embed) * SQRT_HALF  # B,T,E
+    def forward(self, h: torch.Tensor, target_embed: torch.Tensor, mem: State, weights: Optional[dict] = None) -> torch.Tensor:
+        """``weights``: the projections' weight matrices, precomputed (incremental decoding)."""
+        w_embed, w_conv = (self.to_embed.weight, self.to_conv.weight) if weights is None else (weights["to_embed"], weights["to_conv"])
+        query = (F.linear(h, w_embed, self.to_embed.bias) + target_embed) * SQRT_HALF  # B,T,E
         scores = torch.baddbmm(mem["bias"], query, mem["keys"].transpose(1, 2))  # B,T,S
         attn = torch.softmax(scores.float(), dim=-1).type_as(scores)  # B,T,S
         context = torch.bmm(attn, mem["values"]) * mem["scale"]  # B,T,E
-        return (self.to_conv(context) + h) * SQRT_HALF  # B,T,C
+        return (F.linear(context, w_conv, self.to_conv.bias) + h) * SQRT_HALF  # B,T,C
 
 
 class DecoderLayer(nn.Module):
@@ -221,11 +244,20 @@ class DecoderLayer(nn.Module):
         h = self.attention(self.conv(x), target_embed, mem)  # B,T,C_out
         return (h + residual) * SQRT_HALF
 
-    def step(self, x: torch.Tensor, target_embed: torch.Tensor, history: torch.Tensor, mem: State) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_weights(self) -> dict[str, Optional[torch.Tensor]]:
+        """This layer's weight-normalised matrices, evaluated once for a whole search."""
+        return {
+            "residual": None if self.residual is None else self.residual.weight,
+            "conv": self.conv.flat_weight(),
+            "to_embed": self.attention.to_embed.weight,
+            "to_conv": self.attention.to_conv.weight,
+        }
+
+    def step(self, x: torch.Tensor, target_embed: torch.Tensor, history: torch.Tensor, mem: State, weights: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """x B,1,C_in; history B,k-1,C_in (the layer's previous inputs) -> B,1,C_out, new history."""
-        residual = x if self.residual is None else self.residual(x)  # B,1,C_out
-        h, history = self.conv.step(x, history)  # B,1,C_out
-        h = self.attention(h, target_embed, mem)  # B,1,C_out
+        residual = x if self.residual is None else F.linear(x, weights["residual"], self.residual.bias)  # B,1,C_out
+        h, history = self.conv.step(x, history, weights["conv"])  # B,1,C_out
+        h = self.attention(h, target_embed, mem, weights)  # B,1,C_out
         return (h + residual) * SQRT_HALF, history
 
 
@@ -238,7 +270,8 @@ class ConvS2S(Seq2Seq):
 
     memory: ``out`` = encoder output z (attention keys) B,S,E; ``values`` = (z + e) sqrt(0.5)
     B,S,E; ``pad_mask`` B,S. Decoder state: the attention memory, one window B,k-1,C_in per
-    layer and the position of the next token.
+    layer, the position of the next token and the decoder weights (not batch rows, so
+    :meth:`reorder` leaves them alone).
     """
 
     def __init__(
@@ -290,8 +323,8 @@ class ConvS2S(Seq2Seq):
         pad_mask = memory["pad_mask"]  # B,S
         keys = memory["out"]
         bias = keys.new_zeros(pad_mask.shape).masked_fill(pad_mask, float("-inf")).unsqueeze(1)  # B,1,S
-        s = (~pad_mask).sum(dim=1).to(keys.dtype).clamp(min=1.0)[:, None, None]  # B,1,1
-        return {"keys": keys, "values": memory["values"], "bias": bias, "scale": s * s.rsqrt()}
+        s = (~pad_mask).sum(dim=1).float().clamp(min=1.0)[:, None, None]  # B,1,1 (float32: exact lengths)
+        return {"keys": keys, "values": memory["values"], "bias": bias, "scale": (s * s.rsqrt()).to(keys.dtype)}
 
     def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         mem = self.attention_memory(memory)
@@ -302,20 +335,36 @@ class ConvS2S(Seq2Seq):
         return self.out_proj(self.out_dropout(self.dec_out(x)))  # B,T,V
 
     def init_state(self, memory: State) -> State:
+        """The attention memory, zero windows (the decoder's left padding), position 0, and the
+        decoder's weights evaluated once: weight normalisation would otherwise recompute every
+        matrix from (g, v) at every step (fairseq removes weight norm for generation instead)."""
         mem = self.attention_memory(memory)
-        B, _, _ = mem["keys"].shape
+        B = mem["keys"].size(0)
         windows = [mem["keys"].new_zeros(B, layer.context, layer.c_in) for layer in self.decoder]  # B,k-1,C_in each
-        return {"mem": mem, "windows": windows, "pos": 0}
+        weights = {
+            "dec_in": self.dec_in.weight,
+            "dec_out": self.dec_out.weight,
+            "out_proj": self.out_proj.weight,
+            "layers": [layer.step_weights() for layer in self.decoder],
+        }
+        return {"mem": mem, "windows": windows, "pos": 0, "weights": weights}
 
     def step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        w = state["weights"]
         embedded = self.tgt_embed(tokens[:, None], offset=state["pos"])  # B,1,E
-        x = self.dec_in(embedded)  # B,1,C
+        x = F.linear(embedded, w["dec_in"], self.dec_in.bias)  # B,1,C
         windows = []
-        for layer, history in zip(self.decoder, state["windows"]):
-            x, history = layer.step(x, embedded, history, state["mem"])  # B,1,C
+        for layer, history, lw in zip(self.decoder, state["windows"], w["layers"]):
+            x, history = layer.step(x, embedded, history, state["mem"], lw)  # B,1,C
             windows.append(history)
-        logits = self.out_proj(self.dec_out(x[:, 0]))  # B,V
-        return logits, {"mem": state["mem"], "windows": windows, "pos": state["pos"] + 1}
+        x = F.linear(x[:, 0], w["dec_out"], self.dec_out.bias)  # B,out_embed
+        logits = F.linear(x, w["out_proj"], self.out_proj.bias)  # B,V
+        return logits, {**state, "windows": windows, "pos": state["pos"] + 1}
+
+    def reorder(self, state: State, index: torch.Tensor) -> State:
+        """Batch rows of everything but the weights, which are shared by all rows."""
+        rows = reorder_nested({k: v for k, v in state.items() if k != "weights"}, index)
+        return {**rows, "weights": state["weights"]}
 
 
 def build_convs2s(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> ConvS2S:

@@ -11,7 +11,9 @@ Equations, and the code that implements each:
 * eq. 2, LocalConv(S, W_A, t, d) = Conv(S, softmax(W_A), t, d), W_A in R^{F x d}: the adaptive
   sequence module (``local_context``). A depthwise (one kernel per channel), dilated convolution
   whose F taps are softmax-normalised, so every output is a weighted average of the inputs in its
-  window; DropConnect (Wan et al. 2013) drops entries of softmax(W_A) while training.
+  window; DropConnect (Wan et al. 2013) drops entries of softmax(W_A) while training. The
+  pointwise half of the paper's "depthwise separable" convolution is the heads' input projection
+  and W^O.
 * eq. 3, Query = sum_t (S W^S)_t softmax_t(S W^Q): the adaptive query module (``sentence_query``),
   an attention pooling of S W^S with one score S W^Q per position.
 * eq. 4, DynamicConv(S, t, d) = Conv1D(LocalConv, Query): ``ConvAttention.forward`` (conv heads).
@@ -35,8 +37,8 @@ Choices the paper leaves open, made here:
   matters for the decoder only. Decoder convolutions are causal, and the decoder's Query at
   position t pools positions <= t only (a prefix softmax), so no future token leaks through it.
   ``step`` keeps the last (F-1)*dilation projected inputs and the running max / denominator /
-  numerator of that softmax: one decoding step costs O(F) for the convolution heads whatever the
-  prefix length, and equals the full decode exactly.
+  numerator of that softmax: a decoding step of the convolution heads costs the same whatever the
+  prefix length, and equals the full decode (up to float rounding).
 * Padding never leaks: the encoder zeroes padded positions before convolving and masks them out
   of the Query softmax, so a sentence encodes identically alone and inside a padded batch.
 * Convolution heads live in self-attention only; decoder cross-attention keeps H dot-product

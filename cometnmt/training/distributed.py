@@ -32,16 +32,23 @@ def init_from_env(device_kind: str) -> DistInfo:
     if world <= 1:
         return DistInfo()
     info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if device_kind == "cuda":  # before joining, so NCCL binds each rank to its own GPU
+        torch.cuda.set_device(info.local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
-    if device_kind == "cuda":
-        torch.cuda.set_device(info.local_rank)
     return info
 
 
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks, in place; unchanged in a single process."""
+    if info.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
 
 
 def shutdown(info: DistInfo) -> None:

@@ -11,6 +11,7 @@ import yaml
 
 from cometnmt.config import Config, config_from_dict, to_dict
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split
+from cometnmt.data.tagging import attach_training_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, ConfigError
 from cometnmt.inference import resolve_device
@@ -68,6 +69,7 @@ def train(cfg: Config, resume: bool = False) -> dict:
     else:
         codec = TextCodec.from_state(payload["codec"])
         train_data = encode_pairs(codec, train_corpus, cfg.data.max_len)
+    attach_training_tags(cfg, codec, train_data)  # Transformer++ POS/NER; a no-op for other models
     valid_data = encode_pairs(codec, valid_corpus, None)
     log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
 

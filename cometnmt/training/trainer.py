@@ -31,13 +31,14 @@ from tqdm import tqdm
 from cometnmt.config import Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
 from cometnmt.data.pipeline import Examples, TextCodec
+from cometnmt.data.tagging import select_tags
 from cometnmt.data.tokenizers import SpacyTokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import save_checkpoint
-from cometnmt.training.distributed import DistInfo
+from cometnmt.training.distributed import DistInfo, all_reduce_sum
 from cometnmt.training.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class Trainer:
         self.optimizer = build_optimizer(model, self.tc)
         self.scheduler = build_scheduler(self.optimizer, self.tc)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
+        self._compiled = False  # set by _wrap when torch.compile wrapped the model
         self.net = self._wrap(model)
         self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
         self.history: list[dict] = []
@@ -104,9 +106,11 @@ class Trainer:
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        self._eager_net = net
         if self.tc.compile:
             try:
                 net = torch.compile(net)
+                self._compiled = True
             except Exception as exc:  # pragma: no cover - depends on the platform's compiler
                 log.warning("torch.compile unavailable (%s); training eagerly", exc)
         return net
@@ -179,7 +183,7 @@ class Trainer:
 
     def collate(self, idx: list[int]) -> Batch:
         d = self.train_data
-        batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx)
+        batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx, tags=select_tags(d, idx))
         if self.device.type == "cuda":
             batch = batch.pin_memory()
         return batch.to(self.device, non_blocking=True)
@@ -187,22 +191,10 @@ class Trainer:
     # -- one optimizer step --------------------------------------------------------------------
 
     def train_step(self, group: list[list[int]]) -> tuple[torch.Tensor, int]:
-        """Forward/backward the micro-batches of one global step; returns (summed loss, target tokens)."""
+        """Forward/backward the micro-batches of one global step and update the weights; returns
+        (this rank's summed loss, target tokens of the whole global step)."""
         n_tokens = sum(sum(len(self.train_data.tgt_ids[i]) + 1 for i in idx) for idx in group)
-        A, r = self.tc.accum_steps, self.dist.rank
-        mine = group[r * A : (r + 1) * A] if self.dist.enabled else group
-        total = torch.zeros((), device=self.device)
-        for i, idx in enumerate(mine):
-            batch = self.collate(idx)
-            sync = i == len(mine) - 1 or not self.dist.enabled
-            with (nullcontext() if sync else self.net.no_sync()), self.autocast():
-                logits = self.net(batch.src, batch.src_pad_mask, batch.tgt_in)  # B,T,V
-                loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
-                objective = loss / n_tokens
-                for value, weight in self.model.extra_losses().values():
-                    objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
-            self.scaler.scale(objective * self.dist.world_size).backward()
-            total += loss.detach()
+        total = self._compiled_backward(group, n_tokens) if self._compiled else self.backward(group, n_tokens)
         self.scaler.unscale_(self.optimizer)
         if self.tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
@@ -212,6 +204,44 @@ class Trainer:
         self.scheduler.step()
         return total, n_tokens
 
+    def _compiled_backward(self, group: list[list[int]], n_tokens: int) -> torch.Tensor:
+        """``backward`` through the compiled model. torch.compile compiles at the first call (and
+        recompiles for new shapes), so that is where it fails; then warn, drop the step's partial
+        gradients, restore the RNG and buffers (batch-norm statistics) and redo it eagerly."""
+        rng = rng_state()
+        buffers = [b.clone() for b in self.model.buffers()]
+        try:
+            return self.backward(group, n_tokens)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            log.warning("torch.compile failed at step %d (%s: %s); training eagerly", self.step + 1, type(exc).__name__, first)
+            self.net, self._compiled = self._eager_net, False
+            self.optimizer.zero_grad(set_to_none=True)
+            set_rng_state(rng)
+            with torch.no_grad():
+                for b, saved in zip(self.model.buffers(), buffers):
+                    b.copy_(saved)
+            return self.backward(group, n_tokens)
+
+    def backward(self, group: list[list[int]], n_tokens: int) -> torch.Tensor:
+        """Accumulate the gradients of this rank's micro-batches of ``group``; returns their summed loss."""
+        A, r = self.tc.accum_steps, self.dist.rank
+        mine = group[r * A : (r + 1) * A] if self.dist.enabled else group
+        total = torch.zeros((), device=self.device)
+        for i, idx in enumerate(mine):
+            batch = self.collate(idx)
+            sync = i == len(mine) - 1 or not self.dist.enabled
+            with (nullcontext() if sync else self.net.no_sync()), self.autocast():
+                extra = {"tags": batch.tags} if batch.tags else {}  # Transformer++ POS/NER targets
+                logits = self.net(batch.src, batch.src_pad_mask, batch.tgt_in, **extra)  # B,T,V
+                loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
+                objective = loss / n_tokens
+                for value, weight in self.model.extra_losses().values():
+                    objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
+            self.scaler.scale(objective * self.dist.world_size).backward()  # DDP averages over ranks
+            total += loss.detach()
+        return total
+
     # -- the loop ------------------------------------------------------------------------------
 
     def fit(self) -> dict:
@@ -219,8 +249,9 @@ class Trainer:
         self.save_dir.mkdir(parents=True, exist_ok=True)
         try:
             while not self.finished and self.epoch < self.tc.max_epochs:
-                if self.run_epoch():
-                    self.end_epoch()
+                if not self.run_epoch():
+                    break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
+                self.end_epoch()
         except KeyboardInterrupt:
             log.warning("interrupted at step %d; saving %s", self.step, self.save_dir / "last.pt")
             self.save("last.pt")
@@ -231,7 +262,7 @@ class Trainer:
         return self.tc.max_steps is None or self.step < self.tc.max_steps
 
     def run_epoch(self) -> bool:
-        """Train the rest of the current epoch; False if max_steps stopped it part-way."""
+        """Train the rest of the current epoch; False (after saving `last.pt`) if max_steps stopped it."""
         batches = self.epoch_batches(self.epoch)
         G = self.tc.accum_steps * self.dist.world_size
         n_steps = math.ceil(len(batches) / G)
@@ -241,7 +272,6 @@ class Trainer:
         while self.consumed < len(batches):
             if not self._steps_left():
                 bar.close()
-                self.finished = True
                 self.save("last.pt")
                 return False
             self._step_rng = rng_state()
@@ -256,11 +286,12 @@ class Trainer:
             bar.update(1)
             if self.step % self.tc.log_every == 0 or self.consumed >= len(batches):
                 seconds = time.perf_counter() - window_start
+                all_reduce_sum(window_loss, self.dist)  # every rank logs at the same steps
                 record = {
                     "event": "train", "step": self.step, "epoch": self.epoch + 1,
                     "loss": window_loss.item() / max(window_tokens, 1),  # the only host sync of the loop
                     "lr": self.scheduler.get_last_lr()[0],
-                    "tgt_tokens_per_s": window_tokens * self.dist.world_size / max(seconds, 1e-9),
+                    "tgt_tokens_per_s": window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
                 }
                 record.update({f"loss_{k}": float(v.detach()) for k, (v, _) in self.model.extra_losses().items()})
                 self.log_metrics(record)

