@@ -1,4 +1,5 @@
-"""ConvS2S and the RNN encoder-decoder learn to copy (DESIGN.md rule 10: a copy task every
+"""Every architecture and COMET variant learns to copy (the source SOS/EOS variant is a data option
+on the COMET model, covered by "comet") (DESIGN.md rule 10: a copy task every
 architecture learns): random sequences of 3-8 symbols, target = source, a few hundred Adam steps
 on the CPU, then greedy search must reproduce >= 90% of held-out sequences exactly."""
 
@@ -16,7 +17,14 @@ PAD, BOS, EOS = 0, 2, 3
 FIRST_SYMBOL, VOCAB = 4, 16  # 12 symbols: ids 4..15
 STEPS, BATCH, LR = 300, 64, 3e-3
 
+SMALL_TRANSFORMER = {"d_model": 64, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 128, "dropout": 0.0}
 ARCHS = {
+    "transformer": {"arch": "transformer", **SMALL_TRANSFORMER},
+    "comet": {"arch": "comet", **SMALL_TRANSFORMER},
+    "comet_temporal_conv": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"decoder": "temporal_conv"}},
+    "comet_ffn1": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"unit": "ffn1"}},
+    "comet_ffn2": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"unit": "ffn2"}},
+    "comet_conv4": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
     "convs2s": {"arch": "convs2s", "convs2s": {"embed_dim": 64, "enc_layers": [[64, 3, 2]], "dec_layers": [[64, 3, 2]], "out_embed_dim": 64, "dropout": 0.0}},
     "rnn_gru_additive": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 32, "hidden_size": 64, "attention": "additive", "dropout": 0.0}},
     "rnn_lstm_general": {"arch": "rnn", "rnn": {"cell": "lstm", "embed_dim": 32, "hidden_size": 64, "attention": "general", "dropout": 0.0}},

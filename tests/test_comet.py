@@ -1,0 +1,88 @@
+"""COMET-specific properties: the padding-invariance test has teeth (it fails when batch norm sees
+padding), the convolution unit's shapes follow the paper, and the temporal-convolution decoder
+keeps an O(kernel) cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cometnmt.models.comet import CometConfig, ConvUnit, MaskedBatchNorm
+
+import test_models
+from test_models import make, random_batch
+
+
+@pytest.fixture
+def leaky(monkeypatch):
+    """Batch norm as a plain nn.BatchNorm1d does it: statistics over every position, padding included."""
+    original = MaskedBatchNorm.forward
+
+    def leaky_forward(self, x, pad_mask):
+        y = original(self, x, None)
+        return y if pad_mask is None else y.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+
+    monkeypatch.setattr(MaskedBatchNorm, "forward", leaky_forward)
+
+
+def test_invariance_test_fails_when_padding_leaks_into_batch_norm(leaky):
+    """Batch statistics only exist in training mode, so the train-mode padding-invariance test is
+    the one that must catch the leak (in eval mode batch norm uses running statistics)."""
+    with pytest.raises(AssertionError):
+        test_models.test_train_mode_padding_does_not_change_real_positions("comet")
+
+
+def test_invariance_tests_fail_when_padding_is_not_zeroed_before_convolution(monkeypatch):
+    from cometnmt.models import comet
+
+    def no_zeroing(self, x, pad_mask):
+        maps, h = [], x
+        for conv, norm in zip(self.convs, self.norms):
+            h = norm(conv(h), pad_mask)
+            maps.append(h)
+        return maps
+
+    monkeypatch.setattr(comet.MultiLayerConv, "forward", no_zeroing)
+    with pytest.raises(AssertionError):
+        test_models.test_padding_invariance("comet")
+
+
+def test_masked_batch_norm_matches_batch_norm_on_real_tokens():
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 5)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, 5:] = pad[2, 3:] = True
+    ours = MaskedBatchNorm(5).train()
+    ref = torch.nn.BatchNorm1d(5).train()
+    y = ours(x, pad)
+    expected = ref(x[~pad])  # N,C over real tokens only
+    torch.testing.assert_close(y[~pad], expected, atol=1e-5, rtol=1e-5)
+    assert y[pad].abs().max() == 0
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+
+
+def test_conv_unit_shapes_follow_the_paper():
+    unit = ConvUnit(256, CometConfig(), dropout=0.1)
+    widths = [c.conv.out_channels // 2 for c in unit.convs.convs]
+    dilations = [c.conv.dilation[0] for c in unit.convs.convs]
+    kernels = [c.conv.kernel_size[0] for c in unit.convs.convs]
+    assert (widths, dilations, kernels) == ([64, 32, 16], [1, 2, 3], [3, 3, 3])
+    assert (unit.reduce.in_features, unit.reduce.out_features) == (256 + 112, 256)
+    x = torch.randn(2, 9, 256)
+    assert unit(x, torch.zeros(2, 9, dtype=torch.bool)).shape == (2, 9, 256)
+    assert (unit(x) >= -0.01 * unit(x).abs().max() - 1e-6).all()  # leaky ReLU output
+
+
+def test_temporal_convolution_cache_is_bounded():
+    model = make("comet_temporal").eval()
+    src, mask = random_batch([5, 7], 23, torch.Generator().manual_seed(0))
+    state = model.init_state(model.encode(src, mask))
+    tokens = torch.tensor([2, 2])
+    sizes = []
+    for _ in range(12):
+        _, state = model.step(tokens, state)
+        sizes.append([state["units"][0]["ffn"][f"conv{i}"].numel() for i in range(3)])
+    # kernel 3, dilations 1, 2, 3: the caches hold (K-1)*l = 2, 4, 6 past inputs of width 32, 64, 32
+    # (d_model, F1, F2) for each of the 2 sentences, whatever the prefix length.
+    assert all(s == [2 * 32 * 2, 2 * 64 * 4, 2 * 32 * 6] for s in sizes)
