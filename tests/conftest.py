@@ -18,6 +18,18 @@ def multi30k_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "data" / "multi30k"
 
 
+@pytest.fixture
+def one_thread():
+    """Timed training loops of tiny models: one intra-op thread (a second gains nothing, and on a
+    busy 2-core machine oversubscribed threads slow them tenfold)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = multi30k_dir()

