@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -27,10 +28,12 @@ def cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.set)
     signal.signal(signal.SIGTERM, _sigterm)
-    Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(Path(cfg.train.save_dir) / "train.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
+    main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 writes logs
+    if main_rank:
+        Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(Path(cfg.train.save_dir) / "train.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
     try:
         summary = train(cfg, resume=args.resume)
     except KeyboardInterrupt:
@@ -38,6 +41,8 @@ def cmd_train(args) -> int:
               + "".join(f" --set {s}" for s in args.set), file=sys.stderr)
         return 130
     best = summary["best"]
+    if not main_rank:
+        return 0
     print(f"trained {summary['steps']} steps, {summary['epochs']} epochs; best validation "
           f"{'BLEU' if cfg.train.stopping == 'bleu_patience' else 'loss'} {best if best is None else round(best, 4)}; "
           f"checkpoints in {summary['save_dir']}")

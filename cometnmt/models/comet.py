@@ -79,8 +79,8 @@ class MaskedBatchNorm(nn.Module):
         # (x - mean) / sqrt(var + eps) * weight + bias, folded into one multiply-add per element
         scale = self.weight * torch.rsqrt(var + self.eps)  # C
         shift = self.bias - mean * scale  # C
-        y = torch.addcmul(shift, x, scale)  # B,L,C
-        return y if pad_mask is None else y.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+        y = torch.addcmul(shift, x, scale)  # B,L,C, in the memory layout of x
+        return y if pad_mask is None else y.masked_fill_(pad_mask.unsqueeze(-1), 0.0)  # in place: keeps the layout
 
     @staticmethod
     def moments(x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

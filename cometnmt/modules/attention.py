@@ -42,8 +42,13 @@ class MultiHeadAttention(nn.Module):
 
     @staticmethod
     def project(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-        """Several projections of the same input as one matrix product: one D x nD product uses the
-        BLAS much better than n thin D x D ones (1.6x on the CPU). The parameters stay separate."""
+        """Several projections of the same input. In training, one matrix product: a D x nD product
+        and its two backward products run a little faster than n thin D x D ones (5% on the
+        development CPU) and a GPU launches fewer kernels. Without gradients (search), concatenating
+        the weights at every step would cost more than it saves, so the products stay separate.
+        The parameters are separate Linear layers either way."""
+        if not torch.is_grad_enabled():
+            return tuple(lin(x) for lin in linears)  # B,L,D each
         w = torch.cat([lin.weight for lin in linears])  # nD,D
         b = torch.cat([lin.bias for lin in linears])  # nD
         return F.linear(x, w, b).chunk(len(linears), dim=-1)  # B,L,D each

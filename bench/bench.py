@@ -1,0 +1,602 @@
+"""Training and decoding speed of the paper-size Transformer and COMET on Multi30k, with the
+matrix-multiply throughput of the same machine measured in the same run, so that the numbers can be
+read as a fraction of what the hardware does (model FLOPs utilisation, MFU).
+
+    python bench/bench.py [--models transformer comet] [--gpu] [--steps N] [--out bench/results/cpu.json]
+
+What it measures (bench/README.md says how to read it):
+
+* matmul: fp32 square matrix products (1024, 2048 on the CPU; 2048-8192 and also bf16 on a GPU),
+  best and median of several repetitions. Measured again right before each model's training
+  benchmark, because a shared machine's speed drifts.
+* training, per model, at the preset's size (configs/multi30k/<model>.yaml): target tokens per
+  second of ``Trainer.train_step`` on real Multi30k batches (``make_batches`` with the preset's
+  batch_tokens, the shuffled order of training epoch 1), warm-up steps excluded; model FLOPs per
+  target token counted by ``torch.utils.flop_counter.FlopCounterMode`` over the forward and
+  backward pass of every timed batch (on meta tensors: shapes only, no extra compute); MFU =
+  achieved FLOP/s / measured matmul FLOP/s; peak memory (CPU: peak resident set size, GPU:
+  ``torch.cuda.max_memory_allocated``).
+* decoding, per model: all 1,000 sentences of test_2016_flickr with greedy search (incremental),
+  greedy search re-decoding the whole prefix at every step (``greedy_search_full_prefix``, the
+  no-cache reference) and beam search (beam 5), batched as ``translate`` batches them. A
+  randomly initialised model would stop at random lengths, so </s> is suppressed and every
+  method generates exactly ``max_len_a * source_length + max_len_b`` tokens (default 1.0 * S + 2,
+  about a real translation's length); with ``--checkpoint`` the trained model decodes with its
+  own length bound and stops at </s>. The mean output length is reported either way.
+* the COMET/Transformer training tokens-per-second ratio (issue 3's target: at least 0.80).
+
+Benchmarks are never timed assertions in tests (DESIGN.md); this script only reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gzip
+import json
+import logging
+import os
+import platform
+import resource
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from cometnmt.config import Config, config_from_dict, load_config, to_dict
+from cometnmt.data.batching import collate
+from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split
+from cometnmt.data.vocab import BOS, EOS, PAD
+from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix
+from cometnmt.models import build_model
+from cometnmt.training.checkpoint import load_checkpoint
+from cometnmt.training.trainer import Trainer, token_loss
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = REPO / "configs" / "multi30k"
+RATIO_TARGET = 0.80  # issue 3: COMET trains at >= 80% of the Transformer's tokens/s
+BUSY_SHARE = 0.8  # below this share of CPU time for our threads, other processes disturbed the timing
+log = logging.getLogger("bench")
+
+# PyTorch's flop counter knows the CUDA attention kernels but not the CPU one; same formulas.
+CPU_SDPA_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: (
+        lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(g, q, k, v)
+    ),
+}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["transformer", "comet"], help="presets in configs/multi30k (default: transformer comet)")
+    p.add_argument("--gpu", action="store_true", help="run on CUDA (default: the CPU)")
+    p.add_argument("--steps", type=int, default=8, help="timed training steps per model (default 8)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed training steps first (default 2)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="training precision (default: the preset's)")
+    p.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile; give it more --warmup)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's choice)")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="CKPT",
+                   help="trained checkpoints; each replaces the random-init model of its architecture")
+    p.add_argument("--decode-sentences", type=int, help="decode only the first N test sentences (default: all 1,000)")
+    p.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
+    p.add_argument("--beam", type=int, default=5, help="beam size of the beam-search run (default 5)")
+    p.add_argument("--max-len-a", type=float, help="output length bound a*S+b (default 1.0 for random init, else the checkpoint's)")
+    p.add_argument("--max-len-b", type=int, help="output length bound a*S+b (default 2 for random init, else the checkpoint's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every model (repeatable)")
+    p.add_argument("--data-cache", type=Path, help="JSON(.gz) of the encoded corpus: read if present, else written (skips spaCy next time)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, help="JSON results (default bench/results/cpu.json or gpu.json)")
+    return p.parse_args(argv)
+
+
+# -- machine -----------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _mem_total_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def machine_info(device: torch.device) -> dict:
+    info = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": _mem_total_gib(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkl": torch.backends.mkl.is_available(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ},
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    gpu_capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
+                    tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+    return info
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- matmul throughput ---------------------------------------------------------------------------
+
+
+def matmul_throughput(device: torch.device, dtype: torch.dtype, sizes: list[int], reps: int) -> dict:
+    """GFLOP/s of n x n x n products: best and median of ``reps`` timings per size."""
+    out = {"dtype": str(dtype).replace("torch.", ""), "sizes": {}}
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        inner = 1 if device.type == "cpu" else max(1, int(2e12 // (2 * n**3)))  # ~10 ms per GPU timing
+        for _ in range(2):
+            a @ b
+        times = []
+        for _ in range(reps):
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                a @ b
+            sync(device)
+            times.append((time.perf_counter() - t0) / inner)
+        flops = 2 * n**3
+        out["sizes"][str(n)] = {"best_gflops": flops / min(times) / 1e9, "median_gflops": flops / statistics.median(times) / 1e9}
+        del a, b
+    out["best_gflops"] = max(s["best_gflops"] for s in out["sizes"].values())
+    out["median_gflops"] = max(s["median_gflops"] for s in out["sizes"].values())
+    return out
+
+
+def measure_matmul(device: torch.device, precision: str) -> dict:
+    """The throughput that MFU is measured against: the training precision's matmul."""
+    if device.type == "cpu":
+        return {"fp32": matmul_throughput(device, torch.float32, [1024, 2048], reps=5)}
+    res = {"fp32": matmul_throughput(device, torch.float32, [2048, 4096, 8192], reps=5),
+           "bf16": matmul_throughput(device, torch.bfloat16, [2048, 4096, 8192], reps=5)}
+    if precision == "fp16":
+        res["fp16"] = matmul_throughput(device, torch.float16, [2048, 4096, 8192], reps=5)
+    return res
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _malloc_trim() -> None:
+    """glibc keeps freed memory mapped; malloc_trim(0) returns it to the system (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMemory:
+    """GPU: torch.cuda.max_memory_allocated. CPU: peak resident set size (Linux VmHWM, reset through
+    /proc/self/clear_refs right before the run) minus the resident size before it; where the peak
+    cannot be reset, getrusage's lifetime peak (an upper bound), and the JSON says which."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            sync(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.before = torch.cuda.memory_allocated(self.device)
+            return
+        _malloc_trim()  # hand memory freed by an earlier model back first, or RSS would not grow
+        self.before = (_status_kib("VmRSS") or 0) * 1024
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.method = "cpu peak RSS (VmHWM reset before the run) minus RSS before"
+        except OSError:
+            self.method = "cpu process-lifetime peak RSS (getrusage; could not be reset) minus RSS before"
+
+    def stop(self) -> dict:
+        if self.device.type == "cuda":
+            sync(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+            return {"method": "torch.cuda.max_memory_allocated (reset before the run)", "peak_mib": peak / 2**20,
+                    "before_mib": self.before / 2**20, "delta_mib": (peak - self.before) / 2**20,
+                    "reserved_peak_mib": torch.cuda.max_memory_reserved(self.device) / 2**20}
+        hwm = _status_kib("VmHWM")
+        peak = hwm * 1024 if hwm is not None and "VmHWM" in self.method else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {"method": self.method, "peak_mib": peak / 2**20, "before_mib": self.before / 2**20,
+                "delta_mib": (peak - self.before) / 2**20}
+
+
+# -- models and data -----------------------------------------------------------------------------
+
+
+def model_config(name: str, args: argparse.Namespace, save_dir: str) -> Config:
+    """The preset configs/multi30k/<name>.yaml, or the Transformer preset with model.arch=<name>."""
+    preset = PRESETS / f"{name}.yaml"
+    overrides = [] if preset.exists() else [f"model.arch={name}", f"name={name}"]
+    if not preset.exists():
+        preset = PRESETS / "transformer.yaml"
+    overrides += list(args.set) + [f"train.save_dir={save_dir}", "train.progress=false"]
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
+    if args.compile:
+        overrides.append("train.compile=true")
+    return load_config(preset, overrides)
+
+
+def _data_key(cfg: Config) -> dict:
+    d = cfg.data
+    return {k: getattr(d, k) for k in ("corpus", "src_lang", "tgt_lang", "train_split", "test_split", "tokenizer",
+                                       "lowercase", "min_freq", "max_vocab", "sp_vocab_size", "sp_model_type",
+                                       "max_len", "src_sos_eos", "max_train_pairs")}
+
+
+class Data:
+    """Encoded training pairs and test sources for one data config (and codec)."""
+
+    def __init__(self, train: Examples, test_src: list[list[int]], src_vocab: int, tgt_vocab: int, codec=None) -> None:
+        self.train, self.test_src, self.src_vocab, self.tgt_vocab, self.codec = train, test_src, src_vocab, tgt_vocab, codec
+
+
+def load_data(cfg: Config, codec: TextCodec | None, cache: Path | None) -> Data:
+    """Tokenise and index Multi30k as ``cometnmt train`` does (the codec is fitted on the training
+    split, or taken from a checkpoint); ``cache`` stores the result for random-init runs."""
+    key = _data_key(cfg)
+    if codec is None and cache is not None and cache.exists():
+        opener = gzip.open if cache.suffix == ".gz" else open
+        with opener(cache, "rt", encoding="utf-8") as f:
+            stored = json.load(f)
+        if stored["key"] == key:
+            log.info("data from %s", cache)
+            return Data(Examples(stored["train_src"], stored["train_tgt"], [], []), stored["test_src"],
+                        stored["src_vocab"], stored["tgt_vocab"])
+        log.warning("%s holds another data config; rebuilding", cache)
+    t0 = time.perf_counter()
+    corpus = read_split(cfg.data, "train")
+    if codec is None:
+        fitted, src_tokens, tgt_tokens = build_codec(cfg.data, corpus)
+        train = encode_pairs(fitted, corpus, cfg.data.max_len, (src_tokens, tgt_tokens))
+    else:
+        fitted = codec
+        train = encode_pairs(codec, corpus, cfg.data.max_len)
+    test = read_split(cfg.data, "test")
+    test_src = [fitted.encode_src(t) for t in fitted.src_tok.tokenize_many(test.src)]
+    log.info("data: %d training pairs, %d test sentences (%.0f s)", len(train), len(test_src), time.perf_counter() - t0)
+    data = Data(train, test_src, len(fitted.src_vocab), len(fitted.tgt_vocab), fitted)
+    if codec is None and cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        opener = gzip.open if cache.suffix == ".gz" else open
+        with opener(cache, "wt", encoding="utf-8") as f:
+            json.dump({"key": key, "train_src": train.src_ids, "train_tgt": train.tgt_ids, "test_src": test_src,
+                       "src_vocab": data.src_vocab, "tgt_vocab": data.tgt_vocab}, f)
+    return data
+
+
+# -- training ------------------------------------------------------------------------------------
+
+
+def count_flops(cfg: Config, data: Data, groups: list[list[list[int]]]) -> list[int]:
+    """Model FLOPs (forward + backward, every matmul/convolution/attention) of each step's batches,
+    counted by FlopCounterMode on a meta-device copy of the model: exact shapes, no arithmetic."""
+    with torch.device("meta"):
+        model = build_model(cfg.model, data.src_vocab, data.tgt_vocab, PAD)
+    model.train()
+    counts = []
+    for group in groups:
+        counter = FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS)
+        with counter:
+            for idx in group:
+                batch = collate([data.train.src_ids[i] for i in idx], [data.train.tgt_ids[i] for i in idx], idx).to("meta")
+                logits = model(batch.src, batch.src_pad_mask, batch.tgt_in)  # B,T,V
+                token_loss(logits, batch.tgt_out, cfg.train.label_smoothing).backward()
+        counts.append(counter.get_total_flops())
+    return counts
+
+
+def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, args: argparse.Namespace) -> dict:
+    trainer = Trainer(cfg, model, data.codec, data.train, Examples([], [], [], []), device)
+    batches = trainer.epoch_batches(0)  # training epoch 1's micro-batches, in its order
+    G = cfg.train.accum_steps
+    n_groups = args.warmup + args.steps
+    if len(batches) < n_groups * G:
+        raise SystemExit(f"only {len(batches) // G} steps in an epoch; ask for fewer --warmup/--steps")
+    groups = [batches[i * G : (i + 1) * G] for i in range(n_groups)]
+    torch.manual_seed(args.seed)
+    memory = PeakMemory(device)
+    memory.start()
+    trainer.net.train()
+    for group in groups[: args.warmup]:
+        trainer.train_step(group)
+    sync(device)
+    step_seconds, tokens = [], 0
+    cpu_start = _cpu_seconds()
+    t_start = time.perf_counter()
+    for group in groups[args.warmup :]:
+        t0 = time.perf_counter()
+        _, n = trainer.train_step(group)
+        tokens += n
+        if device.type == "cpu":  # on a GPU a step returns before its kernels finish
+            step_seconds.append(time.perf_counter() - t0)
+    sync(device)
+    seconds = time.perf_counter() - t_start
+    cpu_share = (_cpu_seconds() - cpu_start) / (seconds * torch.get_num_threads())
+    mem = memory.stop()
+    flops = count_flops(cfg, data, groups[args.warmup :])
+    timed = [i for g in groups[args.warmup :] for idx in g for i in idx]
+    padded = sum(len(idx) * (max(len(data.train.tgt_ids[i]) for i in idx) + 1) for g in groups[args.warmup :] for idx in g)
+    out = {
+        "batch_tokens": cfg.train.batch_tokens,
+        "accum_steps": G,
+        "precision": cfg.train.precision,
+        "compile": cfg.train.compile,
+        "warmup_steps": args.warmup,
+        "timed_steps": args.steps,
+        "sentences": len(timed),
+        "target_tokens": tokens,
+        "target_padding_fraction": 1 - tokens / padded,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "step_seconds": step_seconds,
+        "median_step_s": statistics.median(step_seconds) if step_seconds else seconds / args.steps,
+        "cpu_share": cpu_share,
+        "flops": sum(flops),
+        "flops_per_target_token": sum(flops) / tokens,
+        "achieved_gflops": sum(flops) / seconds / 1e9,
+        "memory": mem,
+    }
+    return out
+
+
+# -- decoding ------------------------------------------------------------------------------------
+
+
+def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torch.device, args: argparse.Namespace,
+                   a: float, b: int) -> dict:
+    ids = data.test_src[: args.decode_sentences] if args.decode_sentences else data.test_src
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # as Translator batches
+    size = cfg.decode.batch_sentences
+    batches = [order[s : s + size] for s in range(0, len(order), size)]
+    methods = {
+        "greedy": lambda src, mask: greedy_search(model, src, mask, BOS, EOS, a, b),
+        "greedy_full_prefix": lambda src, mask: greedy_search_full_prefix(model, src, mask, BOS, EOS, a, b),
+        f"beam{args.beam}": lambda src, mask: [h[0] for h in beam_search(
+            model, src, mask, BOS, EOS, args.beam, cfg.decode.length_penalty, 1, a, b)],
+    }
+    model.eval()
+    out = {"sentences": len(ids), "batch_sentences": size, "max_len_a": a, "max_len_b": b, "methods": {}}
+    hyps = {}
+    for name, run in methods.items():
+        tokens = []
+        sync(device)
+        cpu0 = _cpu_seconds()
+        t0 = time.perf_counter()
+        for idx in batches:
+            batch = collate([ids[i] or [EOS] for i in idx], None, idx).to(device)
+            with torch.inference_mode():
+                tokens += [h.tokens for h in run(batch.src, batch.src_pad_mask)]
+        sync(device)
+        seconds = time.perf_counter() - t0
+        hyps[name] = tokens
+        n_out = sum(len(t) for t in tokens)
+        out["methods"][name] = {"seconds": seconds, "sentences_per_s": len(ids) / seconds,
+                                "mean_output_tokens": n_out / len(ids), "output_tokens_per_s": n_out / seconds,
+                                "cpu_share": (_cpu_seconds() - cpu0) / (seconds * torch.get_num_threads())}
+    greedy, full, beam = (out["methods"][k]["seconds"] for k in methods)
+    out["incremental_speedup_over_full_prefix"] = full / greedy
+    out[f"beam{args.beam}_over_greedy_time"] = beam / greedy
+    out["greedy_equals_full_prefix"] = sum(x == y for x, y in zip(hyps["greedy"], hyps["greedy_full_prefix"])) / len(ids)
+    return out
+
+
+# -- one model -----------------------------------------------------------------------------------
+
+
+def bench_model(name: str, args: argparse.Namespace, device: torch.device, checkpoints: dict, data_cache: dict, tmp: str) -> dict:
+    payload = checkpoints.get(name)
+    if payload is None:
+        cfg = model_config(name, args, tmp)
+        codec = None
+    else:  # the checkpoint's own config, training in a scratch folder
+        saved = to_dict(config_from_dict(payload["config"]))
+        saved["train"].update(save_dir=tmp, progress=False, **({"precision": args.precision} if args.precision else {}))
+        cfg = config_from_dict(saved)
+        codec = TextCodec.from_state(payload["codec"])
+    key = (json.dumps(_data_key(cfg), sort_keys=True), name if codec is not None else "")
+    if key not in data_cache:
+        data_cache[key] = load_data(cfg, codec, None if codec is not None else args.data_cache)
+    data = data_cache[key]
+
+    torch.manual_seed(args.seed)
+    model = build_model(cfg.model, data.src_vocab, data.tgt_vocab, PAD)
+    if payload is not None:
+        model.load_state_dict(payload["model"])
+    model.to(device)
+    result = {"preset": name, "config": cfg.name, "arch": cfg.model.arch, "checkpoint": payload is not None,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    log.info("%s: %.2fM parameters; matmul reference ...", name, result["parameters"] / 1e6)
+    result["matmul"] = measure_matmul(device, cfg.train.precision)
+    log.info("%s: training %d+%d steps ...", name, args.warmup, args.steps)
+    trained_state = {k: v.detach().clone() for k, v in model.state_dict().items()} if payload is not None else None
+    result["training"] = bench_training(cfg, model, data, device, args)
+    ref_key = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}[cfg.train.precision]
+    ref = result["matmul"].get(ref_key, result["matmul"]["fp32"])
+    result["training"]["mfu_vs_best_matmul"] = result["training"]["achieved_gflops"] / ref["best_gflops"]
+    result["training"]["mfu_vs_median_matmul"] = result["training"]["achieved_gflops"] / ref["median_gflops"]
+    result["training"]["mfu_reference"] = f"{ref['dtype']} matmul measured just before"
+    if not args.no_decode:
+        if trained_state is not None:
+            model.load_state_dict(trained_state)  # decode the checkpoint, not the benchmark's updates
+            a = cfg.decode.max_len_a if args.max_len_a is None else args.max_len_a
+            b = cfg.decode.max_len_b if args.max_len_b is None else args.max_len_b
+        else:
+            a = 1.0 if args.max_len_a is None else args.max_len_a
+            b = 2 if args.max_len_b is None else args.max_len_b
+            with torch.no_grad():  # random init: same work for every method (see the module docstring)
+                model.out_proj.bias[EOS] = -1e4
+        log.info("%s: decoding ...", name)
+        result["decoding"] = bench_decoding(model, cfg, data, device, args, a, b)
+        result["decoding"]["eos_suppressed"] = trained_state is None
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def format_report(res: dict) -> str:
+    m = res["machine"]
+    lines = [f"cometnmt benchmark, {res['date']}", f"command: {res['command']}",
+             f"machine: {m['cpu']}, {m['cpus_usable']} of {m['cpu_count']} CPUs usable, {m['memory_gib']} GiB; {m['platform']}",
+             f"torch {m['torch']} ({m['cpu_capability']}, MKL {m['mkl']}, oneDNN {m['mkldnn']}); threads {m['torch_threads']}"
+             f" (interop {m['torch_interop_threads']}){'; ' + str(m['env']) if m['env'] else ''}; device {m['device']}"
+             + (f" = {m['gpu']} ({m['gpu_memory_gib']} GiB, CUDA {m['cuda']}, TF32 matmul {m['tf32_matmul']})" if "gpu" in m else ""),
+             f"load average: start {_fmt_load(m['load_average_start'])}, end {_fmt_load(res['load_average_end'])}"
+             + ("" if m["device"] != "cpu" else "; CPU share of our threads while training: "
+                + ", ".join(f"{r['preset']} {100 * r['training']['cpu_share']:.0f}%" for r in res["models"]))
+             + ("  << OTHER PROCESSES TOOK CPU TIME: timings unreliable" if _busy(res) else "")]
+    mm = res["matmul_start"]
+    lines.append("matmul throughput at start: " + "; ".join(
+        f"{k} " + ", ".join(f"n={n}: best {s['best_gflops']:.0f} / median {s['median_gflops']:.0f}" for n, s in v["sizes"].items())
+        + " GFLOP/s" for k, v in mm.items()))
+    models = res["models"]
+    lines += ["", "training (Trainer.train_step on real Multi30k batches; warm-up excluded)",
+              f"{'model':<12}{'params':>8}{'steps':>7}{'tok/s':>9}{'s/step':>8}{'GFLOP/tok':>10}{'GFLOP/s':>9}"
+              f"{'matmul':>9}{'MFU':>7}{'peak mem':>11}"]
+    for r in models:
+        t = r["training"]
+        ref = r["matmul"].get(t["precision"], r["matmul"]["fp32"])
+        lines.append(f"{r['preset']:<12}{r['parameters'] / 1e6:>7.2f}M{t['timed_steps']:>7}{t['tokens_per_s']:>9.0f}"
+                     f"{t['median_step_s']:>8.3f}{t['flops_per_target_token'] / 1e9:>10.3f}{t['achieved_gflops']:>9.1f}"
+                     f"{ref['best_gflops']:>9.0f}{100 * t['mfu_vs_best_matmul']:>6.1f}%{t['memory']['delta_mib']:>8.0f} MiB")
+    if models:
+        t = models[0]["training"]
+        lines.append(f"  batch_tokens {t['batch_tokens']}, accum {t['accum_steps']}, {t['precision']}"
+                     f"{', compiled' if t['compile'] else ''}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
+                     f" peak mem = {t['memory']['method']}")
+    if "comet_over_transformer" in res:
+        r = res["comet_over_transformer"]
+        lines.append(f"COMET/Transformer training tokens/s: {r['ratio']:.2f} (issue 3 target >= {RATIO_TARGET:.2f}: "
+                     f"{'met' if r['meets_target'] else 'MISSED'}); per FLOP-normalised (MFU) ratio {r['mfu_ratio']:.2f}")
+    dec = [r for r in models if "decoding" in r]
+    if dec:
+        d0 = dec[0]["decoding"]
+        names = list(d0["methods"])
+        lines += ["", f"decoding test_2016_flickr ({d0['sentences']} sentences, batches of {d0['batch_sentences']}, "
+                      f"output <= {d0['max_len_a']:g}*S+{d0['max_len_b']} tokens{', </s> suppressed (random init)' if d0['eos_suppressed'] else ''})",
+                  f"{'model':<12}" + "".join(f"{n + ' s':>22}" for n in names) + f"{'incr. speed-up':>16}{names[2] + '/greedy':>15}"
+                  + f"{'mean len':>10}{'agree':>7}"]
+        for r in dec:
+            d = r["decoding"]
+            lines.append(f"{r['preset']:<12}" + "".join(f"{d['methods'][n]['seconds']:>22.2f}" for n in names)
+                         + f"{d['incremental_speedup_over_full_prefix']:>15.2f}x{d[names[2] + '_over_greedy_time']:>14.2f}x"
+                         + f"{d['methods']['greedy']['mean_output_tokens']:>10.1f}{100 * d['greedy_equals_full_prefix']:>6.0f}%")
+        lines.append("  incr. speed-up = full-prefix time / incremental greedy time; agree = greedy outputs equal to full-prefix outputs")
+    return "\n".join(lines)
+
+
+def _fmt_load(load) -> str:
+    return "n/a" if load is None else "/".join(f"{x:.2f}" for x in load)
+
+
+def _busy(res: dict) -> bool:
+    """CPU runs: this process got less than 80% of its threads' time while timed training ran (the
+    other processes took the rest; OpenMP threads that wait spin, so an idle machine gives ~100%)."""
+    shares = [r["training"]["cpu_share"] for r in res["models"]]
+    return res["machine"]["device"] == "cpu" and any(s < BUSY_SHARE for s in shares)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("--gpu: CUDA is not available")
+    device = torch.device("cuda" if args.gpu else "cpu")
+    if device.type == "cuda":  # as `cometnmt train` sets them (training/run.py)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    checkpoints = {}
+    for path in args.checkpoint:
+        payload = load_checkpoint(path)
+        arch = payload["config"]["model"]["arch"]
+        checkpoints[arch] = payload
+    res = {"date": _dt.datetime.now().isoformat(timespec="seconds"),
+           "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+           "machine": machine_info(device)}
+    log.info("matmul throughput ...")
+    res["matmul_start"] = measure_matmul(device, args.precision or "fp32")
+    data_cache: dict = {}
+    res["models"] = []
+    with tempfile.TemporaryDirectory(prefix="cometnmt-bench-") as tmp:
+        for name in args.models:
+            res["models"].append(bench_model(name, args, device, checkpoints, data_cache, str(Path(tmp) / name)))
+    by = {r["preset"]: r for r in res["models"]}
+    if "transformer" in by and "comet" in by:
+        t, c = by["transformer"]["training"], by["comet"]["training"]
+        ratio = c["tokens_per_s"] / t["tokens_per_s"]
+        res["comet_over_transformer"] = {"ratio": ratio, "target": RATIO_TARGET, "meets_target": ratio >= RATIO_TARGET,
+                                         "mfu_ratio": c["mfu_vs_best_matmul"] / t["mfu_vs_best_matmul"]}
+    res["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    report = format_report(res)
+    res["report"] = report
+    out = args.out or REPO / "bench" / "results" / ("gpu.json" if args.gpu else "cpu.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    print(report)
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
