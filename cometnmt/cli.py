@@ -86,6 +86,7 @@ def cmd_translate(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    from cometnmt.data.corpus import read_lines
     from cometnmt.data.pipeline import read_split, read_text_file
     from cometnmt.data.tokenizers import SpacyTokenizer
     from cometnmt.evaluation import evaluate, format_table, write_json
@@ -105,7 +106,7 @@ def cmd_evaluate(args) -> int:
     else:
         if not (args.hyp and args.ref):
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
-        hyps, refs = _read_hyps(args.hyp), read_text_file(args.ref)
+        hyps, refs = read_lines(args.hyp), read_text_file(args.ref)  # an empty hypothesis scores zero
         src = read_text_file(args.src) if args.src else None
         lang, src_lang = args.lang, args.src_lang
     tok = SpacyTokenizer(lang)
@@ -114,13 +115,6 @@ def cmd_evaluate(args) -> int:
     if args.json:
         write_json(result, args.json)
     return 0
-
-
-def _read_hyps(path: str) -> list[str]:
-    """Hypotheses may contain empty lines (an empty translation scores zero)."""
-    from cometnmt.data.corpus import read_lines
-
-    return read_lines(path)
 
 
 def cmd_average(args) -> int:

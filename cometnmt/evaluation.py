@@ -322,6 +322,7 @@ def evaluate(
     tokenize: Tokenizer,
     src: list[str] | None = None,
     src_tokenize: Tokenizer | None = None,
+    per_sentence: bool = False,
 ) -> dict:
     """Score a test set: sacreBLEU BLEU/chrF, the COMET paper's metric and, given sources, Fig. 4.
 
@@ -330,6 +331,7 @@ def evaluate(
     :param tokenize: target-language tokeniser for the paper metric.
     :param src: source sentences; when given, ``bleu_by_length`` is added.
     :param src_tokenize: source-language tokeniser giving the lengths (defaults to ``tokenize``).
+    :param per_sentence: also return ``sentence_bleu``, the paper metric of every sentence.
     :return: :func:`corpus_scores` plus ``paper_bleu``, ``paper_bleu_label``, ``n_sentences``
         and, with ``src``, ``bleu_by_length``.
     :raises DataError: on misaligned inputs, an empty set or a blank reference.
@@ -347,6 +349,8 @@ def evaluate(
         paper_bleu_label=PAPER_BLEU_LABEL,
         n_sentences=len(refs),
     )
+    if per_sentence:
+        result["sentence_bleu"] = [float(x) for x in sentence]
     if src is not None:
         if len(src) != len(refs):
             raise DataError(

@@ -16,6 +16,7 @@ greedily (the paper's search) on the validation and test splits, and the report 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -136,7 +137,7 @@ def _evaluate_run(args, run: Path) -> dict:
     from cometnmt.inference import Translator
 
     translator = Translator.from_checkpoint(run / "best.pt", args.device)
-    dcfg = type(translator.cfg.decode)(**{**translator.cfg.decode.__dict__, "method": "greedy"})
+    dcfg = dataclasses.replace(translator.cfg.decode, method="greedy")
     tgt_tok, src_tok = SpacyTokenizer(translator.cfg.data.tgt_lang), SpacyTokenizer(translator.cfg.data.src_lang)
     out = {}
     for split in ("valid", "test"):
@@ -144,19 +145,12 @@ def _evaluate_run(args, run: Path) -> dict:
         src, refs = corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit]
         hyps = [h[0].text for h in translator.translate(src, dcfg)]
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize, src=src, src_tokenize=src_tok.tokenize)
-        result["sentence_bleu"] = _sentence_scores(hyps, refs, tgt_tok.tokenize)
+        result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize, src=src, src_tokenize=src_tok.tokenize, per_sentence=True)
         out[split] = result
     history = [r for r in _metrics(run) if r.get("event") == "valid"]
     out["epochs"] = len(history)
     out["history"] = history
     return out
-
-
-def _sentence_scores(hyps, refs, tokenize) -> list[float]:
-    from cometnmt.evaluation import paper_sentence_bleu
-
-    return [paper_sentence_bleu(tokenize(h), tokenize(r)) for h, r in zip(hyps, refs)]
 
 
 def _metrics(run: Path) -> list[dict]:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cometnmt.models.transformer import FeedForward, Transformer
+from cometnmt.models.transformer import FeedForward, Transformer, transformer_from_config
 
 
 @dataclass
@@ -224,16 +224,5 @@ def build_comet(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> T
             return ConvUnit(cfg.d_model, c, cfg.dropout, causal=True)
         return FeedForward(cfg.d_model, cfg.d_ff)
 
-    return Transformer(
-        src_vocab_size,
-        tgt_vocab_size,
-        pad_id,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        enc_layers=cfg.enc_layers,
-        dec_layers=cfg.dec_layers,
-        dropout=cfg.dropout,
-        max_positions=cfg.max_positions,
-        encoder_ffn=lambda: ConvUnit(cfg.d_model, c, cfg.dropout),
-        decoder_ffn=decoder_ffn,
-    )
+    encoder_ffn = lambda: ConvUnit(cfg.d_model, c, cfg.dropout)  # noqa: E731
+    return transformer_from_config(cfg, src_vocab_size, tgt_vocab_size, pad_id, encoder_ffn, decoder_ffn)

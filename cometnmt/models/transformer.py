@@ -166,8 +166,10 @@ class Transformer(Seq2Seq):
         return {**state, "units": units}
 
 
-def build_transformer(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Transformer:
-    """The paper's baseline: FFN_2 in every encoder and decoder unit. ``cfg`` is a ModelConfig."""
+def transformer_from_config(
+    cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, encoder_ffn: FFNFactory, decoder_ffn: FFNFactory
+) -> Transformer:
+    """A Transformer sized by a ModelConfig, with the given feed-forward sublayers."""
     return Transformer(
         src_vocab_size,
         tgt_vocab_size,
@@ -178,6 +180,12 @@ def build_transformer(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int
         dec_layers=cfg.dec_layers,
         dropout=cfg.dropout,
         max_positions=cfg.max_positions,
-        encoder_ffn=lambda: FeedForward(cfg.d_model, cfg.d_ff),
-        decoder_ffn=lambda: FeedForward(cfg.d_model, cfg.d_ff),
+        encoder_ffn=encoder_ffn,
+        decoder_ffn=decoder_ffn,
     )
+
+
+def build_transformer(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Transformer:
+    """The paper's baseline: FFN_2 in every encoder and decoder unit. ``cfg`` is a ModelConfig."""
+    ffn = lambda: FeedForward(cfg.d_model, cfg.d_ff)  # noqa: E731
+    return transformer_from_config(cfg, src_vocab_size, tgt_vocab_size, pad_id, ffn, ffn)

@@ -15,6 +15,7 @@ better one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -364,7 +365,7 @@ class Trainer:
     def validation_bleu(self) -> dict:
         d = self.valid_data
         n = len(d) if self.tc.valid_bleu_max_sentences is None else min(len(d), self.tc.valid_bleu_max_sentences)
-        greedy = type(self.cfg.decode)(**{**to_dict(self.cfg.decode), "method": "greedy"})
+        greedy = dataclasses.replace(self.cfg.decode, method="greedy")
         hyps = [h[0].text for h in Translator(self.model, self.codec, self.cfg, self.device).translate_ids(d.src_ids[:n], greedy)]
         scores = corpus_scores(hyps, d.tgt_text[:n])
         return {
