@@ -114,24 +114,21 @@ def beam_search(
     B, K, device = src.size(0), beam_size, src.device
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b)  # B
     state = model.init_state(model.encode(src, src_pad_mask))
-    state = model.reorder(state, torch.arange(B, device=device).repeat_interleave(K))  # rows: B*K
-    scores = torch.full((B, K), float("-inf"), device=device)  # B,K cumulative log-probs
-    scores[:, 0] = 0.0
-    seqs = torch.empty(B * K, 0, dtype=torch.long, device=device)  # B*K,t
-    tokens = torch.full((B * K,), bos, dtype=torch.long, device=device)  # B*K
-    active = torch.arange(B, device=device)  # sentence id of each block of K rows
+    # The first step has one live hypothesis per sentence: it runs on B rows (not B*K identical
+    # ones), and the rows are then duplicated K-fold by the first reorder below.
+    scores = torch.zeros(B, 1, device=device)  # n,k cumulative log-probs (k = 1 at t = 0, then K)
+    seqs = torch.empty(B, 0, dtype=torch.long, device=device)  # n*k,t
+    tokens = torch.full((B,), bos, dtype=torch.long, device=device)  # n*k
+    active = torch.arange(B, device=device)  # sentence id of each block of k rows
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     for t in range(int(limits.max())):
-        n = active.numel()
-        logits, state = model.step(tokens, state)  # n*K,V
-        V = logits.size(-1)
-        cand = scores.view(-1, 1) + F.log_softmax(logits.float(), dim=-1)  # n*K,V
-        top_scores, top_idx = cand.view(n, K * V).topk(2 * K, dim=1)  # n,2K
-        src_beam, top_tok = top_idx // V, top_idx % V  # n,2K each
+        n, k = scores.shape
+        logits, state = model.step(tokens, state)  # n*k,V
+        top_scores, src_beam, top_tok = _top_candidates(logits.float(), scores, 2 * K)  # n,2K each
         is_eos = top_tok.eq(eos)  # n,2K
-        _collect_eos(finished, active, is_eos[:, :K], top_scores[:, :K], src_beam[:, :K], seqs, K, t, length_penalty)
+        _collect_eos(finished, active, is_eos[:, :K], top_scores[:, :K], src_beam[:, :K], seqs, k, K, t, length_penalty)
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)  # n,K
-        rows = (torch.arange(n, device=device)[:, None] * K + src_beam.gather(1, pick)).view(-1)  # n*K
+        rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, pick)).view(-1)  # n*K: rows of the step's input
         tokens = top_tok.gather(1, pick).view(-1)  # n*K
         seqs = torch.cat([seqs.index_select(0, rows), tokens[:, None]], dim=1)  # n*K,t+1
         scores = alive_scores
@@ -155,16 +152,36 @@ def beam_search(
     return results
 
 
-def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, K, t, alpha) -> None:
-    """Store hypotheses that end with </s> among the top K candidates (few per step)."""
-    for i, k in eos_mask.nonzero().tolist():
-        if scores[i, k].item() == float("-inf"):
+def _top_candidates(logits: torch.Tensor, scores: torch.Tensor, m: int) -> tuple[torch.Tensor, ...]:
+    """The m best continuations per sentence over its k beams: logits n*k,V and cumulative scores
+    n,k -> their scores, beam (0..k-1) and token, n,m each, best first.
+
+    Continuation (beam j, token w) scores scores[j] + log_softmax(logits[j])[w]. The m best of a
+    sentence are among the m best tokens of each of its beams (a beam's score is shared by its
+    tokens), so the beam scores are added to k*m candidates per sentence, not to an n*k x V matrix,
+    and the final top-m runs over k*m values, not k*V (bench/README.md has the measured effect)."""
+    n, k = scores.shape
+    per_row = min(m, logits.size(-1))
+    top_lp, top_tok = F.log_softmax(logits, dim=-1).topk(per_row, dim=-1)  # n*k,per_row
+    cand = (top_lp + scores.view(-1, 1)).view(n, k * per_row)  # n,k*per_row
+    if k * per_row < m:  # tiny vocabulary, first step: fill up with impossible candidates
+        cand = F.pad(cand, (0, m - k * per_row), value=float("-inf"))
+    best, flat = cand.topk(m, dim=1)  # n,m
+    flat = flat.clamp(max=k * per_row - 1)  # a filler slot reads a real candidate; its score stays -inf
+    return best, flat // per_row, top_tok.reshape(n, -1).gather(1, flat)
+
+
+def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, k, K, t, alpha) -> None:
+    """Store hypotheses that end with </s> among the top K candidates (few per step); a sentence's
+    beams are rows i*k .. i*k+k-1 of ``seqs``."""
+    for i, j in eos_mask.nonzero().tolist():
+        if scores[i, j].item() == float("-inf"):
             continue
         sent = int(active[i])
         if len(finished[sent]) >= K:
             continue
-        row = i * K + int(src_beam[i, k])
-        norm = float(length_normalise(scores[i, k], t + 1, alpha))
+        row = i * k + int(src_beam[i, j])
+        norm = float(length_normalise(scores[i, j], t + 1, alpha))
         finished[sent].append((norm, seqs[row].tolist()))
 
 

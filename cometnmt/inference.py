@@ -17,6 +17,7 @@ from cometnmt.decoding import search
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import load_checkpoint
+from cometnmt.training.host_memory import keep_freed_memory
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,6 +38,8 @@ class Translator:
 
     def __init__(self, model: Seq2Seq, codec: TextCodec, cfg: Config, device: torch.device) -> None:
         self.model, self.codec, self.cfg, self.device = model.to(device).eval(), codec, cfg, device
+        if device.type == "cpu":
+            keep_freed_memory()  # as in training: the per-step logits are re-allocated at every step
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto") -> "Translator":

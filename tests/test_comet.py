@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cometnmt.models.comet import CometConfig, ConvUnit, MaskedBatchNorm
+from cometnmt.models.comet import CometConfig, ConvUnit, GatedConv, MaskedBatchNorm
 
 import test_models
 from test_models import make, random_batch
@@ -62,6 +62,27 @@ def test_masked_batch_norm_matches_batch_norm_on_real_tokens():
     torch.testing.assert_close(ours.running_var, ref.running_var)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dilation", [1, 2, 3])
+def test_gated_conv_equals_conv1d(causal, dilation):
+    """The im2col matrix product is eq. 3's convolution: F.conv1d with l (or, causal, 2l on the
+    left) zeros of padding, then tanh of one half times sigmoid of the other."""
+    torch.manual_seed(dilation)
+    conv = GatedConv(6, 4, 3, dilation, causal)
+    x = torch.randn(2, 9, 6)
+    pad = (2 * dilation, 0) if causal else (dilation, dilation)
+    h = torch.nn.functional.conv1d(torch.nn.functional.pad(x.transpose(1, 2), pad), conv.conv.weight, conv.conv.bias,
+                                   dilation=dilation)  # B,2n_f,L
+    expected = (torch.tanh(h[:, :4]) * torch.sigmoid(h[:, 4:])).transpose(1, 2)
+    torch.testing.assert_close(conv(x), expected, atol=1e-6, rtol=1e-5)
+    if causal:  # the incremental step gives the same outputs
+        history, outs = None, []
+        for t in range(x.size(1)):
+            y, history = conv.step(x[:, t : t + 1], history)
+            outs.append(y)
+        torch.testing.assert_close(torch.cat(outs, dim=1), expected, atol=1e-6, rtol=1e-5)
+
+
 def test_conv_unit_shapes_follow_the_paper():
     unit = ConvUnit(256, CometConfig(), dropout=0.1)
     widths = [c.conv.out_channels // 2 for c in unit.convs.convs]
@@ -71,7 +92,11 @@ def test_conv_unit_shapes_follow_the_paper():
     assert (unit.reduce.in_features, unit.reduce.out_features) == (256 + 112, 256)
     x = torch.randn(2, 9, 256)
     assert unit(x, torch.zeros(2, 9, dtype=torch.bool)).shape == (2, 9, 256)
-    assert (unit(x) >= -0.01 * unit(x).abs().max() - 1e-6).all()  # leaky ReLU output
+    pre = []
+    unit.reduce.register_forward_hook(lambda module, args, out: pre.append(out))
+    y = unit(x)  # the leaky ReLU (slope 0.01) of the projection back to d_m
+    torch.testing.assert_close(y, torch.nn.functional.leaky_relu(pre[-1], 0.01))
+    assert (pre[-1] < 0).any()
 
 
 def test_temporal_convolution_cache_is_bounded():

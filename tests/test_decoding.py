@@ -122,3 +122,33 @@ def test_output_length_is_bounded(trained_like):
     beam = beam_search(trained_like, src, mask, BOS, EOS, 3, 1.0, 3, 2.0, 3)
     assert [len(b[0].tokens) for b in beam] == [11, 5]
     assert all(len(b) == 3 for b in beam)
+
+
+@pytest.mark.parametrize("name", ["transformer", "comet_temporal", "transformer_pp"])
+def test_grouped_cross_attention_equals_copied_rows(name):
+    """Beam search's state keeps one copy of the source side per sentence and lets a sentence's K
+    rows attend together; stepping it gives the logits of the plain per-row copy, through
+    duplication, reshuffles within sentences and a finished sentence leaving."""
+    from cometnmt.models.base import reorder_nested
+
+    model = make(name)
+    warm_batch_norm(model, torch.Generator().manual_seed(9))
+    model.eval()
+    src, mask = random_batch([5, 3, 4], 23, torch.Generator().manual_seed(8))
+    state = model.init_state(model.encode(src, mask))
+    K = 3
+    dup = torch.arange(3).repeat_interleave(K)
+    grouped, copied = model.reorder(state, dup), reorder_nested(state, dup)
+    assert grouped["group"] == K and grouped["units"][0]["cross_k"].size(0) == 3
+    gen = torch.Generator().manual_seed(10)
+    shuffle = torch.tensor([1, 0, 0, 5, 3, 4, 8, 8, 6])  # rows stay within their sentence
+    drop = torch.tensor([0, 1, 2, 6, 7, 8])  # sentence 2 (rows 3-5) finished
+    for index in (shuffle, shuffle, drop, None):
+        tokens = torch.randint(4, 19, (copied["units"][0]["cross_k"].size(0),), generator=gen)
+        with torch.no_grad():
+            want, copied = model.step(tokens, copied)
+            got, grouped = model.step(tokens, grouped)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        if index is not None:
+            grouped, copied = model.reorder(grouped, index), reorder_nested(copied, index)
+    assert grouped["group"] == K and grouped["units"][0]["cross_k"].size(0) == 2

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cometnmt.models.transformer import FeedForward, Transformer, transformer_from_config
+from cometnmt.modules.dropout import Dropout
 
 
 @dataclass
@@ -103,36 +104,47 @@ class GatedConv(nn.Module):
 
     ``causal=False``: l zeros on both ends (encoder, section 3.1). ``causal=True``: (K-1)*l zeros on
     the left only (temporal convolution, section 5.2), so position t sees t-(K-1)l .. t.
+
+    The convolution runs as one matrix product over the K dilated shifts of the channels-last input
+    (im2col): the Conv1d's own weight, read as 2n_f x (K*C_in). On the CPU this is 1.4x faster than
+    ``F.conv1d`` forward + backward at the paper's sizes (bench/README.md) and needs no transposes;
+    a test checks it against ``F.conv1d``.
     """
 
     def __init__(self, d_in: int, n_f: int, kernel_size: int, dilation: int, causal: bool) -> None:
         super().__init__()
         self.conv = nn.Conv1d(d_in, 2 * n_f, kernel_size, dilation=dilation)
         self.causal = causal
+        self.kernel_size, self.dilation = kernel_size, dilation
         self.context = (kernel_size - 1) * dilation  # positions of history the kernel spans
         self.pad = (self.context, 0) if causal else (self.context // 2, self.context - self.context // 2)
 
-    def gate(self, h: torch.Tensor) -> torch.Tensor:
-        f, s = h.chunk(2, dim=1)  # B,n_f,L each
+    def matrix(self) -> torch.Tensor:
+        """The kernel as 2n_f x (K*C_in), shift-major: column k*C_in + c is weight[:, c, k]."""
+        return self.conv.weight.permute(0, 2, 1).reshape(self.conv.out_channels, -1)
+
+    def shifts(self, xp: torch.Tensor, length: int) -> torch.Tensor:
+        """xp B,length+(K-1)l,C -> B,length,K*C: the K taps of every output position side by side."""
+        l = self.dilation
+        return torch.cat([xp[:, k * l : k * l + length] for k in range(self.kernel_size)], dim=-1)
+
+    @staticmethod
+    def gate(h: torch.Tensor) -> torch.Tensor:
+        f, s = h.chunk(2, dim=-1)  # B,L,n_f each
         return torch.tanh(f) * torch.sigmoid(s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x B,L,C_in (padding already zeroed) -> B,L,n_f, a view of channels-first memory: the
-        next GatedConv's transpose is then free, and so is Conv1d's own symmetric padding."""
-        left, right = self.pad
-        if left == right:
-            h = F.conv1d(x.transpose(1, 2), self.conv.weight, self.conv.bias, padding=left, dilation=self.conv.dilation)  # B,2n_f,L
-        else:
-            h = self.conv(F.pad(x.transpose(1, 2), self.pad))  # B,2n_f,L
-        return self.gate(h).transpose(1, 2)  # B,L,n_f
+        """x B,L,C_in (padding already zeroed) -> B,L,n_f."""
+        xp = F.pad(x, (0, 0, *self.pad))  # B,L+(K-1)l,C_in, zeros at both ends (or the left)
+        return self.gate(F.linear(self.shifts(xp, x.size(1)), self.matrix(), self.conv.bias))
 
     def step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal only: x B,1,C_in and the last (K-1)*l inputs -> output B,1,n_f and the new history."""
         if history is None:
             history = x.new_zeros(x.shape[0], self.context, x.shape[2])  # B,(K-1)l,C_in
         window = torch.cat([history, x], dim=1)  # B,(K-1)l+1,C_in
-        h = self.conv(window.transpose(1, 2))  # B,2n_f,1
-        return self.gate(h).transpose(1, 2), window[:, 1:]  # B,1,n_f
+        h = F.linear(self.shifts(window, 1), self.matrix(), self.conv.bias)  # B,1,2n_f
+        return self.gate(h), window[:, 1:]  # B,1,n_f
 
 
 class MultiLayerConv(nn.Module):
@@ -191,7 +203,7 @@ class ConvUnit(nn.Module):
         if cfg.unit == "ffn1":
             self.inner = FeedForward(n_feat, cfg.ffn1_hidden)
             self.inner_norm = nn.LayerNorm(n_feat)
-            self.inner_dropout = nn.Dropout(dropout)
+            self.inner_dropout = Dropout(dropout)
         if cfg.unit == "ffn2":
             self.reduce = FeedForward(n_feat + d_model, cfg.ffn2_hidden, d_out=d_model)
         else:

@@ -50,6 +50,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from cometnmt.errors import ConfigError
 from cometnmt.models.base import Seq2Seq, State, reorder_nested
+from cometnmt.modules.dropout import Dropout
 
 SQRT_HALF = math.sqrt(0.5)
 
@@ -143,7 +144,7 @@ class LearnedEmbedding(nn.Module):
         nn.init.normal_(self.positions.weight, mean=0.0, std=0.1)
         with torch.no_grad():
             self.tokens.weight[pad_id].zero_()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         length = tokens.size(1)
@@ -166,7 +167,7 @@ class ConvGLU(nn.Module):
 
     def __init__(self, c_in: int, c_out: int, kernel_size: int, dropout: float, pad: tuple[int, int]) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.conv = wn_conv(c_in, 2 * c_out, kernel_size, dropout)
         self.pad = pad
         self.kernel_size = kernel_size
@@ -302,7 +303,7 @@ class ConvS2S(Seq2Seq):
             DecoderLayer(widths[i], c, k, embed_dim, dropout) for i, (c, k) in enumerate(dec_layers)
         )
         self.dec_out = wn_linear(widths[-1], out_embed_dim)
-        self.out_dropout = nn.Dropout(dropout)
+        self.out_dropout = Dropout(dropout)
         self.out_proj = wn_linear(out_embed_dim, tgt_vocab_size, dropout)
         self.encoder_grad_scale = 1.0 / (2.0 * len(dec_layers)) if scale_encoder_grad else 1.0
 

@@ -35,6 +35,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from cometnmt.errors import ConfigError
 from cometnmt.models.base import Seq2Seq, State
+from cometnmt.modules.dropout import Dropout
+from cometnmt.modules.output import VocabProjection
 
 
 @dataclass
@@ -70,7 +72,7 @@ class Encoder(nn.Module):
         super().__init__()
         rnn = nn.GRU if cell == "gru" else nn.LSTM
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             rnn(embed_dim if i == 0 else hidden_size, hidden_size // 2, batch_first=True, bidirectional=True)
             for i in range(layers)
@@ -159,8 +161,8 @@ class RNNSeq2Seq(Seq2Seq):
         self.cells = nn.ModuleList(rnn_cell(first_in if i == 0 else H, H) for i in range(dec_layers))
         self.attention = Attention(attention, H)
         self.combine = nn.Linear(2 * H, H)  # a~_t = tanh(W_c [c_t; s_t])
-        self.dropout = nn.Dropout(dropout)
-        self.out_proj = nn.Linear(H, tgt_vocab_size)
+        self.dropout = Dropout(dropout)
+        self.out_proj = VocabProjection(H, tgt_vocab_size)
 
     # -- encoder side ------------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ from torch import nn
 
 from cometnmt.models.base import Seq2Seq, State, reorder_nested
 from cometnmt.modules.attention import MultiHeadAttention, key_mask
+from cometnmt.modules.dropout import Dropout
 from cometnmt.modules.embeddings import ScaledEmbedding
+from cometnmt.modules.output import VocabProjection
 
 
 class FeedForward(nn.Module):
@@ -57,7 +59,7 @@ class EncoderUnit(nn.Module):
         self.ffn = ffn
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
         x = self.norm1(x + self.dropout(self.self_attn(x, x, pad_mask)))  # B,S,D
@@ -75,7 +77,7 @@ class DecoderUnit(nn.Module):
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.norm3 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_pad_mask: torch.Tensor, tgt_pad_mask: torch.Tensor) -> torch.Tensor:
         # Targets are right-padded, so the causal mask alone keeps padding out of real positions.
@@ -83,13 +85,14 @@ class DecoderUnit(nn.Module):
         x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory_pad_mask)))  # B,T,D
         return self.norm3(x + self.dropout(self.ffn(x, tgt_pad_mask)))  # B,T,D
 
-    def step(self, x: torch.Tensor, cache: dict, memory_mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """x B,1,D; cache holds this unit's self-attention keys/values, cross keys/values, FFN state.
+    def step(self, x: torch.Tensor, cache: dict, memory_mask: torch.Tensor, group: int = 1) -> tuple[torch.Tensor, dict]:
+        """x B,1,D; cache holds this unit's self-attention keys/values, cross keys/values (one entry
+        per ``group`` consecutive rows), FFN state.
 
         Eval-only (no dropout). Returns the output B,1,D and a new cache."""
         h, self_cache = self.self_attn.step(x, cache["self"])
         x = self.norm1(x + h)  # B,1,D
-        x = self.norm2(x + self.cross_attn.attend(x, cache["cross_k"], cache["cross_v"], memory_mask, causal=False))
+        x = self.norm2(x + self.cross_attn.attend_grouped(x, cache["cross_k"], cache["cross_v"], memory_mask, group))
         h, ffn_cache = self.ffn.step(x, cache["ffn"])
         return self.norm3(x + h), {**cache, "self": self_cache, "ffn": ffn_cache}  # B,1,D
 
@@ -116,7 +119,7 @@ class Transformer(Seq2Seq):
         self.tgt_embed = ScaledEmbedding(tgt_vocab_size, d_model, pad_id, max_positions, dropout)
         self.encoder = nn.ModuleList(EncoderUnit(d_model, n_heads, encoder_ffn(), dropout) for _ in range(enc_layers))
         self.decoder = nn.ModuleList(DecoderUnit(d_model, n_heads, decoder_ffn(), dropout) for _ in range(dec_layers))
-        self.out_proj = nn.Linear(d_model, tgt_vocab_size)
+        self.out_proj = VocabProjection(d_model, tgt_vocab_size)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
@@ -139,31 +142,49 @@ class Transformer(Seq2Seq):
             k, v = unit.cross_attn.project_kv(memory["out"])  # B,H,S,D/H each
             units.append({"cross_k": k, "cross_v": v, "self": {}, "ffn": {}})
         src_row = torch.arange(memory["out"].size(0), device=memory["out"].device)  # B: the source each row reads
-        return {"units": units, "memory_mask": key_mask(memory["pad_mask"]), "pos": 0, "src_row": src_row}
+        return {"units": units, "memory_mask": key_mask(memory["pad_mask"]), "pos": 0, "src_row": src_row, "group": 1}
 
     def step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         x = self.tgt_embed(tokens[:, None], offset=state["pos"])  # B,1,D
         units = []
         for unit, cache in zip(self.decoder, state["units"]):
-            x, cache = unit.step(x, cache, state["memory_mask"])  # B,1,D
+            x, cache = unit.step(x, cache, state["memory_mask"], state.get("group", 1))  # B,1,D
             units.append(cache)
         state = {**state, "units": units, "pos": state["pos"] + 1}
         return self.out_proj(x[:, 0]), state  # B,V
 
     def reorder(self, state: State, index: torch.Tensor) -> State:
-        """Keep/duplicate batch rows. Beam search mostly reshuffles hypotheses among the rows of one
-        sentence; when every row still reads the source it read before, the cross-attention keys
-        and values and the memory mask (functions of the source alone) are kept, not copied: they
-        are most of the state (copying them at every step took 6% of beam search's time on the CPU)."""
+        """Keep/duplicate batch rows.
+
+        The cross-attention keys and values and the memory mask depend on the source sentence
+        alone, and they are most of the state, so they are kept once per source, never copied per
+        row: ``src_row`` says which source each row reads. Beam search reshuffles hypotheses among
+        the rows of one sentence (sources unchanged: nothing source-side is touched), duplicates
+        each sentence into K consecutive rows (then ``group`` = K and the K queries of a sentence
+        attend together, ``MultiHeadAttention.attend_grouped``) and drops finished sentences (the
+        source side keeps the remaining sources). Any other pattern copies the source side per row.
+        """
         src_row = state.get("src_row")
-        if src_row is None or not torch.equal(src_row.index_select(0, index), src_row):
+        if src_row is None:
             return reorder_nested(state, index)
-        units = [
-            {**reorder_nested({k: v for k, v in u.items() if k not in _SOURCE_ONLY}, index),
-             **{k: u[k] for k in _SOURCE_ONLY}}
-            for u in state["units"]
-        ]
-        return {**state, "units": units}
+        new_src = src_row.index_select(0, index)
+        rows_only = lambda u: reorder_nested({k: v for k, v in u.items() if k not in _SOURCE_ONLY}, index)  # noqa: E731
+        if torch.equal(new_src, src_row):
+            units = [{**rows_only(u), **{k: u[k] for k in _SOURCE_ONLY}} for u in state["units"]]
+            return {**state, "units": units}
+        used, counts = torch.unique_consecutive(new_src, return_counts=True)
+        group = int(counts[0])
+        if bool((counts == group).all()) and (used.numel() == 1 or bool((used[1:] > used[:-1]).all())):
+            # blocks of `group` rows per source, sources in order: keep the sources still read
+            keep = None if used.numel() == state["units"][0]["cross_k"].size(0) else used
+            pick = (lambda t: t) if keep is None else (lambda t: t.index_select(0, keep))  # noqa: E731
+            units = [{**rows_only(u), **{k: pick(u[k]) for k in _SOURCE_ONLY}} for u in state["units"]]
+            src = torch.arange(used.numel(), device=index.device).repeat_interleave(group)
+            return {**state, "units": units, "memory_mask": pick(state["memory_mask"]), "src_row": src, "group": group}
+        # general pattern: one copy of the source side per row
+        units = [{**rows_only(u), **{k: u[k].index_select(0, new_src) for k in _SOURCE_ONLY}} for u in state["units"]]
+        rows = torch.arange(index.numel(), device=index.device)
+        return {**state, "units": units, "memory_mask": state["memory_mask"].index_select(0, new_src), "src_row": rows, "group": 1}
 
 
 def transformer_from_config(

@@ -67,6 +67,7 @@ from cometnmt.errors import ConfigError
 from cometnmt.models.base import State
 from cometnmt.models.transformer import FeedForward, Transformer
 from cometnmt.modules.attention import key_mask
+from cometnmt.modules.dropout import Dropout
 from cometnmt.modules.embeddings import ScaledEmbedding
 
 IGNORE = -100  # tag id of tokens without a label (padding, specials, unaligned pieces)
@@ -133,7 +134,7 @@ class ConvAttention(nn.Module):
         self.context = (kernel_size - 1) * dilation  # positions the kernel spans besides t
         self.out_proj = nn.Linear(d_model, d_model)  # W^O (eq. 5)
         self.attn_dropout = nn.Dropout(attention_dropout)  # its p is handed to SDPA
-        self.weight_dropout = nn.Dropout(weight_dropout)  # DropConnect
+        self.weight_dropout = Dropout(weight_dropout)  # DropConnect
         linears = [self.out_proj]
         if self.n_attn:
             self.qkv = nn.Linear(d_model, 3 * self.d_attn)  # W^Q_i, W^K_i, W^V_i of the attention heads

@@ -62,6 +62,17 @@ class MultiHeadAttention(nn.Module):
         """q B,Lq,D (unprojected); k, v B,H,Lk,D/H (projected) -> B,Lq,D."""
         return self.attend_heads(self.split(self.q_proj(q)), k, v, mask, causal)
 
+    def attend_grouped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], group: int) -> torch.Tensor:
+        """q (n*group),1,D (unprojected): ``group`` consecutive rows per entry of k, v n,H,S,D/H
+        (projected) and mask n,1,1,S -> (n*group),1,D. The rows of one entry (beam search's K
+        hypotheses of a sentence) attend as one block of ``group`` queries, so each sentence's
+        keys and values are read once per step, not copied and read K times."""
+        if group == 1:
+            return self.attend(q, k, v, mask, causal=False)
+        n = k.size(0)
+        qh = self.split(self.q_proj(q).view(n, group, -1))  # n,H,group,D/H
+        return self.attend_heads(qh, k, v, mask, causal=False).reshape(n * group, 1, -1)  # (n*group),1,D
+
     def attend_heads(self, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
         """qh, k, v B,H,L,D/H (projected) -> B,Lq,D."""
         B, _, Lq, _ = qh.shape

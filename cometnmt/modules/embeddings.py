@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from cometnmt.modules.dropout import Dropout
+
 
 def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
     """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...) -> max_positions, D."""
@@ -30,7 +32,7 @@ class ScaledEmbedding(nn.Module):
             self.embed.weight[pad_id].zero_()
         self.scale = math.sqrt(d_model)
         self.register_buffer("positions", sinusoidal_table(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         length = tokens.size(1)

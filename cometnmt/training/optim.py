@@ -6,9 +6,11 @@ import torch
 
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    """Adam from a TrainConfig; the fused kernel on CUDA (one launch for all parameters)."""
+    """Adam from a TrainConfig; PyTorch's fused kernel where all parameters are on CUDA (one launch
+    for all) or on the CPU (one vectorised pass per parameter: 3.7x faster than the per-op loop on
+    the paper-size models, bench/README.md)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = all(p.is_cuda for p in params)
+    fused = bool(params) and len({p.device.type for p in params}) == 1 and params[0].device.type in ("cuda", "cpu")
     return torch.optim.Adam(
         params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
     )

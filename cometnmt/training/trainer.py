@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from cometnmt.config import Config, to_dict
@@ -40,6 +39,8 @@ from cometnmt.inference import Translator
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import save_checkpoint
 from cometnmt.training.distributed import DistInfo, all_reduce_sum
+from cometnmt.training.host_memory import keep_freed_memory
+from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,7 @@ def _to_tuple(value):
 
 def token_loss(logits: torch.Tensor, gold: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     """Summed cross-entropy over non-pad target tokens (logits B,T,V; gold B,T)."""
-    return F.cross_entropy(
-        logits.float().flatten(0, 1), gold.flatten(), ignore_index=PAD, label_smoothing=label_smoothing, reduction="sum"
-    )
+    return summed_cross_entropy(logits.float().flatten(0, 1), gold.flatten(), PAD, label_smoothing)
 
 
 class Trainer:
@@ -86,6 +85,8 @@ class Trainer:
         self.cfg, self.tc = cfg, cfg.train
         self.model, self.codec, self.train_data, self.valid_data = model, codec, train, valid
         self.device, self.dist = device, dist
+        if device.type == "cpu":
+            keep_freed_memory()  # no page faults on the step's re-allocated large tensors
         self.save_dir = Path(self.tc.save_dir)
         self.optimizer = build_optimizer(model, self.tc)
         self.scheduler = build_scheduler(self.optimizer, self.tc)
