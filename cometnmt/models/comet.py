@@ -115,7 +115,6 @@ class GatedConv(nn.Module):
         super().__init__()
         self.conv = nn.Conv1d(d_in, 2 * n_f, kernel_size, dilation=dilation)
         self.causal = causal
-        self.kernel_size, self.dilation = kernel_size, dilation
         self.context = (kernel_size - 1) * dilation  # positions of history the kernel spans
         self.pad = (self.context, 0) if causal else (self.context // 2, self.context - self.context // 2)
 
@@ -125,8 +124,8 @@ class GatedConv(nn.Module):
 
     def shifts(self, xp: torch.Tensor, length: int) -> torch.Tensor:
         """xp B,length+(K-1)l,C -> B,length,K*C: the K taps of every output position side by side."""
-        l = self.dilation
-        return torch.cat([xp[:, k * l : k * l + length] for k in range(self.kernel_size)], dim=-1)
+        l = self.conv.dilation[0]
+        return torch.cat([xp[:, k * l : k * l + length] for k in range(self.conv.kernel_size[0])], dim=-1)
 
     @staticmethod
     def gate(h: torch.Tensor) -> torch.Tensor:
