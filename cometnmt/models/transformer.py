@@ -168,23 +168,25 @@ class Transformer(Seq2Seq):
         if src_row is None:
             return reorder_nested(state, index)
         new_src = src_row.index_select(0, index)
-        rows_only = lambda u: reorder_nested({k: v for k, v in u.items() if k not in _SOURCE_ONLY}, index)  # noqa: E731
-        if torch.equal(new_src, src_row):
-            units = [{**rows_only(u), **{k: u[k] for k in _SOURCE_ONLY}} for u in state["units"]]
-            return {**state, "units": units}
-        used, counts = torch.unique_consecutive(new_src, return_counts=True)
-        group = int(counts[0])
-        if bool((counts == group).all()) and (used.numel() == 1 or bool((used[1:] > used[:-1]).all())):
-            # blocks of `group` rows per source, sources in order: keep the sources still read
-            keep = None if used.numel() == state["units"][0]["cross_k"].size(0) else used
-            pick = (lambda t: t) if keep is None else (lambda t: t.index_select(0, keep))  # noqa: E731
-            units = [{**rows_only(u), **{k: pick(u[k]) for k in _SOURCE_ONLY}} for u in state["units"]]
-            src = torch.arange(used.numel(), device=index.device).repeat_interleave(group)
-            return {**state, "units": units, "memory_mask": pick(state["memory_mask"]), "src_row": src, "group": group}
-        # general pattern: one copy of the source side per row
-        units = [{**rows_only(u), **{k: u[k].index_select(0, new_src) for k in _SOURCE_ONLY}} for u in state["units"]]
-        rows = torch.arange(index.numel(), device=index.device)
-        return {**state, "units": units, "memory_mask": state["memory_mask"].index_select(0, new_src), "src_row": rows, "group": 1}
+        if torch.equal(new_src, src_row):  # hypotheses reshuffled within their sentences
+            source, group = (lambda t: t), state["group"]  # noqa: E731
+        else:
+            used, counts = torch.unique_consecutive(new_src, return_counts=True)
+            group = int(counts[0])
+            if bool((counts == group).all()) and (used.numel() == 1 or bool((used[1:] > used[:-1]).all())):
+                # blocks of `group` rows per source, sources in order: keep the sources still read
+                same = used.numel() == state["units"][0]["cross_k"].size(0)
+                source = (lambda t: t) if same else (lambda t: t.index_select(0, used))  # noqa: E731
+                src_row = torch.arange(used.numel(), device=index.device).repeat_interleave(group)
+            else:  # any other pattern: one copy of the source side per row
+                source, group = (lambda t: t.index_select(0, new_src)), 1  # noqa: E731
+                src_row = torch.arange(index.numel(), device=index.device)
+        units = [
+            {**reorder_nested({k: v for k, v in u.items() if k not in _SOURCE_ONLY}, index),
+             **{k: source(u[k]) for k in _SOURCE_ONLY}}
+            for u in state["units"]
+        ]
+        return {**state, "units": units, "memory_mask": source(state["memory_mask"]), "src_row": src_row, "group": group}
 
 
 def transformer_from_config(
