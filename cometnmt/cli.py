@@ -1,4 +1,4 @@
-"""Command line: ``cometnmt train | translate | evaluate | average | reproduce``.
+"""Command line: ``cometnmt train | translate | evaluate | average | reproduce | compare``.
 
 Thin by design: parse arguments, load the config or checkpoint, call the library. Any
 :class:`~cometnmt.errors.CometNMTError` becomes a one-line message on stderr and exit code 2.
@@ -50,17 +50,9 @@ def cmd_train(args) -> int:
 
 
 def _decode_cfg(base, args):
-    from cometnmt.config import DecodeConfig, from_dict, to_dict
+    from cometnmt.inference import decode_config
 
-    data = to_dict(base)
-    if args.beam is not None:
-        data.update(method="beam" if args.beam > 1 else "greedy", beam_size=args.beam)
-    for key in ("nbest", "length_penalty", "batch_sentences"):
-        if getattr(args, key) is not None:
-            data[key] = getattr(args, key)
-    if data["nbest"] > 1:
-        data["method"] = "beam"
-    return from_dict(DecodeConfig, data, "decode")
+    return decode_config(base, args.beam, args.nbest, args.length_penalty, args.batch_sentences)
 
 
 def cmd_translate(args) -> int:
@@ -134,7 +126,17 @@ def cmd_average(args) -> int:
 def cmd_reproduce(args) -> int:
     from cometnmt.reproduce import run_reproduce
 
-    return run_reproduce(args)
+    code = run_reproduce(args)
+    print(f"report written to {Path(args.out) / 'report.md'}")
+    return code
+
+
+def cmd_compare(args) -> int:
+    from cometnmt.compare import run_compare
+
+    code = run_compare(args)
+    print(f"report written to {Path(args.out) / 'report.md'}")
+    return code
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -188,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("compare", help="train configs with several seeds; test the first against the others (paired bootstrap)")
+    from cometnmt.compare import add_arguments as compare_arguments
+
+    compare_arguments(p)
+    p.set_defaults(func=cmd_compare)
     return parser
 
 

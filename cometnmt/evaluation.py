@@ -242,14 +242,37 @@ def paired_bootstrap(
     :param metric: ``"bleu"`` or ``"paper"``.
     :param tokenize: target tokeniser, required for ``metric="paper"``.
     :return: ``{"metric", "label", "a", "b", "delta", "a_mean", "a_ci95", "b_mean", "b_ci95",
-        "p_value", "n_samples"}``, where ``p_value`` is the fraction of samples in which B scores
-        at least as high as A (one-sided test of "A is better"; ties count for B).
+        "p_value", "n_samples", "runs"}``, where ``p_value`` is the fraction of samples in which B
+        scores at least as high as A (one-sided test of "A is better"; ties count for B).
     """
-    if not len(hyps_a) == len(hyps_b) == len(refs):
-        raise DataError(
-            f"paired_bootstrap: got {len(hyps_a)} hypotheses for A, {len(hyps_b)} for B and "
-            f"{len(refs)} references; they must be aligned"
-        )
+    return paired_bootstrap_runs([hyps_a], [hyps_b], refs, n_samples, seed, metric, tokenize)
+
+
+def paired_bootstrap_runs(
+    runs_a: Sequence[Sequence[str]],
+    runs_b: Sequence[Sequence[str]],
+    refs: list[str],
+    n_samples: int = 1000,
+    seed: int = 12345,
+    metric: Literal["bleu", "paper"] = "bleu",
+    tokenize: Tokenizer | None = None,
+) -> dict:
+    """:func:`paired_bootstrap` over several runs per system (seeds), all on the same references.
+
+    A sample draws sentence indices once and takes every run's output for them, so the test
+    resamples the test set, not the runs. A system's ``"bleu"`` is the corpus BLEU of its runs'
+    outputs concatenated (statistics summed over runs); its ``"paper"`` score is the mean over
+    runs. Systems need not have the same number of runs; one run each is :func:`paired_bootstrap`.
+    """
+    for name, runs in (("A", runs_a), ("B", runs_b)):
+        if not runs:
+            raise DataError(f"paired_bootstrap: system {name} has no runs")
+        for k, hyps in enumerate(runs):
+            if len(hyps) != len(refs):
+                raise DataError(
+                    f"paired_bootstrap: run {k + 1} of system {name} has {len(hyps)} hypotheses for "
+                    f"{len(refs)} references; they must be aligned"
+                )
     if not refs:
         raise DataError("paired_bootstrap: no sentences to resample")
     if n_samples < 1:
@@ -258,17 +281,17 @@ def paired_bootstrap(
 
     if metric == "bleu":
         bleu = BLEU()
-        stats_a, stats_b = _bleu_stats(bleu, hyps_a, refs), _bleu_stats(bleu, hyps_b, refs)
+        stats_a = sum(_bleu_stats(bleu, hyps, refs) for hyps in runs_a)  # (n, 2 + 2 * order), summed over runs
+        stats_b = sum(_bleu_stats(bleu, hyps, refs) for hyps in runs_b)
         full_a, full_b = _bleu_from_stats(bleu, stats_a.sum(0)), _bleu_from_stats(bleu, stats_b.sum(0))
-        sums_a, sums_b = counts @ stats_a, counts @ stats_b
-        samples_a = np.array([_bleu_from_stats(bleu, s) for s in sums_a])
-        samples_b = np.array([_bleu_from_stats(bleu, s) for s in sums_b])
+        samples_a = np.array([_bleu_from_stats(bleu, s) for s in counts @ stats_a])
+        samples_b = np.array([_bleu_from_stats(bleu, s) for s in counts @ stats_b])
         label = str(bleu.get_signature())
     elif metric == "paper":
         if tokenize is None:
             raise ValueError('paired_bootstrap(metric="paper") needs a tokenize function')
-        scores_a = _sentence_scores(hyps_a, refs, tokenize)
-        scores_b = _sentence_scores(hyps_b, refs, tokenize)
+        scores_a = np.mean([_sentence_scores(hyps, refs, tokenize) for hyps in runs_a], axis=0)  # (n,)
+        scores_b = np.mean([_sentence_scores(hyps, refs, tokenize) for hyps in runs_b], axis=0)
         full_a, full_b = float(scores_a.mean()), float(scores_b.mean())
         samples_a = counts @ scores_a / len(refs)
         samples_b = counts @ scores_b / len(refs)
@@ -277,8 +300,8 @@ def paired_bootstrap(
         raise ValueError(f'metric must be "bleu" or "paper", got {metric!r}')
 
     p_value = float(np.mean(samples_b >= samples_a))
-    logger.info("paired bootstrap (%s, %d samples): A=%.2f B=%.2f p=%.4f",
-                metric, n_samples, full_a, full_b, p_value)
+    logger.info("paired bootstrap (%s, %d + %d runs, %d samples): A=%.2f B=%.2f p=%.4f",
+                metric, len(runs_a), len(runs_b), n_samples, full_a, full_b, p_value)
     return {
         "metric": metric,
         "label": label,
@@ -291,6 +314,7 @@ def paired_bootstrap(
         "b_ci95": _ci95(samples_b),
         "p_value": p_value,
         "n_samples": n_samples,
+        "runs": [len(runs_a), len(runs_b)],
     }
 
 

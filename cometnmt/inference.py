@@ -9,7 +9,7 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
-from cometnmt.config import Config, config_from_dict
+from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, to_dict
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec
 from cometnmt.data.vocab import BOS, EOS, PAD
@@ -24,6 +24,21 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None = None,
+                  length_penalty: float | None = None, batch_sentences: int | None = None) -> DecodeConfig:
+    """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
+    means beam search of that width; ``nbest`` above 1 implies beam search."""
+    data = to_dict(base)
+    if beam is not None:
+        data.update(method="beam" if beam > 1 else "greedy", beam_size=beam)
+    for key, value in (("nbest", nbest), ("length_penalty", length_penalty), ("batch_sentences", batch_sentences)):
+        if value is not None:
+            data[key] = value
+    if data["nbest"] > 1:
+        data["method"] = "beam"
+    return from_dict(DecodeConfig, data, "decode")
 
 
 @dataclass

@@ -19,21 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import platform
-import shlex
 import statistics
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tqdm import tqdm
-
 from cometnmt.errors import CometNMTError
+from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command
 
 log = logging.getLogger(__name__)
 
@@ -91,42 +83,11 @@ def _run_dir(out: Path, row: str, seed: int) -> Path:
     return out / "runs" / row / f"seed{seed}"
 
 
-def _train_one(args, row: str, seed: int) -> dict:
-    """Train (or resume) one run in a subprocess; returns its done.json record."""
-    run = _run_dir(Path(args.out), row, seed)
-    done = run / "done.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    preset = Path(args.config_dir) / ROWS[row].preset
-    cmd = [sys.executable, "-m", "cometnmt", "train", str(preset), "--set", f"train.seed={seed}",
-           "--set", f"train.save_dir={run}", "--set", f"train.device={args.device}", "--set", "train.progress=false"]
-    for override in args.set:
-        cmd += ["--set", override]
-    if (run / "last.pt").exists():
-        cmd.append("--resume")
-    run.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    if args.stop_at is not None and start >= args.stop_at:
-        return None
-    with open(run / "stdout.log", "a", encoding="utf-8") as logf:
-        logf.write(f"$ {shlex.join(cmd)}\n")
-        logf.flush()
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
-        try:
-            code = proc.wait(timeout=None if args.stop_at is None else max(1.0, args.stop_at - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # SIGTERM: the trainer saves last.pt, so a later call resumes it
-            proc.wait()
-            log.warning("%s seed %d stopped at the deadline; it resumes on the next call", row, seed)
-            return None
-    if code != 0:
-        raise CometNMTError(f"training {row} seed {seed} failed (exit {code}); see {run / 'stdout.log'}")
-    record = {"row": row, "seed": seed, "train_seconds": time.time() - start, "command": shlex.join(cmd),
-              "hardware": _hardware(args.device), "torch": _torch_version(),
-              "commit": os.environ.get("COMETNMT_COMMIT") or _git_head()}
-    record.update(_evaluate_run(args, run))
-    done.write_text(json.dumps(record, indent=1))
-    return record
+def _specs(args, rows: list[str]) -> list[RunSpec]:
+    """COMET and the Transformer first (all seeds), then the other rows seed by seed."""
+    jobs = sorted(((r, s) for r in rows for s in args.seeds),
+                  key=lambda j: (j[0] not in ("comet", "transformer"), j[1], rows.index(j[0])))
+    return [RunSpec(r, Path(args.config_dir) / ROWS[r].preset, s, _run_dir(Path(args.out), r, s)) for r, s in jobs]
 
 
 def _evaluate_run(args, run: Path) -> dict:
@@ -147,15 +108,10 @@ def _evaluate_run(args, run: Path) -> dict:
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize, src=src, src_tokenize=src_tok.tokenize, per_sentence=True)
         out[split] = result
-    history = [r for r in _metrics(run) if r.get("event") == "valid"]
+    history = [r for r in metrics(run) if r.get("event") == "valid"]
     out["epochs"] = len(history)
     out["history"] = history
     return out
-
-
-def _metrics(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def run_reproduce(args) -> int:
@@ -166,43 +122,11 @@ def run_reproduce(args) -> int:
     missing = [ROWS[r].preset for r in rows if not (Path(args.config_dir) / ROWS[r].preset).exists()]
     if missing:
         raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    # COMET and the Transformer first (all seeds), then the other rows seed by seed.
-    jobs = sorted(((r, s) for r in rows for s in args.seeds),
-                  key=lambda j: (j[0] not in ("comet", "transformer"), j[1], rows.index(j[0])))
-    start = time.time()
-    args.stop_at = None if args.deadline is None else start + args.deadline
-    failed: list[str] = []
-    if not args.report_only:
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool, tqdm(total=len(jobs), desc="runs", unit="run") as bar:
-            futures = {pool.submit(_train_one, args, r, s): (r, s) for r, s in jobs}
-            for fut, (r, s) in futures.items():
-                try:
-                    fut.result()
-                except CometNMTError as exc:
-                    log.error("%s", exc)
-                    failed.append(f"{r} seed {s}")
-                bar.update(1)
-    records = [json.loads(p.read_text()) for r, s in jobs if (p := _run_dir(out, r, s) / "done.json").exists()]
-    args.missing = [f"{r} seed {s}" for r, s in jobs if not (_run_dir(out, r, s) / "done.json").exists()]
-    report = build_report(args, rows, records, time.time() - start)
-    print(f"report written to {out / 'report.md'}")
-    return 0 if report else 1
+    return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run),
+                          lambda records, missing, seconds: build_report(args, rows, records, missing, seconds))
 
 
 # -- the report ---------------------------------------------------------------------------------
-
-
-def _mean_sd(values: list[float]) -> tuple[Optional[float], Optional[float]]:
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def _fmt(mean_sd: tuple[Optional[float], Optional[float]]) -> str:
-    mean, sd = mean_sd
-    return "–" if mean is None else f"{mean:.2f} ± {sd:.2f}"
 
 
 def summarise(rows: list[str], records: list[dict]) -> list[dict]:
@@ -213,63 +137,16 @@ def summarise(rows: list[str], records: list[dict]) -> list[dict]:
                  "paper_test": ROWS[row].paper_test, "seeds": [r["seed"] for r in recs]}
         for split in ("valid", "test"):
             for metric in ("paper_bleu", "bleu", "chrf"):
-                entry[f"{split}_{metric}"] = _mean_sd([r[split][metric] for r in recs])
-        entry["epochs"] = _mean_sd([r["epochs"] for r in recs])
+                entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs])
+        entry["epochs"] = mean_sd([r["epochs"] for r in recs])
         table.append(entry)
     return table
 
 
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
-
-
-def _git_head() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_CONFIGS, timeout=10).stdout.strip()
-    except Exception:
-        return ""
-
-
-def _hardware(device: str) -> str:
-    import torch
-
-    if torch.cuda.is_available() and device != "cpu":
-        return torch.cuda.get_device_name(0)
-    return f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
-
-
-def _provenance(args, seconds: float, records: list[dict]) -> dict:
-    import torch
-
-    def git(*cmd):
-        try:
-            return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO_CONFIGS, timeout=10).stdout.strip()
-        except Exception:
-            return ""
-
-    hardware = sorted({r["hardware"] for r in records if "hardware" in r}) or [_hardware(args.device)]
-    return {
-        "commit": (git("rev-parse", "HEAD") + (" (uncommitted changes)" if git("status", "--porcelain") else ""))
-        or os.environ.get("COMETNMT_COMMIT", "unknown (no git checkout)"),
-        "command": "cometnmt reproduce " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else "",
-        "hardware": ", ".join(hardware),
-        "train_hours": sum(r.get("train_seconds", 0.0) for r in records) / 3600,
-        "missing_runs": getattr(args, "missing", []),
-        "torch": ", ".join(sorted({r["torch"] for r in records if "torch" in r})) or torch.__version__,
-        "run_commits": sorted({r["commit"] for r in records if r.get("commit")}),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "wall_seconds": seconds,
-        "overrides": args.set,
-        "eval_limit": args.eval_limit,
-    }
-
-
-def build_report(args, rows: list[str], records: list[dict], seconds: float) -> dict:
+def build_report(args, rows: list[str], records: list[dict], missing: list[str], seconds: float) -> dict:
     out = Path(args.out)
     table = summarise(rows, records)
-    report = {"provenance": _provenance(args, seconds, records), "table": table, "runs": records}
+    report = {"provenance": provenance(args, seconds, records, missing), "table": table, "runs": records}
     pair = [r for r in ("comet", "transformer") if r in rows]
     if len(pair) == 2:
         report["significance"] = _significance(args, out, records)
@@ -381,35 +258,12 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
     plt.close(fig)
 
 
-def _short_command(command: str) -> str:
-    """The recorded training command without the interpreter path and run folder."""
-    parts = shlex.split(command)
-    if len(parts) > 2 and parts[1:3] == ["-m", "cometnmt"]:
-        parts = ["cometnmt"] + parts[3:]
-    out, skip = [], False
-    for i, part in enumerate(parts):
-        if skip:
-            skip = False
-            continue
-        if part == "--set" and i + 1 < len(parts) and parts[i + 1].split("=")[0] in ("train.save_dir", "train.progress"):
-            skip = True
-            continue
-        out.append(Path(part).name if part.endswith(".yaml") else part)
-    return " ".join(out)
-
-
 def _markdown(args, report: dict) -> str:
     from cometnmt.evaluation import PAPER_BLEU_LABEL
 
     p = report["provenance"]
     lines = ["# COMET Table 1, reproduced", ""]
-    lines += [f"- commit (report): `{p['commit']}`; commits the runs were trained at: {', '.join(f'`{c}`' for c in p['run_commits']) or 'not recorded'}", f"- command: `{p['command']}`", f"- hardware: {p['hardware']}, torch {p['torch']}",
-              f"- date: {p['date']}; wall time of this call {p['wall_seconds'] / 60:.1f} min; "
-              f"training time of all runs {p['train_hours']:.2f} h", f"- overrides for every run: {p['overrides'] or 'none'}"]
-    if p["missing_runs"]:
-        lines.append(f"- **not finished (not in the table): {', '.join(p['missing_runs'])}**")
-    if p["eval_limit"]:
-        lines.append(f"- **smoke setting: only the first {p['eval_limit']} sentences of each split were decoded**")
+    lines += provenance_lines(p)
     lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
               "(signatures in report.json). Greedy decoding, best-validation-loss checkpoint. Mean ± sd over seeds.", ""]
     lines.append("| model | seeds | epochs | paper dev | ours dev (paper) | ours dev BLEU | paper test | ours test (paper) | ours test BLEU | ours test chrF |")
@@ -417,13 +271,13 @@ def _markdown(args, report: dict) -> str:
     for e in report["table"]:
         pd = "–" if e["paper_dev"] is None else f"{e['paper_dev']:.2f}"
         pt = "–" if e["paper_test"] is None else f"{e['paper_test']:.2f}"
-        lines.append(f"| {e['label']} | {len(e['seeds'])} | {_fmt(e['epochs'])} | {pd} | {_fmt(e['valid_paper_bleu'])} | "
-                     f"{_fmt(e['valid_bleu'])} | {pt} | {_fmt(e['test_paper_bleu'])} | {_fmt(e['test_bleu'])} | {_fmt(e['test_chrf'])} |")
+        lines.append(f"| {e['label']} | {len(e['seeds'])} | {fmt(e['epochs'])} | {pd} | {fmt(e['valid_paper_bleu'])} | "
+                     f"{fmt(e['valid_bleu'])} | {pt} | {fmt(e['test_paper_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} |")
     lines += ["", "## How each row was trained (seed of the first run; other seeds differ only in train.seed)", ""]
     for e in report["table"]:
         recs = sorted((r for r in report["runs"] if r["row"] == e["row"]), key=lambda r: r["seed"])
         if recs:
-            lines.append(f"- {e['label']}: `{_short_command(recs[0]['command'])}`")
+            lines.append(f"- {e['label']}: `{short_command(recs[0]['command'])}`")
     if report.get("significance"):
         lines += ["", "## Paired bootstrap: COMET vs Transformer (test)", "",
                   "| seed | metric | COMET | Transformer | Δ | p (Transformer ≥ COMET) |", "|---|---|---|---|---|---|"]

@@ -19,6 +19,7 @@ from cometnmt.evaluation import (
     evaluate,
     format_table,
     paired_bootstrap,
+    paired_bootstrap_runs,
     paper_bleu,
     paper_sentence_bleu,
     write_json,
@@ -187,8 +188,29 @@ def test_paired_bootstrap_full_set_is_fast_and_matches_corpus_bleu(val_refs, val
 
 
 def test_paired_bootstrap_rejects_misaligned():
-    with pytest.raises(DataError, match="2 hypotheses for A, 1 for B"):
+    with pytest.raises(DataError, match="run 1 of system B has 1 hypotheses for 2 references"):
         paired_bootstrap(["a", "b"], ["a"], ["a", "b"])
+    with pytest.raises(DataError, match="system A has no runs"):
+        paired_bootstrap_runs([], [["a"]], ["a"])
+
+
+def test_paired_bootstrap_over_seeds_scores_the_concatenated_runs(val_refs, val_hyps):
+    refs, hyps = val_refs[:120], val_hyps[:120]
+    runs_a = [hyps, _perturb_all(hyps)]
+    runs_b = [_perturb_all(runs_a[1]), _perturb_all(_perturb_all(hyps)), [r.lower() for r in refs]]
+    res = paired_bootstrap_runs(runs_a, runs_b, refs, n_samples=200)
+    # A system's score is corpus BLEU of its runs concatenated, against the references repeated.
+    for key, runs in (("a", runs_a), ("b", runs_b)):
+        assert res[key] == pytest.approx(sacrebleu.corpus_bleu([h for r in runs for h in r], [refs * len(runs)]).score, abs=1e-9)
+    assert res["runs"] == [2, 3]
+    paper = paired_bootstrap_runs(runs_a, runs_b, refs, n_samples=200, metric="paper", tokenize=str.split)
+    assert paper["a"] == pytest.approx(sum(paper_bleu(r, refs, str.split) for r in runs_a) / 2)
+    # One run each is the single-run test, draw for draw.
+    single = paired_bootstrap(hyps, runs_b[0], refs, n_samples=200, seed=3)
+    assert paired_bootstrap_runs([hyps], [runs_b[0]], refs, n_samples=200, seed=3) == single
+    # Resampling is over sentences, shared by all runs: identical runs add no evidence.
+    doubled = paired_bootstrap_runs([hyps, hyps], [runs_b[0], runs_b[0]], refs, n_samples=200, seed=3)
+    assert doubled["p_value"] == single["p_value"] and doubled["a"] == pytest.approx(single["a"])
 
 
 # ------------------------------------------------------------------ evaluate, reporting

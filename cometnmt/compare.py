@@ -1,0 +1,299 @@
+"""`cometnmt compare`: train two or more configs with several seeds and test the first against
+each of the others, the way a paper compares a model with its baseline.
+
+Every (config, seed) trains in its own resumable subprocess (see :mod:`cometnmt.experiments`), is
+evaluated as its config says (its own search: beam size, length penalty), on its best checkpoint
+or, with ``--average-last N``, on the average of its last N epoch checkpoints, and is scored on the
+validation and test splits with sacreBLEU (cased BLEU and chrF on detokenised text). The report
+folder gets:
+
+* ``report.md``: mean ± sd over seeds per system, every run, a paired bootstrap test of the first
+  system against each other one per seed and pooled over the seeds (sentences resampled once for
+  all runs), the auxiliary task losses (Transformer++'s POS and NER) from first to last logged
+  value, and the commit, hardware and commands that produced it;
+* ``learning_curves.png``: validation loss and BLEU per epoch, and the auxiliary losses by step;
+* ``report.json``: all of it as data. Each run folder keeps its ``valid.hyp`` / ``test.hyp`` and,
+  with ``--average-last``, the averaged model ``avg.pt``.
+
+Transformer++ against its same-size Transformer (the paper's recipe: average the last 10
+checkpoints, beam 5, length penalty 0.5, both in the presets)::
+
+    cometnmt compare configs/multi30k/transformer_pp_en_de.yaml \\
+        configs/multi30k/transformer_pp_baseline_en_de.yaml --seeds 1 2 3 --average-last 10 \\
+        --out reports/transformer_pp_en_de
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+
+from cometnmt.errors import CometNMTError
+from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("configs", nargs="+", metavar="CONFIG", help="YAML configs; the first is tested against each of the others")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="training seeds (default 1 2 3)")
+    p.add_argument("--out", default="reports/compare", help="report folder; runs are kept in OUT/runs/NAME/seedS")
+    p.add_argument("--jobs", type=int, default=1, help="training runs side by side (several fit on one GPU)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run, e.g. train.max_epochs=5")
+    p.add_argument("--device", default="auto", help="device for training and decoding (auto = GPU if present)")
+    p.add_argument("--average-last", dest="average_last", type=int, default=0, metavar="N",
+                   help="evaluate the average of each run's last N epoch checkpoints (train.keep_checkpoints >= N); "
+                        "default 0: the best checkpoint")
+    p.add_argument("--beam", type=int, help="beam size for every system (1 = greedy); default: each config's search")
+    p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT alpha for every system; default: each config's")
+    p.add_argument("--eval-limit", type=int, help="decode only the first N sentences of each split (smoke runs; labelled in the report)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap samples (default 1000)")
+    p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
+    p.add_argument("--deadline", type=float, help="seconds: start no run after this, stop running ones (they stay resumable), report what finished")
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def _systems(args) -> list[tuple[str, Path]]:
+    """(name, config path) of each config, checked with the overrides before anything trains."""
+    from cometnmt.config import load_config
+
+    if len(args.configs) < 2:
+        raise CometNMTError("compare needs at least two configs: the candidate first, then what it is compared with")
+    if args.average_last < 0:
+        raise CometNMTError(f"--average-last must be >= 0, got {args.average_last}")
+    systems = [(load_config(path, args.set).name, Path(path)) for path in args.configs]
+    names = [name for name, _ in systems]
+    for name in names:
+        if names.count(name) > 1:
+            same = [str(p) for n, p in systems if n == name]
+            raise CometNMTError(f"configs {', '.join(same)} share the name '{name}'; runs are kept by name, so give each its own")
+    return systems
+
+
+def _specs(args, systems: list[tuple[str, Path]]) -> list[RunSpec]:
+    """Seed by seed, every system of a seed together, so that paired runs finish together."""
+    out = Path(args.out)
+    return [RunSpec(name, path, seed, out / "runs" / name / f"seed{seed}") for seed in args.seeds for name, path in systems]
+
+
+def _checkpoint(args, run: Path) -> tuple[Path, list[str]]:
+    """The checkpoint to evaluate and the files it comes from (averaged into avg.pt if asked)."""
+    from cometnmt.training.checkpoint import average_checkpoints, save_checkpoint
+
+    if not args.average_last:
+        return run / "best.pt", ["best.pt"]
+    found = sorted(run.glob("epoch*.pt"))
+    if not found:
+        raise CometNMTError(f"{run}: no epochNNN.pt checkpoints to average; set train.keep_checkpoints >= {args.average_last}")
+    use = found[-args.average_last :]
+    if len(use) < args.average_last:
+        log.warning("%s: only %d epoch checkpoints to average (asked for %d)", run, len(use), args.average_last)
+    save_checkpoint(average_checkpoints(use), run / "avg.pt")
+    return run / "avg.pt", [p.name for p in use]
+
+
+def _search_label(decode: dict) -> str:
+    if decode["method"] == "greedy":
+        return "greedy"
+    return f"beam {decode['beam_size']}, length penalty {decode['length_penalty']:g}"
+
+
+def _evaluate_run(args, run: Path) -> dict:
+    """Decode the validation and test splits with the run's own search; score them; collect the
+    learning curves, training speed and auxiliary losses from its metrics log."""
+    from cometnmt.config import to_dict
+    from cometnmt.data.pipeline import read_split
+    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.evaluation import evaluate
+    from cometnmt.inference import Translator, decode_config
+
+    path, used = _checkpoint(args, run)
+    translator = Translator.from_checkpoint(path, args.device)
+    decode = decode_config(translator.cfg.decode, beam=args.beam, length_penalty=args.length_penalty)
+    tok = SpacyTokenizer(translator.cfg.data.tgt_lang)
+    out = {"checkpoint": used, "decode": to_dict(decode), "arch": translator.cfg.model.arch,
+           "parameters": sum(p.numel() for p in translator.model.parameters())}
+    for split in ("valid", "test"):
+        corpus = read_split(translator.cfg.data, split)
+        src, refs = corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit]
+        start = time.perf_counter()
+        hyps = [h[0].text for h in translator.translate(src, decode)]
+        out[f"{split}_decode_seconds"] = time.perf_counter() - start
+        (run / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        out[split] = evaluate(hyps, refs, tokenize=tok.tokenize)
+    events = metrics(run)
+    train = [e for e in events if e.get("event") == "train"]
+    out["history"] = [e for e in events if e.get("event") == "valid"]
+    out["epochs"] = len(out["history"])
+    out["train_tokens_per_s"] = statistics.median(e["tgt_tokens_per_s"] for e in train) if train else None
+    aux = sorted({k for e in train for k in e if k.startswith("loss_")})
+    out["aux_losses"] = {k: [[e["step"], e[k]] for e in train if k in e] for k in aux}
+    return out
+
+
+def run_compare(args) -> int:
+    systems = _systems(args)
+    names = [name for name, _ in systems]
+    return run_and_report(args, _specs(args, systems), lambda run: _evaluate_run(args, run),
+                          lambda records, missing, seconds: build_report(args, names, records, missing, seconds))
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def summarise(names: list[str], records: list[dict]) -> list[dict]:
+    table = []
+    for name in names:
+        recs = sorted((r for r in records if r["row"] == name), key=lambda r: r["seed"])
+        entry = {"system": name, "seeds": [r["seed"] for r in recs]}
+        if recs:
+            entry.update(arch=recs[0]["arch"], parameters=recs[0]["parameters"], search=_search_label(recs[0]["decode"]),
+                         checkpoint=recs[0]["checkpoint"])
+        for split in ("valid", "test"):
+            for metric in ("bleu", "chrf"):
+                entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs])
+        entry["epochs"] = mean_sd([r["epochs"] for r in recs])
+        entry["train_tokens_per_s"] = mean_sd([r["train_tokens_per_s"] for r in recs if r["train_tokens_per_s"]])
+        table.append(entry)
+    return table
+
+
+def _test_refs(args, out: Path, rec: dict) -> list[str]:
+    """The test references of a run, read through this machine's data location."""
+    import yaml
+
+    from cometnmt.config import config_from_dict
+    from cometnmt.data.pipeline import read_split
+
+    saved = yaml.safe_load((out / "runs" / rec["row"] / f"seed{rec['seed']}" / "config.yaml").read_text(encoding="utf-8"))
+    cfg = config_from_dict({**saved, "data": {**saved["data"], "multi30k_dir": None}})
+    return read_split(cfg.data, "test").tgt[: args.eval_limit]
+
+
+def _hyps(out: Path, rec: dict) -> list[str]:
+    return (out / "runs" / rec["row"] / f"seed{rec['seed']}" / "test.hyp").read_text(encoding="utf-8").splitlines()
+
+
+def significance(args, out: Path, names: list[str], records: list[dict]) -> list[dict]:
+    """Paired bootstrap (test, sacreBLEU) of the first system against each other one: per seed
+    both finished, and pooled over those seeds."""
+    from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
+
+    by = {(r["row"], r["seed"]): r for r in records}
+    results = []
+    for other in names[1:]:
+        seeds = [s for s in args.seeds if (names[0], s) in by and (other, s) in by]
+        if not seeds:
+            continue
+        refs = _test_refs(args, out, by[(names[0], seeds[0])])
+        runs_a = [_hyps(out, by[(names[0], s)]) for s in seeds]
+        runs_b = [_hyps(out, by[(other, s)]) for s in seeds]
+        for s, a, b in zip(seeds, runs_a, runs_b):
+            results.append({"a_system": names[0], "b_system": other, "seeds": [s],
+                            **paired_bootstrap(a, b, refs, n_samples=args.bootstrap)})
+        if len(seeds) > 1:
+            results.append({"a_system": names[0], "b_system": other, "seeds": seeds,
+                            **paired_bootstrap_runs(runs_a, runs_b, refs, n_samples=args.bootstrap)})
+    return results
+
+
+def aux_summary(records: list[dict]) -> list[dict]:
+    """First and last logged value of each auxiliary loss of each run."""
+    rows = []
+    for rec in sorted(records, key=lambda r: (r["row"], r["seed"])):
+        for name, points in rec.get("aux_losses", {}).items():
+            if points:
+                rows.append({"system": rec["row"], "seed": rec["seed"], "loss": name, "first_step": points[0][0],
+                             "first": points[0][1], "last_step": points[-1][0], "last": points[-1][1]})
+    return rows
+
+
+def build_report(args, names: list[str], records: list[dict], missing: list[str], seconds: float) -> dict:
+    import json
+
+    out = Path(args.out)
+    report = {"provenance": provenance(args, seconds, records, missing), "systems": names,
+              "table": summarise(names, records), "significance": significance(args, out, names, records),
+              "aux_losses": aux_summary(records), "runs": records}
+    _curves(out, names, records)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "report.md").write_text(_markdown(report), encoding="utf-8")
+    return report
+
+
+def _curves(out: Path, names: list[str], records: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    has_aux = any(r.get("aux_losses") for r in records)
+    fig, axes = plt.subplots(1, 3 if has_aux else 2, figsize=(16 if has_aux else 11, 4))
+    for i, name in enumerate(names):
+        for rec in sorted((r for r in records if r["row"] == name), key=lambda r: r["seed"]):
+            label = name if rec["seed"] == min(r["seed"] for r in records if r["row"] == name) else None
+            hist = rec["history"]
+            axes[0].plot([h["epoch"] for h in hist], [h["val_loss"] for h in hist], color=f"C{i % 10}", label=label)
+            if hist and "val_bleu" in hist[0]:
+                axes[1].plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], color=f"C{i % 10}", label=label)
+            for j, (loss, points) in enumerate(sorted(rec.get("aux_losses", {}).items())):
+                axes[2].plot([p[0] for p in points], [p[1] for p in points], color=f"C{i % 10}",
+                             linestyle=["-", "--", ":", "-."][j % 4], label=f"{name} {loss}" if label else None)
+    axes[0].set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
+    axes[1].set(xlabel="epoch", ylabel="validation BLEU (sacreBLEU)", title="validation BLEU")
+    axes[0].legend(fontsize=8)
+    if has_aux:
+        axes[2].set(xlabel="step", ylabel="tag cross-entropy (nats / token)", title="auxiliary task losses")
+        axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "learning_curves.png", dpi=120)
+    plt.close(fig)
+
+
+def _markdown(report: dict) -> str:
+    p = report["provenance"]
+    names = report["systems"]
+    lines = [f"# {names[0]} compared with {', '.join(names[1:])}", ""] + provenance_lines(p)
+    lines += ["", "BLEU and chrF: sacreBLEU, cased, on detokenised text (signatures in report.json). Each run is "
+              "decoded with its config's search on the checkpoint shown. Mean ± sd over seeds.", "",
+              "| system | architecture | parameters | seeds | epochs | checkpoint | search | dev BLEU | test BLEU | test chrF | train tokens/s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in report["table"]:
+        ckpt = e.get("checkpoint", ["–"])
+        ckpt = ckpt[0] if len(ckpt) == 1 else f"average of {len(ckpt)} ({ckpt[0]} … {ckpt[-1]})"
+        params = f"{e['parameters'] / 1e6:.1f}M" if "parameters" in e else "–"
+        tps = e["train_tokens_per_s"]
+        lines.append(f"| {e['system']} | {e.get('arch', '–')} | {params} | {len(e['seeds'])} | {fmt(e['epochs'])} | {ckpt} | "
+                     f"{e.get('search', '–')} | {fmt(e['valid_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} | "
+                     f"{'–' if tps[0] is None else f'{tps[0]:,.0f}'} |")
+    lines += ["", "Training tokens/s is the median over the run's log windows (target tokens). Runs trained side by "
+              "side (`--jobs` > 1) share the machine: compare speeds with `bench/`, not this column.", "",
+              "## Every run", "", "| system | seed | epochs | dev BLEU | test BLEU | test chrF |", "|---|---|---|---|---|---|"]
+    for r in sorted(report["runs"], key=lambda r: (r["seed"], names.index(r["row"]) if r["row"] in names else 0)):
+        lines.append(f"| {r['row']} | {r['seed']} | {r['epochs']} | {r['valid']['bleu']:.2f} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} |")
+    if report["significance"]:
+        lines += ["", "## Paired bootstrap (test, sacreBLEU BLEU)", "",
+                  "p = fraction of bootstrap samples in which the second system scores at least as high as the first "
+                  "(one-sided test of 'the first is better'). Pooled rows resample the sentences once for all seeds and "
+                  "score each system's seeds concatenated.", "",
+                  "| seeds | A | B | BLEU A | BLEU B | Δ (A − B) | 95% CI A | 95% CI B | p |", "|---|---|---|---|---|---|---|---|---|"]
+        for s in report["significance"]:
+            seeds = ", ".join(map(str, s["seeds"])) + (" (pooled)" if len(s["seeds"]) > 1 else "")
+            lines.append(f"| {seeds} | {s['a_system']} | {s['b_system']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | "
+                         f"{s['a_ci95'][0]:.2f}–{s['a_ci95'][1]:.2f} | {s['b_ci95'][0]:.2f}–{s['b_ci95'][1]:.2f} | {s['p_value']:.3f} |")
+    if report["aux_losses"]:
+        lines += ["", "## Auxiliary task losses (first and last logged value)", "",
+                  "| system | seed | loss | first (step) | last (step) |", "|---|---|---|---|---|"]
+        for a in report["aux_losses"]:
+            lines.append(f"| {a['system']} | {a['seed']} | {a['loss']} | {a['first']:.3f} ({a['first_step']}) | {a['last']:.3f} ({a['last_step']}) |")
+    lines += ["", "## Learning curves", "", "![learning curves](learning_curves.png)", "",
+              "## How each system was trained (first seed; the others differ only in train.seed)", ""]
+    for name in names:
+        recs = sorted((r for r in report["runs"] if r["row"] == name), key=lambda r: r["seed"])
+        if recs:
+            lines.append(f"- {name}: `{short_command(recs[0]['command'])}`")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,225 @@
+"""What `cometnmt reproduce` and `cometnmt compare` share: running many (config, seed) trainings
+side by side, each resumable, and recording what produced the results.
+
+Each run trains in its own subprocess (``cometnmt train PRESET --set train.seed=S``) in its own
+folder. A finished run has a ``done.json`` (training record plus the caller's evaluation) and is
+skipped; an interrupted one continues from its ``last.pt``. With a deadline, runs still going are
+stopped with SIGTERM (the trainer saves ``last.pt`` first) and no new run starts, so the next call
+picks up where this one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from tqdm import tqdm
+
+from cometnmt.errors import CometNMTError
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: ``name`` (a Table 1 row or a config name) trained from ``preset`` with ``seed``."""
+
+    name: str
+    preset: Path
+    seed: int
+    run_dir: Path
+
+
+Evaluate = Callable[[Path], dict]  # run folder -> results merged into done.json
+
+
+def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Optional[float],
+              evaluate: Evaluate) -> Optional[dict]:
+    """Train (or resume) one run in a subprocess, then evaluate it; returns its done.json record,
+    or None when the deadline stopped it (it stays resumable)."""
+    run = spec.run_dir
+    done = run / "done.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    cmd = [sys.executable, "-m", "cometnmt", "train", str(spec.preset), "--set", f"train.seed={spec.seed}",
+           "--set", f"train.save_dir={run}", "--set", f"train.device={device}", "--set", "train.progress=false"]
+    for override in overrides:
+        cmd += ["--set", override]
+    if (run / "last.pt").exists():
+        cmd.append("--resume")
+    start = time.time()
+    if stop_at is not None and start >= stop_at:
+        return None
+    run.mkdir(parents=True, exist_ok=True)
+    with open(run / "stdout.log", "a", encoding="utf-8") as logf:
+        logf.write(f"$ {shlex.join(cmd)}\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=None if stop_at is None else max(1.0, stop_at - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # SIGTERM: the trainer saves last.pt, so a later call resumes it
+            proc.wait()
+            log.warning("%s seed %d stopped at the deadline; it resumes on the next call", spec.name, spec.seed)
+            return None
+    if code != 0:
+        raise CometNMTError(f"training {spec.name} seed {spec.seed} failed (exit {code}); see {run / 'stdout.log'}")
+    record = {"row": spec.name, "seed": spec.seed, "train_seconds": time.time() - start, "command": shlex.join(cmd),
+              "hardware": hardware(device), "torch": torch_version(),
+              "commit": os.environ.get("COMETNMT_COMMIT") or _git("rev-parse", "HEAD")}
+    record.update(evaluate(run))
+    done.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: str, stop_at: Optional[float],
+            evaluate: Evaluate) -> list[str]:
+    """Train and evaluate ``specs``, ``jobs`` at a time, in the given order; returns the failed runs
+    (each failure is logged; the others go on)."""
+    failed: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, tqdm(total=len(specs), desc="runs", unit="run") as bar:
+        futures = {pool.submit(train_run, s, overrides=overrides, device=device, stop_at=stop_at, evaluate=evaluate): s
+                   for s in specs}
+        for fut, spec in futures.items():
+            try:
+                fut.result()
+            except CometNMTError as exc:
+                log.error("%s", exc)
+                failed.append(f"{spec.name} seed {spec.seed}")
+            bar.update(1)
+    return failed
+
+
+def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
+                   report: Callable[[list[dict], list[str], float], object]) -> int:
+    """The body of `reproduce` and `compare`: train and evaluate ``specs`` (unless
+    ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    if not args.report_only:
+        stop_at = None if args.deadline is None else start + args.deadline
+        run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at, evaluate=evaluate)
+    records, missing = finished(specs)
+    report(records, missing, time.time() - start)
+    return 0 if records else 1
+
+
+def finished(specs: list[RunSpec]) -> tuple[list[dict], list[str]]:
+    """The done.json records of the finished runs, and the names of those not finished."""
+    records, missing = [], []
+    for s in specs:
+        done = s.run_dir / "done.json"
+        if done.exists():
+            records.append(json.loads(done.read_text()))
+        else:
+            missing.append(f"{s.name} seed {s.seed}")
+    return records, missing
+
+
+def metrics(run: Path) -> list[dict]:
+    """The run's metrics.jsonl records (train and valid events)."""
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# -- summaries ----------------------------------------------------------------------------------
+
+
+def mean_sd(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(pair: tuple[Optional[float], Optional[float]]) -> str:
+    mean, sd = pair
+    return "–" if mean is None else f"{mean:.2f} ± {sd:.2f}"
+
+
+def short_command(command: str) -> str:
+    """A recorded training command without the interpreter path and run folder."""
+    parts = shlex.split(command)
+    if len(parts) > 2 and parts[1:3] == ["-m", "cometnmt"]:
+        parts = ["cometnmt"] + parts[3:]
+    out, skip = [], False
+    for i, part in enumerate(parts):
+        if skip:
+            skip = False
+            continue
+        if part == "--set" and i + 1 < len(parts) and parts[i + 1].split("=")[0] in ("train.save_dir", "train.progress"):
+            skip = True
+            continue
+        out.append(Path(part).name if part.endswith(".yaml") else part)
+    return " ".join(out)
+
+
+# -- provenance ---------------------------------------------------------------------------------
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _git(*cmd: str) -> str:
+    try:
+        return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO, timeout=10).stdout.strip()
+    except Exception:
+        return ""
+
+
+def hardware(device: str) -> str:
+    import torch
+
+    if torch.cuda.is_available() and device != "cpu":
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+
+
+def provenance(args, seconds: float, records: list[dict], missing: list[str]) -> dict:
+    """Commit, command, hardware and software of a report; hardware and torch are those the runs
+    recorded, else this machine's."""
+    head = _git("rev-parse", "HEAD")
+    return {
+        "commit": (head + (" (uncommitted changes)" if _git("status", "--porcelain") else "")) if head
+        else os.environ.get("COMETNMT_COMMIT", "unknown (no git checkout)"),
+        "command": "cometnmt " + shlex.join(sys.argv[1:]),
+        "hardware": ", ".join(sorted({r["hardware"] for r in records if "hardware" in r})) or hardware(args.device),
+        "torch": ", ".join(sorted({r["torch"] for r in records if "torch" in r})) or torch_version(),
+        "train_hours": sum(r.get("train_seconds", 0.0) for r in records) / 3600,
+        "missing_runs": missing,
+        "run_commits": sorted({r["commit"] for r in records if r.get("commit")}),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "wall_seconds": seconds,
+        "overrides": args.set,
+        "eval_limit": args.eval_limit,
+    }
+
+
+def provenance_lines(p: dict) -> list[str]:
+    """The Markdown header lines of :func:`provenance`."""
+    lines = [f"- commit (report): `{p['commit']}`; commits the runs were trained at: "
+             f"{', '.join(f'`{c}`' for c in p['run_commits']) or 'not recorded'}",
+             f"- command: `{p['command']}`", f"- hardware of the runs: {p['hardware']}, torch {p['torch']}",
+             f"- date: {p['date']}; wall time of this call {p['wall_seconds'] / 60:.1f} min; "
+             f"training time of all runs {p['train_hours']:.2f} h", f"- overrides for every run: {p['overrides'] or 'none'}"]
+    if p["missing_runs"]:
+        lines.append(f"- **not finished (not in the table): {', '.join(p['missing_runs'])}**")
+    if p["eval_limit"]:
+        lines.append(f"- **smoke setting: only the first {p['eval_limit']} sentences of each split were decoded**")
+    return lines

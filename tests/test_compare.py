@@ -1,0 +1,59 @@
+"""`cometnmt compare` end to end on a tiny setting, with the issue 4 presets themselves
+(Transformer++ en->de against its same-size Transformer, shrunk by overrides): each run evaluated
+on the average of its last epoch checkpoints with the presets' beam search, a paired bootstrap per
+seed and pooled, the POS/NER losses in the report; bad invocations fail before anything trains."""
+
+from __future__ import annotations
+
+import json
+
+PRESETS = ["configs/multi30k/transformer_pp_en_de.yaml", "configs/multi30k/transformer_pp_baseline_en_de.yaml"]
+
+
+def _tiny(tmp_path) -> list[str]:
+    sets = ["data.max_train_pairs=400", "data.max_valid_pairs=20", "data.sp_vocab_size=400", "model.d_model=32",
+            "model.n_heads=4", "model.d_ff=64", "model.enc_layers=3", "model.dec_layers=1", "train.batch_tokens=1024",
+            "train.accum_steps=1", "train.warmup_steps=10", "train.max_epochs=2", "train.keep_checkpoints=2",
+            "train.num_threads=1", "train.valid_bleu_max_sentences=20", "model.transformer_pp.conv_heads=2",
+            f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}"]
+    return [arg for s in sets for arg in ("--set", s)] + ["--eval-limit", "25", "--bootstrap", "50"]
+
+
+def test_compare_transformer_pp_with_its_baseline(cli, tmp_path):
+    out = tmp_path / "cmp"
+    cli("compare", *PRESETS, "--seeds", "1", "2", "--jobs", "2", "--average-last", "2", "--out", str(out), *_tiny(tmp_path))
+    report = json.loads((out / "report.json").read_text())
+    assert report["systems"] == ["transformer_pp_en_de", "transformer_pp_baseline_en_de"]
+    table = {e["system"]: e for e in report["table"]}
+    for name in report["systems"]:
+        assert table[name]["seeds"] == [1, 2] and table[name]["test_bleu"][0] is not None
+        assert table[name]["search"] == "beam 5, length penalty 0.5"  # the presets' search
+        assert table[name]["checkpoint"] == ["epoch001.pt", "epoch002.pt"]
+        assert (out / "runs" / name / "seed1" / "avg.pt").exists()
+    assert table["transformer_pp_en_de"]["arch"] == "transformer_pp" and table["transformer_pp_baseline_en_de"]["arch"] == "transformer"
+    sig = report["significance"]
+    assert [s["seeds"] for s in sig] == [[1], [2], [1, 2]] and sig[-1]["runs"] == [2, 2]
+    assert all(0.0 <= s["p_value"] <= 1.0 and s["metric"] == "bleu" for s in sig)
+    aux = {(a["system"], a["seed"], a["loss"]) for a in report["aux_losses"]}
+    assert aux == {("transformer_pp_en_de", s, f"loss_{t}") for s in (1, 2) for t in ("pos", "ner")}
+    text = (out / "report.md").read_text()
+    assert "| 1, 2 (pooled) | transformer_pp_en_de | transformer_pp_baseline_en_de |" in text
+    assert "average of 2 (epoch001.pt … epoch002.pt)" in text and "first 25 sentences" in text
+    assert (out / "learning_curves.png").stat().st_size > 0
+    assert len((out / "runs" / "transformer_pp_en_de" / "seed2" / "test.hyp").read_text().splitlines()) == 25
+
+    done = out / "runs" / "transformer_pp_en_de" / "seed1" / "done.json"
+    stamp = done.stat().st_mtime_ns
+    cli("compare", *PRESETS, "--seeds", "1", "2", "--average-last", "2", "--out", str(out), "--report-only", *_tiny(tmp_path))
+    assert done.stat().st_mtime_ns == stamp  # finished runs are not trained again
+
+
+def test_compare_rejects_bad_invocations(cli, tmp_path):
+    out = str(tmp_path / "bad")
+    proc = cli("compare", PRESETS[0], "--out", out, check=False)
+    assert proc.returncode == 2 and "at least two configs" in proc.stderr
+    proc = cli("compare", PRESETS[0], PRESETS[0], "--out", out, check=False)
+    assert proc.returncode == 2 and "share the name 'transformer_pp_en_de'" in proc.stderr
+    proc = cli("compare", *PRESETS, "--out", out, "--set", "train.max_epoch=3", check=False)
+    assert proc.returncode == 2 and "train.max_epoch" in proc.stderr
+    assert not (tmp_path / "bad" / "runs").exists()  # nothing trained
