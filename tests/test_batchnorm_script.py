@@ -1,0 +1,36 @@
+"""scripts/batchnorm_by_length.py on a tiny COMET run: batch-norm statistics by length bucket, and
+decoding with running vs per-length statistics, without touching the checkpoint's statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import torch
+
+from test_arch_cli import REPO, cometnmt, data_dir
+
+
+def test_batchnorm_by_length_reports_mismatch_and_per_length_decoding(tmp_path):
+    run = tmp_path / "run"
+    sets = ["model.arch=comet", "data.max_train_pairs=300", "data.max_valid_pairs=15", "train.max_epochs=1",
+            "train.num_threads=1", "train.progress=false", f"train.save_dir={run}"]
+    cometnmt("train", "configs/tiny.yaml", *[a for s in sets for a in ("--set", s)])
+    before = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+    out = tmp_path / "bn.json"
+    proc = subprocess.run([sys.executable, "scripts/batchnorm_by_length.py", str(run / "best.pt"), "--max-pairs", "300",
+                           "--eval-split", "valid", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir()), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert sum(result["batches_per_bucket"].values()) > 0
+    norms = result["mismatch"]
+    assert len(norms) == 2 * 3  # tiny.yaml: 2 encoder units x 3 gated convolutions
+    assert all(math.isfinite(v) and v >= 0 for cols in norms.values() for v in cols.values())
+    n = sum(v for k, v in result["running"].items() if k.endswith(" n"))
+    assert n == 15 and set(result["running"]) == set(result["per_length"])
+    after = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the script never writes the checkpoint
