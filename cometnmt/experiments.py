@@ -106,16 +106,20 @@ def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: st
 def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
                    report: Callable[[list[dict], list[str], float], object]) -> int:
     """The body of `reproduce` and `compare`: train and evaluate ``specs`` (unless
-    ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones."""
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones.
+    Returns 1 when a run failed (the others still ran and are reported), else 0; runs left
+    unfinished by the deadline are not failures (they are listed as missing and resume later)."""
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     start = time.time()
+    failed: list[str] = []
     if not args.report_only:
         stop_at = None if args.deadline is None else start + args.deadline
-        run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at, evaluate=evaluate)
+        failed = run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at, evaluate=evaluate)
     records, missing = finished(specs)
     report(records, missing, time.time() - start)
-    return 0 if records else 1
+    if failed:
+        log.error("failed: %s", ", ".join(failed))
+    return 1 if failed else 0
 
 
 def finished(specs: list[RunSpec]) -> tuple[list[dict], list[str]]:

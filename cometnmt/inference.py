@@ -13,6 +13,7 @@ from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, t
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec
 from cometnmt.data.vocab import BOS, EOS, PAD
+from cometnmt.errors import ConfigError
 from cometnmt.decoding import search
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
@@ -20,10 +21,20 @@ from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.host_memory import keep_freed_memory
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "device") -> torch.device:
+    """``auto`` (a GPU when there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; a device
+    this machine does not have is a :class:`ConfigError` naming ``key``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"{key}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{key}={name!r}, but CUDA is not available here (torch {torch.__version__}); use auto or cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"{key}={name!r}, but this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None = None,

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import sacrebleu
+import torch
 
 TINY = ["configs/tiny.yaml", "--set", "data.max_train_pairs=600", "--set", "data.max_valid_pairs=40",
         "--set", "train.max_epochs=1", "--set", "train.progress=false"]
@@ -127,11 +128,18 @@ def test_missing_file(cli, tmp_path):
         ("train.stopping=never", "train.stopping"),
         ("model.comet.unit=ffn9", "model.comet.unit"),
         ("decode.beam_size=0", "decode.beam_size"),
+        ("train.device=tpu", "train.device='tpu' is not a device"),
     ],
 )
 def test_bad_config_names_the_key(cli, override, needle, tmp_path):
     err = _err(cli("train", "configs/tiny.yaml", "--set", override, "--set", f"train.save_dir={tmp_path}", check=False))
     assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_device_without_cuda_names_the_key(cli, tmp_path):
+    err = _err(cli("train", "configs/tiny.yaml", "--set", "train.device=cuda", "--set", f"train.save_dir={tmp_path}", check=False))
+    assert "train.device='cuda', but CUDA is not available" in err and "Traceback" not in err
 
 
 def test_missing_and_corrupt_checkpoint(cli, tmp_path):

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 PRESETS = ["configs/multi30k/transformer_pp_en_de.yaml", "configs/multi30k/transformer_pp_baseline_en_de.yaml"]
 
 
@@ -57,3 +60,15 @@ def test_compare_rejects_bad_invocations(cli, tmp_path):
     proc = cli("compare", *PRESETS, "--out", out, "--set", "train.max_epoch=3", check=False)
     assert proc.returncode == 2 and "train.max_epoch" in proc.stderr
     assert not (tmp_path / "bad" / "runs").exists()  # nothing trained
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="makes training fail by asking for CUDA where there is none")
+def test_compare_reports_failed_runs_and_exits_1(cli, tmp_path):
+    out = tmp_path / "fail"
+    proc = cli("compare", *PRESETS, "--seeds", "1", "--out", str(out), "--device", "cuda", *_tiny(tmp_path), check=False)
+    assert proc.returncode == 1
+    assert "training transformer_pp_en_de seed 1 failed" in proc.stderr and "stdout.log" in proc.stderr
+    log = (out / "runs" / "transformer_pp_en_de" / "seed1" / "stdout.log").read_text()
+    assert "train.device='cuda', but CUDA is not available" in log
+    report = json.loads((out / "report.json").read_text())  # the report is still written, every run missing
+    assert report["provenance"]["missing_runs"] == ["transformer_pp_en_de seed 1", "transformer_pp_baseline_en_de seed 1"]

@@ -49,7 +49,7 @@ def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
 
 def train(cfg: Config, resume: bool = False) -> dict:
     """Train (or continue training) the run described by ``cfg``; returns the trainer's summary."""
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(cfg.train.device, "train.device")
     dist = init_from_env(device.type)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
