@@ -14,9 +14,10 @@ length:
 * shift: mean over channels of |batch mean - running mean| / running std;
 * scale: mean over channels of |log(batch var / running var)| / 2 (log of the std ratio).
 
-With ``--eval-split``, it also decodes that split greedily twice, with the running statistics and
-with statistics re-estimated per length bucket from the training batches of that length
-(``--per-length``), and prints the paper's metric by source length for both.
+With ``--eval-split``, it also decodes that split greedily three times: with the running statistics,
+with the mean statistics of all training batches (the control: no moving-average noise, no length),
+and with each length bucket's own training statistics; and prints the paper's metric by source
+length for each.
 
     python scripts/batchnorm_by_length.py runs/multi30k/comet/best.pt [--eval-split valid] [--out bn.json]
 """
@@ -108,6 +109,15 @@ def per_length_stats(rows: list[dict]) -> dict[str, dict[str, tuple[torch.Tensor
             for b, names in acc.items()}
 
 
+def pooled_stats(rows: list[dict]) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """The control for :func:`per_length_stats`: every bucket gets the mean over all training batches
+    (a re-estimate of the running statistics without their moving-average noise or length)."""
+    names = rows[0]["moments"].keys()
+    pooled = {n: (torch.stack([r["moments"][n][0] for r in rows]).mean(0), torch.stack([r["moments"][n][1] for r in rows]).mean(0))
+              for n in names}
+    return {bucket_of(lo): pooled for lo, _ in BUCKETS}
+
+
 def decode_by_length(translator: Translator, split: str, stats=None) -> dict[str, float]:
     """The paper's metric per source-length bucket, decoding each bucket's sentences greedily with
     the running statistics (``stats`` None) or with that bucket's training statistics."""
@@ -172,12 +182,13 @@ def main(argv=None) -> int:
     if args.eval_split:
         running = decode_by_length(translator, args.eval_split)
         per_length = decode_by_length(translator, args.eval_split, per_length_stats(rows))
+        pooled = decode_by_length(translator, args.eval_split, pooled_stats(rows))
         print(f"\n{args.eval_split}: paper's metric by source length (greedy)")
         print(f"{'statistics':14s} " + " ".join(f"{b:>8s}" for b in labels))
-        for label, sc in (("running", running), ("per length", per_length)):
+        for label, sc in (("running", running), ("all batches", pooled), ("per length", per_length)):
             print(f"{label:14s} " + " ".join(f"{sc.get(b, math.nan):8.2f}" for b in labels))
         print(f"{'sentences':14s} " + " ".join(f"{running.get(f'{b} n', 0):8d}" for b in labels))
-        result.update(running=running, per_length=per_length)
+        result.update(running=running, all_batches=pooled, per_length=per_length)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str))
     return 0

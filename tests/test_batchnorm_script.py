@@ -31,6 +31,6 @@ def test_batchnorm_by_length_reports_mismatch_and_per_length_decoding(tmp_path):
     assert len(norms) == 2 * 3  # tiny.yaml: 2 encoder units x 3 gated convolutions
     assert all(math.isfinite(v) and v >= 0 for cols in norms.values() for v in cols.values())
     n = sum(v for k, v in result["running"].items() if k.endswith(" n"))
-    assert n == 15 and set(result["running"]) == set(result["per_length"])
+    assert n == 15 and set(result["running"]) == set(result["per_length"]) == set(result["all_batches"])
     after = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
     assert all(torch.equal(before[k], after[k]) for k in before)  # the script never writes the checkpoint
