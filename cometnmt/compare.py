@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command
+from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_test_split
 
 log = logging.getLogger(__name__)
 
@@ -162,18 +162,6 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
     return table
 
 
-def _test_refs(args, out: Path, rec: dict) -> list[str]:
-    """The test references of a run, read through this machine's data location."""
-    import yaml
-
-    from cometnmt.config import config_from_dict
-    from cometnmt.data.pipeline import read_split
-
-    saved = yaml.safe_load((out / "runs" / rec["row"] / f"seed{rec['seed']}" / "config.yaml").read_text(encoding="utf-8"))
-    cfg = config_from_dict({**saved, "data": {**saved["data"], "multi30k_dir": None}})
-    return read_split(cfg.data, "test").tgt[: args.eval_limit]
-
-
 def _hyps(out: Path, rec: dict) -> list[str]:
     return (out / "runs" / rec["row"] / f"seed{rec['seed']}" / "test.hyp").read_text(encoding="utf-8").splitlines()
 
@@ -189,7 +177,8 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
         seeds = [s for s in args.seeds if (names[0], s) in by and (other, s) in by]
         if not seeds:
             continue
-        refs = _test_refs(args, out, by[(names[0], seeds[0])])
+        first = by[(names[0], seeds[0])]
+        _, refs, _ = run_test_split(out / "runs" / first["row"] / f"seed{first['seed']}", args.eval_limit)
         runs_a = [_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [_hyps(out, by[(other, s)]) for s in seeds]
         for s, a, b in zip(seeds, runs_a, runs_b):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command
+from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_test_split
 
 log = logging.getLogger(__name__)
 
@@ -168,15 +168,7 @@ def _test_texts(out: Path, rec: dict) -> list[str]:
 
 
 def _test_corpus(args, out: Path, rec: dict):
-    import yaml
-
-    from cometnmt.config import config_from_dict
-    from cometnmt.data.pipeline import read_split
-
-    saved = yaml.safe_load((_run_dir(out, rec["row"], rec["seed"]) / "config.yaml").read_text(encoding="utf-8"))
-    cfg = config_from_dict({**saved, "data": {**saved["data"], "multi30k_dir": None}})
-    corpus = read_split(cfg.data, "test")
-    return corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit], cfg
+    return run_test_split(_run_dir(out, rec["row"], rec["seed"]), args.eval_limit)
 
 
 def _significance(args, out: Path, records: list[dict]) -> list[dict]:
