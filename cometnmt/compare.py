@@ -74,10 +74,13 @@ def _systems(args) -> list[tuple[str, Path]]:
     return systems
 
 
+def _run_dir(out: Path, name: str, seed: int) -> Path:
+    return out / "runs" / name / f"seed{seed}"
+
+
 def _specs(args, systems: list[tuple[str, Path]]) -> list[RunSpec]:
     """Seed by seed, every system of a seed together, so that paired runs finish together."""
-    out = Path(args.out)
-    return [RunSpec(name, path, seed, out / "runs" / name / f"seed{seed}") for seed in args.seeds for name, path in systems]
+    return [RunSpec(name, path, seed, _run_dir(Path(args.out), name, seed)) for seed in args.seeds for name, path in systems]
 
 
 def _checkpoint(args, run: Path) -> tuple[Path, list[str]]:
@@ -163,7 +166,7 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
 
 
 def _hyps(out: Path, rec: dict) -> list[str]:
-    return (out / "runs" / rec["row"] / f"seed{rec['seed']}" / "test.hyp").read_text(encoding="utf-8").splitlines()
+    return (_run_dir(out, rec["row"], rec["seed"]) / "test.hyp").read_text(encoding="utf-8").splitlines()
 
 
 def significance(args, out: Path, names: list[str], records: list[dict]) -> list[dict]:
@@ -178,7 +181,7 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
         if not seeds:
             continue
         first = by[(names[0], seeds[0])]
-        _, refs, _ = run_test_split(out / "runs" / first["row"] / f"seed{first['seed']}", args.eval_limit)
+        _, refs, _ = run_test_split(_run_dir(out, first["row"], first["seed"]), args.eval_limit)
         runs_a = [_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [_hyps(out, by[(other, s)]) for s in seeds]
         for s, a, b in zip(seeds, runs_a, runs_b):

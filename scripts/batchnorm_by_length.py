@@ -99,22 +99,24 @@ def mismatch(rows: list[dict], translator: Translator) -> dict:
     return {name: {k: statistics.fmean(v) for k, v in cols.items()} for name, cols in out.items()}
 
 
+def mean_moments(rows: list[dict]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Batch norm -> (mean, var) averaged over the batches in ``rows``."""
+    return {n: (torch.stack([r["moments"][n][0] for r in rows]).mean(0), torch.stack([r["moments"][n][1] for r in rows]).mean(0))
+            for n in rows[0]["moments"]}
+
+
 def per_length_stats(rows: list[dict]) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """Bucket -> batch norm -> (mean, var) averaged over the training batches of that bucket."""
-    acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
-        for name, mv in row["moments"].items():
-            acc[bucket_of(row["length"])][name].append(mv)
-    return {b: {n: (torch.stack([m for m, _ in v]).mean(0), torch.stack([s for _, s in v]).mean(0)) for n, v in names.items()}
-            for b, names in acc.items()}
+        groups[bucket_of(row["length"])].append(row)
+    return {b: mean_moments(group) for b, group in groups.items()}
 
 
 def pooled_stats(rows: list[dict]) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """The control for :func:`per_length_stats`: every bucket gets the mean over all training batches
     (a re-estimate of the running statistics without their moving-average noise or length)."""
-    names = rows[0]["moments"].keys()
-    pooled = {n: (torch.stack([r["moments"][n][0] for r in rows]).mean(0), torch.stack([r["moments"][n][1] for r in rows]).mean(0))
-              for n in names}
+    pooled = mean_moments(rows)
     return {bucket_of(lo): pooled for lo, _ in BUCKETS}
 
 
