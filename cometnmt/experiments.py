@@ -64,6 +64,8 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     if stop_at is not None and start >= stop_at:
         return None
     run.mkdir(parents=True, exist_ok=True)
+    earlier = run / "train_seconds_before.txt"  # time spent in the calls the deadline cut short
+    before = float(earlier.read_text()) if earlier.exists() else 0.0
     with open(run / "stdout.log", "a", encoding="utf-8") as logf:
         logf.write(f"$ {shlex.join(cmd)}\n")
         logf.flush()
@@ -73,11 +75,12 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         except subprocess.TimeoutExpired:
             proc.terminate()  # SIGTERM: the trainer saves last.pt, so a later call resumes it
             proc.wait()
+            earlier.write_text(f"{before + time.time() - start:.3f}\n")  # train_seconds adds up over resumes
             log.warning("%s seed %d stopped at the deadline; it resumes on the next call", spec.name, spec.seed)
             return None
     if code != 0:
         raise CometNMTError(f"training {spec.name} seed {spec.seed} failed (exit {code}); see {run / 'stdout.log'}")
-    record = {"row": spec.name, "seed": spec.seed, "train_seconds": time.time() - start, "command": shlex.join(cmd),
+    record = {"row": spec.name, "seed": spec.seed, "train_seconds": before + time.time() - start, "command": shlex.join(cmd),
               "hardware": hardware(device), "torch": torch_version(),
               "commit": os.environ.get("COMETNMT_COMMIT") or _git("rev-parse", "HEAD")}
     record.update(evaluate(run))

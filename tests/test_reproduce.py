@@ -29,3 +29,26 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     stamp = done.stat().st_mtime_ns
     cli("reproduce", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out), *TINY)
     assert done.stat().st_mtime_ns == stamp  # finished runs are not trained again
+
+    # --merge-report: runs whose folders are gone come from an earlier report.json, with their
+    # bootstrap rows and examples (their hypotheses are gone too); runs still in OUT/runs win
+    import shutil
+
+    prev = tmp_path / "prev.json"
+    shutil.copy(out / "report.json", prev)
+    shutil.rmtree(out / "runs" / "transformer")
+    cli("reproduce", "--report-only", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out),
+        "--merge-report", str(prev), *TINY)
+    merged = json.loads((out / "report.json").read_text())
+    assert merged["provenance"]["merged_runs"] == 1 and merged["provenance"]["missing_runs"] == []
+    assert [e["test_paper_bleu"] for e in merged["table"]] == [e["test_paper_bleu"] for e in report["table"]]
+    assert merged["significance"] == report["significance"] and merged["examples"] == report["examples"]
+    assert [r.get("merged_from_report", False) for r in merged["runs"]] == [False, True]
+    assert "taken from the earlier report" in (out / "report.md").read_text()
+    # without it, the run is missing; a file that is not a report is named in the error
+    cli("reproduce", "--report-only", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out), *TINY)
+    assert json.loads((out / "report.json").read_text())["provenance"]["missing_runs"] == ["transformer seed 1"]
+    (tmp_path / "bad.json").write_text('{"runs": [{"row": "comet"}]}')
+    bad = cli("reproduce", "--report-only", "--rows", "comet", "--seeds", "1", "--out", str(out),
+              "--merge-report", str(tmp_path / "bad.json"), check=False)
+    assert bad.returncode != 0 and "bad.json is not a cometnmt reproduce report.json" in bad.stderr
