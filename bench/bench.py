@@ -11,7 +11,9 @@ What it measures (bench/README.md says how to read it):
   benchmark, because a shared machine's speed drifts.
 * training, per model, at the preset's size (configs/multi30k/<model>.yaml): target tokens per
   second of ``Trainer.train_step`` on real Multi30k batches (``make_batches`` with the preset's
-  batch_tokens, the shuffled order of training epoch 1), warm-up steps excluded; model FLOPs per
+  batch_tokens, the shuffled order of training epoch 1), warm-up steps excluded (on a GPU the timed
+  batches are also run once untimed first, ``--warm-shapes``: the first call of each new batch shape
+  is slow there, and without this the model measured first paid for it); model FLOPs per
   target token counted by ``torch.utils.flop_counter.FlopCounterMode`` over the forward and
   backward pass of every timed batch (on meta tensors: shapes only, no extra compute); MFU =
   achieved FLOP/s / measured matmul FLOP/s; on the CPU also MFU/step, the median over timed steps
@@ -49,6 +51,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from cometnmt.config import Config, config_from_dict, load_config, to_dict
@@ -85,6 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu", action="store_true", help="run on CUDA (default: the CPU)")
     p.add_argument("--steps", type=int, default=12, help="timed training steps per model (default 12)")
     p.add_argument("--warmup", type=int, default=2, help="untimed training steps first (default 2)")
+    p.add_argument("--warm-shapes", action=argparse.BooleanOptionalAction, default=None,
+                   help="before timing, run the timed batches once untimed, so no model pays the first call of a "
+                        "batch shape in its timed steps (default: on with --gpu, where that first call costs far "
+                        "more than the step and made whichever model went first look 4-8x slower; off on the CPU)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="training precision (default: the preset's)")
     p.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile; give it more --warmup)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's choice)")
@@ -359,6 +366,29 @@ def count_flops(cfg: Config, data: Data, groups: list[list[list[int]]]) -> list[
     return counts
 
 
+_VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice", "select",
+             "narrow", "as_strided", "alias", "detach", "split", "split_with_sizes", "chunk", "unbind", "unfold",
+             "lift_fresh", "_reshape_alias"}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ATen operators a step dispatches, views (no kernel, no launch) apart. With the
+    small batches of Multi30k a GPU step is bound by kernel launches, not FLOPs, so this count
+    explains GPU step times that MFU does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in _VIEW_OPS:
+            self.views += 1
+        else:
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
 def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, args: argparse.Namespace) -> dict:
     trainer = Trainer(cfg, model, data.codec, data.train, Examples([], [], [], []), device)
     batches = trainer.epoch_batches(0)  # training epoch 1's micro-batches, in its order
@@ -371,7 +401,8 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
     memory = PeakMemory(device)
     memory.start()
     trainer.net.train()
-    for group in groups[: args.warmup]:
+    warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
+    for group in groups[: args.warmup] + (groups[args.warmup :] if warm_shapes else []):
         trainer.train_step(group)
     sync(device)
     step_seconds, probes, tokens = [], [], 0
@@ -391,6 +422,9 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
     seconds = time.perf_counter() - t_start - probe_seconds
     cpu_share = (_cpu_seconds() - cpu_start) / ((seconds + probe_seconds) * torch.get_num_threads())
     mem = memory.stop()
+    counter = OpCounter()  # one more (untimed) step, counting its operators
+    with counter:
+        trainer.train_step(groups[args.warmup])
     flops = count_flops(cfg, data, groups[args.warmup :])
     timed = [i for g in groups[args.warmup :] for idx in g for i in idx]
     padded = sum(len(idx) * (max(len(data.train.tgt_ids[i]) for i in idx) + 1) for g in groups[args.warmup :] for idx in g)
@@ -400,6 +434,7 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
         "precision": cfg.train.precision,
         "compile": cfg.train.compile,
         "warmup_steps": args.warmup,
+        "warm_shapes": warm_shapes,
         "timed_steps": args.steps,
         "sentences": len(timed),
         "target_tokens": tokens,
@@ -413,6 +448,8 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
         "flops_per_target_token": sum(flops) / tokens,
         "achieved_gflops": sum(flops) / seconds / 1e9,
         "memory": mem,
+        "aten_ops_per_step": counter.ops,
+        "aten_view_ops_per_step": counter.views,
     }
     if probes:  # MFU per step against the matmul measured right after it; robust to a drifting machine
         per_step = [f / t / 1e9 / p for f, t, p in zip(flops, step_seconds, probes)]
@@ -488,6 +525,8 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, check
         data_cache[key] = load_data(cfg, codec, None if codec is not None else args.data_cache)
     data = data_cache[key]
 
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(cfg.train.cudnn_attention)  # as `cometnmt train` does
     torch.manual_seed(args.seed)
     model = build_model(cfg.model, data.src_vocab, data.tgt_vocab, PAD)
     if payload is not None:
@@ -545,7 +584,7 @@ def format_report(res: dict) -> str:
     models = res["models"]
     lines += ["", "training (Trainer.train_step on real Multi30k batches; warm-up excluded)",
               f"{'model':<12}{'params':>8}{'steps':>7}{'tok/s':>9}{'s/step':>8}{'GFLOP/tok':>10}{'GFLOP/s':>9}"
-              f"{'matmul':>9}{'MFU':>7}{'MFU/step':>10}{'peak mem':>11}"]
+              f"{'matmul':>9}{'MFU':>7}{'MFU/step':>10}{'peak mem':>11}{'ops/step':>10}"]
     for r in models:
         t = r["training"]
         ref = r["matmul"].get(t["precision"], r["matmul"]["fp32"])
@@ -553,12 +592,13 @@ def format_report(res: dict) -> str:
                      f"{t['median_step_s']:>8.3f}{t['flops_per_target_token'] / 1e9:>10.3f}{t['achieved_gflops']:>9.1f}"
                      f"{ref['best_gflops']:>9.0f}{100 * t['mfu_vs_best_matmul']:>6.1f}%"
                      + (f"{100 * t['mfu_interleaved']['median']:>9.1f}%" if "mfu_interleaved" in t else f"{'-':>10}")
-                     + f"{t['memory']['delta_mib']:>8.0f} MiB")
+                     + f"{t['memory']['delta_mib']:>8.0f} MiB" + f"{t.get('aten_ops_per_step', '-'):>10}")
     if models:
         t = models[0]["training"]
         lines.append(f"  batch_tokens {t['batch_tokens']}, accum {t['accum_steps']}, {t['precision']}"
                      f"{', compiled' if t['compile'] else ''}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
-                     f" peak mem = {t['memory']['method']}")
+                     f" peak mem = {t['memory']['method']}; ops/step = ATen operators (views apart) one training"
+                     " step dispatches, about the kernels it launches on a GPU")
         if "mfu_interleaved" in t:
             lines.append(f"  MFU/step = median over steps of {t['mfu_interleaved']['method']} (issue 6 target >= {100 * MFU_TARGET:.0f}%)")
     if "comet_over_transformer" in res:

@@ -50,6 +50,9 @@ def add_arguments(p) -> None:
     p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT alpha for every system; default: each config's")
     p.add_argument("--eval-limit", type=int, help="decode only the first N sentences of each split (smoke runs; labelled in the report)")
     p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap samples (default 1000)")
+    p.add_argument("--metrics", nargs="+", choices=["bleu", "paper"], default=["bleu"],
+                   help="metrics of the table and the bootstrap test: bleu = sacreBLEU (default); paper = the COMET "
+                        "paper's average sentence BLEU on tokenised text")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
     p.add_argument("--deadline", type=float, help="seconds: start no run after this, stop running ones (they stay resumable), report what finished")
 
@@ -157,8 +160,8 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
             entry.update(arch=recs[0]["arch"], parameters=recs[0]["parameters"], search=_search_label(recs[0]["decode"]),
                          checkpoint=recs[0]["checkpoint"])
         for split in ("valid", "test"):
-            for metric in ("bleu", "chrf"):
-                entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs])
+            for metric in ("bleu", "chrf", "paper_bleu"):
+                entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs if metric in r[split]])
         entry["epochs"] = mean_sd([r["epochs"] for r in recs])
         entry["train_tokens_per_s"] = mean_sd([r["train_tokens_per_s"] for r in recs if r["train_tokens_per_s"]])
         table.append(entry)
@@ -170,8 +173,9 @@ def _hyps(out: Path, rec: dict) -> list[str]:
 
 
 def significance(args, out: Path, names: list[str], records: list[dict]) -> list[dict]:
-    """Paired bootstrap (test, sacreBLEU) of the first system against each other one: per seed
-    both finished, and pooled over those seeds."""
+    """Paired bootstrap (test; each of ``args.metrics``) of the first system against each other
+    one: per seed both finished, and pooled over those seeds."""
+    from cometnmt.data.tokenizers import SpacyTokenizer
     from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
     by = {(r["row"], r["seed"]): r for r in records}
@@ -181,15 +185,17 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
         if not seeds:
             continue
         first = by[(names[0], seeds[0])]
-        _, refs, _ = run_test_split(_run_dir(out, first["row"], first["seed"]), args.eval_limit)
+        _, refs, cfg = run_test_split(_run_dir(out, first["row"], first["seed"]), args.eval_limit)
+        tokenize = SpacyTokenizer(cfg.data.tgt_lang).tokenize
         runs_a = [_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [_hyps(out, by[(other, s)]) for s in seeds]
-        for s, a, b in zip(seeds, runs_a, runs_b):
-            results.append({"a_system": names[0], "b_system": other, "seeds": [s],
-                            **paired_bootstrap(a, b, refs, n_samples=args.bootstrap)})
-        if len(seeds) > 1:
-            results.append({"a_system": names[0], "b_system": other, "seeds": seeds,
-                            **paired_bootstrap_runs(runs_a, runs_b, refs, n_samples=args.bootstrap)})
+        for metric in getattr(args, "metrics", ["bleu"]):
+            kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize}
+            for s, a, b in zip(seeds, runs_a, runs_b):
+                results.append({"a_system": names[0], "b_system": other, "seeds": [s], **paired_bootstrap(a, b, refs, **kw)})
+            if len(seeds) > 1:
+                results.append({"a_system": names[0], "b_system": other, "seeds": seeds,
+                                **paired_bootstrap_runs(runs_a, runs_b, refs, **kw)})
     return results
 
 
@@ -208,7 +214,7 @@ def build_report(args, names: list[str], records: list[dict], missing: list[str]
     import json
 
     out = Path(args.out)
-    report = {"provenance": provenance(args, seconds, records, missing), "systems": names,
+    report = {"provenance": provenance(args, seconds, records, missing), "systems": names, "metrics": args.metrics,
               "table": summarise(names, records), "significance": significance(args, out, names, records),
               "aux_losses": aux_summary(records), "runs": records}
     _curves(out, names, records)
@@ -249,11 +255,16 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
 def _markdown(report: dict) -> str:
     p = report["provenance"]
     names = report["systems"]
+    paper = "paper" in report.get("metrics", [])
+    from cometnmt.evaluation import PAPER_BLEU_LABEL
+
     lines = [f"# {names[0]} compared with {', '.join(names[1:])}", ""] + provenance_lines(p)
-    lines += ["", "BLEU and chrF: sacreBLEU, cased, on detokenised text (signatures in report.json). Each run is "
+    lines += ["", "BLEU and chrF: sacreBLEU, cased, on detokenised text (signatures in report.json)"
+              + (f"; paper = {PAPER_BLEU_LABEL}" if paper else "") + ". Each run is "
               "decoded with its config's search on the checkpoint shown. Mean ± sd over seeds.", "",
-              "| system | architecture | parameters | seeds | epochs | checkpoint | search | dev BLEU | test BLEU | test chrF | train tokens/s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| system | architecture | parameters | seeds | epochs | checkpoint | search | dev BLEU | test BLEU | test chrF | "
+              + ("dev (paper) | test (paper) | " if paper else "") + "train tokens/s |",
+              "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if paper else "") + "---|"]
     for e in report["table"]:
         ckpt = e.get("checkpoint", ["–"])
         ckpt = ckpt[0] if len(ckpt) == 1 else f"average of {len(ckpt)} ({ckpt[0]} … {ckpt[-1]})"
@@ -261,21 +272,23 @@ def _markdown(report: dict) -> str:
         tps = e["train_tokens_per_s"]
         lines.append(f"| {e['system']} | {e.get('arch', '–')} | {params} | {len(e['seeds'])} | {fmt(e['epochs'])} | {ckpt} | "
                      f"{e.get('search', '–')} | {fmt(e['valid_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} | "
-                     f"{'–' if tps[0] is None else f'{tps[0]:,.0f}'} |")
+                     + (f"{fmt(e['valid_paper_bleu'])} | {fmt(e['test_paper_bleu'])} | " if paper else "")
+                     + f"{'–' if tps[0] is None else f'{tps[0]:,.0f}'} |")
     lines += ["", "Training tokens/s is the median over the run's log windows (target tokens). Runs trained side by "
               "side (`--jobs` > 1) share the machine: compare speeds with `bench/`, not this column.", "",
               "## Every run", "", "| system | seed | epochs | dev BLEU | test BLEU | test chrF |", "|---|---|---|---|---|---|"]
     for r in sorted(report["runs"], key=lambda r: (r["seed"], names.index(r["row"]) if r["row"] in names else 0)):
         lines.append(f"| {r['row']} | {r['seed']} | {r['epochs']} | {r['valid']['bleu']:.2f} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} |")
     if report["significance"]:
-        lines += ["", "## Paired bootstrap (test, sacreBLEU BLEU)", "",
+        lines += ["", "## Paired bootstrap (test; bleu = sacreBLEU BLEU, paper = the COMET paper's metric)", "",
                   "p = fraction of bootstrap samples in which the second system scores at least as high as the first "
                   "(one-sided test of 'the first is better'). Pooled rows resample the sentences once for all seeds and "
                   "score each system's seeds concatenated.", "",
-                  "| seeds | A | B | BLEU A | BLEU B | Δ (A − B) | 95% CI A | 95% CI B | p |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| seeds | metric | A | B | score A | score B | Δ (A − B) | 95% CI A | 95% CI B | p |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for s in report["significance"]:
             seeds = ", ".join(map(str, s["seeds"])) + (" (pooled)" if len(s["seeds"]) > 1 else "")
-            lines.append(f"| {seeds} | {s['a_system']} | {s['b_system']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | "
+            lines.append(f"| {seeds} | {s['metric']} | {s['a_system']} | {s['b_system']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | "
                          f"{s['a_ci95'][0]:.2f}–{s['a_ci95'][1]:.2f} | {s['b_ci95'][0]:.2f}–{s['b_ci95'][1]:.2f} | {s['p_value']:.3f} |")
     if report["aux_losses"]:
         lines += ["", "## Auxiliary task losses (first and last logged value)", "",

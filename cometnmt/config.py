@@ -84,6 +84,10 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA; fp16 uses loss scaling
     compile: bool = False  # torch.compile the model (falls back to eager on failure)
+    # CUDA: let scaled_dot_product_attention use its cuDNN kernels (PyTorch's default). On an H100 in
+    # bf16 they cost a slow first call per new batch shape: COMET's first epoch ran at 7k target
+    # tokens/s, later ones at 32-37k (bench/README.md). false = flash / memory-efficient kernels only.
+    cudnn_attention: bool = True  # CUDA: attention may use cuDNN kernels (slow first call per batch shape on an H100)
     num_threads: Optional[int] = None  # torch.set_num_threads on the CPU
     max_epochs: int = 100
     max_steps: Optional[int] = None  # optimizer steps; None = no limit

@@ -57,6 +57,7 @@ ROWS: dict[str, Row] = {
     # Not in the COMET paper's table: the other architectures of this toolkit, same data and search.
     "convs2s": Row("convs2s.yaml", "ConvS2S (not in the paper)", None, in_paper=False),
     "rnn": Row("rnn.yaml", "RNN + attention (not in the paper)", None, in_paper=False),
+    "comet_bn_length": Row("comet_bn_length.yaml", "COMET, batch norm by length (not in the paper)", None, in_paper=False),
 }
 
 

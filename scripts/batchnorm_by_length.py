@@ -56,6 +56,8 @@ def batch_moments(translator: Translator, batches: list[list[int]], data) -> lis
     norms = [(name, m) for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)]
     if not norms:
         sys.exit("this checkpoint has no batch norm (not COMET, or comet.batch_norm: false)")
+    if any(m.length_bounds for _, m in norms):
+        sys.exit("this checkpoint already keeps batch-norm statistics per length (comet.bn_length_bounds)")
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def hook(name):

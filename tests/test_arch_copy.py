@@ -25,6 +25,7 @@ ARCHS = {
     "comet_ffn1": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"unit": "ffn1"}},
     "comet_ffn2": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"unit": "ffn2"}},
     "comet_conv4": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
+    "comet_bn_length": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"bn_length_bounds": [4, 6]}},
     "convs2s": {"arch": "convs2s", "convs2s": {"embed_dim": 64, "enc_layers": [[64, 3, 2]], "dec_layers": [[64, 3, 2]], "out_embed_dim": 64, "dropout": 0.0}},
     "rnn_gru_additive": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 32, "hidden_size": 64, "attention": "additive", "dropout": 0.0}},
     "rnn_lstm_general": {"arch": "rnn", "rnn": {"cell": "lstm", "embed_dim": 32, "hidden_size": 64, "attention": "general", "dropout": 0.0}},

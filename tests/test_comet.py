@@ -111,3 +111,51 @@ def test_temporal_convolution_cache_is_bounded():
     # kernel 3, dilations 1, 2, 3: the caches hold (K-1)*l = 2, 4, 6 past inputs of width 32, 64, 32
     # (d_model, F1, F2) for each of the 2 sentences, whatever the prefix length.
     assert all(s == [2 * 32 * 2, 2 * 64 * 4, 2 * 32 * 6] for s in sizes)
+
+
+def test_length_bucketed_batch_norm_updates_the_batch_bucket_and_normalises_by_own_length():
+    """comet.bn_length_bounds: a training batch moves its mean length's statistics and the pooled
+    ones, nothing else; in evaluation each sentence is normalised with its own length's (the pooled
+    ones where no training batch reached its bucket), exactly as a plain MaskedBatchNorm holding
+    those statistics would."""
+    torch.manual_seed(0)
+    norm = MaskedBatchNorm(4, length_bounds=[3, 6]).train()  # buckets <= 3, 4-6, > 6
+    x = torch.randn(2, 5, 4) * 3 + 1
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, 4:] = True  # lengths 5 and 4: mean 4.5, rounds to 4 (not 5: torch.round is half-to-even)
+    norm(x, pad)
+    moved = (norm.running_mean != 0).any(dim=1).tolist()
+    assert moved == [False, True, False, True] and norm.bucket_batches.tolist() == [0, 1, 0, 1]
+    assert norm.running_var[0].eq(1).all() and norm.running_var[2].eq(1).all()
+    # the first batch of a bucket sets its statistics (no blend with the initial 0 / 1)
+    real = x[~pad]
+    torch.testing.assert_close(norm.running_mean[1], real.mean(0))
+    torch.testing.assert_close(norm.running_var[1], real.var(0))
+    norm(torch.randn(3, 9, 4) + 5, None)  # 9 positions: the last bucket
+    assert (norm.running_mean != 0).any(dim=1).tolist() == [False, True, True, True]
+    assert norm.bucket_batches.tolist() == [0, 1, 1, 2]
+
+    norm.eval()
+    lengths = [2, 5, 8]
+    x = torch.randn(3, 8, 4)
+    pad = torch.arange(8).expand(3, 8) >= torch.tensor(lengths).unsqueeze(1)
+    y = norm(x, pad)
+    for i, bucket in enumerate([3, 1, 2]):  # length 2: bucket 0, never trained: the pooled row
+        plain = MaskedBatchNorm(4).eval()
+        plain.load_state_dict({"weight": norm.weight, "bias": norm.bias, "running_mean": norm.running_mean[bucket],
+                               "running_var": norm.running_var[bucket]})
+        torch.testing.assert_close(y[i : i + 1], plain(x[i : i + 1], pad[i : i + 1]))
+
+
+def test_length_buckets_only_in_the_encoder_and_bad_bounds_are_refused():
+    from cometnmt.config import ModelConfig, from_dict
+    from cometnmt.models import build_model
+
+    cfg = from_dict(ModelConfig, {"arch": "comet", "d_model": 32, "n_heads": 4, "enc_layers": 1, "dec_layers": 1,
+                                  "d_ff": 64, "comet": {"decoder": "temporal_conv", "bn_length_bounds": [8, 11]}}, "model")
+    model = build_model(cfg, 20, 20, 0)
+    shapes = {name: m.running_mean.shape for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)}
+    assert shapes and all((s == (4, n)) == name.startswith("encoder") for name, s in shapes.items() for n in [s[-1]])
+    for bad in ([11, 8], [0, 4], [5, 5]):
+        with pytest.raises(ValueError, match="comet.bn_length_bounds"):
+            MaskedBatchNorm(4, length_bounds=bad)

@@ -40,15 +40,22 @@ def test_compare_transformer_pp_with_its_baseline(cli, tmp_path):
     aux = {(a["system"], a["seed"], a["loss"]) for a in report["aux_losses"]}
     assert aux == {("transformer_pp_en_de", s, f"loss_{t}") for s in (1, 2) for t in ("pos", "ner")}
     text = (out / "report.md").read_text()
-    assert "| 1, 2 (pooled) | transformer_pp_en_de | transformer_pp_baseline_en_de |" in text
+    assert "| 1, 2 (pooled) | bleu | transformer_pp_en_de | transformer_pp_baseline_en_de |" in text
     assert "average of 2 (epoch001.pt … epoch002.pt)" in text and "first 25 sentences" in text
     assert (out / "learning_curves.png").stat().st_size > 0
     assert len((out / "runs" / "transformer_pp_en_de" / "seed2" / "test.hyp").read_text().splitlines()) == 25
 
     done = out / "runs" / "transformer_pp_en_de" / "seed1" / "done.json"
     stamp = done.stat().st_mtime_ns
-    cli("compare", *PRESETS, "--seeds", "1", "2", "--average-last", "2", "--out", str(out), "--report-only", *_tiny(tmp_path))
+    cli("compare", *PRESETS, "--seeds", "1", "2", "--average-last", "2", "--out", str(out), "--report-only",
+        "--metrics", "bleu", "paper", *_tiny(tmp_path))
     assert done.stat().st_mtime_ns == stamp  # finished runs are not trained again
+    again = json.loads((out / "report.json").read_text())  # the COMET paper's metric too, table and bootstrap
+    assert [(s["metric"], s["seeds"]) for s in again["significance"]] == [
+        (m, seeds) for m in ("bleu", "paper") for seeds in ([1], [2], [1, 2])]
+    assert [s for s in again["significance"] if s["metric"] == "bleu"] == sig
+    assert all(e["test_paper_bleu"][0] is not None for e in again["table"])
+    assert "dev (paper) | test (paper)" in (out / "report.md").read_text()
 
 
 def test_compare_rejects_bad_invocations(cli, tmp_path):

@@ -24,6 +24,7 @@ CASES = {
     "comet_ffn1": {"arch": "comet", "comet": {"unit": "ffn1", "ffn1_hidden": 48}},
     "comet_ffn2": {"arch": "comet", "comet": {"unit": "ffn2", "ffn2_hidden": 48}},
     "comet_4layer": {"arch": "comet", "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
+    "comet_bn_length": {"arch": "comet", "comet": {"bn_length_bounds": [4, 8]}},
     "convs2s": {"arch": "convs2s", "convs2s": {"embed_dim": 16, "enc_layers": [[32, 3, 2]], "dec_layers": [[32, 3, 2]], "out_embed_dim": 24}},
     "convs2s_mixed": {"arch": "convs2s", "convs2s": {"embed_dim": 16, "enc_layers": [[24, 2], [32, 5], [32, 1]], "dec_layers": [[24, 2], [32, 4], [32, 1]], "out_embed_dim": 16}},
     "rnn_gru_additive": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 16, "hidden_size": 32, "attention": "additive"}},

@@ -19,6 +19,15 @@ Choices the paper leaves open, made here:
 * F4 of the 4-layer unit has 8 features (the paper halves the width at each layer but does not
   give F4's size); ``comet.features`` sets it.
 * The leaky ReLU slope is PyTorch's default, 0.01 (``comet.leaky_slope``).
+
+Not in the paper, off by default: ``comet.bn_length_bounds`` keeps the encoder's batch-norm running
+statistics per source-length bucket. Training batches are cut from length buckets, so batch norm
+normalises short sentences with short-sentence statistics in training, while one running average
+over all lengths serves every sentence at test time; ``scripts/batchnorm_by_length.py`` measured
+that mismatch on a trained COMET (reports/multi30k_label_smoothing_cpu/batchnorm_by_length.md).
+With the option, a training batch updates the statistics of its mean length's bucket and, in
+evaluation, each sentence is normalised with its own length's. A sentence's statistics depend on
+its length alone, so padding invariance holds.
 """
 
 from __future__ import annotations
@@ -47,6 +56,10 @@ class CometConfig:
     leaky_slope: float = 0.01
     batch_norm: bool = True
     decoder: Literal["ffn", "temporal_conv"] = "ffn"  # temporal_conv: section 5.2
+    # Encoder batch norm: running statistics per source-length bucket (not in the paper; see the
+    # module docstring). Inclusive upper bounds on a sentence's real source positions, ascending,
+    # e.g. [8, 11, 14, 18]: buckets <= 8, 9-11, 12-14, 15-18, > 18. None: one set of statistics.
+    bn_length_bounds: Optional[list[int]] = None  # encoder BN statistics per source-length bucket (not in the paper), e.g. [8, 11, 14, 18]
 
 
 class MaskedBatchNorm(nn.Module):
@@ -58,12 +71,22 @@ class MaskedBatchNorm(nn.Module):
     view of a channels-first convolution output stays one), and nothing waits on the GPU.
     """
 
-    def __init__(self, channels: int, momentum: float = 0.1, eps: float = 1e-5) -> None:
+    def __init__(self, channels: int, momentum: float = 0.1, eps: float = 1e-5,
+                 length_bounds: Optional[list[int]] = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(channels))
         self.bias = nn.Parameter(torch.zeros(channels))
-        self.register_buffer("running_mean", torch.zeros(channels))
-        self.register_buffer("running_var", torch.ones(channels))
+        self.length_bounds = list(length_bounds or [])
+        if self.length_bounds and (any(b < 1 for b in self.length_bounds) or self.length_bounds != sorted(set(self.length_bounds))):
+            raise ValueError(f"comet.bn_length_bounds must be ascending positive lengths, got {self.length_bounds}")
+        # with length buckets: rows 0..K the K+1 buckets, row K+1 all lengths pooled (for buckets no
+        # training batch reached); bucket_batches counts each row's updates
+        shape = (len(self.length_bounds) + 2, channels) if self.length_bounds else (channels,)
+        self.register_buffer("running_mean", torch.zeros(shape))
+        self.register_buffer("running_var", torch.ones(shape))
+        if self.length_bounds:
+            self.register_buffer("bounds", torch.tensor(self.length_bounds, dtype=torch.float32), persistent=False)
+            self.register_buffer("bucket_batches", torch.zeros(len(self.length_bounds) + 2, dtype=torch.long))
         self.momentum = momentum
         self.eps = eps
 
@@ -73,13 +96,30 @@ class MaskedBatchNorm(nn.Module):
             mean, var, n = self.moments(x, pad_mask)  # C, C, real positions
             with torch.no_grad():
                 unbiased = var * n / (n - 1).clamp(min=1)
-                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
-                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+                if self.length_bounds:  # the bucket of the batch's mean sentence length, and the pooled row
+                    k = torch.bucketize(torch.round(n / x.shape[0]), self.bounds).view(1)  # a tensor: no sync
+                    rows = torch.cat([k, k.new_full((1,), len(self.length_bounds) + 1)])  # 2
+                    # a row's first updates average its batches (weight 1/count) until momentum takes
+                    # over, so a rarely reached bucket does not keep most of its initial 0 / 1
+                    weight = (1.0 / (self.bucket_batches[rows] + 1)).clamp(min=self.momentum).unsqueeze(1)  # 2,1
+                    for buf, new in ((self.running_mean, mean), (self.running_var, unbiased)):
+                        row = buf.index_select(0, rows)
+                        buf.index_copy_(0, rows, row.lerp_(new.detach().to(buf.dtype).expand_as(row), weight.to(buf.dtype)))
+                    self.bucket_batches.index_add_(0, rows, torch.ones_like(rows))
+                else:
+                    self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+                    self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+        elif self.length_bounds:  # each sentence with its own length's statistics: B,1,C
+            lengths = (x.new_full((x.shape[0],), float(x.shape[1])) if pad_mask is None
+                       else (~pad_mask).sum(dim=1).to(self.bounds.dtype))
+            k = torch.bucketize(lengths, self.bounds)  # B
+            k = torch.where(self.bucket_batches[k] > 0, k, len(self.length_bounds) + 1)  # unseen bucket: pooled
+            mean, var = self.running_mean[k].unsqueeze(1), self.running_var[k].unsqueeze(1)
         else:
             mean, var = self.running_mean, self.running_var
         # (x - mean) / sqrt(var + eps) * weight + bias, folded into one multiply-add per element
-        scale = self.weight * torch.rsqrt(var + self.eps)  # C
-        shift = self.bias - mean * scale  # C
+        scale = self.weight * torch.rsqrt(var + self.eps)  # C (B,1,C per length)
+        shift = self.bias - mean * scale  # C (B,1,C)
         y = torch.addcmul(shift, x, scale)  # B,L,C, in the memory layout of x
         return y if pad_mask is None else y.masked_fill_(pad_mask.unsqueeze(-1), 0.0)  # in place: keeps the layout
 
@@ -157,8 +197,9 @@ class MultiLayerConv(nn.Module):
         self.convs = nn.ModuleList(
             GatedConv(widths[i], widths[i + 1], cfg.kernel_size, cfg.dilations[i], causal) for i in range(len(cfg.features))
         )
+        bounds = None if causal else cfg.bn_length_bounds  # per-length statistics: encoder only
         self.norms = nn.ModuleList(
-            MaskedBatchNorm(n) if cfg.batch_norm else _MaskOnly() for n in cfg.features
+            MaskedBatchNorm(n, length_bounds=bounds) if cfg.batch_norm else _MaskOnly() for n in cfg.features
         )
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> list[torch.Tensor]:

@@ -58,6 +58,7 @@ def train(cfg: Config, resume: bool = False) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.enable_cudnn_sdp(cfg.train.cudnn_attention)
     payload = _check_save_dir(cfg, resume)
     seed_everything(cfg.train.seed)
 
