@@ -62,6 +62,32 @@ def test_masked_batch_norm_matches_batch_norm_on_real_tokens():
     torch.testing.assert_close(ours.running_var, ref.running_var)
 
 
+def test_masked_batch_norm_gradients_match_batch_norm_on_real_tokens():
+    """The hand-written backward of the training-mode batch norm: the gradients of the input, the
+    scale and the shift equal autograd's through nn.BatchNorm1d on the real tokens; padding gets none."""
+    torch.manual_seed(1)
+    x = torch.randn(4, 6, 5, requires_grad=True)
+    pad = torch.zeros(4, 6, dtype=torch.bool)
+    pad[1, 2:] = pad[3, 5:] = True
+    probe = torch.randn(4, 6, 5)
+    ours = MaskedBatchNorm(5).train()
+    ref = torch.nn.BatchNorm1d(5).train()
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5), ours.bias.uniform_(-0.5, 0.5)
+        ref.weight.copy_(ours.weight), ref.bias.copy_(ours.bias)
+    (ours(x, pad) * probe).sum().backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    (ref(x_ref[~pad]) * probe[~pad]).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+    assert x.grad[pad].abs().max() == 0
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.bias.grad, ref.bias.grad, atol=1e-5, rtol=1e-5)
+    # bf16 input (autocast on a GPU): the gradient comes back in the input's dtype
+    xb = torch.randn(2, 3, 5, dtype=torch.bfloat16, requires_grad=True)
+    ours(xb, None).sum().backward()
+    assert xb.grad.dtype == torch.bfloat16 and ours(xb, None).dtype == torch.float32
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dilation", [1, 2, 3])
 def test_gated_conv_equals_conv1d(causal, dilation):

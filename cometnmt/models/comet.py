@@ -93,7 +93,9 @@ class MaskedBatchNorm(nn.Module):
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """x B,L,C; pad_mask B,L (True = padding) or None -> B,L,C, zero at padding."""
         if self.training:
-            mean, var, n = self.moments(x, pad_mask)  # C, C, real positions
+            keep = (x.new_ones(x.shape[0], x.shape[1], 1, dtype=torch.float32) if pad_mask is None
+                    else (~pad_mask).unsqueeze(-1).float())  # B,L,1
+            y, mean, var, n = _MaskedBatchNormTrain.apply(x, keep, self.weight, self.bias, self.eps)
             with torch.no_grad():
                 unbiased = var * n / (n - 1).clamp(min=1)
                 if self.length_bounds:  # the bucket of the batch's mean sentence length, and the pooled row
@@ -109,7 +111,8 @@ class MaskedBatchNorm(nn.Module):
                 else:
                     self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
                     self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
-        elif self.length_bounds:  # each sentence with its own length's statistics: B,1,C
+            return y
+        if self.length_bounds:  # each sentence with its own length's statistics: B,1,C
             lengths = (x.new_full((x.shape[0],), float(x.shape[1])) if pad_mask is None
                        else (~pad_mask).sum(dim=1).to(self.bounds.dtype))
             k = torch.bucketize(lengths, self.bounds)  # B
@@ -137,6 +140,40 @@ class MaskedBatchNorm(nn.Module):
         centred = (xf - mean) * keep  # B,L,C, zero at padding
         var = torch.linalg.vector_norm(centred, dim=(0, 1)).square() / n  # C
         return mean, var, n
+
+
+class _MaskedBatchNormTrain(torch.autograd.Function):
+    """Training-mode batch norm over the real positions (``keep`` B,L,1 = 1) of x B,L,C, with the
+    textbook backward written out: dx = w·rstd·(dy − mean(dy) − x̂·mean(dy·x̂)) over real positions.
+    Autograd through the masked mean and variance dispatched 58 operators per call (forward and
+    backward); this does it in about half, and a GPU step at Multi30k's batch sizes is bound by
+    launches. Returns y (float32, zero at padding) and the float32 mean, biased variance and count
+    of real positions (for the running statistics; no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, keep, weight, bias, eps: float):
+        xf = x.float()
+        n = keep.sum()
+        mean = (xf * keep).sum(dim=(0, 1)) / n  # C
+        centred = (xf - mean) * keep  # B,L,C, zero at padding
+        var = centred.square().sum(dim=(0, 1)) / n  # C, biased
+        rstd = torch.rsqrt(var + eps)
+        xhat = centred * rstd  # zero at padding
+        y = torch.addcmul(bias.float(), xhat, weight.float()) * keep
+        ctx.save_for_backward(xhat, keep, weight, rstd, n)
+        ctx.x_dtype = x.dtype
+        ctx.mark_non_differentiable(mean, var, n)
+        ctx.set_materialize_grads(False)  # no zero tensors for the gradients of mean, var and n
+        return y, mean, var, n
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _dvar, _dn):
+        xhat, keep, weight, rstd, n = ctx.saved_tensors
+        dy = dy.float() * keep  # padded outputs are constant zeros
+        dbias = dy.sum(dim=(0, 1))
+        dweight = (dy * xhat).sum(dim=(0, 1))
+        dx = (dy - dbias / n - xhat * (dweight / n)) * (weight.float() * rstd) * keep
+        return dx.to(ctx.x_dtype), None, dweight.to(weight.dtype), dbias.to(weight.dtype), None
 
 
 class GatedConv(nn.Module):
