@@ -101,6 +101,20 @@ def test_gated_conv_equals_conv1d(causal, dilation):
                                    dilation=dilation)  # B,2n_f,L
     expected = (torch.tanh(h[:, :4]) * torch.sigmoid(h[:, 4:])).transpose(1, 2)
     torch.testing.assert_close(conv(x), expected, atol=1e-6, rtol=1e-5)
+    # the GPU's path (one F.conv1d) gives the same outputs and gradients as im2col
+    x.requires_grad_(True)
+    probe = torch.randn_like(expected)
+    grads = []
+    for use_conv1d in (False, True):
+        conv.use_conv1d = use_conv1d
+        x.grad = None
+        conv.zero_grad()
+        (conv(x) * probe).sum().backward()
+        grads.append((x.grad.clone(), conv.conv.weight.grad.clone(), conv.conv.bias.grad.clone()))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    conv.use_conv1d = None
+    x = x.detach()
     if causal:  # the incremental step gives the same outputs
         history, outs = None, []
         for t in range(x.size(1)):

@@ -185,7 +185,9 @@ class GatedConv(nn.Module):
     The convolution runs as one matrix product over the K dilated shifts of the channels-last input
     (im2col): the Conv1d's own weight, read as 2n_f x (K*C_in). On the CPU this is 1.4x faster than
     ``F.conv1d`` forward + backward at the paper's sizes (bench/README.md) and needs no transposes;
-    a test checks it against ``F.conv1d``.
+    a test checks it against ``F.conv1d``. On a GPU (``use_conv1d`` None = on CUDA) it runs as one
+    ``F.conv1d`` instead: about 10 operators forward and backward against im2col's 26, and a GPU
+    step at Multi30k's batch sizes is bound by kernel launches (bench/README.md, GPU section).
     """
 
     def __init__(self, d_in: int, n_f: int, kernel_size: int, dilation: int, causal: bool) -> None:
@@ -194,6 +196,7 @@ class GatedConv(nn.Module):
         self.causal = causal
         self.context = (kernel_size - 1) * dilation  # positions of history the kernel spans
         self.pad = (self.context, 0) if causal else (self.context // 2, self.context - self.context // 2)
+        self.use_conv1d: Optional[bool] = None  # None: F.conv1d on CUDA, im2col elsewhere
 
     def matrix(self) -> torch.Tensor:
         """The kernel as 2n_f x (K*C_in), shift-major: column k*C_in + c is weight[:, c, k]."""
@@ -212,6 +215,9 @@ class GatedConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x B,L,C_in (padding already zeroed) -> B,L,n_f."""
         xp = F.pad(x, (0, 0, *self.pad))  # B,L+(K-1)l,C_in, zeros at both ends (or the left)
+        if x.is_cuda if self.use_conv1d is None else self.use_conv1d:
+            h = F.conv1d(xp.transpose(1, 2), self.conv.weight, self.conv.bias, dilation=self.conv.dilation)  # B,2n_f,L
+            return self.gate(h.transpose(1, 2))  # B,L,n_f
         return self.gate(F.linear(self.shifts(xp, x.size(1)), self.matrix(), self.conv.bias))
 
     def step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
