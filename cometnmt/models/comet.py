@@ -59,7 +59,7 @@ class CometConfig:
     # Encoder batch norm: running statistics per source-length bucket (not in the paper; see the
     # module docstring). Inclusive upper bounds on a sentence's real source positions, ascending,
     # e.g. [8, 11, 14, 18]: buckets <= 8, 9-11, 12-14, 15-18, > 18. None: one set of statistics.
-    bn_length_bounds: Optional[list[int]] = None  # encoder BN statistics per source-length bucket (not in the paper), e.g. [8, 11, 14, 18]
+    bn_length_bounds: Optional[list[int]] = None  # per-length encoder BN statistics (not in the paper), e.g. [8, 11, 14, 18]
 
 
 class MaskedBatchNorm(nn.Module):
@@ -67,8 +67,10 @@ class MaskedBatchNorm(nn.Module):
 
     Training: mean and (biased) variance over real positions only, computed in float32; running
     statistics updated with ``momentum`` (unbiased variance, as ``nn.BatchNorm1d``). Eval: running
-    statistics. Padded outputs are zero. Outputs keep the memory layout of the input (the B,L,C
-    view of a channels-first convolution output stays one), and nothing waits on the GPU.
+    statistics (per source length with ``length_bounds``). Padded outputs are zero; in evaluation
+    outputs keep the memory layout of the input; nothing waits on the GPU. Training runs through
+    :class:`_MaskedBatchNormTrain` (its backward written out); :meth:`moments` is the same
+    statistics for scripts/batchnorm_by_length.py.
     """
 
     def __init__(self, channels: int, momentum: float = 0.1, eps: float = 1e-5,
@@ -186,8 +188,8 @@ class GatedConv(nn.Module):
     (im2col): the Conv1d's own weight, read as 2n_f x (K*C_in). On the CPU this is 1.4x faster than
     ``F.conv1d`` forward + backward at the paper's sizes (bench/README.md) and needs no transposes;
     a test checks it against ``F.conv1d``. On a GPU (``use_conv1d`` None = on CUDA) it runs as one
-    ``F.conv1d`` instead: about 10 operators forward and backward against im2col's 26, and a GPU
-    step at Multi30k's batch sizes is bound by kernel launches (bench/README.md, GPU section).
+    ``F.conv1d`` instead: 15 operators forward and backward against im2col's 25 (counted on the
+    CPU), and a GPU step at Multi30k's batch sizes is bound by kernel launches (bench/README.md).
     """
 
     def __init__(self, d_in: int, n_f: int, kernel_size: int, dilation: int, causal: bool) -> None:
