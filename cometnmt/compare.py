@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_test_split
+from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +77,9 @@ def _systems(args) -> list[tuple[str, Path]]:
     return systems
 
 
-def _run_dir(out: Path, name: str, seed: int) -> Path:
-    return out / "runs" / name / f"seed{seed}"
-
-
 def _specs(args, systems: list[tuple[str, Path]]) -> list[RunSpec]:
     """Seed by seed, every system of a seed together, so that paired runs finish together."""
-    return [RunSpec(name, path, seed, _run_dir(Path(args.out), name, seed)) for seed in args.seeds for name, path in systems]
+    return [RunSpec(name, path, seed, run_dir(Path(args.out), name, seed)) for seed in args.seeds for name, path in systems]
 
 
 def _checkpoint(args, run: Path) -> tuple[Path, list[str]]:
@@ -168,10 +164,6 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
     return table
 
 
-def _hyps(out: Path, rec: dict) -> list[str]:
-    return (_run_dir(out, rec["row"], rec["seed"]) / "test.hyp").read_text(encoding="utf-8").splitlines()
-
-
 def significance(args, out: Path, names: list[str], records: list[dict]) -> list[dict]:
     """Paired bootstrap (test; each of ``args.metrics``) of the first system against each other
     one: per seed both finished, and pooled over those seeds."""
@@ -185,10 +177,10 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
         if not seeds:
             continue
         first = by[(names[0], seeds[0])]
-        _, refs, cfg = run_test_split(_run_dir(out, first["row"], first["seed"]), args.eval_limit)
+        _, refs, cfg = run_test_split(run_dir(out, first["row"], first["seed"]), args.eval_limit)
         tokenize = SpacyTokenizer(cfg.data.tgt_lang).tokenize
-        runs_a = [_hyps(out, by[(names[0], s)]) for s in seeds]
-        runs_b = [_hyps(out, by[(other, s)]) for s in seeds]
+        runs_a = [test_hyps(out, by[(names[0], s)]) for s in seeds]
+        runs_b = [test_hyps(out, by[(other, s)]) for s in seeds]
         for metric in getattr(args, "metrics", ["bleu"]):
             kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize}
             for s, a, b in zip(seeds, runs_a, runs_b):

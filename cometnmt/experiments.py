@@ -143,6 +143,17 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def run_dir(out: Path, name: str, seed: int) -> Path:
+    """The folder of one run of a report: OUT/runs/NAME/seedS."""
+    return out / "runs" / name / f"seed{seed}"
+
+
+def test_hyps(out: Path, rec: dict) -> Optional[list[str]]:
+    """The test hypotheses of a finished run of the report in ``out``; None when its folder is gone."""
+    path = run_dir(out, rec["row"], rec["seed"]) / "test.hyp"
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else None
+
+
 def run_test_split(run: Path, limit: Optional[int]):
     """(sources, references, config) of the test split a finished run was evaluated on, read
     through this machine's data location (the run may come from another machine)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_test_split
+from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,11 @@ def add_arguments(p) -> None:
 # -- running ------------------------------------------------------------------------------------
 
 
-def _run_dir(out: Path, row: str, seed: int) -> Path:
-    return out / "runs" / row / f"seed{seed}"
-
-
 def _specs(args, rows: list[str]) -> list[RunSpec]:
     """COMET and the Transformer first (all seeds), then the other rows seed by seed."""
     jobs = sorted(((r, s) for r in rows for s in args.seeds),
                   key=lambda j: (j[0] not in ("comet", "transformer"), j[1], rows.index(j[0])))
-    return [RunSpec(r, Path(args.config_dir) / ROWS[r].preset, s, _run_dir(Path(args.out), r, s)) for r, s in jobs]
+    return [RunSpec(r, Path(args.config_dir) / ROWS[r].preset, s, run_dir(Path(args.out), r, s)) for r, s in jobs]
 
 
 def _evaluate_run(args, run: Path) -> dict:
@@ -200,16 +196,8 @@ def _paired_runs(records: list[dict]) -> list[tuple[dict, dict]]:
     return [(by[("comet", s)], by[("transformer", s)]) for (row, s) in by if row == "comet" and ("transformer", s) in by]
 
 
-def _has_texts(out: Path, *recs: dict) -> bool:
-    return all((_run_dir(out, r["row"], r["seed"]) / "test.hyp").exists() for r in recs)
-
-
-def _test_texts(out: Path, rec: dict) -> list[str]:
-    return (_run_dir(out, rec["row"], rec["seed"]) / "test.hyp").read_text(encoding="utf-8").splitlines()
-
-
 def _test_corpus(args, out: Path, rec: dict):
-    return run_test_split(_run_dir(out, rec["row"], rec["seed"]), args.eval_limit)
+    return run_test_split(run_dir(out, rec["row"], rec["seed"]), args.eval_limit)
 
 
 def _significance(args, out: Path, records: list[dict], prev: dict) -> list[dict]:
@@ -218,14 +206,14 @@ def _significance(args, out: Path, records: list[dict], prev: dict) -> list[dict
 
     results = []
     for comet, trans in _paired_runs(records):
-        if not _has_texts(out, comet, trans):  # merged runs: their rows of the earlier report
+        c_h, t_h = test_hyps(out, comet), test_hyps(out, trans)
+        if c_h is None or t_h is None:  # merged runs: their rows of the earlier report
             results += [s for s in prev.get("significance", []) if s["seed"] == comet["seed"]]
             continue
         _, refs, cfg = _test_corpus(args, out, comet)
         tok = SpacyTokenizer(cfg.data.tgt_lang).tokenize
         for metric in ("paper", "bleu"):
-            res = paired_bootstrap(_test_texts(out, comet), _test_texts(out, trans), refs, n_samples=args.bootstrap,
-                                   metric=metric, tokenize=tok)
+            res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok)
             results.append({"seed": comet["seed"], **res})
     return results
 
@@ -262,10 +250,10 @@ def _examples(args, out: Path, records: list[dict], prev: dict) -> list[dict]:
     if not pairs:
         return []
     comet, trans = pairs[0]
-    if not _has_texts(out, comet, trans):
+    c_h, t_h = test_hyps(out, comet), test_hyps(out, trans)
+    if c_h is None or t_h is None:
         return prev.get("examples", [])
     src, refs, _ = _test_corpus(args, out, comet)
-    c_h, t_h = _test_texts(out, comet), _test_texts(out, trans)
     c_s, t_s = comet["test"]["sentence_bleu"], trans["test"]["sentence_bleu"]
     order = sorted(range(len(refs)), key=lambda i: c_s[i] - t_s[i])
     picks = order[::-1][: args.examples] + order[: args.examples]
