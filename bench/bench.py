@@ -59,6 +59,7 @@ from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
 from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix
+from cometnmt.inference import set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.trainer import Trainer, token_loss
@@ -526,7 +527,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, check
     data = data_cache[key]
 
     if device.type == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(cfg.train.cudnn_attention)  # as `cometnmt train` does
+        set_cuda_backends(cfg.train.cudnn_attention)  # as `cometnmt train` does
     torch.manual_seed(args.seed)
     model = build_model(cfg.model, data.src_vocab, data.tgt_vocab, PAD)
     if payload is not None:
@@ -647,8 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--gpu: CUDA is not available")
     device = torch.device("cuda" if args.gpu else "cpu")
     if device.type == "cuda":  # as `cometnmt train` sets them (training/run.py)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        set_cuda_backends()
     checkpoints = {}
     for path in args.checkpoint:
         payload = load_checkpoint(path)

@@ -14,7 +14,7 @@ from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_sp
 from cometnmt.data.tagging import attach_training_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, ConfigError
-from cometnmt.inference import resolve_device
+from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.distributed import init_from_env, shutdown
@@ -56,9 +56,7 @@ def train(cfg: Config, resume: bool = False) -> dict:
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cuda.enable_cudnn_sdp(cfg.train.cudnn_attention)
+        set_cuda_backends(cfg.train.cudnn_attention)
     payload = _check_save_dir(cfg, resume)
     seed_everything(cfg.train.seed)
 
