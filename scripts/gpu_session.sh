@@ -25,10 +25,17 @@
 #            8,192-token micro-batches instead of 1,024 x 8 accumulated (the same tokens per
 #            update, 8x fewer steps). Budget it: 1,000 warm-up updates are ~22 epochs at ~46 updates
 #            an epoch, then patience 10, so expect 40-60 epochs a run; call it again while warm.
+#   paper    COMET against the Transformer with the COMET paper's own optimisation (section 4.2):
+#            batches of 10 sentences, Adam at a constant 1e-4, stop when validation loss rose two
+#            epochs in a row; seeds 1-3, 6 runs side by side, reports/comet_paper_recipe. Never run
+#            yet: every Table 1 run so far used 2,048-token batches (~150 sentences), and batch norm
+#            over 10 sentences normalises differently. Budget it: ~2,900 steps an epoch, launch-bound
+#            at ~0.05 s a step on an H100, so an epoch is ~2.5 min alone and a run needs 20+ epochs
+#            (estimate, not measured); call it again while warm.
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh bnlen|grid|bench|tpp}
+part=${1:?usage: bash scripts/gpu_session.sh bnlen|grid|bench|tpp|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -62,11 +69,17 @@ case "$part" in
     "${b[@]}" --precision fp32 --no-decode --out "$out/gpu_fp32.json"
     "${b[@]}" --precision bf16 --no-decode --compile --warmup 50 --out "$out/gpu_bf16_compile.json"
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --out "$out/gpu_transformer_pp.json" ;;
+  paper)
+    python -m cometnmt compare configs/multi30k/comet.yaml configs/multi30k/transformer.yaml \
+      --seeds 1 2 3 --jobs 6 --deadline "$deadline" --out reports/comet_paper_recipe --metrics paper bleu \
+      --set train.precision=bf16 --set train.batch_sentences=10 --set train.schedule=constant --set train.lr=1e-4 \
+      --set train.max_epochs=40 --set train.valid_bleu_max_sentences=500 > "$out/paper.log" 2>&1 || true
+    keep reports/comet_paper_recipe ;;
   tpp)
     python -m cometnmt compare configs/multi30k/transformer_pp_en_de.yaml configs/multi30k/transformer_pp_baseline_en_de.yaml \
       --seeds 1 2 3 --jobs 6 --average-last 10 --deadline "$deadline" --out reports/transformer_pp_en_de \
       --set train.precision=bf16 --set train.batch_tokens=8192 --set train.accum_steps=1 \
       --set train.valid_bleu_max_sentences=500 || true
     keep reports/transformer_pp_en_de ;;
-  *) echo "unknown part '$part'; use bnlen, grid, bench or tpp" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use bnlen, grid, bench, tpp or paper" >&2; exit 2 ;;
 esac
