@@ -93,6 +93,10 @@ class TrainConfig:
     max_steps: Optional[int] = None  # optimizer steps; None = no limit
     batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side
     batch_sentences: Optional[int] = None  # cap sentences per micro-batch (the paper: 10)
+    # Training batches are cut from sentences sorted by length in buckets this many tokens wide, so
+    # 1 gives batches of one length (least padding) and a width above the longest sentence gives
+    # batches of mixed lengths (more padding; batch-norm statistics then mix lengths as at test time).
+    bucket_width: int = 1  # tokens per length bucket of training batches; large = mixed-length batches
     accum_steps: int = 1  # micro-batches per optimizer step
     lr: float = 1e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
@@ -308,12 +312,15 @@ def validate(cfg: Config) -> None:
     positive = {
         "train.batch_tokens": cfg.train.batch_tokens,
         "train.accum_steps": cfg.train.accum_steps,
+        "train.bucket_width": cfg.train.bucket_width,
         "train.max_epochs": cfg.train.max_epochs,
         "decode.beam_size": cfg.decode.beam_size,
         "decode.nbest": cfg.decode.nbest,
         "decode.batch_sentences": cfg.decode.batch_sentences,
         "data.max_len": cfg.data.max_len,
     }
+    if cfg.train.batch_sentences is not None:
+        positive["train.batch_sentences"] = cfg.train.batch_sentences
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key '{key}': must be at least 1, got {value}")

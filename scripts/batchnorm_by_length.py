@@ -170,7 +170,8 @@ def main(argv=None) -> int:
         corpus.src, corpus.tgt = corpus.src[: args.max_pairs], corpus.tgt[: args.max_pairs]
     data = encode_pairs(translator.codec, corpus, cfg.data.max_len)
     batches = make_batches([len(s) for s in data.src_ids], [len(t) for t in data.tgt_ids], max_tokens=cfg.train.batch_tokens,
-                           max_sentences=cfg.train.batch_sentences, shuffle=True, seed=cfg.train.seed * 100003)
+                           max_sentences=cfg.train.batch_sentences, shuffle=True, seed=cfg.train.seed * 100003,
+                           bucket_width=cfg.train.bucket_width)
     rows = batch_moments(translator, batches, data)
     table = mismatch(rows, translator)
     counts = defaultdict(int)

@@ -45,6 +45,9 @@ def test_overrides_and_types(tmp_path):
         load_config(None, ["data.nope=1"])
     with pytest.raises(ConfigError, match="model.n_heads"):
         load_config(None, ["model.n_heads=7"])
+    for key in ("train.bucket_width", "train.batch_sentences"):
+        with pytest.raises(ConfigError, match=f"'{key}': must be at least 1"):
+            load_config(None, [f"{key}=0"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: [1, 2]\n")
     with pytest.raises(ConfigError, match="train"):

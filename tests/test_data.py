@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -209,6 +210,19 @@ def test_make_batches_on_multi30k_train(train_lengths: tuple[list[int], list[int
     assert frac < 0.10, f"padding fraction {frac:.2%} with max_tokens=4096 ({len(batches)} batches)"
     assert make_batches(src_lens, tgt_lens, max_tokens=4096, shuffle=True, seed=3) == batches
     assert make_batches(src_lens, tgt_lens, max_tokens=4096, shuffle=True, seed=4) != batches
+
+
+def test_wide_buckets_mix_lengths(train_lengths: tuple[list[int], list[int]]) -> None:
+    # train.bucket_width: 1 cuts batches of one source length; a width above the longest sentence
+    # gives batches of mixed lengths (what batch norm sees at test time), still within the budget
+    src_lens, tgt_lens = train_lengths
+    tight = make_batches(src_lens, tgt_lens, max_tokens=2048, shuffle=True, seed=3)
+    wide = make_batches(src_lens, tgt_lens, max_tokens=2048, shuffle=True, seed=3, bucket_width=1000)
+    spread = lambda bs: statistics.mean(max(src_lens[i] for i in b) - min(src_lens[i] for i in b) for b in bs)  # noqa: E731
+    assert spread(tight) < 1 < 10 < spread(wide)  # tight: only batches at a length boundary span two
+    assert sorted(i for b in wide for i in b) == list(range(len(src_lens)))
+    assert all(len(b) * max(max(src_lens[i] for i in b), max(tgt_lens[i] + 1 for i in b)) <= 2048 or len(b) == 1 for b in wide)
+    assert padding_fraction(wide, src_lens, tgt_lens) > padding_fraction(tight, src_lens, tgt_lens)
 
 
 def test_make_batches_caps_and_overlong() -> None:

@@ -177,6 +177,7 @@ class Trainer:
             max_sentences=self.tc.batch_sentences,
             shuffle=True,
             seed=self.tc.seed * 100003 + epoch,
+            bucket_width=self.tc.bucket_width,
         )
         group = self.tc.accum_steps * self.dist.world_size
         if self.dist.enabled:  # every rank must take part in every step
