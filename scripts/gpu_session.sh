@@ -11,7 +11,9 @@
 #   source scripts/gpu_env.sh && bash scripts/gpu_session.sh PART
 # PART, in order of priority:
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
-#            COMET and the Transformer, seeds 1-3, the Table 1 recipe, 9 runs side by side:
+#            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
+#            and the Transformer, seeds 1-3, the Table 1 recipe, 12 runs side by side (may need a
+#            second call while warm):
 #            `cometnmt compare` (paired bootstrap of the first against each other, per seed and
 #            pooled), reports/comet_bn_length
 #   grid     the report's rows beyond the paper: seeds 2 and 3 of ConvS2S and the attention RNN
@@ -52,8 +54,8 @@ recipe=(--set train.precision=bf16 --set train.batch_tokens=2048 --set train.lr=
 
 case "$part" in
   bnlen)
-    python -m cometnmt compare configs/multi30k/comet_bn_length.yaml configs/multi30k/comet.yaml \
-      configs/multi30k/transformer.yaml --seeds 1 2 3 --jobs 9 --deadline "$deadline" --out reports/comet_bn_length --metrics paper bleu \
+    python -m cometnmt compare configs/multi30k/comet_bn_length.yaml configs/multi30k/comet_mixed_batches.yaml \
+      configs/multi30k/comet.yaml configs/multi30k/transformer.yaml --seeds 1 2 3 --jobs 12 --deadline "$deadline" --out reports/comet_bn_length --metrics paper bleu \
       "${recipe[@]}" > "$out/bnlen.log" 2>&1 || true
     keep reports/comet_bn_length ;;
   grid)
