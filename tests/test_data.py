@@ -225,6 +225,24 @@ def test_wide_buckets_mix_lengths(train_lengths: tuple[list[int], list[int]]) ->
     assert padding_fraction(wide, src_lens, tgt_lens) > padding_fraction(tight, src_lens, tgt_lens)
 
 
+def test_trainer_cuts_batches_with_the_configured_bucket_width() -> None:
+    from types import SimpleNamespace
+
+    from cometnmt.config import load_config
+    from cometnmt.data.pipeline import Examples
+    from cometnmt.training.distributed import DistInfo
+    from cometnmt.training.trainer import Trainer
+
+    lens = [2 + i % 30 for i in range(600)]
+    data = Examples([[5] * n for n in lens], [[5] * n for n in lens], [""] * 600, [""] * 600)
+    spreads = {}
+    for width in (1, 1000):
+        tc = load_config(None, ["train.batch_tokens=256", f"train.bucket_width={width}"]).train
+        batches = Trainer.epoch_batches(SimpleNamespace(train_data=data, tc=tc, dist=DistInfo()), 1)
+        spreads[width] = statistics.mean(max(lens[i] for i in b) - min(lens[i] for i in b) for b in batches)
+    assert spreads[1] < 1 < 10 < spreads[1000]
+
+
 def test_make_batches_caps_and_overlong() -> None:
     src_lens, tgt_lens = [3, 50, 4, 3, 5, 2], [2, 60, 3, 4, 4, 1]
     batches = make_batches(src_lens, tgt_lens, max_tokens=20, max_sentences=2, shuffle=False)
