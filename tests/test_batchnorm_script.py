@@ -34,3 +34,31 @@ def test_batchnorm_by_length_reports_mismatch_and_per_length_decoding(tmp_path):
     assert n == 15 and set(result["running"]) == set(result["per_length"]) == set(result["all_batches"])
     after = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
     assert all(torch.equal(before[k], after[k]) for k in before)  # the script never writes the checkpoint
+
+
+def test_bn_length_ablation_script_on_a_tiny_run(tmp_path):
+    run = tmp_path / "run"
+    sets = ["model.arch=comet", "model.comet.bn_length_bounds=[8,11]", "data.max_train_pairs=300", "data.max_valid_pairs=15",
+            "train.max_epochs=1", "train.num_threads=1", "train.progress=false", f"train.save_dir={run}"]
+    cometnmt("train", "configs/tiny.yaml", *[a for s in sets for a in ("--set", s)])
+    before = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+    out = tmp_path / "ablation.json"
+    proc = subprocess.run([sys.executable, "scripts/bn_length_ablation.py", str(run / "best.pt"), "--limit", "15",
+                           "--bootstrap", "50", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir()), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = {r["split"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"valid", "test"}
+    for r in results.values():
+        assert r["sentences"] == 15 and r["buckets"] == ["1-8", "9-11", "12+"]
+        for mode in ("per_length", "pooled"):
+            sc = r["scores"][mode]
+            assert 0 <= sc["paper_bleu"] <= 100 and sum(sc["by_length"][f"{b} n"] for b in r["buckets"]) == 15
+        assert 0 <= r["bootstrap"]["paper"]["p_value"] <= 1
+    after = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the script never writes the checkpoint
+    plain = tmp_path / "plain"
+    cometnmt("train", "configs/tiny.yaml", *[a for s in sets[2:-1] + [f"train.save_dir={plain}"] for a in ("--set", s)])
+    proc = subprocess.run([sys.executable, "scripts/bn_length_ablation.py", str(plain / "best.pt")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir())})
+    assert proc.returncode != 0 and "bn_length_bounds" in proc.stderr

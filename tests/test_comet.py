@@ -199,3 +199,60 @@ def test_length_buckets_only_in_the_encoder_and_bad_bounds_are_refused():
     for bad in ([11, 8], [0, 4], [5, 5]):
         with pytest.raises(ValueError, match="comet.bn_length_bounds"):
             MaskedBatchNorm(4, length_bounds=bad)
+
+
+def test_length_buckets_do_not_change_training():
+    """Per-length statistics are bookkeeping: in training, batch norm normalises with the batch's
+    own statistics and no random numbers are drawn for the buckets, so COMET with and without
+    comet.bn_length_bounds takes the same steps from the same seed (dropout on). This is what makes
+    scripts/bn_length_ablation.py a clean control."""
+    models = [make("comet", seed=3), make("comet_bn_length", seed=3)]
+    gen = torch.Generator().manual_seed(5)
+    batches = [(random_batch(s, test_models.V_SRC, gen), random_batch(t, test_models.V_TGT, gen)[0])
+               for s, t in [([7, 4, 9], [6, 8, 3]), ([2, 3, 2, 3], [3, 2, 4, 2]), ([12, 11], [10, 13])] * 2]
+    losses = []
+    for model in models:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        torch.manual_seed(11)  # the same dropout masks for both
+        model.train()
+        trace = []
+        for (src, mask), tgt in batches:
+            loss = model(src, mask, tgt).float().logsumexp(-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            trace.append(loss.item())
+        losses.append(trace)
+    assert losses[0] == losses[1]
+    a, b = (dict(m.named_parameters()) for m in models)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bn_length_ablation_pools_every_sentence_and_restores_the_buckets():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bn_length_ablation.py"
+    spec = importlib.util.spec_from_file_location("bn_length_ablation", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    torch.manual_seed(0)
+    norm = MaskedBatchNorm(4, length_bounds=[4, 8]).train()
+    norm(torch.randn(3, 3, 4) + 2, None)  # length 3: bucket <= 4
+    norm(torch.randn(3, 10, 4) - 1, None)  # length 10: bucket > 8
+    norm.eval()
+    counts = norm.bucket_batches.clone()
+    x = torch.randn(2, 10, 4)
+    pad = torch.arange(10).expand(2, 10) >= torch.tensor([[3], [10]])  # lengths 3 and 10
+    per_length = norm(x, pad)
+    plain = MaskedBatchNorm(4).eval()
+    plain.load_state_dict({"weight": norm.weight, "bias": norm.bias, "running_mean": norm.running_mean[-1],
+                           "running_var": norm.running_var[-1]})
+    with script.pooled_statistics(norm):
+        torch.testing.assert_close(norm(x, pad), plain(x, pad))
+    assert torch.equal(norm.bucket_batches, counts)
+    for i in range(2):  # outside the context: each sentence with its own bucket's statistics again
+        assert not torch.allclose(per_length[i], plain(x, pad)[i])
+        torch.testing.assert_close(norm(x, pad)[i], per_length[i])
+    assert script.bucket_labels([8, 11]) == [("1-8", 1, 8), ("9-11", 9, 11), ("12+", 12, 10**6)]
