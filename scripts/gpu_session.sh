@@ -13,7 +13,8 @@
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
 #            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
 #            and the Transformer, seeds 1-3, the Table 1 recipe, 12 runs side by side (may need a
-#            second call while warm):
+#            second call while warm), and scripts/bn_length_ablation.py on each finished
+#            per-length run (its own weights decoded with pooled statistics):
 #            `cometnmt compare` (paired bootstrap of the first against each other, per seed and
 #            pooled), reports/comet_bn_length
 #   grid     the report's rows beyond the paper: seeds 2 and 3 of ConvS2S and the attention RNN
@@ -57,6 +58,10 @@ case "$part" in
     python -m cometnmt compare configs/multi30k/comet_bn_length.yaml configs/multi30k/comet_mixed_batches.yaml \
       configs/multi30k/comet.yaml configs/multi30k/transformer.yaml --seeds 1 2 3 --jobs 12 --deadline "$deadline" --out reports/comet_bn_length --metrics paper bleu \
       "${recipe[@]}" > "$out/bnlen.log" 2>&1 || true
+    for run in reports/comet_bn_length/runs/comet_bn_length/seed*; do  # the same weights, pooled statistics
+      [ -f "$run/done.json" ] && [ ! -f "$run/ablation.json" ] && python scripts/bn_length_ablation.py "$run/best.pt" \
+        --device cuda --out "$run/ablation.json" >> "$out/bnlen.log" 2>&1 || true
+    done
     keep reports/comet_bn_length ;;
   grid)
     # their own presets' recipe, as their seed-1 runs (the report's "How each row was trained")
