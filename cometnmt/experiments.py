@@ -63,6 +63,7 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     start = time.time()
     if stop_at is not None and start >= stop_at:
         return None
+    commit = os.environ.get("COMETNMT_COMMIT") or _git("rev-parse", "HEAD")  # the code this run starts from
     run.mkdir(parents=True, exist_ok=True)
     earlier = run / "train_seconds_before.txt"  # time spent in the calls the deadline cut short
     before = float(earlier.read_text()) if earlier.exists() else 0.0
@@ -82,7 +83,7 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         raise CometNMTError(f"training {spec.name} seed {spec.seed} failed (exit {code}); see {run / 'stdout.log'}")
     record = {"row": spec.name, "seed": spec.seed, "train_seconds": before + time.time() - start, "command": shlex.join(cmd),
               "hardware": hardware(device), "torch": torch_version(),
-              "commit": os.environ.get("COMETNMT_COMMIT") or _git("rev-parse", "HEAD")}
+              "commit": commit}
     record.update(evaluate(run))
     done.write_text(json.dumps(record, indent=1))
     return record
