@@ -1,5 +1,6 @@
-"""scripts/batchnorm_by_length.py on a tiny COMET run: batch-norm statistics by length bucket, and
-decoding with running vs per-length statistics, without touching the checkpoint's statistics."""
+"""The batch-norm scripts on tiny COMET runs, neither touching the checkpoint: batchnorm_by_length.py
+(statistics by length bucket; decoding with running vs per-length statistics) and
+bn_length_ablation.py (a per-length checkpoint decoded with its per-length and its pooled statistics)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,26 @@ import torch
 from test_arch_cli import REPO, cometnmt, data_dir
 
 
+def tiny_run(run, *extra: str):
+    """A one-epoch tiny.yaml training run in ``run`` (COMET unless ``extra`` says otherwise); its
+    best.pt weights."""
+    sets = ["model.arch=comet", "data.max_train_pairs=300", "data.max_valid_pairs=15", "train.max_epochs=1",
+            "train.num_threads=1", "train.progress=false", f"train.save_dir={run}", *extra]
+    cometnmt("train", "configs/tiny.yaml", *[a for s in sets for a in ("--set", s)])
+    return torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+
+
+def script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir()), "OMP_NUM_THREADS": "1"})
+
+
 def test_batchnorm_by_length_reports_mismatch_and_per_length_decoding(tmp_path):
     run = tmp_path / "run"
-    sets = ["model.arch=comet", "data.max_train_pairs=300", "data.max_valid_pairs=15", "train.max_epochs=1",
-            "train.num_threads=1", "train.progress=false", f"train.save_dir={run}"]
-    cometnmt("train", "configs/tiny.yaml", *[a for s in sets for a in ("--set", s)])
-    before = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+    before = tiny_run(run)
     out = tmp_path / "bn.json"
-    proc = subprocess.run([sys.executable, "scripts/batchnorm_by_length.py", str(run / "best.pt"), "--max-pairs", "300",
-                           "--eval-split", "valid", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir()), "OMP_NUM_THREADS": "1"})
+    proc = script("scripts/batchnorm_by_length.py", str(run / "best.pt"), "--max-pairs", "300", "--eval-split", "valid",
+                  "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert sum(result["batches_per_bucket"].values()) > 0
@@ -38,14 +49,9 @@ def test_batchnorm_by_length_reports_mismatch_and_per_length_decoding(tmp_path):
 
 def test_bn_length_ablation_script_on_a_tiny_run(tmp_path):
     run = tmp_path / "run"
-    sets = ["model.arch=comet", "model.comet.bn_length_bounds=[8,11]", "data.max_train_pairs=300", "data.max_valid_pairs=15",
-            "train.max_epochs=1", "train.num_threads=1", "train.progress=false", f"train.save_dir={run}"]
-    cometnmt("train", "configs/tiny.yaml", *[a for s in sets for a in ("--set", s)])
-    before = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+    before = tiny_run(run, "model.comet.bn_length_bounds=[8,11]")
     out = tmp_path / "ablation.json"
-    proc = subprocess.run([sys.executable, "scripts/bn_length_ablation.py", str(run / "best.pt"), "--limit", "15",
-                           "--bootstrap", "50", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir()), "OMP_NUM_THREADS": "1"})
+    proc = script("scripts/bn_length_ablation.py", str(run / "best.pt"), "--limit", "15", "--bootstrap", "50", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = {r["split"]: r for r in json.loads(out.read_text())["results"]}
     assert set(results) == {"valid", "test"}
@@ -58,7 +64,6 @@ def test_bn_length_ablation_script_on_a_tiny_run(tmp_path):
     after = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
     assert all(torch.equal(before[k], after[k]) for k in before)  # the script never writes the checkpoint
     plain = tmp_path / "plain"
-    cometnmt("train", "configs/tiny.yaml", *[a for s in sets[2:-1] + [f"train.save_dir={plain}"] for a in ("--set", s)])
-    proc = subprocess.run([sys.executable, "scripts/bn_length_ablation.py", str(plain / "best.pt")], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir())})
+    tiny_run(plain)  # COMET without length buckets
+    proc = script("scripts/bn_length_ablation.py", str(plain / "best.pt"))
     assert proc.returncode != 0 and "bn_length_bounds" in proc.stderr
