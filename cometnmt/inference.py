@@ -37,13 +37,13 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
     return device
 
 
-
 def set_cuda_backends(cudnn_attention: bool = True) -> None:
     """The CUDA settings `cometnmt train` and the bench share: TF32 matmuls and convolutions, and
     whether attention may use cuDNN's kernels (config key ``train.cudnn_attention``)."""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+
 
 def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None = None,
                   length_penalty: float | None = None, batch_sentences: int | None = None) -> DecodeConfig:
