@@ -178,10 +178,10 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
             continue
         first = by[(names[0], seeds[0])]
         _, refs, cfg = run_test_split(run_dir(out, first["row"], first["seed"]), args.eval_limit)
-        tokenize = SpacyTokenizer(cfg.data.tgt_lang).tokenize
+        tokenize = SpacyTokenizer(cfg.data.tgt_lang).tokenize if "paper" in args.metrics else None  # spaCy only when needed
         runs_a = [test_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [test_hyps(out, by[(other, s)]) for s in seeds]
-        for metric in getattr(args, "metrics", ["bleu"]):
+        for metric in args.metrics:
             kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize}
             for s, a, b in zip(seeds, runs_a, runs_b):
                 results.append({"a_system": names[0], "b_system": other, "seeds": [s], **paired_bootstrap(a, b, refs, **kw)})
