@@ -8,8 +8,12 @@ greedily (the paper's search) on the validation and test splits, and the report 
 
 * ``report.md``: our numbers beside the paper's (dev and test; the paper's metric, sacreBLEU BLEU
   and chrF; mean ± standard deviation over seeds), a paired bootstrap test of COMET against the
-  Transformer, Table 2-style examples, and the commit, configs, hardware and time that produced it;
+  Transformer (per seed, and pooled over the seeds), Table 2-style examples, and the commit,
+  configs, hardware and time that produced it;
 * ``figure4_bleu_by_length.png``: BLEU difference COMET - Transformer by source length (Figure 4);
+
+``--candidate ROW`` sets another row against the Transformer in the bootstrap test, Figure 4 and
+the examples (e.g. ``comet_bn_length``); the default is COMET, as in the paper.
 * ``learning_curves.png``: validation loss and BLEU per epoch;
 * ``report.json``: everything above as data.
 """
@@ -72,6 +76,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto", help="device for training and decoding (auto = GPU if present)")
     p.add_argument("--eval-limit", type=int, help="decode only the first N sentences of each split (smoke runs; labelled in the report)")
     p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap samples (default 1000)")
+    p.add_argument("--candidate", metavar="ROW",
+                   help="the row tested against the Transformer in the bootstrap test, Figure 4 and the examples "
+                        "(default comet; must be one of --rows when given)")
     p.add_argument("--examples", type=int, default=5, help="Table 2-style examples per direction")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
     p.add_argument("--deadline", type=float, help="seconds: start no run after this, stop running ones (they stay resumable), report what finished")
@@ -120,6 +127,10 @@ def run_reproduce(args) -> int:
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise CometNMTError(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(ROWS)} or 'all'")
+    cand = getattr(args, "candidate", None)
+    if cand is not None and (cand not in rows or cand == "transformer"):
+        raise CometNMTError(f"--candidate {cand}: must be one of --rows ({', '.join(rows)}) other than transformer, "
+                            "which it is tested against")
     missing = [ROWS[r].preset for r in rows if not (Path(args.config_dir) / ROWS[r].preset).exists()]
     if missing:
         raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
@@ -180,53 +191,86 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
     if prev:
         report["provenance"]["merged_runs"] = n_merged
         report["provenance"]["merged_from"] = str(args.merge_report)
-    pair = [r for r in ("comet", "transformer") if r in rows]
-    if len(pair) == 2:
-        report["significance"] = _significance(args, out, records, prev)
-        report["figure4"] = _figure4(out, records)
-        report["examples"] = _examples(args, out, records, prev)
+    cand = candidate(args)
+    if cand in rows and "transformer" in rows:
+        report["candidate"] = cand
+        if prev.get("candidate", "comet") != cand:  # an earlier report's tests of another row do not apply
+            prev = {k: v for k, v in prev.items() if k not in ("significance", "examples")}
+        report["significance"] = _significance(args, out, records, prev, cand)
+        report["figure4"] = _figure4(out, records, cand)
+        report["examples"] = _examples(args, out, records, prev, cand)
     _learning_curves(out, rows, records)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "report.md").write_text(_markdown(args, report), encoding="utf-8")
     return report
 
 
-def _paired_runs(records: list[dict]) -> list[tuple[dict, dict]]:
+def candidate(args) -> str:
+    """The row tested against the Transformer: ``--candidate``, else COMET."""
+    return getattr(args, "candidate", None) or "comet"
+
+
+def short_label(row: str) -> str:
+    """A row's label without its "(not in the paper)" note, for table columns."""
+    return ROWS[row].label.split(" (")[0]
+
+
+def _paired_runs(records: list[dict], cand: str) -> list[tuple[dict, dict]]:
+    """(candidate, Transformer) run pairs of equal seed, by seed."""
     by = {(r["row"], r["seed"]): r for r in records}
-    return [(by[("comet", s)], by[("transformer", s)]) for (row, s) in by if row == "comet" and ("transformer", s) in by]
+    return [(by[(cand, s)], by[("transformer", s)]) for s in sorted(s for (row, s) in by if row == cand)
+            if ("transformer", s) in by]
 
 
 def _test_corpus(args, out: Path, rec: dict):
     return run_test_split(run_dir(out, rec["row"], rec["seed"]), args.eval_limit)
 
 
-def _significance(args, out: Path, records: list[dict], prev: dict) -> list[dict]:
+def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -> list[dict]:
+    """Per seed pair, then pooled over the pairs whose hypotheses are here (sentences resampled once
+    for all seeds; see :func:`~cometnmt.evaluation.paired_bootstrap_runs`). Pairs whose hypotheses are
+    gone (merged runs) take their rows from the earlier report; its pooled rows replace ours when they
+    cover all of this report's seed pairs and ours do not."""
     from cometnmt.data.tokenizers import SpacyTokenizer
-    from cometnmt.evaluation import paired_bootstrap
+    from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
-    results = []
-    for comet, trans in _paired_runs(records):
+    results, seeds, runs_c, runs_t, tok, refs = [], [], [], [], None, None
+    pairs = _paired_runs(records, cand)
+    earlier = prev.get("significance", [])
+    for comet, trans in pairs:
         c_h, t_h = test_hyps(out, comet), test_hyps(out, trans)
         if c_h is None or t_h is None:  # merged runs: their rows of the earlier report
-            results += [s for s in prev.get("significance", []) if s["seed"] == comet["seed"]]
+            results += [s for s in earlier if s["seed"] == comet["seed"]]
             continue
-        _, refs, cfg = _test_corpus(args, out, comet)
-        tok = SpacyTokenizer(cfg.data.tgt_lang).tokenize
+        if tok is None:
+            _, refs, cfg = _test_corpus(args, out, comet)
+            tok = SpacyTokenizer(cfg.data.tgt_lang).tokenize
         for metric in ("paper", "bleu"):
             res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok)
             results.append({"seed": comet["seed"], **res})
+        seeds.append(comet["seed"])
+        runs_c.append(c_h)
+        runs_t.append(t_h)
+    all_seeds = [c["seed"] for c, _ in pairs]
+    pooled = [s for s in earlier if s["seed"] == "pooled" and s.get("seeds") == all_seeds]
+    if len(seeds) > 1 and (seeds == all_seeds or not pooled):
+        for metric in ("paper", "bleu"):
+            res = paired_bootstrap_runs(runs_c, runs_t, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok)
+            results.append({"seed": "pooled", "seeds": seeds, **res})
+    else:
+        results += pooled
     return results
 
 
-def _figure4(out: Path, records: list[dict]) -> list[dict]:
-    """Mean (over seed pairs) paper BLEU difference COMET - Transformer per source length."""
+def _figure4(out: Path, records: list[dict], cand: str) -> list[dict]:
+    """Mean (over seed pairs) paper BLEU difference candidate (COMET) - Transformer per source length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     diffs: dict[int, list[float]] = {}
-    for comet, trans in _paired_runs(records):
+    for comet, trans in _paired_runs(records, cand):
         t = {r["length"]: r["paper_bleu"] for r in trans["test"]["bleu_by_length"]}
         for r in comet["test"]["bleu_by_length"]:
             if r["length"] in t:
@@ -237,7 +281,7 @@ def _figure4(out: Path, records: list[dict]) -> list[dict]:
            color=["tab:blue" if r["diff"] >= 0 else "tab:red" for r in rows])
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("source sentence length (spaCy tokens)")
-    ax.set_ylabel("BLEU difference (COMET − Transformer)")
+    ax.set_ylabel(f"BLEU difference ({short_label(cand)} − Transformer)")
     ax.set_title("Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences")
     fig.tight_layout()
     fig.savefig(out / "figure4_bleu_by_length.png", dpi=120)
@@ -245,8 +289,10 @@ def _figure4(out: Path, records: list[dict]) -> list[dict]:
     return rows
 
 
-def _examples(args, out: Path, records: list[dict], prev: dict) -> list[dict]:
-    pairs = _paired_runs(records)
+def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> list[dict]:
+    """Test sentences of the first seed pair where the candidate's sentence BLEU most exceeds the
+    Transformer's, and where it falls most short (the keys say "comet" for the candidate)."""
+    pairs = _paired_runs(records, cand)
     if not pairs:
         return []
     comet, trans = pairs[0]
@@ -308,18 +354,23 @@ def _markdown(args, report: dict) -> str:
         recs = sorted((r for r in report["runs"] if r["row"] == e["row"]), key=lambda r: r["seed"])
         if recs:
             lines.append(f"- {e['label']}: `{short_command(recs[0]['command'])}`")
+    name = short_label(report.get("candidate", "comet"))
     if report.get("significance"):
-        lines += ["", "## Paired bootstrap: COMET vs Transformer (test)", "",
-                  "| seed | metric | COMET | Transformer | Δ | p (Transformer ≥ COMET) |", "|---|---|---|---|---|---|"]
+        lines += ["", f"## Paired bootstrap: {name} vs Transformer (test)", "",
+                  f"p = fraction of bootstrap samples in which the Transformer scores at least as high as {name} "
+                  "(one-sided). Pooled rows resample the sentences once for all seeds; BLEU there is the corpus BLEU "
+                  "of each system's seeds concatenated, the paper's metric the mean over its seeds.", "",
+                  f"| seed | metric | {name} | Transformer | Δ | p (Transformer ≥ {name}) |", "|---|---|---|---|---|---|"]
         for s in report["significance"]:
-            lines.append(f"| {s['seed']} | {s['metric']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | {s['p_value']:.3f} |")
+            seed = s["seed"] if s["seed"] != "pooled" else ", ".join(map(str, s["seeds"])) + " (pooled)"
+            lines.append(f"| {seed} | {s['metric']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | {s['p_value']:.3f} |")
     if report.get("figure4"):
         lines += ["", "## Figure 4: BLEU difference by source length", "", "![figure 4](figure4_bleu_by_length.png)", ""]
     lines += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
     if report.get("examples"):
         lines += ["## Table 2-style examples (test sentences where the models differ most)", ""]
         for ex in report["examples"]:
-            lines += [f"**#{ex['index']}** (sentence BLEU: COMET {ex['comet_bleu']:.1f}, Transformer {ex['transformer_bleu']:.1f})", "",
+            lines += [f"**#{ex['index']}** (sentence BLEU: {name} {ex['comet_bleu']:.1f}, Transformer {ex['transformer_bleu']:.1f})", "",
                       f"- Source: {ex['source']}", f"- Reference: {ex['reference']}",
-                      f"- Transformer: {ex['transformer']}", f"- COMET: {ex['comet']}", ""]
+                      f"- Transformer: {ex['transformer']}", f"- {name}: {ex['comet']}", ""]
     return "\n".join(lines) + "\n"

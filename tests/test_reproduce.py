@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 TINY = ["--set", "data.max_train_pairs=300", "--set", "data.max_valid_pairs=20", "--set", "train.max_epochs=1",
         "--set", "model.d_model=32", "--set", "model.n_heads=4", "--set", "model.d_ff=64", "--set", "model.enc_layers=1",
         "--set", "model.dec_layers=1", "--set", "train.num_threads=1", "--eval-limit", "30", "--bootstrap", "50"]
@@ -52,3 +54,37 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     bad = cli("reproduce", "--report-only", "--rows", "comet", "--seeds", "1", "--out", str(out),
               "--merge-report", str(tmp_path / "bad.json"), check=False)
     assert bad.returncode != 0 and "bad.json is not a cometnmt reproduce report.json" in bad.stderr
+
+    # --candidate: another row against the Transformer, per seed and pooled over the seeds. The runs
+    # are copies of the ones above (same hypotheses), so the pooled paper's metric (a mean over the
+    # seeds) must agree with seed 1's. (Pooled BLEU need not: its smoothing of zero n-gram counts
+    # depends on the totals, and a tiny model has such zeros.)
+    def copy_run(row, seed, new_row, new_seed):
+        dst = out / "runs" / new_row / f"seed{new_seed}"
+        shutil.copytree(out / "runs" / row / f"seed{seed}", dst)
+        done = json.loads((dst / "done.json").read_text())
+        (dst / "done.json").write_text(json.dumps({**done, "row": new_row, "seed": new_seed}))
+
+    cli("reproduce", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out), *TINY)  # transformer again
+    for row, seed, new_row, new_seed in [("comet", 1, "comet_bn_length", 1), ("comet", 1, "comet_bn_length", 2),
+                                         ("transformer", 1, "transformer", 2)]:
+        copy_run(row, seed, new_row, new_seed)
+    cli("reproduce", "--report-only", "--rows", "comet_bn_length", "transformer", "--seeds", "1", "2", "--out", str(out),
+        "--candidate", "comet_bn_length", *TINY)
+    cand = json.loads((out / "report.json").read_text())
+    assert cand["candidate"] == "comet_bn_length"
+    assert [s["seed"] for s in cand["significance"]] == [1, 1, 2, 2, "pooled", "pooled"]
+    by = {(s["seed"], s["metric"]): s for s in cand["significance"]}
+    for metric in ("paper", "bleu"):
+        assert by[("pooled", metric)]["seeds"] == [1, 2] and by[("pooled", metric)]["runs"] == [2, 2]
+        assert {**by[(1, metric)], "seed": 2} == by[(2, metric)]  # seed 2 is a copy of seed 1
+    pooled, one = by[("pooled", "paper")], by[(1, "paper")]
+    assert (pooled["a"], pooled["b"], pooled["p_value"]) == pytest.approx((one["a"], one["b"], one["p_value"]))
+    text = (out / "report.md").read_text()
+    assert "## Paired bootstrap: COMET, batch norm by length vs Transformer" in text and "| 1, 2 (pooled) | paper |" in text
+    assert cand["examples"] and cand["figure4"]
+    # a candidate that is not among the rows, or the Transformer itself, is an error naming the option
+    for bad_cand in ("rnn", "transformer"):
+        bad = cli("reproduce", "--report-only", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out),
+                  "--candidate", bad_cand, check=False)
+        assert bad.returncode != 0 and f"--candidate {bad_cand}: must be one of --rows" in bad.stderr
