@@ -11,11 +11,11 @@ greedily (the paper's search) on the validation and test splits, and the report 
   Transformer (per seed, and pooled over the seeds), Table 2-style examples, and the commit,
   configs, hardware and time that produced it;
 * ``figure4_bleu_by_length.png``: BLEU difference COMET - Transformer by source length (Figure 4);
+* ``learning_curves.png``: validation loss and BLEU per epoch;
+* ``report.json``: everything above as data.
 
 ``--candidate ROW`` sets another row against the Transformer in the bootstrap test, Figure 4 and
 the examples (e.g. ``comet_bn_length``); the default is COMET, as in the paper.
-* ``learning_curves.png``: validation loss and BLEU per epoch;
-* ``report.json``: everything above as data.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def run_reproduce(args) -> int:
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise CometNMTError(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(ROWS)} or 'all'")
-    cand = getattr(args, "candidate", None)
+    cand = args.candidate
     if cand is not None and (cand not in rows or cand == "transformer"):
         raise CometNMTError(f"--candidate {cand}: must be one of --rows ({', '.join(rows)}) other than transformer, "
                             "which it is tested against")
@@ -207,7 +207,7 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
 
 def candidate(args) -> str:
     """The row tested against the Transformer: ``--candidate``, else COMET."""
-    return getattr(args, "candidate", None) or "comet"
+    return args.candidate or "comet"
 
 
 def short_label(row: str) -> str:
