@@ -63,8 +63,8 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     start = time.time()
     if stop_at is not None and start >= stop_at:
         return None
-    commit = os.environ.get("COMETNMT_COMMIT") or _git("rev-parse", "HEAD")  # the code this run starts from
     run.mkdir(parents=True, exist_ok=True)
+    commits = _call_commits(run)
     earlier = run / "train_seconds_before.txt"  # time spent in the calls the deadline cut short
     before = float(earlier.read_text()) if earlier.exists() else 0.0
     with open(run / "stdout.log", "a", encoding="utf-8") as logf:
@@ -83,10 +83,25 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         raise CometNMTError(f"training {spec.name} seed {spec.seed} failed (exit {code}); see {run / 'stdout.log'}")
     record = {"row": spec.name, "seed": spec.seed, "train_seconds": before + time.time() - start, "command": shlex.join(cmd),
               "hardware": hardware(device), "torch": torch_version(),
-              "commit": commit}
+              "commit": commits[0]}
+    if len(commits) > 1:  # resumed at other code: every commit the run trained at, in order
+        record["commits"] = commits
     record.update(evaluate(run))
     done.write_text(json.dumps(record, indent=1))
     return record
+
+
+def _call_commits(run: Path) -> list[str]:
+    """The commits of the calls that trained ``run``, first first: each call appends its own to
+    ``commits.txt`` in the run folder, so a run the deadline cut short and a later call finished
+    still names the code it started from."""
+    path = run / "commits.txt"
+    commit = os.environ.get("COMETNMT_COMMIT") or _git("rev-parse", "HEAD") or "unknown"
+    seen = path.read_text(encoding="utf-8").split() if path.exists() else []
+    if commit not in seen:
+        seen.append(commit)
+        path.write_text("".join(c + "\n" for c in seen), encoding="utf-8")
+    return seen
 
 
 def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: str, stop_at: Optional[float],
@@ -110,17 +125,24 @@ def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: st
 def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
                    report: Callable[[list[dict], list[str], float], object]) -> int:
     """The body of `reproduce` and `compare`: train and evaluate ``specs`` (unless
-    ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones.
+    ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones; a
+    call that finished no run where OUT already holds a report keeps that report.
     Returns 1 when a run failed (the others still ran and are reported), else 0; runs left
     unfinished by the deadline are not failures (they are listed as missing and resume later)."""
     Path(args.out).mkdir(parents=True, exist_ok=True)
     start = time.time()
     failed: list[str] = []
+    before = len(finished(specs)[0])
     if not args.report_only:
         stop_at = None if args.deadline is None else start + args.deadline
         failed = run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at, evaluate=evaluate)
     records, missing = finished(specs)
-    report(records, missing, time.time() - start)
+    if not args.report_only and len(records) == before and (Path(args.out) / "report.json").exists():
+        # nothing new to report: a call the deadline cut short keeps the report already there
+        log.warning("no run finished in this call; %s is left as it was (--report-only rewrites it)",
+                    Path(args.out) / "report.md")
+    else:
+        report(records, missing, time.time() - start)
     if failed:
         log.error("failed: %s", ", ".join(failed))
     return 1 if failed else 0
@@ -173,14 +195,18 @@ def run_test_split(run: Path, limit: Optional[int]):
 
 
 def mean_sd(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+    """Mean and sample standard deviation; the deviation is None for fewer than two values (one
+    seed has no spread to report, and 0.00 would claim one)."""
     if not values:
         return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def fmt(pair: tuple[Optional[float], Optional[float]]) -> str:
     mean, sd = pair
-    return "–" if mean is None else f"{mean:.2f} ± {sd:.2f}"
+    if mean is None:
+        return "–"
+    return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
 
 
 def short_command(command: str) -> str:
@@ -236,7 +262,7 @@ def provenance(args, seconds: float, records: list[dict], missing: list[str]) ->
         "torch": ", ".join(sorted({r["torch"] for r in records if "torch" in r})) or torch_version(),
         "train_hours": sum(r.get("train_seconds", 0.0) for r in records) / 3600,
         "missing_runs": missing,
-        "run_commits": sorted({r["commit"] for r in records if r.get("commit")}),
+        "run_commits": sorted({c for r in records for c in (r.get("commits") or [r.get("commit")]) if c}),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "wall_seconds": seconds,
         "overrides": args.set,

@@ -1,0 +1,64 @@
+"""The bookkeeping `reproduce` and `compare` share (cometnmt/experiments.py), without training:
+spread over one seed, the commits a resumed run trained at, and the report a call that finished
+nothing keeps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cometnmt import experiments
+from cometnmt.experiments import RunSpec, fmt, mean_sd, provenance, provenance_lines, run_and_report
+
+
+def test_one_seed_has_no_spread():
+    assert mean_sd([]) == (None, None) and fmt(mean_sd([])) == "–"
+    assert mean_sd([40.0]) == (40.0, None) and fmt(mean_sd([40.0])) == "40.00"  # not "40.00 ± 0.00"
+    mean, sd = mean_sd([39.0, 41.0])
+    assert mean == 40.0 and abs(sd - 2 ** 0.5) < 1e-12 and fmt((mean, sd)) == "40.00 ± 1.41"
+
+
+def test_a_resumed_run_keeps_the_commit_it_started_from(tmp_path, monkeypatch):
+    run = tmp_path / "seed1"
+    run.mkdir()
+    monkeypatch.setenv("COMETNMT_COMMIT", "aaaa111")
+    assert experiments._call_commits(run) == ["aaaa111"]
+    assert experiments._call_commits(run) == ["aaaa111"]  # the same code again: recorded once
+    monkeypatch.setenv("COMETNMT_COMMIT", "bbbb222")  # a later call, after a commit, finishes it
+    assert experiments._call_commits(run) == ["aaaa111", "bbbb222"]
+    assert (run / "commits.txt").read_text().split() == ["aaaa111", "bbbb222"]
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=None)
+    records = [{"commit": "aaaa111", "commits": ["aaaa111", "bbbb222"]}, {"commit": "cccc333"}, {"row": "old record"}]
+    prov = provenance(args, 1.0, records, [])
+    assert prov["run_commits"] == ["aaaa111", "bbbb222", "cccc333"]
+    assert "`aaaa111`, `bbbb222`, `cccc333`" in provenance_lines(prov)[0]
+
+
+def _args(out: Path, report_only: bool) -> argparse.Namespace:
+    return argparse.Namespace(out=str(out), report_only=report_only, deadline=0.0, jobs=1, set=[], device="cpu")
+
+
+def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path):
+    """deadline 0: no run starts. Before, such a call rewrote report.md with every run missing."""
+    out = tmp_path / "report"
+    specs = [RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")]
+    calls = []
+
+    def report(records, missing, seconds):
+        calls.append((records, missing))
+        (out / "report.json").write_text(json.dumps({"missing": missing}))
+
+    assert run_and_report(_args(out, False), specs, lambda run: {}, report) == 0
+    assert calls == [([], ["comet seed 1"])]  # no report yet: the first one is written, run missing
+    assert run_and_report(_args(out, False), specs, lambda run: {}, report) == 0
+    assert len(calls) == 1  # nothing finished and a report is there: kept
+    assert not specs[0].run_dir.exists()  # and nothing trained
+
+    done = specs[0].run_dir / "done.json"  # a run finished by another call (or copied from another machine)
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps({"row": "comet", "seed": 1}))
+    run_and_report(_args(out, False), specs, lambda run: {}, report)
+    assert len(calls) == 1  # still nothing finished in this call
+    run_and_report(_args(out, True), specs, lambda run: {}, report)
+    assert calls[-1] == ([{"row": "comet", "seed": 1}], [])  # --report-only always rewrites
