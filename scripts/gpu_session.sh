@@ -9,7 +9,14 @@
 #
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && bash scripts/gpu_session.sh PART
-# PART, in order of priority:
+# PART, in order of priority (bnlen ran on 2026-11-23: reports/comet_bn_length; bench ran then too,
+# all but its fp32 and Transformer++ lines, which the device budget cut):
+#   tpp      Transformer++ against its same-size Transformer (issue 4); see below
+#   gridtime issue 6's timing of the whole Table 1 grid (12 paper rows x 3 seeds) on one GPU, 14 runs
+#            side by side, into a fresh reports/gpu_grid_timing; ~30 min of calls while warm (estimate
+#            from 12 runs in 8-10 min), so it needs a session whose device budget has that left.
+#            The grid's time is the sum of the calls' wall times (each report.md's header)
+#   bench    as below; at least the lines not yet measured: fp32 and bench_transformer_pp.py
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
 #            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
 #            and the Transformer, seeds 1-3, the Table 1 recipe, 12 runs side by side (may need a
@@ -38,7 +45,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh bnlen|grid|bench|tpp|paper}
+part=${1:?usage: bash scripts/gpu_session.sh tpp|gridtime|bench|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -69,6 +76,9 @@ case "$part" in
       --set train.precision=bf16 --set train.valid_bleu_max_sentences=500 \
       --out reports/gpu_grid_extra > "$out/grid_extra.log" 2>&1 || true
     keep reports/gpu_grid_extra ;;
+  gridtime)
+    python -m cometnmt reproduce --rows all --seeds 1 2 3 --jobs 14 --deadline "$deadline" --out reports/gpu_grid_timing "${recipe[@]}" > "$out/gridtime.log" 2>&1 || true
+    keep reports/gpu_grid_timing ;;
   bench)
     b=(python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz)
     "${b[@]}" --precision bf16 --out "$out/gpu_bf16.json"
@@ -88,5 +98,5 @@ case "$part" in
       --set train.precision=bf16 --set train.batch_tokens=8192 --set train.accum_steps=1 \
       --set train.valid_bleu_max_sentences=500 || true
     keep reports/transformer_pp_en_de ;;
-  *) echo "unknown part '$part'; use bnlen, grid, bench, tpp or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use tpp, gridtime, bench, bnlen, grid or paper" >&2; exit 2 ;;
 esac
