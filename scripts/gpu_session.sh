@@ -11,12 +11,14 @@
 #   source scripts/gpu_env.sh && bash scripts/gpu_session.sh PART
 # PART, in order of priority (bnlen ran on 2026-11-23: reports/comet_bn_length; bench ran then too,
 # all but its fp32 and Transformer++ lines, which the device budget cut):
+#   bench    first, as below (~4 min a line): it measures the change made after the last GPU
+#            session (no source mask for unpadded batches: COMET's operators per step 2.13x the
+#            Transformer's -> 1.41x), and the lines not yet measured (fp32, bench_transformer_pp.py)
 #   tpp      Transformer++ against its same-size Transformer (issue 4); see below
 #   gridtime issue 6's timing of the whole Table 1 grid (12 paper rows x 3 seeds) on one GPU, 14 runs
 #            side by side, into a fresh reports/gpu_grid_timing; ~30 min of calls while warm (estimate
 #            from 12 runs in 8-10 min), so it needs a session whose device budget has that left.
 #            The grid's time is the sum of the calls' wall times (each report.md's header)
-#   bench    as below; at least the lines not yet measured: fp32 and bench_transformer_pp.py
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
 #            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
 #            and the Transformer, seeds 1-3, the Table 1 recipe, 12 runs side by side (may need a

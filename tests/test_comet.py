@@ -256,3 +256,33 @@ def test_bn_length_ablation_pools_every_sentence_and_restores_the_buckets():
         assert not torch.allclose(per_length[i], plain(x, pad)[i])
         torch.testing.assert_close(norm(x, pad)[i], per_length[i])
     assert script.bucket_labels([8, 11]) == [("1-8", 1, 8), ("9-11", 9, 11), ("12+", 12, 10**6)]
+
+
+@pytest.mark.parametrize("bounds", [None, [4, 8]])
+def test_unpadded_batch_norm_is_pytorchs_own_with_the_same_results(bounds):
+    """A training batch without padding (pad_mask None) runs F.batch_norm: the same outputs,
+    gradients and running statistics (per length too) as the masked path given an all-False mask."""
+    torch.manual_seed(3)
+    x = (torch.randn(4, 6, 5) * 2 + 1).requires_grad_(True)
+    x2 = x.detach().clone().requires_grad_(True)
+    probe = torch.randn(4, 6, 5)
+    masked, native = MaskedBatchNorm(5, length_bounds=bounds).train(), MaskedBatchNorm(5, length_bounds=bounds).train()
+    with torch.no_grad():
+        masked.weight.uniform_(0.5, 1.5), masked.bias.uniform_(-0.5, 0.5)
+        native.weight.copy_(masked.weight), native.bias.copy_(masked.bias)
+    for step in range(2):  # the second batch blends into the running statistics
+        y = masked(x, torch.zeros(4, 6, dtype=torch.bool))
+        y2 = native(x2, None)
+        assert y2.dtype == torch.float32
+        torch.testing.assert_close(y2, y, atol=1e-5, rtol=1e-5)
+        (y * probe).sum().backward()
+        (y2 * probe).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(native.weight.grad, masked.weight.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(native.bias.grad, masked.bias.grad, atol=1e-5, rtol=1e-5)
+    for (k, a), (_, b) in zip(masked.named_buffers(), native.named_buffers()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=k)
+    if bounds:
+        assert native.bucket_batches.tolist() == [0, 2, 0, 2]  # length 6: bucket 4-8, and the pooled row
+    one = MaskedBatchNorm(5).train()  # one position: no batch statistics to speak of, the masked path
+    assert one(torch.randn(1, 1, 5), None).abs().max() < 1e-4

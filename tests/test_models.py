@@ -184,3 +184,31 @@ def test_loss_ignores_padding(name):
 
     pad2 = lambda x: torch.cat([x, torch.full((2, 3), PAD)], dim=1)
     torch.testing.assert_close(loss(src, tgt, gold), loss(pad2(src), pad2(tgt), pad2(gold)), atol=1e-4, rtol=1e-5)
+
+
+def test_unpadded_source_as_none_computes_the_same(name):
+    """Models that declare ``unpadded_source_as_none`` get ``src_pad_mask=None`` from the trainer for a
+    batch without source padding; in training mode (dropout on, the same masks drawn) they must
+    compute what an all-False mask gives: logits, gradients and batch-norm running statistics."""
+    model = make(name, seed=2)
+    if not model.unpadded_source_as_none:
+        pytest.skip(f"{name} always gets the mask")
+    twin = make(name, seed=2)
+    gen = torch.Generator().manual_seed(4)
+    src, mask = random_batch([6, 6, 6], V_SRC, gen)  # one source length: no padding
+    tgt, _ = random_batch([5, 7, 3], V_TGT, gen)
+    assert not mask.any()
+    outs = []
+    for m, src_mask in ((model, mask), (twin, None)):
+        m.train()
+        torch.manual_seed(9)
+        logits = m(src, src_mask, tgt)
+        logits.float().logsumexp(-1).mean().backward()
+        outs.append(logits)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    grads = [dict((k, p.grad) for k, p in m.named_parameters() if p.grad is not None) for m in (model, twin)]
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4, msg=k)
+    for (k, a), (_, b) in zip(model.named_buffers(), twin.named_buffers()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=k)

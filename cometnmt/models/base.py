@@ -33,7 +33,16 @@ def reorder_nested(value: Any, index: torch.Tensor) -> Any:
 
 
 class Seq2Seq(nn.Module):
-    """Base class of all translation models. Subclasses implement the five protocol methods."""
+    """Base class of all translation models. Subclasses implement the five protocol methods.
+
+    ``unpadded_source_as_none``: True where ``forward`` and ``encode`` take ``src_pad_mask=None``
+    for a batch without source padding and compute the same as with an all-False mask. The trainer
+    then passes None for such batches (most of them: training batches are cut from one source
+    length), so attention runs without a mask and COMET's batch norm as PyTorch's own kernel; the
+    trainer knows it from the batch's token count, without waiting on the GPU.
+    """
+
+    unpadded_source_as_none = False
 
     def __init__(self, pad_id: int) -> None:
         super().__init__()

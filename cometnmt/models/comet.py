@@ -95,24 +95,13 @@ class MaskedBatchNorm(nn.Module):
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """x B,L,C; pad_mask B,L (True = padding) or None -> B,L,C, zero at padding."""
         if self.training:
+            if pad_mask is None and x.shape[0] * x.shape[1] > 1:  # no padding: PyTorch's own batch norm
+                return self._train_unpadded(x)
             keep = (x.new_ones(x.shape[0], x.shape[1], 1, dtype=torch.float32) if pad_mask is None
                     else (~pad_mask).unsqueeze(-1).float())  # B,L,1
             y, mean, var, n = _MaskedBatchNormTrain.apply(x, keep, self.weight, self.bias, self.eps)
             with torch.no_grad():
-                unbiased = var * n / (n - 1).clamp(min=1)
-                if self.length_bounds:  # the bucket of the batch's mean sentence length, and the pooled row
-                    k = torch.bucketize(torch.round(n / x.shape[0]), self.bounds).view(1)  # a tensor: no sync
-                    rows = torch.cat([k, k.new_full((1,), len(self.length_bounds) + 1)])  # 2
-                    # a row's first updates average its batches (weight 1/count) until momentum takes
-                    # over, so a rarely reached bucket does not keep most of its initial 0 / 1
-                    weight = (1.0 / (self.bucket_batches[rows] + 1)).clamp(min=self.momentum).unsqueeze(1)  # 2,1
-                    for buf, new in ((self.running_mean, mean), (self.running_var, unbiased)):
-                        row = buf.index_select(0, rows)
-                        buf.index_copy_(0, rows, row.lerp_(new.detach().to(buf.dtype).expand_as(row), weight.to(buf.dtype)))
-                    self.bucket_batches.index_add_(0, rows, torch.ones_like(rows))
-                else:
-                    self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
-                    self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+                self._update_running(mean, var * n / (n - 1).clamp(min=1), n / x.shape[0])
             return y
         if self.length_bounds:  # each sentence with its own length's statistics: B,1,C
             lengths = (x.new_full((x.shape[0],), float(x.shape[1])) if pad_mask is None
@@ -127,6 +116,38 @@ class MaskedBatchNorm(nn.Module):
         shift = self.bias - mean * scale  # C (B,1,C)
         y = torch.addcmul(shift, x, scale)  # B,L,C, in the memory layout of x
         return y if pad_mask is None else y.masked_fill_(pad_mask.unsqueeze(-1), 0.0)  # in place: keeps the layout
+
+    def _train_unpadded(self, x: torch.Tensor) -> torch.Tensor:
+        """Training mode on a batch without padding: ``F.batch_norm`` over the B*L positions in
+        float32 (one kernel forward and one backward on a GPU, against some 30 operators of the
+        masked path), the same statistics and float32 output as the masked path with no padding."""
+        flat = x.float().reshape(-1, x.shape[-1])  # B*L,C
+        if not self.length_bounds:  # PyTorch's running update: momentum, unbiased variance, as ours
+            y = F.batch_norm(flat, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
+            return y.view(x.shape)
+        y = F.batch_norm(flat, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        with torch.no_grad():
+            var, mean = torch.var_mean(flat, dim=0)  # unbiased variance, for the running statistics
+            self._update_running(mean, var, flat.new_full((), float(x.shape[1])))  # every sentence is L long
+        return y.view(x.shape)
+
+    def _update_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor) -> None:
+        """Move the running statistics towards a training batch's (mean, unbiased variance); with
+        length buckets, the row of the batch's mean real sentence length (a tensor: no sync) and the
+        pooled row."""
+        if not self.length_bounds:
+            self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+            return
+        k = torch.bucketize(torch.round(mean_length), self.bounds).view(1)
+        rows = torch.cat([k, k.new_full((1,), len(self.length_bounds) + 1)])  # 2
+        # a row's first updates average its batches (weight 1/count) until momentum takes over, so a
+        # rarely reached bucket does not keep most of its initial 0 / 1
+        weight = (1.0 / (self.bucket_batches[rows] + 1)).clamp(min=self.momentum).unsqueeze(1)  # 2,1
+        for buf, new in ((self.running_mean, mean), (self.running_var, unbiased)):
+            row = buf.index_select(0, rows)
+            buf.index_copy_(0, rows, row.lerp_(new.detach().to(buf.dtype).expand_as(row), weight.to(buf.dtype)))
+        self.bucket_batches.index_add_(0, rows, torch.ones_like(rows))
 
     @staticmethod
     def moments(x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

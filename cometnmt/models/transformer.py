@@ -100,6 +100,8 @@ class DecoderUnit(nn.Module):
 class Transformer(Seq2Seq):
     """Encoder-decoder Transformer implementing the :class:`Seq2Seq` protocol."""
 
+    unpadded_source_as_none = True  # attention takes no mask; COMET's batch norm handles None
+
     def __init__(
         self,
         src_vocab_size: int,

@@ -250,6 +250,8 @@ class TransformerPP(Transformer):
     heads on encoder units 1 and 2. ``forward(src, src_pad_mask, tgt_in, tags=None)``: ``tags``
     maps a task to gold tag ids B,S (``IGNORE`` where unlabelled)."""
 
+    unpadded_source_as_none = False  # its convolution heads and tag heads always get the mask
+
     def __init__(
         self,
         src_vocab_size: int,
