@@ -1,5 +1,6 @@
 """An interrupted run resumed from its last checkpoint ends with exactly the weights of an
-uninterrupted run with the same seed (dropout on, interruption mid-epoch)."""
+uninterrupted run with the same seed (dropout on, interruption mid-epoch); and the trainer hands
+COMET its source mask only where a batch has padding."""
 
 from __future__ import annotations
 
@@ -50,3 +51,25 @@ def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
     for key, value in reference["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
     assert resumed["trainer"]["history"] == reference["trainer"]["history"]
+
+
+def test_trainer_drops_the_source_mask_exactly_for_unpadded_batches(tmp_path, data_dir, monkeypatch):
+    """Training batches without source padding reach COMET (unpadded_source_as_none) with
+    src_pad_mask None, so its batch norm runs as F.batch_norm; every batch with padding keeps it."""
+    from cometnmt.data.vocab import PAD
+    from cometnmt.models.base import Seq2Seq
+
+    seen = []
+    original = Seq2Seq.forward
+
+    def spy(self, src, src_pad_mask, tgt_in):
+        if self.training:
+            seen.append((src_pad_mask is None, bool(src.eq(PAD).any())))
+        return original(self, src, src_pad_mask, tgt_in)
+
+    monkeypatch.setattr(Seq2Seq, "forward", spy)
+    cfg = tiny_cfg(tmp_path / "run", data_dir, "comet")
+    cfg.train.max_epochs, cfg.train.batch_tokens = 1, 150  # small batches: most hold one source length
+    run_module.train(cfg)
+    assert seen and any(none for none, _ in seen)  # one-length batches are the common case
+    assert all(none != padded for none, padded in seen)  # None exactly where there is no padding
