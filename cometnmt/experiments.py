@@ -132,7 +132,7 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     Path(args.out).mkdir(parents=True, exist_ok=True)
     start = time.time()
     failed: list[str] = []
-    before = len(finished(specs)[0])
+    before = sum((s.run_dir / "done.json").exists() for s in specs)  # finished before this call
     if not args.report_only:
         stop_at = None if args.deadline is None else start + args.deadline
         failed = run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at, evaluate=evaluate)

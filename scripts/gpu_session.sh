@@ -47,7 +47,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh tpp|gridtime|bench|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh bench|tpp|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -100,5 +100,5 @@ case "$part" in
       --set train.precision=bf16 --set train.batch_tokens=8192 --set train.accum_steps=1 \
       --set train.valid_bleu_max_sentences=500 || true
     keep reports/transformer_pp_en_de ;;
-  *) echo "unknown part '$part'; use tpp, gridtime, bench, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use bench, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
