@@ -250,13 +250,24 @@ def hardware(device: str) -> str:
     return f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
 
 
+def _report_commit() -> str:
+    """``$COMETNMT_COMMIT`` where the caller named the code (a copy of the tree on another machine,
+    whose .git may be stale or absent: scripts/gpu_session.sh sets it), else git's HEAD, flagged
+    when the tree has uncommitted changes."""
+    named = os.environ.get("COMETNMT_COMMIT")
+    if named:
+        return named
+    head = _git("rev-parse", "HEAD")
+    if not head:
+        return "unknown (no git checkout)"
+    return head + (" (uncommitted changes)" if _git("status", "--porcelain") else "")
+
+
 def provenance(args, seconds: float, records: list[dict], missing: list[str]) -> dict:
     """Commit, command, hardware and software of a report; hardware and torch are those the runs
     recorded, else this machine's."""
-    head = _git("rev-parse", "HEAD")
     return {
-        "commit": (head + (" (uncommitted changes)" if _git("status", "--porcelain") else "")) if head
-        else os.environ.get("COMETNMT_COMMIT", "unknown (no git checkout)"),
+        "commit": _report_commit(),
         "command": "cometnmt " + shlex.join(sys.argv[1:]),
         "hardware": ", ".join(sorted({r["hardware"] for r in records if "hardware" in r})) or hardware(args.device),
         "torch": ", ".join(sorted({r["torch"] for r in records if "torch" in r})) or torch_version(),

@@ -35,6 +35,19 @@ def test_a_resumed_run_keeps_the_commit_it_started_from(tmp_path, monkeypatch):
     assert "`aaaa111`, `bbbb222`, `cccc333`" in provenance_lines(prov)[0]
 
 
+def test_the_report_names_the_commit_the_caller_named(monkeypatch):
+    """On a device machine the tree is a copy whose .git may be stale: the report must name
+    $COMETNMT_COMMIT, as the runs do, not that stale HEAD."""
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=None)
+    monkeypatch.setenv("COMETNMT_COMMIT", "965c07b")
+    monkeypatch.setattr(experiments, "_git", lambda *a: "7c82feb6ebfc6b2ab0e779856b30a721a831bbf0")
+    assert provenance(args, 1.0, [], [])["commit"] == "965c07b"
+    monkeypatch.delenv("COMETNMT_COMMIT")
+    assert provenance(args, 1.0, [], [])["commit"].startswith("7c82feb6ebfc6b2ab0e779856b30a721a831bbf0 (uncommitted")
+    monkeypatch.setattr(experiments, "_git", lambda *a: "")
+    assert provenance(args, 1.0, [], [])["commit"] == "unknown (no git checkout)"
+
+
 def _args(out: Path, report_only: bool) -> argparse.Namespace:
     return argparse.Namespace(out=str(out), report_only=report_only, deadline=0.0, jobs=1, set=[], device="cpu")
 
