@@ -69,6 +69,7 @@ class ModelConfig:
     dec_layers: int = 3
     d_ff: int = 2048
     dropout: float = 0.1
+    attention_dropout: float = 0.0  # on attention probabilities (transformer, comet); 0 as in both papers
     max_positions: int = 1024
     comet: CometConfig = field(default_factory=CometConfig)
     convs2s: ConvS2SConfig = field(default_factory=ConvS2SConfig)
@@ -307,6 +308,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)")
+    if not 0.0 <= cfg.model.attention_dropout < 1.0:
+        raise ConfigError(f"config key 'model.attention_dropout': {cfg.model.attention_dropout} must be in [0, 1)")
+    if cfg.model.attention_dropout and cfg.model.arch not in ("transformer", "comet"):
+        hint = "; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else ""
+        raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures, "
+                          f"not {cfg.model.arch!r}{hint}")
     if len(cfg.train.betas) != 2:
         raise ConfigError(f"config key 'train.betas': expected two numbers, got {cfg.train.betas}")
     positive = {

@@ -67,3 +67,13 @@ def test_reference_yaml_is_up_to_date():
     assert (REPO / "configs" / "reference.yaml").read_text(encoding="utf-8") == reference_yaml(), (
         "regenerate with: python -m cometnmt.config > configs/reference.yaml"
     )
+
+
+def test_attention_dropout_is_checked_and_named():
+    assert load_config(None, ["model.attention_dropout=0.25"]).model.attention_dropout == 0.25
+    with pytest.raises(ConfigError, match="'model.attention_dropout': 1.0 must be in"):
+        load_config(None, ["model.attention_dropout=1.0"])
+    with pytest.raises(ConfigError, match="model.transformer_pp.attention_dropout instead"):
+        load_config(None, ["model.arch=transformer_pp", "model.attention_dropout=0.1"])
+    with pytest.raises(ConfigError, match="not 'rnn'"):
+        load_config(None, ["model.arch=rnn", "model.attention_dropout=0.1"])

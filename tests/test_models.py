@@ -212,3 +212,33 @@ def test_unpadded_source_as_none_computes_the_same(name):
         torch.testing.assert_close(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4, msg=k)
     for (k, a), (_, b) in zip(model.named_buffers(), twin.named_buffers()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("name", ["transformer", "comet"])
+def test_attention_dropout_acts_in_training_only(name):
+    """model.attention_dropout drops attention probabilities in training (outputs change with the
+    dropout draw) and leaves evaluation exactly as the model without it (same weights)."""
+    torch.manual_seed(0)
+    base = {**SMALL, "dropout": 0.0, **CASES[name]}
+    plain = build_model(from_dict(ModelConfig, base, "model"), V_SRC, V_TGT, PAD)
+    dropped = build_model(from_dict(ModelConfig, {**base, "attention_dropout": 0.5}, "model"), V_SRC, V_TGT, PAD)
+    dropped.load_state_dict(plain.state_dict())
+    attns = [m for m in dropped.modules() if type(m).__name__ == "MultiHeadAttention"]
+    assert len(attns) == 2 * 3 and all(a.dropout == 0.5 for a in attns)  # 2 encoder + 2x2 decoder attentions
+    gen = torch.Generator().manual_seed(1)
+    src, mask = random_batch([7, 4, 9], V_SRC, gen)
+    tgt, _ = random_batch([6, 8, 3], V_TGT, gen)
+    for m in (plain, dropped):
+        m.eval()
+    with torch.no_grad():
+        assert torch.equal(plain(src, mask, tgt), dropped(src, mask, tgt))
+        dropped.train()
+        plain.train()
+        torch.manual_seed(5)
+        a = dropped(src, mask, tgt)
+        torch.manual_seed(6)
+        b = dropped(src, mask, tgt)
+        torch.manual_seed(5)
+        c = plain(src, mask, tgt)
+    assert not torch.allclose(a, b)  # a different draw, different outputs
+    assert not torch.allclose(a, c)  # and not the model without attention dropout

@@ -3,7 +3,8 @@
 Post-norm residual units, x' = LayerNorm(x + Dropout(Sublayer(x))); sinusoidal positions (eq. 5);
 embeddings scaled by sqrt(d_m); separate source and target embeddings and an untied output layer
 (section 3.3); N encoder and N decoder units; FFN_2(x) = W_2 max(0, W_1 x + b_1) + b_2 (eq. 6);
-dropout on every sublayer output and on embeddings + positions (section 4.2).
+dropout on every sublayer output and on embeddings + positions (section 4.2). Optionally, dropout on
+the attention probabilities too (``model.attention_dropout``, 0 by default as in both papers; training only).
 
 The feed-forward sublayer of each unit is pluggable: any module with ``forward(x, pad_mask)`` and
 ``step(x, cache) -> (y, new_cache)`` fits. Incremental steps never modify the state they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and,
@@ -53,9 +54,9 @@ _SOURCE_ONLY = ("cross_k", "cross_v")  # per-unit decoder state that depends on 
 class EncoderUnit(nn.Module):
     """x' = LN(x + SelfAttn(x)); y = LN(x' + FFN(x')) (section 3.4)."""
 
-    def __init__(self, d_model: int, n_heads: int, ffn: nn.Module, dropout: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, ffn: nn.Module, dropout: float, attention_dropout: float = 0.0) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.ffn = ffn
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
@@ -69,10 +70,10 @@ class EncoderUnit(nn.Module):
 class DecoderUnit(nn.Module):
     """Masked self-attention, attention over the encoder output, then FFN; post-norm (section 3.5)."""
 
-    def __init__(self, d_model: int, n_heads: int, ffn: nn.Module, dropout: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, ffn: nn.Module, dropout: float, attention_dropout: float = 0.0) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.ffn = ffn
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
@@ -115,12 +116,13 @@ class Transformer(Seq2Seq):
         max_positions: int,
         encoder_ffn: FFNFactory,
         decoder_ffn: FFNFactory,
+        attention_dropout: float = 0.0,
     ) -> None:
         super().__init__(pad_id)
         self.src_embed = ScaledEmbedding(src_vocab_size, d_model, pad_id, max_positions, dropout)
         self.tgt_embed = ScaledEmbedding(tgt_vocab_size, d_model, pad_id, max_positions, dropout)
-        self.encoder = nn.ModuleList(EncoderUnit(d_model, n_heads, encoder_ffn(), dropout) for _ in range(enc_layers))
-        self.decoder = nn.ModuleList(DecoderUnit(d_model, n_heads, decoder_ffn(), dropout) for _ in range(dec_layers))
+        self.encoder = nn.ModuleList(EncoderUnit(d_model, n_heads, encoder_ffn(), dropout, attention_dropout) for _ in range(enc_layers))
+        self.decoder = nn.ModuleList(DecoderUnit(d_model, n_heads, decoder_ffn(), dropout, attention_dropout) for _ in range(dec_layers))
         self.out_proj = VocabProjection(d_model, tgt_vocab_size)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
@@ -207,6 +209,7 @@ def transformer_from_config(
         max_positions=cfg.max_positions,
         encoder_ffn=encoder_ffn,
         decoder_ffn=decoder_ffn,
+        attention_dropout=cfg.attention_dropout,
     )
 
 
