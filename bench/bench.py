@@ -93,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="before timing, run the timed batches once untimed, so no model pays the first call of a "
                         "batch shape in its timed steps (default: on with --gpu, where that first call costs far "
                         "more than the step and made whichever model went first look 4-8x slower; off on the CPU)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="after the per-model runs, time the models again taking turns: R rounds, each model running "
+                        "its share of the timed steps in every round (order alternating), and report the median of the "
+                        "per-round ratios; a machine whose speed drifts between the models' runs (seen on the GPU "
+                        "host: 0.48-1.04 for the same line) slows both alike within a round (default: 8 with --gpu, "
+                        "else 0 = off)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="training precision (default: the preset's)")
     p.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile; give it more --warmup)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's choice)")
@@ -511,7 +517,8 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
 # -- one model -----------------------------------------------------------------------------------
 
 
-def bench_model(name: str, args: argparse.Namespace, device: torch.device, checkpoints: dict, data_cache: dict, tmp: str) -> dict:
+def setup_model(name: str, args: argparse.Namespace, device: torch.device, checkpoints: dict, data_cache: dict, tmp: str):
+    """(config, data, model on ``device``, checkpoint payload or None) of one preset."""
     payload = checkpoints.get(name)
     if payload is None:
         cfg = model_config(name, args, tmp)
@@ -533,6 +540,11 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, check
     if payload is not None:
         model.load_state_dict(payload["model"])
     model.to(device)
+    return cfg, data, model, payload
+
+
+def bench_model(name: str, args: argparse.Namespace, device: torch.device, checkpoints: dict, data_cache: dict, tmp: str) -> dict:
+    cfg, data, model, payload = setup_model(name, args, device, checkpoints, data_cache, tmp)
     result = {"preset": name, "config": cfg.name, "arch": cfg.model.arch, "checkpoint": payload is not None,
               "parameters": sum(p.numel() for p in model.parameters())}
     log.info("%s: %.2fM parameters; matmul reference ...", name, result["parameters"] / 1e6)
@@ -562,6 +574,56 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, check
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.device, checkpoints: dict,
+                 data_cache: dict, tmp: str) -> dict:
+    """Training tokens/s of the models taking turns: each model is built afresh, runs its warm-up
+    (and, as in ``bench_training``, the timed batches once untimed where shapes are warmed), then
+    in every round each model runs the next ``steps // rounds`` of its timed batches, the order of
+    the models alternating from round to round. Per round, tokens/s of each model and the ratio
+    of the last model's to the first's; their median is robust to a machine whose speed drifts on
+    the scale of a model's whole run."""
+    rounds = args.rounds
+    per_round = args.steps // rounds
+    if per_round < 1:
+        raise SystemExit(f"--rounds {rounds} exceeds --steps {args.steps}")
+    runners = []
+    for name in names:
+        cfg, data, model, _ = setup_model(name, args, device, checkpoints, data_cache, str(Path(tmp) / f"{name}-rounds"))
+        trainer = Trainer(cfg, model, data.codec, data.train, Examples([], [], [], []), device)
+        batches = trainer.epoch_batches(0)
+        G = cfg.train.accum_steps
+        groups = [batches[i * G : (i + 1) * G] for i in range(args.warmup + per_round * rounds)]
+        trainer.net.train()
+        warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
+        torch.manual_seed(args.seed)
+        for group in groups[: args.warmup] + (groups[args.warmup :] if warm_shapes else []):
+            trainer.train_step(group)
+        sync(device)
+        runners.append((name, trainer, groups[args.warmup :]))
+    per = {name: {"seconds": [], "tokens": []} for name in names}
+    for r in range(rounds):
+        for name, trainer, groups in (runners if r % 2 == 0 else runners[::-1]):
+            sync(device)
+            t0 = time.perf_counter()
+            tokens = sum(trainer.train_step(group)[1] for group in groups[r * per_round : (r + 1) * per_round])
+            sync(device)
+            per[name]["seconds"].append(time.perf_counter() - t0)
+            per[name]["tokens"].append(tokens)
+    for name in names:
+        p = per[name]
+        p["tokens_per_s"] = [n / t for n, t in zip(p["tokens"], p["seconds"])]
+        p["pooled_tokens_per_s"] = sum(p["tokens"]) / sum(p["seconds"])
+    first, last = names[0], names[-1]
+    ratios = [b / a for a, b in zip(per[first]["tokens_per_s"], per[last]["tokens_per_s"])]
+    del runners
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"rounds": rounds, "steps_per_round": per_round, "order": "alternating (AB, BA, ...)", "models": per,
+            "ratio": f"{last}/{first}", "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "min_ratio": min(ratios), "max_ratio": max(ratios),
+            "pooled_ratio": per[last]["pooled_tokens_per_s"] / per[first]["pooled_tokens_per_s"]}
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -604,8 +666,16 @@ def format_report(res: dict) -> str:
             lines.append(f"  MFU/step = median over steps of {t['mfu_interleaved']['method']} (issue 6 target >= {100 * MFU_TARGET:.0f}%)")
     if "comet_over_transformer" in res:
         r = res["comet_over_transformer"]
+        if "rounds" in r:
+            q = r["rounds"]
+            lines.append(f"COMET/Transformer training tokens/s, the models taking turns in {q['rounds']} rounds of "
+                         f"{q['steps_per_round']} steps: median {q['median_ratio']:.2f} (rounds {q['min_ratio']:.2f}-"
+                         f"{q['max_ratio']:.2f}; pooled {q['pooled_ratio']:.2f}); Transformer "
+                         f"{q['models']['transformer']['pooled_tokens_per_s']:.0f}, COMET {q['models']['comet']['pooled_tokens_per_s']:.0f} tok/s")
+            lines.append(f"  one model after the other (the table above): {r['ratio_one_after_other']:.2f}")
         lines.append(f"COMET/Transformer training tokens/s: {r['ratio']:.2f} (issue 3 target >= {RATIO_TARGET:.2f}: "
-                     f"{'met' if r['meets_target'] else 'MISSED'}); per FLOP-normalised (MFU) ratio {r['mfu_ratio']:.2f}")
+                     f"{'met' if r['meets_target'] else 'MISSED'}{'; the rounds median' if 'rounds' in r else ''}); "
+                     f"per FLOP-normalised (MFU) ratio {r['mfu_ratio']:.2f}")
     dec = [r for r in models if "decoding" in r]
     if dec:
         d0 = dec[0]["decoding"]
@@ -661,15 +731,25 @@ def main(argv: list[str] | None = None) -> int:
     res["matmul_start"] = measure_matmul(device, args.precision or "fp32")
     data_cache: dict = {}
     res["models"] = []
+    rounds = (8 if args.gpu else 0) if args.rounds is None else args.rounds
+    args.rounds = rounds
+    both = "transformer" in args.models and "comet" in args.models
+    turns = None
     with tempfile.TemporaryDirectory(prefix="cometnmt-bench-") as tmp:
         for name in args.models:
             res["models"].append(bench_model(name, args, device, checkpoints, data_cache, str(Path(tmp) / name)))
+        if rounds and both:
+            log.info("training, the models taking turns in %d rounds ...", rounds)
+            turns = bench_rounds(["transformer", "comet"], args, device, checkpoints, data_cache, tmp)
     by = {r["preset"]: r for r in res["models"]}
-    if "transformer" in by and "comet" in by:
+    if both:
         t, c = by["transformer"]["training"], by["comet"]["training"]
-        ratio = c["tokens_per_s"] / t["tokens_per_s"]
-        res["comet_over_transformer"] = {"ratio": ratio, "target": RATIO_TARGET, "meets_target": ratio >= RATIO_TARGET,
-                                         "mfu_ratio": _mfu(c) / _mfu(t)}
+        one_after_other = c["tokens_per_s"] / t["tokens_per_s"]
+        ratio = turns["median_ratio"] if turns else one_after_other
+        res["comet_over_transformer"] = {"ratio": ratio, "ratio_one_after_other": one_after_other, "target": RATIO_TARGET,
+                                         "meets_target": ratio >= RATIO_TARGET, "mfu_ratio": _mfu(c) / _mfu(t)}
+        if turns:
+            res["comet_over_transformer"]["rounds"] = turns
     res["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     report = format_report(res)
     res["report"] = report
