@@ -9,12 +9,14 @@
 #
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && bash scripts/gpu_session.sh PART
-# PART, in order of priority (bnlen ran on 2026-11-23: reports/comet_bn_length; bench ran then too,
-# all but its fp32 and Transformer++ lines, which the device budget cut):
-#   bench    first, as below (~4 min a line): it measures the change made after the last GPU
-#            session (no source mask for unpadded batches: COMET's operators per step 2.13x the
-#            Transformer's -> 1.41x), and the lines not yet measured (fp32, bench_transformer_pp.py)
-#   tpp      Transformer++ against its same-size Transformer (issue 4); see below
+# PART, in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# baselines -> reports/transformer_pp_en_de; benchq and single bench lines -> bench/results/gpu_h100):
+#   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
+#            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
+#            COMET/Transformer 1.04, 0.63 and 0.48 in three runs on one H100: only the rounds median
+#            can settle issue 3's speed target
+#   tpp      Transformer++ against its same-size Transformer (issue 4) with the baselines' new
+#            attention dropout (~15 min in two calls); see below
 #   gridtime issue 6's timing of the whole Table 1 grid (12 paper rows x 3 seeds) on one GPU, 14 runs
 #            side by side, into a fresh reports/gpu_grid_timing; ~30 min of calls while warm (estimate
 #            from 12 runs in 8-10 min), so it needs a session whose device budget has that left.
@@ -31,16 +33,19 @@
 #            stops resume from last.pt when the next call comes while the machine is still warm
 #            (its ignored files survive between calls), so call it again.
 #   bench    python bench/bench.py --gpu: bf16 with and without cuDNN attention, fp32, compiled bf16;
-#            and bench/bench_transformer_pp.py on CUDA (bench/README.md, GPU section)
+#            and bench/bench_transformer_pp.py on CUDA at the preset's 1,024-token micro-batches and at
+#            the 8,192 tokens tpp trains with (bench/README.md, GPU section)
 #   tpp      Transformer++ against its same-size Transformer, Multi30k en->de, seeds 1-3 (6 runs),
 #            the paper's recipe (average of the last 10 checkpoints, beam 5, length penalty 0.5);
 #            8,192-token micro-batches instead of 1,024 x 8 accumulated (the same tokens per
-#            update, 8x fewer steps). To fit one session's device budget, both systems warm up over
+#            update, 8x fewer steps). Into reports/transformer_pp_en_de_attention_dropout (the first
+#            run, before the baselines had attention dropout, is reports/transformer_pp_en_de: 6 runs
+#            took 6.1 + 7.3 min of two calls). To fit one session's device budget, both systems warm up over
 #            400 updates instead of the presets' 1,000 (~7 epochs at ~57 updates an epoch, not 18)
 #            and stop at 45 epochs at most (patience 10 usually stops them first); call it again
 #            while warm (runs resume from last.pt). Carry the tag cache (.gpu/cache, COMETNMT_CACHE)
 #            so the six runs do not each annotate the corpus with spaCy.
-#   benchq   only the bench line that measures the unpadded-source change: bf16, eager, no decoding
+#   benchq   bench.py's bf16 line alone, eager, no decoding (the line the unpadded-source change moves)
 #   paper    COMET against the Transformer with the COMET paper's own optimisation (section 4.2):
 #            batches of 10 sentences, Adam at a constant 1e-4, stop when validation loss rose two
 #            epochs in a row; seeds 1-3, 6 runs side by side, reports/comet_paper_recipe. Never run
@@ -91,7 +96,8 @@ case "$part" in
     "${b[@]}" --precision bf16 --no-decode --set train.cudnn_attention=false --out "$out/gpu_bf16_no_cudnn_attention.json"
     "${b[@]}" --precision fp32 --no-decode --out "$out/gpu_fp32.json"
     "${b[@]}" --precision bf16 --no-decode --compile --warmup 50 --out "$out/gpu_bf16_compile.json"
-    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --out "$out/gpu_transformer_pp.json" ;;
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --out "$out/gpu_transformer_pp.json"
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --out "$out/gpu_transformer_pp_8192.json" ;;
   paper)
     python -m cometnmt compare configs/multi30k/comet.yaml configs/multi30k/transformer.yaml \
       --seeds 1 2 3 --jobs 6 --deadline "$deadline" --out reports/comet_paper_recipe --metrics paper bleu \
@@ -100,11 +106,11 @@ case "$part" in
     keep reports/comet_paper_recipe ;;
   tpp)
     python -m cometnmt compare configs/multi30k/transformer_pp_en_de.yaml configs/multi30k/transformer_pp_baseline_en_de.yaml \
-      --seeds 1 2 3 --jobs 6 --average-last 10 --deadline "$deadline" --out reports/transformer_pp_en_de \
+      --seeds 1 2 3 --jobs 6 --average-last 10 --deadline "$deadline" --out reports/transformer_pp_en_de_attention_dropout \
       --set train.precision=bf16 --set train.batch_tokens=8192 --set train.accum_steps=1 \
       --set train.warmup_steps=400 --set train.max_epochs=45 \
       --set train.valid_bleu_max_sentences=500 > "$out/tpp.log" 2>&1 || true
-    keep reports/transformer_pp_en_de ;;
+    keep reports/transformer_pp_en_de_attention_dropout ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;
