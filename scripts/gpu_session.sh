@@ -41,7 +41,7 @@
 #            update, 8x fewer steps). Into reports/transformer_pp_en_de_attention_dropout (the first
 #            run, before the baselines had attention dropout, is reports/transformer_pp_en_de: 6 runs
 #            took 6.1 + 7.3 min of two calls). To fit one session's device budget, both systems warm up over
-#            400 updates instead of the presets' 1,000 (~7 epochs at ~57 updates an epoch, not 18)
+#            400 updates instead of the presets' 1,000 (~6 epochs at ~66 updates an epoch, not 15)
 #            and stop at 45 epochs at most (patience 10 usually stops them first); call it again
 #            while warm (runs resume from last.pt). Carry the tag cache (.gpu/cache, COMETNMT_CACHE)
 #            so the six runs do not each annotate the corpus with spaCy.
