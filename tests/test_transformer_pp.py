@@ -198,3 +198,35 @@ def test_checkpoint_rebuilds_tag_heads_from_config_alone():
     tgt = torch.tensor([[BOS, 4, 5]])
     with torch.no_grad():
         torch.testing.assert_close(again(src, src.eq(PAD), tgt), model(src, src.eq(PAD), tgt))
+
+
+@pytest.mark.parametrize("conv_heads", [2, 4, 0])  # mixed, all convolution, all dot-product
+def test_fused_input_projection_loads_checkpoints_of_the_separate_layers(conv_heads):
+    """in_proj stacks what were four layers (qkv, seq_proj, query_value, query_score). A state
+    dict with those layers loads into it and gives the same outputs, and every block starts with
+    the scale of a layer of its own (xavier over its own shape)."""
+    from cometnmt.models.transformer_pp import ConvAttention
+
+    torch.manual_seed(0)
+    fused = ConvAttention(32, 4, conv_heads, kernel_size=3, dilation=1, weight_dropout=0.0, attention_dropout=0.0).eval()
+    blocks = dict(zip(ConvAttention._LEGACY, fused.in_proj.weight.detach().split(fused.split_sizes)))
+    for name, w in blocks.items():
+        if w.numel():
+            bound = math.sqrt(6.0 / (w.shape[0] + w.shape[1]))
+            assert w.abs().max() <= bound and w.abs().max() > 0.5 * bound, name
+    with torch.no_grad():
+        fused.in_proj.bias.normal_()  # not zero, so a mix-up of the bias blocks would show
+    legacy = {k: v for k, v in fused.state_dict().items() if not k.startswith("in_proj.")}
+    for part in ("weight", "bias"):
+        for name, w in zip(ConvAttention._LEGACY, getattr(fused.in_proj, part).detach().split(fused.split_sizes)):
+            if w.numel():
+                legacy[f"{name}.{part}"] = w.clone()
+    assert not any(k.startswith("in_proj.") for k in legacy)
+    torch.manual_seed(1)
+    other = ConvAttention(32, 4, conv_heads, kernel_size=3, dilation=1, weight_dropout=0.0, attention_dropout=0.0).eval()
+    other.load_state_dict(legacy)
+    x = torch.randn(2, 7, 32)
+    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask[1, 5:] = True
+    for causal in (False, True):
+        assert torch.equal(fused(x, x, None if causal else mask, causal), other(x, x, None if causal else mask, causal))

@@ -26,9 +26,12 @@ Equations, and the code that implements each:
 
 Choices the paper leaves open, made here:
 
-* Each convolution head works on its own d/H-wide linear projection of S (``seq_proj``; the
-  paper's eq. 2 convolves S itself, which would give heads of width d and break eq. 5's d x d W^O);
-  W^S is likewise split into H_c slices of d x d/H and W^Q into H_c vectors, one per head.
+* Each convolution head works on its own d/H-wide linear projection of S (the paper's eq. 2
+  convolves S itself, which would give heads of width d and break eq. 5's d x d W^O); W^S is
+  likewise split into H_c slices of d x d/H and W^Q into H_c vectors, one per head. These
+  projections and the attention heads' W^Q_i, W^K_i, W^V_i are row blocks of one linear layer
+  (``ConvAttention.in_proj``), each block initialised as a layer of its own: the same model as
+  separate layers, in one kernel.
 * Eq. 4 "computes the dot product between LocalConv and Query". To keep a d/H-wide head output
   (LocalConv is "the key", DynamicConv "the value") we keep the products per channel:
   DynamicConv_t = LocalConv_t ⊙ Query, a depthwise 1x1 convolution of LocalConv with Query as
@@ -135,20 +138,37 @@ class ConvAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)  # W^O (eq. 5)
         self.attn_dropout = nn.Dropout(attention_dropout)  # its p is handed to SDPA
         self.weight_dropout = Dropout(weight_dropout)  # DropConnect
-        linears = [self.out_proj]
-        if self.n_attn:
-            self.qkv = nn.Linear(d_model, 3 * self.d_attn)  # W^Q_i, W^K_i, W^V_i of the attention heads
-            linears.append(self.qkv)
+        # Every projection of the input, as one linear layer (one kernel forward and one backward
+        # instead of four; a GPU step here is bound by kernel launches). Its rows, in order:
+        #   W^Q_i, W^K_i, W^V_i of the attention heads (3 Da), the adaptive sequence module's input
+        #   (Dc), W^S (eq. 3; Dc) and W^Q (eq. 3; one vector per convolution head, Hc).
+        self.split_sizes = [3 * self.d_attn, self.d_conv, self.d_conv, conv_heads]
+        self.in_proj = nn.Linear(d_model, sum(self.split_sizes))
         if self.n_conv:
-            self.seq_proj = nn.Linear(d_model, self.d_conv)  # input of the adaptive sequence module
             self.kernel = nn.Parameter(torch.empty(self.d_conv, kernel_size))  # W_A (eq. 2), one row per channel
-            self.query_score = nn.Linear(d_model, conv_heads)  # W^Q (eq. 3), one vector per head
-            self.query_value = nn.Linear(d_model, self.d_conv)  # W^S (eq. 3)
-            linears += [self.seq_proj, self.query_score, self.query_value]
             nn.init.xavier_uniform_(self.kernel)
-        for lin in linears:
-            nn.init.xavier_uniform_(lin.weight)
+        with torch.no_grad():  # each block initialised as the separate layer it stands for
+            for block in self.in_proj.weight.split(self.split_sizes):
+                if block.numel():
+                    nn.init.xavier_uniform_(block)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for lin in (self.in_proj, self.out_proj):
             nn.init.zeros_(lin.bias)
+
+    _LEGACY = ("qkv", "seq_proj", "query_value", "query_score")  # the four layers in_proj replaced
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Checkpoints from before the fusion (separate qkv, seq_proj, query_value, query_score
+        layers) load into ``in_proj``: their rows stacked in the same order."""
+        for part in ("weight", "bias"):
+            old = [prefix + f"{name}.{part}" for name in self._LEGACY]
+            if prefix + f"in_proj.{part}" not in state_dict and any(k in state_dict for k in old):
+                state_dict[prefix + f"in_proj.{part}"] = torch.cat([state_dict.pop(k) for k in old if k in state_dict])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv B,L,3Da; the sequence module's input u B,L,Dc; W^S x B,L,Dc; W^Q x B,L,Hc."""
+        return self.in_proj(x).split(self.split_sizes, dim=-1)
 
     # -- dot-product heads (eq. 1) ---------------------------------------------------------------
 
@@ -156,8 +176,8 @@ class ConvAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, n, self.d_head).transpose(1, 2)  # B,n,L,D/H
 
-    def attend_heads(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
-        q, k, v = (self._heads(t, self.n_attn) for t in self.qkv(x).chunk(3, dim=-1))  # B,Ha,L,D/H each
+    def attend_heads(self, qkv: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+        q, k, v = (self._heads(t, self.n_attn) for t in qkv.chunk(3, dim=-1))  # B,Ha,L,D/H each
         p = self.attn_dropout.p if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask(pad_mask), dropout_p=p, is_causal=causal)  # B,Ha,L,D/H
         return out.transpose(1, 2).flatten(2)  # B,L,Da
@@ -168,9 +188,8 @@ class ConvAttention(nn.Module):
         """softmax over the F taps of W_A, then DropConnect: Dc,1,K (K kernel)."""
         return self.weight_dropout(torch.softmax(self.kernel, dim=-1)).unsqueeze(1)  # Dc,1,K
 
-    def local_context(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
-        """LocalConv (eq. 2): B,L,D -> B,L,Dc. Padded inputs are zeroed first."""
-        u = self.seq_proj(x)  # B,L,Dc
+    def local_context(self, u: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+        """LocalConv (eq. 2) of the projected input u B,L,Dc -> B,L,Dc. Padded inputs are zeroed first."""
         if pad_mask is not None:
             u = u.masked_fill(pad_mask.unsqueeze(-1), 0.0)
         pad = (self.context, 0) if causal else (self.context // 2, self.context - self.context // 2)
@@ -178,12 +197,13 @@ class ConvAttention(nn.Module):
         out = F.conv1d(h, self.kernel_weights(), dilation=self.dilation, groups=self.d_conv)  # B,Dc,L
         return out.transpose(1, 2)  # B,L,Dc
 
-    def sentence_query(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
-        """Query (eq. 3) per head: B,1,Dc over the whole (unpadded) sentence, or B,L,Dc over each
-        prefix when ``causal`` (a softmax over positions <= t, computed as one-key-dim SDPA)."""
-        B, L, _ = x.shape
-        score = self.query_score(x).transpose(1, 2).unsqueeze(-1)  # B,Hc,L,1
-        value = self._heads(self.query_value(x), self.n_conv)  # B,Hc,L,D/H
+    def sentence_query(self, value: torch.Tensor, score: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+        """Query (eq. 3) per head from value = S W^S B,L,Dc and score = S W^Q B,L,Hc: B,1,Dc over the
+        whole (unpadded) sentence, or B,L,Dc over each prefix when ``causal`` (a softmax over
+        positions <= t, computed as one-key-dim SDPA)."""
+        B, L, _ = value.shape
+        score = score.transpose(1, 2).unsqueeze(-1)  # B,Hc,L,1
+        value = self._heads(value, self.n_conv)  # B,Hc,L,D/H
         ones = score.new_ones(B, self.n_conv, L if causal else 1, 1)  # B,Hc,L|1,1
         pooled = F.scaled_dot_product_attention(
             ones, score, value, attn_mask=None if causal else key_mask(pad_mask), is_causal=causal, scale=1.0
@@ -196,11 +216,12 @@ class ConvAttention(nn.Module):
         """Self-attention over x B,L,D (``kv`` must be ``x``); pad_mask B,L marks padding."""
         if kv is not x:
             raise ValueError("ConvAttention is self-attention only: call it as attn(x, x, ...)")
+        qkv, u, value, score = self._project(x)
         heads = []
         if self.n_attn:
-            heads.append(self.attend_heads(x, pad_mask, causal))  # B,L,Da
+            heads.append(self.attend_heads(qkv, pad_mask, causal))  # B,L,Da
         if self.n_conv:
-            heads.append(self.local_context(x, pad_mask, causal) * self.sentence_query(x, pad_mask, causal))  # B,L,Dc
+            heads.append(self.local_context(u, pad_mask, causal) * self.sentence_query(value, score, pad_mask, causal))  # B,L,Dc
         return self.out_proj(torch.cat(heads, dim=-1))  # B,L,D
 
     def step(self, x: torch.Tensor, cache: dict) -> tuple[torch.Tensor, dict]:
@@ -208,32 +229,33 @@ class ConvAttention(nn.Module):
 
         Cache: keys/values of the attention heads; the last (F-1)*dilation inputs of the
         convolution; running max, denominator and numerator of the Query's prefix softmax."""
+        qkv, u, value, score = self._project(x)
         heads, new = [], {}
         if self.n_attn:
-            q, k, v = (self._heads(t, self.n_attn) for t in self.qkv(x).chunk(3, dim=-1))  # B,Ha,1,D/H each
+            q, k, v = (self._heads(t, self.n_attn) for t in qkv.chunk(3, dim=-1))  # B,Ha,1,D/H each
             if "k" in cache:
                 k = torch.cat([cache["k"], k], dim=2)  # B,Ha,t,D/H
                 v = torch.cat([cache["v"], v], dim=2)
             new["k"], new["v"] = k, v
             heads.append(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))  # B,1,Da
         if self.n_conv:
-            local, new["window"] = self._local_step(x, cache.get("window"))  # B,1,Dc
-            query, acc = self._query_step(x, cache)  # B,1,Dc
+            local, new["window"] = self._local_step(u, cache.get("window"))  # B,1,Dc
+            query, acc = self._query_step(value, score, cache)  # B,1,Dc
             new.update(acc)
             heads.append(local * query)
         return self.out_proj(torch.cat(heads, dim=-1)), new  # B,1,D
 
-    def _local_step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        u = self.seq_proj(x)  # B,1,Dc
+    def _local_step(self, u: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """u B,1,Dc: the projected input of the new position."""
         if history is None:
             history = u.new_zeros(u.shape[0], self.context, self.d_conv)  # B,context,Dc
         window = torch.cat([history, u], dim=1)  # B,context+1,Dc
         out = F.conv1d(window.transpose(1, 2), self.kernel_weights(), dilation=self.dilation, groups=self.d_conv)  # B,Dc,1
         return out.transpose(1, 2), window[:, 1:]  # B,1,Dc and B,context,Dc
 
-    def _query_step(self, x: torch.Tensor, cache: dict) -> tuple[torch.Tensor, dict]:
-        score = self.query_score(x)[:, 0]  # B,Hc
-        value = self.query_value(x)[:, 0].view(-1, self.n_conv, self.d_head)  # B,Hc,D/H
+    def _query_step(self, value: torch.Tensor, score: torch.Tensor, cache: dict) -> tuple[torch.Tensor, dict]:
+        score = score[:, 0]  # B,Hc
+        value = value[:, 0].reshape(-1, self.n_conv, self.d_head)  # B,Hc,D/H
         if "q_max" in cache:
             top = torch.maximum(cache["q_max"], score)  # B,Hc
             old, cur = torch.exp(cache["q_max"] - top), torch.exp(score - top)  # B,Hc each
