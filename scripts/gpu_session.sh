@@ -8,8 +8,10 @@
 #   cometnmt reproduce --report-only --merge-report reports/multi30k_table1/report.json ... (same --rows/--seeds/--set)
 #
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
-#   source scripts/gpu_env.sh && bash scripts/gpu_session.sh PART
-# PART, in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+#   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
+# (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
+# PART (`next` runs the first two, one call after another while warm: call it until tpp's report
+# lists no missing run), in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; benchq and single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
@@ -56,7 +58,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh bench|benchq|tpp|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|tpp|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -111,8 +113,17 @@ case "$part" in
       --set train.warmup_steps=400 --set train.max_epochs=45 \
       --set train.valid_bleu_max_sentences=500 > "$out/tpp.log" 2>&1 || true
     keep reports/transformer_pp_en_de_attention_dropout ;;
+  next)  # what the next session should run, in one call after another while the machine is warm:
+    # benchq once (a marker in /tmp survives between warm calls), then tpp until it finishes, each
+    # call stopping its training ~55 s before the 600 s limit of a call
+    if [ ! -f /tmp/cometnmt_benchq.done ]; then
+      bash "$0" benchq > "$out/benchq.log" 2>&1 && touch /tmp/cometnmt_benchq.done
+      tail -8 "$out/benchq.log"
+    fi
+    DEADLINE=$((545 - SECONDS)) bash "$0" tpp
+    tail -5 "$out/tpp.log" ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;
-  *) echo "unknown part '$part'; use bench, benchq, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
