@@ -299,6 +299,7 @@ class TransformerPP(Transformer):
         super().__init__(
             src_vocab_size, tgt_vocab_size, pad_id, d_model, n_heads, enc_layers, dec_layers, dropout, max_positions,
             encoder_ffn=lambda: FeedForward(d_model, d_ff), decoder_ffn=lambda: FeedForward(d_model, d_ff),
+            attention_dropout=attention_dropout,  # cross-attention keeps it; self-attention is replaced below
         )
         self.src_embed = ScaledEmbedding(src_vocab_size, d_model, pad_id, max_positions, embed_dropout)
         self.tgt_embed = ScaledEmbedding(tgt_vocab_size, d_model, pad_id, max_positions, embed_dropout)
@@ -310,7 +311,6 @@ class TransformerPP(Transformer):
             unit.self_attn = mixed(i)
         for i, unit in enumerate(self.decoder):
             unit.self_attn = mixed(i)
-            unit.cross_attn.dropout = attention_dropout
         self.tag_heads = nn.ModuleDict({task: nn.Linear(d_model, n) for task, n in tag_classes.items()})
         self.tag_weights = dict(tag_weights)
         self._extra: dict[str, tuple[torch.Tensor, float]] = {}
