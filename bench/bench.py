@@ -48,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -385,33 +386,53 @@ class OpCounter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops = 0
+        self.by_name: Counter = Counter()  # operators (views apart) by ATen name
         self.views = 0
 
+    @property
+    def ops(self) -> int:
+        return sum(self.by_name.values())
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in _VIEW_OPS:
+        name = func.overloadpacket.__name__
+        if name in _VIEW_OPS:
             self.views += 1
         else:
-            self.ops += 1
+            self.by_name[name] += 1
         return func(*args, **(kwargs or {}))
 
 
-def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, args: argparse.Namespace) -> dict:
+def training_groups(cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, args: argparse.Namespace,
+                    n_timed: int) -> tuple[Trainer, list]:
+    """A trainer of ``model`` and its first ``--warmup`` + ``n_timed`` steps (each a list of
+    accum_steps micro-batches) of training epoch 1, in its order."""
     trainer = Trainer(cfg, model, data.codec, data.train, Examples([], [], [], []), device)
-    batches = trainer.epoch_batches(0)  # training epoch 1's micro-batches, in its order
+    batches = trainer.epoch_batches(0)
     G = cfg.train.accum_steps
-    n_groups = args.warmup + args.steps
+    n_groups = args.warmup + n_timed
     if len(batches) < n_groups * G:
         raise SystemExit(f"only {len(batches) // G} steps in an epoch; ask for fewer --warmup/--steps")
-    groups = [batches[i * G : (i + 1) * G] for i in range(n_groups)]
-    torch.manual_seed(args.seed)
-    memory = PeakMemory(device)
-    memory.start()
+    return trainer, [batches[i * G : (i + 1) * G] for i in range(n_groups)]
+
+
+def warm_up(trainer: Trainer, groups: list, device: torch.device, args: argparse.Namespace) -> bool:
+    """The untimed warm-up steps, then (``--warm-shapes``) the timed steps once untimed; returns
+    whether shapes were warmed."""
     trainer.net.train()
     warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
     for group in groups[: args.warmup] + (groups[args.warmup :] if warm_shapes else []):
         trainer.train_step(group)
     sync(device)
+    return warm_shapes
+
+
+def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, args: argparse.Namespace) -> dict:
+    trainer, groups = training_groups(cfg, model, data, device, args, args.steps)
+    G = cfg.train.accum_steps
+    torch.manual_seed(args.seed)
+    memory = PeakMemory(device)
+    memory.start()
+    warm_shapes = warm_up(trainer, groups, device, args)
     step_seconds, probes, tokens = [], [], 0
     cpu_start = _cpu_seconds()
     probe_seconds = 0.0
@@ -591,16 +612,9 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
     runners = []
     for name in names:
         cfg, data, model, _ = setup_model(name, args, device, checkpoints, data_cache, str(Path(tmp) / f"{name}-rounds"))
-        trainer = Trainer(cfg, model, data.codec, data.train, Examples([], [], [], []), device)
-        batches = trainer.epoch_batches(0)
-        G = cfg.train.accum_steps
-        groups = [batches[i * G : (i + 1) * G] for i in range(args.warmup + per_round * rounds)]
-        trainer.net.train()
-        warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
+        trainer, groups = training_groups(cfg, model, data, device, args, per_round * rounds)
         torch.manual_seed(args.seed)
-        for group in groups[: args.warmup] + (groups[args.warmup :] if warm_shapes else []):
-            trainer.train_step(group)
-        sync(device)
+        warm_up(trainer, groups, device, args)
         runners.append((name, trainer, groups[args.warmup :]))
     per = {name: {"seconds": [], "tokens": []} for name in names}
     for r in range(rounds):

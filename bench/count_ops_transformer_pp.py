@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import _VIEW_OPS  # noqa: E402
+from bench import OpCounter  # noqa: E402
 
 from cometnmt.config import load_config  # noqa: E402
 from cometnmt.models import build_model  # noqa: E402
@@ -27,24 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 PRESETS = ["transformer_pp_en_de", "transformer_pp_baseline_en_de"]
 
 
-class ByName(TorchDispatchMode):
-    """Counts dispatched ATen operators by name, views apart."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: Counter = Counter()
-        self.views = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in _VIEW_OPS:
-            self.views += 1
-        else:
-            self.counts[name] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count(preset: str, B: int, S: int, T: int, vocab: int = 8000) -> ByName:
+def count(preset: str, B: int, S: int, T: int, vocab: int = 8000) -> OpCounter:
     cfg = load_config(REPO / "configs" / "multi30k" / f"{preset}.yaml")
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab, vocab, 0).train()
@@ -65,7 +46,7 @@ def count(preset: str, B: int, S: int, T: int, vocab: int = 8000) -> ByName:
 
     step()  # the first call may dispatch set-up operators
     model.zero_grad(set_to_none=True)
-    counter = ByName()
+    counter = OpCounter()
     with counter:
         step()
     return counter
@@ -79,12 +60,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     a, b = (count(name, args.batch, args.src_len, args.tgt_len) for name in PRESETS)
     for name, c in zip(PRESETS, (a, b)):
-        print(f"{name}: {sum(c.counts.values())} operators, {c.views} views (forward + backward, batch "
+        print(f"{name}: {c.ops} operators, {c.views} views (forward + backward, batch "
               f"{args.batch} x {args.src_len} -> {args.tgt_len})")
-    print(f"ratio {sum(a.counts.values()) / sum(b.counts.values()):.2f}\n\n{'operator':<40}{PRESETS[0][:14]:>15}{'baseline':>10}{'diff':>7}")
-    for k in sorted(set(a.counts) | set(b.counts), key=lambda k: (-(a.counts[k] - b.counts[k]), k)):
-        if a.counts[k] != b.counts[k]:
-            print(f"{k:<40}{a.counts[k]:>15}{b.counts[k]:>10}{a.counts[k] - b.counts[k]:>+7}")
+    print(f"ratio {a.ops / b.ops:.2f}\n\n{'operator':<40}{PRESETS[0][:14]:>15}{'baseline':>10}{'diff':>7}")
+    for k in sorted(set(a.by_name) | set(b.by_name), key=lambda k: (-(a.by_name[k] - b.by_name[k]), k)):
+        if a.by_name[k] != b.by_name[k]:
+            print(f"{k:<40}{a.by_name[k]:>15}{b.by_name[k]:>10}{a.by_name[k] - b.by_name[k]:>+7}")
     return 0
 
 
