@@ -10,13 +10,16 @@
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
-# PART (`next` runs the first two, one call after another while warm: call it until tpp's report
-# lists no missing run), in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# PART (`next` runs benchq and benchpp once, then tpp, one call after another while warm: call it
+# until tpp's report lists no missing run), in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; benchq and single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
 #            COMET/Transformer 1.04, 0.63 and 0.48 in three runs on one H100: only the rounds median
 #            can settle issue 3's speed target
+#   benchpp  (~3 min) issue 4's speed ratio, bench_transformer_pp.py at the presets' 1,024-token
+#            micro-batches and at the 8,192 tokens tpp trains with (0.55 measured at 1,024 before
+#            ConvAttention's fused projection and the SDPA-free eq. 3; both unmeasured on a GPU)
 #   tpp      Transformer++ against its same-size Transformer (issue 4) with the baselines' new
 #            attention dropout (~15 min in two calls); see below
 #   gridtime issue 6's timing of the whole Table 1 grid (12 paper rows x 3 seeds) on one GPU, 14 runs
@@ -58,7 +61,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|tpp|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|benchpp|tpp|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -98,8 +101,7 @@ case "$part" in
     "${b[@]}" --precision bf16 --no-decode --set train.cudnn_attention=false --out "$out/gpu_bf16_no_cudnn_attention.json"
     "${b[@]}" --precision fp32 --no-decode --out "$out/gpu_fp32.json"
     "${b[@]}" --precision bf16 --no-decode --compile --warmup 50 --out "$out/gpu_bf16_compile.json"
-    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --out "$out/gpu_transformer_pp.json"
-    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --out "$out/gpu_transformer_pp_8192.json" ;;
+    bash "$0" benchpp ;;
   paper)
     python -m cometnmt compare configs/multi30k/comet.yaml configs/multi30k/transformer.yaml \
       --seeds 1 2 3 --jobs 6 --deadline "$deadline" --out reports/comet_paper_recipe --metrics paper bleu \
@@ -120,10 +122,17 @@ case "$part" in
       bash "$0" benchq > "$out/benchq.log" 2>&1 && touch /tmp/cometnmt_benchq.done
       tail -8 "$out/benchq.log"
     fi
+    if [ ! -f /tmp/cometnmt_benchpp.done ]; then  # issue 4's speed ratio at both micro-batch sizes (~3 min)
+      bash "$0" benchpp > "$out/benchpp.log" 2>&1 && touch /tmp/cometnmt_benchpp.done
+      grep -h "^ratio" "$out/benchpp.log" || tail -5 "$out/benchpp.log"
+    fi
     DEADLINE=$((545 - SECONDS)) bash "$0" tpp
     tail -5 "$out/tpp.log" ;;
+  benchpp)  # Transformer++ against its same-size Transformer at the preset's micro-batches and the GPU recipe's
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --out "$out/gpu_transformer_pp.json"
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --out "$out/gpu_transformer_pp_8192.json" ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, benchpp, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac

@@ -230,3 +230,36 @@ def test_fused_input_projection_loads_checkpoints_of_the_separate_layers(conv_he
     mask[1, 5:] = True
     for causal in (False, True):
         assert torch.equal(fused(x, x, None if causal else mask, causal), other(x, x, None if causal else mask, causal))
+
+
+def test_sentence_query_is_eq3_over_the_sentence_or_each_prefix():
+    """Query = sum_t (S W^S)_t softmax_t(S W^Q) (eq. 3), written out position by position: over
+    the real positions of the whole sentence in the encoder (padding gets no weight), over
+    positions <= t in the decoder; padded positions get no gradient."""
+    from cometnmt.models.transformer_pp import ConvAttention
+
+    torch.manual_seed(0)
+    attn = ConvAttention(32, 4, 2, kernel_size=3, dilation=1, weight_dropout=0.0, attention_dropout=0.0)
+    B, L, Hc, Dh = 3, 6, 2, 8
+    value = torch.randn(B, L, Hc * Dh, requires_grad=True)
+    score = (3 * torch.randn(B, L, Hc)).requires_grad_()
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    mask[1, 4:] = True
+    mask[2, 1:] = True  # one real token
+
+    def pooled(b: int, h: int, upto: list[int]) -> torch.Tensor:
+        w = torch.softmax(score[b, upto, h], dim=0)  # len(upto)
+        return (w[:, None] * value[b, upto, h * Dh:(h + 1) * Dh]).sum(0)  # Dh
+
+    enc = attn.sentence_query(value, score, mask, causal=False)  # B,1,Dc
+    assert enc.shape == (B, 1, Hc * Dh)
+    for b in range(B):
+        real = [t for t in range(L) if not mask[b, t]]
+        torch.testing.assert_close(enc[b, 0], torch.cat([pooled(b, h, real) for h in range(Hc)]))
+    dec = attn.sentence_query(value, score, None, causal=True)  # B,L,Dc
+    for b in range(B):
+        for t in range(L):
+            torch.testing.assert_close(dec[b, t], torch.cat([pooled(b, h, list(range(t + 1))) for h in range(Hc)]))
+    enc.square().sum().backward()  # the encoder's Query: no gradient reaches padded positions
+    assert score.grad[:2][~mask[:2]].abs().min() > 0 and value.grad[~mask].abs().sum(-1).min() > 0  # (a lone token: weight 1 whatever its score)
+    assert score.grad[mask].eq(0).all() and value.grad[mask].eq(0).all()

@@ -200,14 +200,18 @@ class ConvAttention(nn.Module):
     def sentence_query(self, value: torch.Tensor, score: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
         """Query (eq. 3) per head from value = S W^S B,L,Dc and score = S W^Q B,L,Hc: B,1,Dc over the
         whole (unpadded) sentence, or B,L,Dc over each prefix when ``causal`` (a softmax over
-        positions <= t, computed as one-key-dim SDPA)."""
+        positions <= t). A masked softmax and one batched matrix product: SDPA would take its math
+        path here on every device (its fused kernels need keys as wide as values, and these keys
+        are one number) and dispatch about half as many operators again."""
         B, L, _ = value.shape
-        score = score.transpose(1, 2).unsqueeze(-1)  # B,Hc,L,1
-        value = self._heads(value, self.n_conv)  # B,Hc,L,D/H
-        ones = score.new_ones(B, self.n_conv, L if causal else 1, 1)  # B,Hc,L|1,1
-        pooled = F.scaled_dot_product_attention(
-            ones, score, value, attn_mask=None if causal else key_mask(pad_mask), is_causal=causal, scale=1.0
-        )  # B,Hc,L|1,D/H
+        s = score.transpose(1, 2).unsqueeze(2)  # B,Hc,1,L
+        if causal:
+            future = torch.ones(L, L, dtype=torch.bool, device=s.device).triu(1)  # L,L: key after query
+            s = s.expand(B, self.n_conv, L, L).masked_fill(future, float("-inf"))  # B,Hc,L,L
+        elif pad_mask is not None:
+            s = s.masked_fill(pad_mask[:, None, None, :], float("-inf"))  # B,Hc,1,L
+        weights = torch.softmax(s, dim=-1)  # B,Hc,L|1,L
+        pooled = weights @ self._heads(value, self.n_conv)  # B,Hc,L|1,D/H
         return pooled.transpose(1, 2).flatten(2)  # B,L|1,Dc
 
     # -- the layer -------------------------------------------------------------------------------
