@@ -88,7 +88,7 @@ class Runner:
         sync(self.device)
         start = time.perf_counter()
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            logits = self.model(batch.src, batch.src_pad_mask, batch.tgt_in, **extra)  # B,T,V
+            logits = self.model(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V (as the trainer)
             loss = F.cross_entropy(logits.float().flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD)
             for value, weight in self.model.extra_losses().values():
                 loss = loss + weight * value

@@ -13,7 +13,7 @@ Masks follow one convention everywhere: ``pad_mask`` is True at padding.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -77,6 +77,14 @@ class Seq2Seq(nn.Module):
         Transformer++ POS/NER tags). The trainer adds ``weight * loss`` to the objective and logs
         each as ``loss_<name>``. None by default."""
         return {}
+
+    def training_source_mask(self, batch) -> Optional[torch.Tensor]:
+        """The ``src_pad_mask`` to train a collated batch on: None for a batch without source
+        padding where the model is ``unpadded_source_as_none``, else the batch's own. Decided from
+        host numbers (the batch's token count), so it never waits on the GPU."""
+        if self.unpadded_source_as_none and batch.n_src_tokens == batch.src.numel():
+            return None
+        return batch.src_pad_mask
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

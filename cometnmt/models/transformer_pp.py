@@ -43,7 +43,9 @@ Choices the paper leaves open, made here:
   numerator of that softmax: a decoding step of the convolution heads costs the same whatever the
   prefix length, and equals the full decode (up to float rounding).
 * Padding never leaks: the encoder zeroes padded positions before convolving and masks them out
-  of the Query softmax, so a sentence encodes identically alone and inside a padded batch.
+  of the Query softmax, so a sentence encodes identically alone and inside a padded batch. A
+  training batch without source padding (most are: they are cut from one source length) comes
+  with ``src_pad_mask=None`` and skips the masking, as the Transformer's does.
 * Convolution heads live in self-attention only; decoder cross-attention keeps H dot-product
   heads (a convolution over the target says nothing about the source).
 * Every encoder and decoder unit has the mixed heads; unit i uses kernel_sizes[i] and
@@ -275,8 +277,6 @@ class TransformerPP(Transformer):
     """The Transformer with :class:`ConvAttention` self-attention in every unit and optional POS/NER
     heads on encoder units 1 and 2. ``forward(src, src_pad_mask, tgt_in, tags=None)``: ``tags``
     maps a task to gold tag ids B,S (``IGNORE`` where unlabelled)."""
-
-    unpadded_source_as_none = False  # its convolution heads and tag heads always get the mask
 
     def __init__(
         self,

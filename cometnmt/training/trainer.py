@@ -236,9 +236,7 @@ class Trainer:
             sync = i == len(mine) - 1 or not self.dist.enabled
             with (nullcontext() if sync else self.net.no_sync()), self.autocast():
                 extra = {"tags": batch.tags} if batch.tags else {}  # Transformer++ POS/NER targets
-                unpadded = self.model.unpadded_source_as_none and batch.n_src_tokens == batch.src.numel()
-                src_mask = None if unpadded else batch.src_pad_mask  # host numbers: no GPU sync
-                logits = self.net(batch.src, src_mask, batch.tgt_in, **extra)  # B,T,V
+                logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V
                 loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
                 objective = loss / n_tokens
                 for value, weight in self.model.extra_losses().values():
