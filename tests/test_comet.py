@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cometnmt.models.comet import CometConfig, ConvUnit, GatedConv, MaskedBatchNorm
+from cometnmt.models.comet import CometConfig, ConvUnit, GatedConv, MaskedBatchNorm, MultiLayerConv
 
 import test_models
 from test_models import make, random_batch
@@ -286,3 +286,50 @@ def test_unpadded_batch_norm_is_pytorchs_own_with_the_same_results(bounds):
         assert native.bucket_batches.tolist() == [0, 2, 0, 2]  # length 6: bucket 4-8, and the pooled row
     one = MaskedBatchNorm(5).train()  # one position: no batch statistics to speak of, the masked path
     assert one(torch.randn(1, 1, 5), None).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("bounds,kind,causal", [(None, "conv", False), ([4, 8], "conv", False), (None, "ffn1", False),
+                                                 ([4, 8], "ffn2", False), (None, "conv", True)])
+def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causal):
+    """On the GPU (F.conv1d) an unpadded training batch runs the convolution stack in B,C,L with
+    batch norm in the convolution's dtype: the same outputs, gradients and running statistics (per
+    length too) as the B,L,C path given an all-False mask, for the encoder's units and the temporal
+    convolution of the decoder; under bf16 autocast, close to them."""
+    torch.manual_seed(5)
+    cfg = CometConfig(bn_length_bounds=bounds, unit=kind, ffn1_hidden=16, ffn2_hidden=16)
+    units = [ConvUnit(8, cfg, dropout=0.0, causal=causal).train() for _ in range(2)]
+    units[1].load_state_dict(units[0].state_dict())
+    for unit in units:
+        for m in unit.modules():
+            if isinstance(m, GatedConv):
+                m.use_conv1d = True
+    x = torch.randn(3, 7, 8)
+    probe = torch.randn(3, 7, 8)
+    calls = []
+    original = MultiLayerConv._train_channels_first
+
+    def spy(self, h):
+        calls.append(h.shape)
+        return original(self, h)
+
+    results = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MultiLayerConv, "_train_channels_first", spy)
+        for unit, mask in zip(units, (torch.zeros(3, 7, dtype=torch.bool), None)):
+            xi = x.clone().requires_grad_(True)
+            for _ in range(2):  # the second batch blends into the running statistics
+                y = unit(xi, mask)
+                (y * probe).sum().backward()
+            results.append((y.detach(), xi.grad, {k: p.grad for k, p in unit.named_parameters()}))
+    assert len(calls) == 2  # the unpadded unit took the channels-first path, the masked one did not
+    (y0, gx0, g0), (y1, gx1, g1) = results
+    torch.testing.assert_close(y1, y0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gx1, gx0, atol=1e-5, rtol=1e-4)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], atol=1e-5, rtol=1e-4, msg=k)
+    for (k, a), (_, b) in zip(units[0].named_buffers(), units[1].named_buffers()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=k)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: the same up to bf16 rounding
+        y_bf16 = units[1](x, None)
+        y_ref = units[0](x, torch.zeros(3, 7, dtype=torch.bool))
+    torch.testing.assert_close(y_bf16.float(), y_ref.float(), atol=0.05, rtol=0.05)

@@ -131,6 +131,19 @@ class MaskedBatchNorm(nn.Module):
             self._update_running(mean, var, flat.new_full((), float(x.shape[1])))  # every sentence is L long
         return y.view(x.shape)
 
+    def train_channels_first(self, x: torch.Tensor) -> torch.Tensor:
+        """Training mode on an unpadded batch in the convolutions' own layout, x B,C,L (the GPU
+        path of :class:`MultiLayerConv`): ``F.batch_norm`` as is, in the input's dtype (under bf16
+        autocast the kernel takes bf16 with float32 weights and statistics and accumulates in
+        float32), so no cast or copy goes in or out. The same statistics as :meth:`_train_unpadded`."""
+        if not self.length_bounds:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
+        y = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        with torch.no_grad():
+            var, mean = torch.var_mean(x.float(), dim=(0, 2))  # unbiased variance, for the running statistics
+            self._update_running(mean, var, x.new_full((), float(x.shape[2]), dtype=torch.float32))  # every sentence is L long
+        return y
+
     def _update_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor) -> None:
         """Move the running statistics towards a training batch's (mean, unbiased variance); with
         length buckets, the row of the batch's mean real sentence length (a tensor: no sync) and the
@@ -238,10 +251,25 @@ class GatedConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x B,L,C_in (padding already zeroed) -> B,L,n_f."""
         xp = F.pad(x, (0, 0, *self.pad))  # B,L+(K-1)l,C_in, zeros at both ends (or the left)
-        if x.is_cuda if self.use_conv1d is None else self.use_conv1d:
+        if self.runs_conv1d(x):
             h = F.conv1d(xp.transpose(1, 2), self.conv.weight, self.conv.bias, dilation=self.conv.dilation)  # B,2n_f,L
             return self.gate(h.transpose(1, 2))  # B,L,n_f
         return self.gate(F.linear(self.shifts(xp, x.size(1)), self.matrix(), self.conv.bias))
+
+    def runs_conv1d(self, x: torch.Tensor) -> bool:
+        """Whether ``forward`` takes ``F.conv1d`` (CUDA by default) rather than im2col."""
+        return x.is_cuda if self.use_conv1d is None else self.use_conv1d
+
+    def forward_channels_first(self, x: torch.Tensor) -> torch.Tensor:
+        """x B,C_in,L (padding already zeroed) -> B,n_f,L with ``F.conv1d``: the layout the
+        convolution wants in and gives out, so a stack of them needs no transposes or copies in
+        between; symmetric zero padding goes into the convolution itself."""
+        left, right = self.pad
+        if left != right:  # causal, or an even kernel: pad first
+            x, left = F.pad(x, (left, right)), 0
+        h = F.conv1d(x, self.conv.weight, self.conv.bias, padding=left, dilation=self.conv.dilation)  # B,2n_f,L
+        f, s = h.chunk(2, dim=1)  # B,n_f,L each
+        return torch.tanh(f) * torch.sigmoid(s)
 
     def step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal only: x B,1,C_in and the last (K-1)*l inputs -> output B,1,n_f and the new history."""
@@ -263,17 +291,32 @@ class MultiLayerConv(nn.Module):
         self.convs = nn.ModuleList(
             GatedConv(widths[i], widths[i + 1], cfg.kernel_size, cfg.dilations[i], causal) for i in range(len(cfg.features))
         )
+        self.batch_norm = cfg.batch_norm
         bounds = None if causal else cfg.bn_length_bounds  # per-length statistics: encoder only
         self.norms = nn.ModuleList(
             MaskedBatchNorm(n, length_bounds=bounds) if cfg.batch_norm else _MaskOnly() for n in cfg.features
         )
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> list[torch.Tensor]:
+        if pad_mask is None and self.training and self.batch_norm and self.convs[0].runs_conv1d(x) and x.shape[0] * x.shape[1] > 1:
+            return self._train_channels_first(x)
         maps = []
         h = x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # B,L,D
         for conv, norm in zip(self.convs, self.norms):
             h = norm(conv(h), pad_mask)  # B,L,n_i (zero at padding)
             maps.append(h)
+        return maps
+
+    def _train_channels_first(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Training on an unpadded batch with ``F.conv1d`` (the GPU path): the stack runs in the
+        convolutions' layout B,C,L from one transpose of x to the maps, and batch norm as PyTorch's
+        kernel in the convolution's dtype. The same maps as the B,L,C path; fewer operators a step,
+        and a GPU step at Multi30k's batch sizes is bound by kernel launches (bench/README.md)."""
+        h = x.transpose(1, 2)  # B,D,L
+        maps = []
+        for conv, norm in zip(self.convs, self.norms):
+            h = norm.train_channels_first(conv.forward_channels_first(h))  # B,n_i,L
+            maps.append(h.transpose(1, 2))  # B,L,n_i (a view)
         return maps
 
     def step(self, x: torch.Tensor, cache: dict) -> tuple[list[torch.Tensor], dict]:
@@ -317,10 +360,14 @@ class ConvUnit(nn.Module):
         self.slope = cfg.leaky_slope
 
     def combine(self, maps: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        feats = torch.cat(maps, dim=-1)  # B,L,n_feat
         if self.kind == "ffn1":
-            feats = self.inner_norm(feats + self.inner_dropout(self.inner(feats)))  # B,L,n_feat
-        joined = torch.cat([feats, x], dim=-1)  # B,L,n_feat+D
+            feats = torch.cat(maps, dim=-1)  # B,L,n_feat
+            maps = [self.inner_norm(feats + self.inner_dropout(self.inner(feats)))]  # B,L,n_feat
+        if torch.is_autocast_enabled(x.device.type) and x.dtype != maps[0].dtype and all(m.dtype == maps[0].dtype for m in maps):
+            # bf16 maps (the channels-first path) and a float32 x: the linear below would take all of
+            # it in bf16 anyway, so round x now rather than promote the maps to float32 and back
+            x = x.to(maps[0].dtype)
+        joined = torch.cat([*maps, x], dim=-1)  # B,L,n_feat+D
         if self.kind == "ffn2":
             return self.reduce(joined)  # B,L,D
         return F.leaky_relu(self.reduce(joined), self.slope)  # B,L,D
