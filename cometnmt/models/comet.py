@@ -336,6 +336,14 @@ class _MaskOnly(nn.Module):
         return x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)
 
 
+def _autocast_on(x: torch.Tensor) -> bool:
+    """Whether autocast is on for x's device (False for devices autocast does not know, e.g. meta)."""
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except RuntimeError:
+        return False
+
+
 class ConvUnit(nn.Module):
     """The convolution sublayer and its Table 1 variants; B,L,D -> B,L,D.
 
@@ -363,7 +371,7 @@ class ConvUnit(nn.Module):
         if self.kind == "ffn1":
             feats = torch.cat(maps, dim=-1)  # B,L,n_feat
             maps = [self.inner_norm(feats + self.inner_dropout(self.inner(feats)))]  # B,L,n_feat
-        if torch.is_autocast_enabled(x.device.type) and x.dtype != maps[0].dtype and all(m.dtype == maps[0].dtype for m in maps):
+        if x.dtype != maps[0].dtype and all(m.dtype == maps[0].dtype for m in maps) and _autocast_on(x):
             # bf16 maps (the channels-first path) and a float32 x: the linear below would take all of
             # it in bf16 anyway, so round x now rather than promote the maps to float32 and back
             x = x.to(maps[0].dtype)

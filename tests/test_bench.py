@@ -1,0 +1,58 @@
+"""The benchmark scripts run end to end on tiny settings (their numbers are not asserted: speed
+lives in bench/, never in tests). A change that breaks a bench path the training tests do not
+take (the meta-device FLOP count, the rounds, decoding three ways, the operator counter) fails
+here rather than on the next GPU session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+TINY = ["--set", "data.max_train_pairs=300", "--set", "model.d_model=32", "--set", "model.n_heads=2",
+        "--set", "model.d_ff=64", "--set", "train.batch_tokens=256"]
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
+    out = tmp_path / "cpu.json"
+    proc = run("bench.py", "--steps", "2", "--warmup", "1", "--rounds", "2", "--decode-sentences", "8",
+               "--threads", "1", *TINY, "--out", str(out))
+    result = json.loads(out.read_text())
+    assert [m["arch"] for m in result["models"]] == ["transformer", "comet"]
+    for m in result["models"]:
+        training, decoding = m["training"], m["decoding"]
+        assert training["timed_steps"] == 2 and training["tokens_per_s"] > 0
+        assert training["flops_per_target_token"] > 0 and training["aten_ops_per_step"] > 0
+        assert decoding["sentences"] == 8 and decoding["greedy_equals_full_prefix"] == 1.0
+    ratio = result["comet_over_transformer"]
+    assert len(ratio["rounds"]["ratios"]) == 2 and ratio["ratio"] == ratio["rounds"]["median_ratio"]
+    assert "COMET/Transformer training tokens/s" in proc.stdout
+
+
+def test_count_ops_compares_two_presets_operator_by_operator():
+    proc = run("count_ops.py", "--presets", "comet", "transformer", "--batch", "4", "--src-len", "5", "--tgt-len", "6",
+               "--vocab", "50", "--conv1d", "--precision", "bf16")
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("comet: ") and "bf16, conv1d" in lines[0] and lines[1].startswith("transformer: ")
+    assert lines[2].startswith("ratio comet / transformer: ")
+    assert any(line.startswith("convolution ") for line in lines)  # COMET's convolutions, absent from the Transformer
+
+
+def test_bench_transformer_pp_steps_both_models(data_dir, tmp_path):
+    out = tmp_path / "pp.json"
+    run("bench_transformer_pp.py", "--steps", "2", "--warmup", "1", "--no-tags", "--threads", "1", "--max-pairs", "300",
+        "--set", "model.d_model=32", "--set", "model.n_heads=4", "--set", "model.transformer_pp.conv_heads=2",
+        "--set", "model.d_ff=64", "--batch-tokens", "256",
+        "--out", str(out))
+    result = json.loads(out.read_text())
+    assert set(result["results"]) == {"transformer_pp", "transformer"}
+    assert all(r["timed_steps"] == 2 for r in result["results"].values()) and result["ratio_pp_over_transformer"] > 0
