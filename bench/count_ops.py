@@ -90,10 +90,11 @@ def main(argv=None) -> int:
     if len(counts) < 2:
         return 0
     (a, b), (na, nb) = counts[:2], args.presets[:2]
-    print(f"ratio {na} / {nb}: {a.ops / b.ops:.2f}\n\n{'operator':<40}{na[:14]:>15}{nb[:14]:>15}{'diff':>7}")
+    w = max(len(na), len(nb)) + 2
+    print(f"ratio {na} / {nb}: {a.ops / b.ops:.2f}\n\n{'operator':<32}{na:>{w}}{nb:>{w}}{'diff':>7}")
     for k in sorted(set(a.by_name) | set(b.by_name), key=lambda k: (-(a.by_name[k] - b.by_name[k]), k)):
         if a.by_name[k] != b.by_name[k]:
-            print(f"{k:<40}{a.by_name[k]:>15}{b.by_name[k]:>15}{a.by_name[k] - b.by_name[k]:>+7}")
+            print(f"{k:<32}{a.by_name[k]:>{w}}{b.by_name[k]:>{w}}{a.by_name[k] - b.by_name[k]:>+7}")
     return 0
 
 

@@ -24,7 +24,9 @@
 #            attention dropout (~15 min in two calls); see below
 #   gridtime issue 6's timing of the whole Table 1 grid (12 paper rows x 3 seeds) on one GPU, 14 runs
 #            side by side, into a fresh reports/gpu_grid_timing; ~30 min of calls while warm (estimate
-#            from 12 runs in 8-10 min), so it needs a session whose device budget has that left.
+#            from 12 runs in 8-10 min), so it needs a session whose device budget has that left, or
+#            two sessions: GRID_ROWS="comet temporal_conv ffn1 ffn2 src_sos_eos conv4" in one and
+#            GRID_ROWS="transformer dff1024 n4 n2 dm512 dropout03" in the next (18 runs each).
 #            The grid's time is the sum of the calls' wall times (each report.md's header)
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
 #            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
@@ -93,7 +95,10 @@ case "$part" in
       --out reports/gpu_grid_extra > "$out/grid_extra.log" 2>&1 || true
     keep reports/gpu_grid_extra ;;
   gridtime)
-    python -m cometnmt reproduce --rows all --seeds 1 2 3 --jobs 14 --deadline "$deadline" --out reports/gpu_grid_timing "${recipe[@]}" > "$out/gridtime.log" 2>&1 || true
+    # GRID_ROWS (default all) times a part of the grid, e.g. half in one session and half in the next
+    # (the grid's time is then the sum of both; merge the second report with --merge-report)
+    read -r -a rows <<< "${GRID_ROWS:-all}"
+    python -m cometnmt reproduce --rows "${rows[@]}" --seeds 1 2 3 --jobs 14 --deadline "$deadline" --out reports/gpu_grid_timing "${recipe[@]}" > "$out/gridtime.log" 2>&1 || true
     keep reports/gpu_grid_timing ;;
   bench)
     b=(python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz)
