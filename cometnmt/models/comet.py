@@ -32,6 +32,7 @@ its length alone, so padding invariance holds.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -128,7 +129,7 @@ class MaskedBatchNorm(nn.Module):
         y = F.batch_norm(flat, None, None, self.weight, self.bias, True, 0.0, self.eps)
         with torch.no_grad():
             var, mean = torch.var_mean(flat, dim=0)  # unbiased variance, for the running statistics
-            self._update_running(mean, var, flat.new_full((), float(x.shape[1])))  # every sentence is L long
+            self._update_running(mean, var, float(x.shape[1]))  # every sentence is L long
         return y.view(x.shape)
 
     def train_channels_first(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,16 +142,25 @@ class MaskedBatchNorm(nn.Module):
         y = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         with torch.no_grad():
             var, mean = torch.var_mean(x.float(), dim=(0, 2))  # unbiased variance, for the running statistics
-            self._update_running(mean, var, x.new_full((), float(x.shape[2]), dtype=torch.float32))  # every sentence is L long
+            self._update_running(mean, var, float(x.shape[2]))  # every sentence is L long
         return y
 
-    def _update_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor) -> None:
+    def _update_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor | float) -> None:
         """Move the running statistics towards a training batch's (mean, unbiased variance); with
-        length buckets, the row of the batch's mean real sentence length (a tensor: no sync) and the
-        pooled row."""
+        length buckets, the row of the batch's mean real sentence length and the pooled row. The
+        length is a tensor where it is only known on the device (a padded batch: no sync), a number
+        where the host knows it (an unpadded batch: rows picked on the host, fewer operators)."""
         if not self.length_bounds:
             self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
             self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+            return
+        if not isinstance(mean_length, torch.Tensor):  # the same rows and weights as below, on the host
+            for row in (bisect.bisect_left(self.length_bounds, round(mean_length)), len(self.length_bounds) + 1):
+                count = self.bucket_batches[row]  # 0-dim view
+                weight = (count + 1).reciprocal().clamp_(min=self.momentum)
+                for buf, new in ((self.running_mean, mean), (self.running_var, unbiased)):
+                    buf[row].lerp_(new.detach().to(buf.dtype), weight.to(buf.dtype))
+                count.add_(1)
             return
         k = torch.bucketize(torch.round(mean_length), self.bounds).view(1)
         rows = torch.cat([k, k.new_full((1,), len(self.length_bounds) + 1)])  # 2
