@@ -194,9 +194,10 @@ class ConvAttention(nn.Module):
         """LocalConv (eq. 2) of the projected input u B,L,Dc -> B,L,Dc. Padded inputs are zeroed first."""
         if pad_mask is not None:
             u = u.masked_fill(pad_mask.unsqueeze(-1), 0.0)
-        pad = (self.context, 0) if causal else (self.context // 2, self.context - self.context // 2)
-        h = F.pad(u.transpose(1, 2), pad)  # B,Dc,L+context
-        out = F.conv1d(h, self.kernel_weights(), dilation=self.dilation, groups=self.d_conv)  # B,Dc,L
+        h, pad = u.transpose(1, 2), self.context // 2  # B,Dc,L
+        if causal or self.context % 2:  # zeros on the left only, or an uneven split: pad first
+            h, pad = F.pad(h, (self.context, 0) if causal else (pad, self.context - pad)), 0  # B,Dc,L+context
+        out = F.conv1d(h, self.kernel_weights(), padding=pad, dilation=self.dilation, groups=self.d_conv)  # B,Dc,L
         return out.transpose(1, 2)  # B,L,Dc
 
     def sentence_query(self, value: torch.Tensor, score: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
