@@ -254,16 +254,16 @@ class GatedConv(nn.Module):
         return torch.cat([xp[:, k * l : k * l + length] for k in range(self.conv.kernel_size[0])], dim=-1)
 
     @staticmethod
-    def gate(h: torch.Tensor) -> torch.Tensor:
-        f, s = h.chunk(2, dim=-1)  # B,L,n_f each
+    def gate(h: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """tanh of the first half of h along ``dim`` times sigmoid of the second."""
+        f, s = h.chunk(2, dim=dim)  # n_f each
         return torch.tanh(f) * torch.sigmoid(s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x B,L,C_in (padding already zeroed) -> B,L,n_f."""
-        xp = F.pad(x, (0, 0, *self.pad))  # B,L+(K-1)l,C_in, zeros at both ends (or the left)
         if self.runs_conv1d(x):
-            h = F.conv1d(xp.transpose(1, 2), self.conv.weight, self.conv.bias, dilation=self.conv.dilation)  # B,2n_f,L
-            return self.gate(h.transpose(1, 2))  # B,L,n_f
+            return self.forward_channels_first(x.transpose(1, 2)).transpose(1, 2)  # B,L,n_f
+        xp = F.pad(x, (0, 0, *self.pad))  # B,L+(K-1)l,C_in, zeros at both ends (or the left)
         return self.gate(F.linear(self.shifts(xp, x.size(1)), self.matrix(), self.conv.bias))
 
     def runs_conv1d(self, x: torch.Tensor) -> bool:
@@ -278,8 +278,7 @@ class GatedConv(nn.Module):
         if left != right:  # causal, or an even kernel: pad first
             x, left = F.pad(x, (left, right)), 0
         h = F.conv1d(x, self.conv.weight, self.conv.bias, padding=left, dilation=self.conv.dilation)  # B,2n_f,L
-        f, s = h.chunk(2, dim=1)  # B,n_f,L each
-        return torch.tanh(f) * torch.sigmoid(s)
+        return self.gate(h, dim=1)  # B,n_f,L
 
     def step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal only: x B,1,C_in and the last (K-1)*l inputs -> output B,1,n_f and the new history."""
