@@ -123,26 +123,24 @@ class MaskedBatchNorm(nn.Module):
         float32 (one kernel forward and one backward on a GPU, against some 30 operators of the
         masked path), the same statistics and float32 output as the masked path with no padding."""
         flat = x.float().reshape(-1, x.shape[-1])  # B*L,C
-        if not self.length_bounds:  # PyTorch's running update: momentum, unbiased variance, as ours
-            y = F.batch_norm(flat, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
-            return y.view(x.shape)
-        y = F.batch_norm(flat, None, None, self.weight, self.bias, True, 0.0, self.eps)
-        with torch.no_grad():
-            var, mean = torch.var_mean(flat, dim=0)  # unbiased variance, for the running statistics
-            self._update_running(mean, var, float(x.shape[1]))  # every sentence is L long
-        return y.view(x.shape)
+        return self._native(flat, 0, x.shape[1]).view(x.shape)
 
     def train_channels_first(self, x: torch.Tensor) -> torch.Tensor:
         """Training mode on an unpadded batch in the convolutions' own layout, x B,C,L (the GPU
         path of :class:`MultiLayerConv`): ``F.batch_norm`` as is, in the input's dtype (under bf16
         autocast the kernel takes bf16 with float32 weights and statistics and accumulates in
         float32), so no cast or copy goes in or out. The same statistics as :meth:`_train_unpadded`."""
-        if not self.length_bounds:
+        return self._native(x, (0, 2), x.shape[2])
+
+    def _native(self, x: torch.Tensor, dims, length: int) -> torch.Tensor:
+        """``F.batch_norm`` of x, channels in dim 1, statistics over ``dims``, in training mode;
+        every sentence of the batch is ``length`` long (for the per-length statistics)."""
+        if not self.length_bounds:  # PyTorch's running update: momentum, unbiased variance, as ours
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
         y = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         with torch.no_grad():
-            var, mean = torch.var_mean(x.float(), dim=(0, 2))  # unbiased variance, for the running statistics
-            self._update_running(mean, var, float(x.shape[2]))  # every sentence is L long
+            var, mean = torch.var_mean(x.float(), dim=dims)  # unbiased variance, for the running statistics
+            self._update_running(mean, var, float(length))
         return y
 
     def _update_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor | float) -> None:
