@@ -26,10 +26,11 @@ import torch.nn.functional as F
 
 from cometnmt.config import load_config
 from cometnmt.data.batching import collate, make_batches
-from cometnmt.data.pipeline import build_codec, encode_pairs, read_split
-from cometnmt.data.tagging import attach_training_tags, select_tags
+from cometnmt.data.pipeline import read_split
+from cometnmt.data.tagging import select_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.models import build_model
+from cometnmt.training.run import training_examples
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,10 +123,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     pp_cfg, base_cfg = load_pair(args)
-    corpus = read_split(pp_cfg.data, "train")
-    codec, src_tokens, tgt_tokens = build_codec(pp_cfg.data, corpus)  # the same data for both models
-    data = encode_pairs(codec, corpus, pp_cfg.data.max_len, (src_tokens, tgt_tokens))
-    attach_training_tags(pp_cfg, codec, data)
+    codec, data = training_examples(pp_cfg, read_split(pp_cfg.data, "train"))  # the same data for both models
     budget = args.batch_tokens or pp_cfg.train.batch_tokens
     batches = make_batches([len(s) for s in data.src_ids], [len(t) for t in data.tgt_ids], max_tokens=budget, shuffle=True, seed=1)
     untagged = type(data)(data.src_ids, data.tgt_ids, data.src_text, data.tgt_text)

@@ -39,11 +39,9 @@ grep -E '\.(de|en)\.gz$' "$data/SHA256SUMS" > .gpu/data/SHA256SUMS
 # The tag cache: the trainer's own path (codec, then tags) on transformer_pp_en_de.yaml's data.
 COMETNMT_MULTI30K_DIR=$(realpath "$data") COMETNMT_CACHE=$PWD/.gpu/cache PYTHONPATH=$PWD "$py" - <<'PY'
 from cometnmt.config import load_config
-from cometnmt.data.pipeline import build_codec, encode_pairs, read_split
-from cometnmt.data.tagging import attach_training_tags
+from cometnmt.data.pipeline import read_split
+from cometnmt.training.run import training_examples
 cfg = load_config("configs/multi30k/transformer_pp_en_de.yaml")
-corpus = read_split(cfg.data, "train")
-codec, src_tokens, tgt_tokens = build_codec(cfg.data, corpus)
-attach_training_tags(cfg, codec, encode_pairs(codec, corpus, cfg.data.max_len, (src_tokens, tgt_tokens)))
+training_examples(cfg, read_split(cfg.data, "train"))
 PY
 du -sh .gpu/site.tar.xz .gpu/data .gpu/cache

@@ -47,6 +47,19 @@ def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
     return None
 
 
+def training_examples(cfg: Config, corpus, codec: TextCodec | None = None):
+    """The training side as the trainer sees it: ``corpus`` encoded with ``codec`` (built from the
+    corpus when None), over-long pairs dropped at ``data.max_len``, Transformer++'s POS/NER tags
+    attached (a no-op for other models). Returns (codec, examples)."""
+    if codec is None:
+        codec, src_tokens, tgt_tokens = build_codec(cfg.data, corpus)
+        data = encode_pairs(codec, corpus, cfg.data.max_len, (src_tokens, tgt_tokens))
+    else:
+        data = encode_pairs(codec, corpus, cfg.data.max_len)
+    attach_training_tags(cfg, codec, data)
+    return codec, data
+
+
 def train(cfg: Config, resume: bool = False) -> dict:
     """Train (or continue training) the run described by ``cfg``; returns the trainer's summary."""
     device = resolve_device(cfg.train.device, "train.device")
@@ -62,13 +75,8 @@ def train(cfg: Config, resume: bool = False) -> dict:
 
     train_corpus = read_split(cfg.data, "train")
     valid_corpus = read_split(cfg.data, "valid")
-    if payload is None:
-        codec, src_tokens, tgt_tokens = build_codec(cfg.data, train_corpus)
-        train_data = encode_pairs(codec, train_corpus, cfg.data.max_len, (src_tokens, tgt_tokens))
-    else:
-        codec = TextCodec.from_state(payload["codec"])
-        train_data = encode_pairs(codec, train_corpus, cfg.data.max_len)
-    attach_training_tags(cfg, codec, train_data)  # Transformer++ POS/NER; a no-op for other models
+    codec = None if payload is None else TextCodec.from_state(payload["codec"])
+    codec, train_data = training_examples(cfg, train_corpus, codec)
     valid_data = encode_pairs(codec, valid_corpus, None)
     log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
 
