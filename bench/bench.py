@@ -101,7 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "host: 0.48-1.04 for the same line) slows both alike within a round (default: 8 with --gpu, "
                         "else 0 = off)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="training precision (default: the preset's)")
-    p.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile; give it more --warmup)")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="train.compile=true with this train.compile_mode (default: default; reduce-overhead = CUDA "
+                        "graphs); compilation happens in the warm-up steps, so give it more --warmup")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's choice)")
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="CKPT",
                    help="trained checkpoints; each replaces the random-init model of its architecture")
@@ -301,7 +304,7 @@ def model_config(name: str, args: argparse.Namespace, save_dir: str) -> Config:
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
     if args.compile:
-        overrides.append("train.compile=true")
+        overrides += ["train.compile=true", f"train.compile_mode={args.compile}"]
     return load_config(preset, overrides)
 
 
@@ -416,11 +419,14 @@ def training_groups(cfg: Config, model: torch.nn.Module, data: Data, device: tor
 
 
 def warm_up(trainer: Trainer, groups: list, device: torch.device, args: argparse.Namespace) -> bool:
-    """The untimed warm-up steps, then (``--warm-shapes``) the timed steps once untimed; returns
-    whether shapes were warmed."""
+    """The untimed warm-up steps, then (``--warm-shapes``) the timed steps untimed: once, or twice
+    where the trainer replays CUDA graphs (``--compile reduce-overhead``: a new shape's first call
+    runs eagerly, its second records the graph, later ones replay it). Returns whether shapes were
+    warmed."""
     trainer.net.train()
     warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
-    for group in groups[: args.warmup] + (groups[args.warmup :] if warm_shapes else []):
+    passes = (2 if trainer.cuda_graphs else 1) if warm_shapes else 0
+    for group in groups[: args.warmup] + groups[args.warmup :] * passes:
         trainer.train_step(group)
     sync(device)
     return warm_shapes
@@ -461,6 +467,7 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
         "accum_steps": G,
         "precision": cfg.train.precision,
         "compile": cfg.train.compile,
+        "compile_mode": cfg.train.compile_mode if cfg.train.compile else None,
         "warmup_steps": args.warmup,
         "warm_shapes": warm_shapes,
         "timed_steps": args.steps,
@@ -673,7 +680,7 @@ def format_report(res: dict) -> str:
     if models:
         t = models[0]["training"]
         lines.append(f"  batch_tokens {t['batch_tokens']}, accum {t['accum_steps']}, {t['precision']}"
-                     f"{', compiled' if t['compile'] else ''}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
+                     f"{', compiled (' + str(t.get('compile_mode')) + ')' if t['compile'] else ''}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
                      f" peak mem = {t['memory']['method']}; ops/step = ATen operators (views apart) one training"
                      " step dispatches, about the kernels it launches on a GPU")
         if "mfu_interleaved" in t:

@@ -51,6 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on the CPU")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (CUDA)")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="torch.compile both models in this mode (reduce-overhead = CUDA graphs); the warm-up then "
+                        "runs the timed batches twice where graphs are replayed (a shape's second call records)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -70,10 +74,12 @@ def sync(device: torch.device) -> None:
 class Runner:
     """One model, its optimizer and a cycle over the shared micro-batches."""
 
-    def __init__(self, name, cfg, codec, data, batches, device, precision) -> None:
+    def __init__(self, name, cfg, codec, data, batches, device, precision, compile_mode=None) -> None:
         self.name, self.cfg, self.data, self.batches, self.device = name, cfg, data, batches, device
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device).train()
+        self.net = self.model if compile_mode is None else torch.compile(self.model, mode=None if compile_mode == "default" else compile_mode)
+        self.cuda_graphs = compile_mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         self.dtype = torch.bfloat16 if precision == "bf16" else None
         self.cursor = 0
@@ -89,7 +95,9 @@ class Runner:
         sync(self.device)
         start = time.perf_counter()
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            logits = self.model(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V (as the trainer)
+            if self.cuda_graphs:  # as the trainer: the last step's graph outputs are dead
+                torch.compiler.cudagraph_mark_step_begin()
+            logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V (as the trainer)
             loss = F.cross_entropy(logits.float().flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD)
             for value, weight in self.model.extra_losses().values():
                 loss = loss + weight * value
@@ -127,12 +135,18 @@ def main(argv=None) -> int:
     budget = args.batch_tokens or pp_cfg.train.batch_tokens
     batches = make_batches([len(s) for s in data.src_ids], [len(t) for t in data.tgt_ids], max_tokens=budget, shuffle=True, seed=1)
     untagged = type(data)(data.src_ids, data.tgt_ids, data.src_text, data.tgt_text)
-    runners = [Runner("transformer_pp", pp_cfg, codec, data, batches, device, args.precision),
-               Runner("transformer", base_cfg, codec, untagged, batches, device, args.precision)]
+    runners = [Runner("transformer_pp", pp_cfg, codec, data, batches, device, args.precision, args.compile),
+               Runner("transformer", base_cfg, codec, untagged, batches, device, args.precision, args.compile)]
     warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
     for r in runners:
-        for _ in range(max(args.warmup, args.steps if warm_shapes else 0)):
+        for _ in range(args.warmup):
             r.step(timed=False)
+        # the timed batches untimed first: once, or twice where CUDA graphs are replayed (a new shape's
+        # first call runs eagerly, its second records the graph)
+        for _ in range((2 if r.cuda_graphs else 1) if warm_shapes else 0):
+            r.cursor = 0
+            for _ in range(args.steps):
+                r.step(timed=False)
         r.cursor = 0  # both time the same batches
     for _ in range(args.steps):
         for r in runners:
@@ -149,6 +163,7 @@ def main(argv=None) -> int:
         "python": platform.python_version(),
         "precision": args.precision,
         "warm_shapes": warm_shapes,
+        "compile": args.compile,
         "train_pairs_read": len(data),
         "batch_tokens": budget,
         "sizes": {k: getattr(pp_cfg.model, k) for k in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff")},

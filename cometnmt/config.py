@@ -85,6 +85,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA; fp16 uses loss scaling
     compile: bool = False  # torch.compile the model (falls back to eager on failure)
+    # torch.compile mode: reduce-overhead adds CUDA graphs (one recorded graph per batch shape; on the
+    # CPU it compiles as default); max-autotune also searches kernels. Needs train.compile: true.
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"  # torch.compile mode (reduce-overhead = CUDA graphs)
     # CUDA: let scaled_dot_product_attention use its cuDNN kernels (PyTorch's default). On an H100 in
     # bf16 they cost a slow first call per new batch shape: COMET's first epoch ran at 7k target
     # tokens/s, later ones at 32-37k (bench/README.md). false = flash / memory-efficient kernels only.
@@ -314,6 +317,8 @@ def validate(cfg: Config) -> None:
         hint = "; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else ""
         raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures, "
                           f"not {cfg.model.arch!r}{hint}")
+    if cfg.train.compile_mode != "default" and not cfg.train.compile:
+        raise ConfigError(f"config key 'train.compile_mode': {cfg.train.compile_mode!r} needs train.compile: true")
     if len(cfg.train.betas) != 2:
         raise ConfigError(f"config key 'train.betas': expected two numbers, got {cfg.train.betas}")
     positive = {

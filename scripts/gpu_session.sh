@@ -10,13 +10,21 @@
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
-# PART (`next` runs benchq and benchpp once, then tpp, one call after another while warm: call it
-# until tpp's report lists no missing run), in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# PART (`next` runs benchq, check, benchcg and benchpp once, then tpp, one call after another while
+# warm: call it until tpp's report lists no missing run), in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; benchq and single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
 #            COMET/Transformer 1.04, 0.63 and 0.48 in three runs on one H100: only the rounds median
 #            can settle issue 3's speed target
+#   check    (~3-5 min, estimate) bench/check_compile.py: torch.compile with CUDA graphs
+#            (train.compile_mode reduce-overhead) and bf16 computes the eager loss, gradients and
+#            batch-norm statistics, step by step over repeated batch shapes (comet_bn_length,
+#            transformer_pp_en_de). Never run on a GPU; on the CPU (default mode) it passes
+#   benchcg  (~5-7 min, estimate) only after check passed: bench.py's rounds and
+#            bench_transformer_pp.py with --compile reduce-overhead. The GPU steps are launch-bound
+#            (MFU < 1%) and CUDA graphs replay a whole step's kernels in one launch, so this is the
+#            lever for both speed ratios (issues 3 and 4) and for issue 6's run times
 #   benchpp  (~3 min) issue 4's speed ratio, bench_transformer_pp.py at the presets' 1,024-token
 #            micro-batches and at the 8,192 tokens tpp trains with (0.55 measured at 1,024 before
 #            ConvAttention's fused projection and the SDPA-free eq. 3; both unmeasured on a GPU)
@@ -63,7 +71,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|benchpp|tpp|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|check|benchcg|benchpp|tpp|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -121,32 +129,47 @@ case "$part" in
       --set train.valid_bleu_max_sentences=500 > "$out/tpp.log" 2>&1 || true
     keep reports/transformer_pp_en_de_attention_dropout ;;
   next)  # what the next session should run, in one call after another while the machine is warm:
-    # benchq and benchpp once each (markers in /tmp survive between warm calls; set before starting,
-    # so a bench that fails or overruns is not retried forever), then tpp until it finishes. Each
-    # piece is bounded so that the call ends before the 600 s limit of a call (tpp's training stops
-    # ~55 s before, for decoding and packing); a piece without time left waits for the next call
+    # benchq, check, benchcg (only once check passed) and benchpp once each (markers in /tmp survive
+    # between warm calls; set before starting, so a piece that fails or overruns is not retried
+    # forever), then tpp until it finishes. Each piece is bounded so that the call ends before the
+    # 600 s limit of a call (tpp's training stops ~55 s before, for decoding and packing); a piece
+    # without the time it needs left waits for the next call
     left() { echo $((560 - SECONDS)); }
-    if [ ! -f /tmp/cometnmt_benchq.tried ]; then
-      touch /tmp/cometnmt_benchq.tried
-      timeout "$(left)" bash "$0" benchq > "$out/benchq.log" 2>&1 || echo "benchq failed or ran out of time (benchq.log)"
-      tail -8 "$out/benchq.log"
-    fi
-    if [ ! -f /tmp/cometnmt_benchpp.tried ] && [ "$(left)" -gt 240 ]; then  # issue 4's speed ratio (~3 min)
-      touch /tmp/cometnmt_benchpp.tried
-      timeout "$(left)" bash "$0" benchpp > "$out/benchpp.log" 2>&1 || echo "benchpp failed or ran out of time (benchpp.log)"
-      grep -h "^ratio" "$out/benchpp.log" || tail -5 "$out/benchpp.log"
-    fi
-    if [ ! -f /tmp/cometnmt_benchpp.tried ] || [ "$(left)" -lt 150 ]; then
+    once() {  # once PART SECONDS_NEEDED: run PART unless tried before or too little time is left
+      [ -f "/tmp/cometnmt_$1.tried" ] && return 0
+      if [ "$(left)" -lt "$2" ]; then echo "no time left in this call for $1: call next again"; return 1; fi
+      touch "/tmp/cometnmt_$1.tried"
+      if timeout "$(left)" bash "$0" "$1" > "$out/$1.log" 2>&1; then touch "/tmp/cometnmt_$1.ok"
+      else echo "$1 failed or ran out of time ($1.log)"; fi
+      grep -h "^ratio\|^COMET/Transformer\|: ok:\|: FAIL" "$out/$1.log" || tail -8 "$out/$1.log"
+    }
+    once benchq 0 || exit 0
+    once check 300 || exit 0
+    if [ -f /tmp/cometnmt_check.ok ]; then once benchcg 420 || exit 0; fi
+    once benchpp 240 || exit 0
+    if [ "$(left)" -lt 150 ]; then
       echo "no time left in this call for tpp: call next again while the machine is warm"
     else
       DEADLINE=$((545 - SECONDS)) bash "$0" tpp
       tail -5 "$out/tpp.log"
     fi ;;
+  check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
+    # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
+    # benchcg's timings mean something only if this passes
+    python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 --groups 3 --passes 3 \
+      --configs configs/multi30k/comet_bn_length.yaml configs/multi30k/transformer_pp_en_de.yaml ;;
+  benchcg)  # the speed ratios with CUDA graphs: torch.compile mode reduce-overhead replays one graph per
+    # batch shape (Multi30k's 2,048-token batches have 141 shapes, all of them in every epoch, so a run
+    # records them in epoch 1 and replays them after). Issue 3's ratio in rounds, then issue 4's
+    python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
+      --precision bf16 --no-decode --compile reduce-overhead --out "$out/gpu_bf16_cudagraphs.json"
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --compile reduce-overhead \
+      --out "$out/gpu_transformer_pp_cudagraphs.json" ;;
   benchpp)  # Transformer++ against its same-size Transformer at the preset's micro-batches and the GPU recipe's
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --out "$out/gpu_transformer_pp.json"
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --out "$out/gpu_transformer_pp_8192.json" ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, benchpp, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, check, benchcg, benchpp, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac

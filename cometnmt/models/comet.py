@@ -32,7 +32,6 @@ its length alone, so padding invariance holds.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -153,7 +152,9 @@ class MaskedBatchNorm(nn.Module):
             self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
             return
         if not isinstance(mean_length, torch.Tensor):  # the same rows and weights as below, on the host
-            for row in (bisect.bisect_left(self.length_bounds, round(mean_length)), len(self.length_bounds) + 1):
+            length = round(mean_length)  # its bucket: how many bounds lie below it (bisect_left, which
+            bucket = sum(bound < length for bound in self.length_bounds)  # torch.compile cannot trace)
+            for row in (bucket, len(self.length_bounds) + 1):
                 count = self.bucket_batches[row]  # 0-dim view
                 weight = (count + 1).reciprocal().clamp_(min=self.momentum)
                 for buf, new in ((self.running_mean, mean), (self.running_var, unbiased)):

@@ -8,8 +8,9 @@ p' = round(p * 65536) / 65536 the probability actually used (it differs from p b
 p = 0.1 gives p' = 0.100006, p = 0.3 gives 0.299998). The mask is still drawn from PyTorch's
 global generator, so ``torch.manual_seed`` and checkpointed RNG states reproduce it exactly.
 
-On other devices (CUDA's dropout kernel is already fused and fast) and for p = 0 this is
-``nn.Dropout``. It subclasses ``nn.Dropout``, so code that finds dropout modules by type, or sets
+On other devices (CUDA's dropout kernel is already fused and fast), under ``torch.compile``
+(whose graphs cannot hold the in-place ``random_``; the compiler fuses its own dropout) and for
+p = 0 this is ``nn.Dropout``. It subclasses ``nn.Dropout``, so code that finds dropout modules by type, or sets
 ``.p``, works unchanged.
 """
 
@@ -45,6 +46,6 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or torch.compiler.is_compiling():  # compiled: the compiler's fused dropout
             return F.dropout(x, self.p, True)
         return cpu_dropout(x, self.p)

@@ -92,6 +92,9 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, self.tc)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self._compiled = False  # set by _wrap when torch.compile wrapped the model
+        self._buffer_copies: list[torch.Tensor] = []  # the buffers before a compiled step (its eager redo restores them)
+        # reduce-overhead and max-autotune replay CUDA graphs; each micro-batch starts a new replay
+        self.cuda_graphs = self.tc.compile and self.tc.compile_mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
         self.net = self._wrap(model)
         self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
         self.history: list[dict] = []
@@ -111,7 +114,7 @@ class Trainer:
         self._eager_net = net
         if self.tc.compile:
             try:
-                net = torch.compile(net)
+                net = torch.compile(net, mode=None if self.tc.compile_mode == "default" else self.tc.compile_mode)
                 self._compiled = True
             except Exception as exc:  # pragma: no cover - depends on the platform's compiler
                 log.warning("torch.compile unavailable (%s); training eagerly", exc)
@@ -198,6 +201,11 @@ class Trainer:
         (this rank's summed loss, target tokens of the whole global step)."""
         n_tokens = sum(sum(len(self.train_data.tgt_ids[i]) + 1 for i in idx) for idx in group)
         total = self._compiled_backward(group, n_tokens) if self._compiled else self.backward(group, n_tokens)
+        self.update()
+        return total, n_tokens
+
+    def update(self) -> None:
+        """After ``backward``: clip the gradients, step the optimizer and the schedule, clear the gradients."""
         self.scaler.unscale_(self.optimizer)
         if self.tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
@@ -205,14 +213,17 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return total, n_tokens
 
     def _compiled_backward(self, group: list[list[int]], n_tokens: int) -> torch.Tensor:
         """``backward`` through the compiled model. torch.compile compiles at the first call (and
         recompiles for new shapes), so that is where it fails; then warn, drop the step's partial
         gradients, restore the RNG and buffers (batch-norm statistics) and redo it eagerly."""
         rng = rng_state()
-        buffers = [b.clone() for b in self.model.buffers()]
+        buffers = list(self.model.buffers())
+        if [(c.shape, c.dtype, c.device) for c in self._buffer_copies] != [(b.shape, b.dtype, b.device) for b in buffers]:
+            self._buffer_copies = [torch.empty_like(b) for b in buffers]
+        if buffers:  # one fused copy per dtype instead of a clone per buffer (COMET has 20)
+            torch._foreach_copy_(self._buffer_copies, buffers)
         try:
             return self.backward(group, n_tokens)
         except Exception as exc:
@@ -221,9 +232,9 @@ class Trainer:
             self.net, self._compiled = self._eager_net, False
             self.optimizer.zero_grad(set_to_none=True)
             set_rng_state(rng)
-            with torch.no_grad():
-                for b, saved in zip(self.model.buffers(), buffers):
-                    b.copy_(saved)
+            if buffers:
+                with torch.no_grad():
+                    torch._foreach_copy_(buffers, self._buffer_copies)
             return self.backward(group, n_tokens)
 
     def backward(self, group: list[list[int]], n_tokens: int) -> torch.Tensor:
@@ -234,6 +245,8 @@ class Trainer:
         for i, idx in enumerate(mine):
             batch = self.collate(idx)
             sync = i == len(mine) - 1 or not self.dist.enabled
+            if self.cuda_graphs and self._compiled:  # the last micro-batch's graph outputs are dead by now
+                torch.compiler.cudagraph_mark_step_begin()
             with (nullcontext() if sync else self.net.no_sync()), self.autocast():
                 extra = {"tags": batch.tags} if batch.tags else {}  # Transformer++ POS/NER targets
                 logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V

@@ -1,0 +1,147 @@
+"""Does ``train.compile`` train the same model as eager? A correctness check, not a benchmark.
+
+For each config, two trainers are built on the same data from the same weights: one eager, one
+with ``train.compile: true`` and the given ``train.compile_mode`` (``reduce-overhead`` replays
+CUDA graphs, one per batch shape). They step in lockstep over the first ``--groups`` optimizer
+steps of epoch 1, taken ``--passes`` times in a row, so with CUDA graphs every shape is run
+eagerly once, recorded once and then replayed. Before each step the compiled model receives the
+eager model's current weights and buffers (in place, so the graphs' addresses stay valid); both
+run ``Trainer.backward`` on the step's micro-batches; the loss, every parameter's gradient and
+every buffer (batch-norm running statistics) must agree to a relative tolerance (norm of the
+difference over the norm of the eager value); then the eager trainer takes its optimizer step.
+Weights change every step, so a replay that returned a stale result would fail. Dropout is off
+in both models (a compiled model draws its own random numbers).
+
+    python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 \\
+        --configs configs/multi30k/transformer.yaml configs/multi30k/comet_bn_length.yaml \\
+                  configs/multi30k/transformer_pp_en_de.yaml
+
+Prints one line per config and step, and exits 1 if any comparison fails; a compile error is
+raised, not hidden behind the trainer's eager fallback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from cometnmt.config import Config, load_config
+from cometnmt.data.pipeline import Examples, read_split
+from cometnmt.data.vocab import PAD
+from cometnmt.inference import set_cuda_backends
+from cometnmt.models import build_model
+from cometnmt.training.run import seed_everything, training_examples
+from cometnmt.training.trainer import Trainer
+
+MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+TOLERANCE = {"fp32": 1e-2, "bf16": 5e-2}  # relative, per tensor (CUDA: TF32 matmuls in fp32); bugs give O(0.1-1)
+FLOOR = 1e-4  # a gradient's error is relative to at least this fraction of the whole gradient's norm
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
+    """||got - want|| / max(||want||, floor), in float64. The floor keeps a gradient that is zero in
+    exact arithmetic (the key projection's bias: softmax ignores a constant added to every score)
+    from turning rounding noise into a large relative error."""
+    diff = (got.double() - want.double()).norm().item()
+    scale = max(want.double().norm().item(), floor)
+    return diff / scale if scale > 0 else diff
+
+
+def build(cfg: Config, codec, data, device: torch.device) -> Trainer:
+    seed_everything(cfg.train.seed)
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return Trainer(cfg, model, codec, data, Examples([], [], [], []), device)
+
+
+def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print) -> dict:
+    """Compare an eager and a compiled trainer of ``cfg`` (whose train.compile_mode is used);
+    returns {"ok", "worst", "tolerance", "steps", "seconds"}. A compile error propagates."""
+    tol = TOLERANCE["bf16" if cfg.train.precision != "fp32" else "fp32"]
+    codec, data = training_examples(cfg, read_split(cfg.data, "train"))
+    eager_cfg = copy.deepcopy(cfg)
+    eager_cfg.train.compile, eager_cfg.train.compile_mode = False, "default"
+    eager = build(eager_cfg, codec, data, device)
+    compiled = build(cfg, codec, data, device)
+    groups = eager.epoch_batches(0)[: n_groups * cfg.train.accum_steps]
+    groups = [groups[i : i + cfg.train.accum_steps] for i in range(0, len(groups), cfg.train.accum_steps)]
+    e_params, c_params = dict(eager.model.named_parameters()), dict(compiled.model.named_parameters())
+    e_bufs, c_bufs = dict(eager.model.named_buffers()), dict(compiled.model.named_buffers())
+    worst, ok, steps, start = 0.0, True, 0, time.perf_counter()
+    for p in range(passes):
+        for g, group in enumerate(groups):
+            with torch.no_grad():  # the eager model's state, copied in place
+                for name, value in e_params.items():
+                    c_params[name].copy_(value)
+                for name, value in e_bufs.items():
+                    c_bufs[name].copy_(value)
+            n_tokens = sum(len(data.tgt_ids[i]) + 1 for idx in group for i in idx)
+            e_loss = eager.backward(group, n_tokens)
+            c_loss = compiled.backward(group, n_tokens)  # no eager fallback here: a compile error propagates
+            errors = {"loss": relative_error(c_loss.detach(), e_loss)}
+            grads = {name: param.grad for name, param in e_params.items() if param.grad is not None}
+            floor = FLOOR * torch.linalg.vector_norm(torch.stack([g.double().norm() for g in grads.values()])).item()
+            for name, param in e_params.items():
+                if param.grad is not None or c_params[name].grad is not None:
+                    want = param.grad if param.grad is not None else torch.zeros_like(param)
+                    got = c_params[name].grad if c_params[name].grad is not None else torch.zeros_like(param)
+                    errors[f"grad {name}"] = relative_error(got, want, floor)
+            for name, value in e_bufs.items():
+                if value.is_floating_point():
+                    errors[f"buffer {name}"] = relative_error(c_bufs[name], value)
+                else:
+                    errors[f"buffer {name}"] = float(not torch.equal(c_bufs[name], value))
+            key = max(errors, key=errors.get)
+            worst = max(worst, errors[key])
+            bad = errors[key] > tol
+            ok &= not bad
+            steps += 1
+            log(f"  pass {p + 1} step {g + 1}: loss {e_loss.item():.4f}, worst relative error {errors[key]:.2e} ({key})"
+                + ("  FAIL" if bad else ""))
+            eager.update()
+            compiled.optimizer.zero_grad(set_to_none=True)
+    return {"ok": ok, "worst": worst, "tolerance": tol, "steps": steps, "seconds": time.perf_counter() - start}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", nargs="+", type=Path, required=True, help="config files (presets) to check")
+    p.add_argument("--mode", choices=MODES, default="default", help="train.compile_mode of the compiled trainer")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--groups", type=int, default=3, help="distinct optimizer steps (batch shapes) per pass")
+    p.add_argument("--passes", type=int, default=3, help="times the steps are taken (CUDA graphs replay from the 3rd)")
+    p.add_argument("--max-pairs", type=int, default=2000, help="training pairs to read")
+    p.add_argument("--set", action="append", default=[], help="config override for every config")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        set_cuda_backends(True)
+    failed = []
+    for path in args.configs:
+        cfg = load_config(path, [f"data.max_train_pairs={args.max_pairs}", f"train.precision={args.precision}",
+                                 "train.compile=true", f"train.compile_mode={args.mode}", "train.progress=false", *args.set])
+        print(f"{path.name}: eager against compile_mode={args.mode} on {device}, {args.precision}", flush=True)
+        result = check(cfg, device, args.groups, args.passes, log=lambda line: print(line, flush=True))
+        verdict = "ok" if result["ok"] else "FAIL"
+        print(f"{path.name}: {verdict}: worst relative error {result['worst']:.2e} (tolerance {result['tolerance']:.0e}) "
+              f"over {result['steps']} steps, {result['seconds']:.0f} s", flush=True)
+        if not result["ok"]:
+            failed.append(path.name)
+    if failed:
+        print(f"compiled training differs from eager: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

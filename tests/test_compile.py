@@ -1,0 +1,132 @@
+"""train.compile: the trainer's torch.compile path, its configured mode, and its eager fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from cometnmt.config import load_config
+from cometnmt.errors import ConfigError
+from cometnmt.data.vocab import PAD
+from cometnmt.models import build_model
+from cometnmt.training import run as run_module
+from cometnmt.training.checkpoint import load_checkpoint
+
+from conftest import REPO
+
+
+def tiny_cfg(save_dir, data_dir, *overrides):
+    return load_config(REPO / "configs" / "tiny.yaml", [
+        f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
+        "train.batch_tokens=600", "train.max_epochs=1", "train.valid_bleu=false", "train.progress=false",
+        "train.accum_steps=2", f"train.save_dir={save_dir}", "model.arch=comet",
+        "model.comet.bn_length_bounds=[8,12]", *overrides,
+    ])
+
+
+def final_state(save_dir) -> dict:
+    return load_checkpoint(save_dir / "last.pt")["model"]
+
+
+def test_compile_mode_is_checked():
+    with pytest.raises(ConfigError, match="train.compile_mode.*needs train.compile: true"):
+        load_config(REPO / "configs" / "tiny.yaml", ["train.compile_mode=reduce-overhead"])
+    with pytest.raises(ConfigError, match="train.compile_mode"):
+        load_config(REPO / "configs" / "tiny.yaml", ["train.compile=true", "train.compile_mode=fast"])
+    assert load_config(REPO / "configs" / "tiny.yaml", ["train.compile=true", "train.compile_mode=reduce-overhead"]).train.compile
+
+
+@pytest.mark.parametrize("mode, expected", [("default", None), ("reduce-overhead", "reduce-overhead")])
+def test_trainer_compiles_with_the_configured_mode(tmp_path, data_dir, monkeypatch, mode, expected):
+    seen = []
+
+    def fake_compile(model, **kwargs):
+        seen.append(kwargs)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    run_module.train(tiny_cfg(tmp_path, data_dir, "train.max_steps=1", "train.compile=true", f"train.compile_mode={mode}"))
+    assert seen == [{"mode": expected}]
+
+
+def test_a_compile_failure_redoes_the_step_eagerly_from_the_same_state(tmp_path, data_dir, monkeypatch, caplog):
+    """torch.compile fails at its first call, after the forward may already have updated batch-norm
+    statistics and drawn dropout masks. The trainer restores both and redoes the step eagerly, so
+    the run ends exactly where an eager run does."""
+    steps = ["train.max_steps=3"]
+    run_module.train(tiny_cfg(tmp_path / "eager", data_dir, *steps))
+
+    class FailsAfterForward(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.calls = model, 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            self.model(*args, **kwargs)  # running statistics updated, RNG advanced
+            raise RuntimeError("backend compiler failed\nmore detail")
+
+    wrappers = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: wrappers.append(FailsAfterForward(model)) or wrappers[-1])
+    with caplog.at_level(logging.WARNING):
+        run_module.train(tiny_cfg(tmp_path / "fallback", data_dir, *steps, "train.compile=true"))
+    assert wrappers[0].calls == 1  # tried once, then eager for good
+    assert "torch.compile failed at step 1 (RuntimeError: backend compiler failed); training eagerly" in caplog.text
+    eager, fallback = final_state(tmp_path / "eager"), final_state(tmp_path / "fallback")
+    assert any("running_mean" in k for k in eager)
+    for key, value in eager.items():
+        assert torch.equal(value, fallback[key]), key
+
+
+@pytest.mark.parametrize("pairs, padded", [(300, True), (3000, False)])
+def test_compiled_comet_computes_the_eager_gradients(data_dir, monkeypatch, pairs, padded):
+    """bench/check_compile.py with the real torch.compile (inductor, CPU) on COMET with per-length
+    batch norm: loss, gradients and running statistics equal the eager trainer's, step after step
+    at changing weights. 300 pairs give padded 600-token batches (the masked batch norm, buckets
+    chosen on the device), 3,000 give batches of one source length (F.batch_norm, buckets chosen on
+    the host). A batch-norm update that ran differently when compiled fails it (tried: the host
+    path's momentum scaled by 0.9 under ``torch.compiler.is_compiling()`` fails the 3,000 case)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import check_compile
+    from cometnmt.models.base import Seq2Seq
+
+    masks = []
+    original = Seq2Seq.training_source_mask
+    monkeypatch.setattr(Seq2Seq, "training_source_mask", lambda self, batch: masks.append(original(self, batch)) or masks[-1])
+    cfg = tiny_cfg("unused", data_dir, f"data.max_train_pairs={pairs}", "train.accum_steps=1", "train.compile=true")
+    result = check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=2, log=lambda line: None)
+    assert result["ok"] and result["steps"] == 2, result
+    assert masks and all((mask is not None) == padded for mask in masks)
+
+
+GRAPH_PRESETS = ["transformer", "comet", "comet_bn_length", "comet_temporal_conv", "comet_ffn1", "transformer_pp_en_de",
+                 "convs2s"]  # each a different code path (the other Table 1 rows reuse these modules)
+
+
+@pytest.mark.parametrize("preset", GRAPH_PRESETS)
+def test_training_forward_compiles_to_one_graph(preset):
+    """No graph breaks in a training forward, padded or not: a break splits the compiled step into
+    pieces run from Python with eager code between them, and CUDA graphs (compile_mode
+    reduce-overhead) into several graphs. Three were found and removed: the CPU dropout's in-place
+    ``random_`` (14 breaks in every model), ``bisect`` in per-length batch norm and the CPU output
+    layer's blocked ``out=`` products. Not the RNN:
+    its packed sequences take the lengths on the host."""
+    import torch._dynamo
+
+    cfg = load_config(REPO / "configs" / "multi30k" / f"{preset}.yaml", ["model.d_model=64", "model.d_ff=64", "model.enc_layers=3", "model.dec_layers=1"])
+    torch.manual_seed(0)
+    V = 1100  # wide enough for the CPU's blocked output layer (VocabProjection), which must not break the graph
+    model = build_model(cfg.model, V, V, PAD).train()
+    B, S, T = 8, 9, 10
+    src, tgt = torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T))
+    extra = {}
+    if cfg.model.arch == "transformer_pp" and cfg.model.transformer_pp.tasks:
+        extra = {"tags": {"pos": torch.randint(0, 17, (B, S)), "ner": torch.randint(0, 37, (B, S))}}
+    padded = torch.zeros(B, S, dtype=torch.bool)
+    padded[::2, -3:] = True
+    for mask in (padded, None if model.unpadded_source_as_none else torch.zeros(B, S, dtype=torch.bool)):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(src.masked_fill(padded, PAD) if mask is padded else src, mask, tgt, **extra)
+        assert explained.graph_break_count == 0, [str(r.reason).splitlines()[0] for r in explained.break_reasons]
