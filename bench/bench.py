@@ -91,9 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=12, help="timed training steps per model (default 12)")
     p.add_argument("--warmup", type=int, default=2, help="untimed training steps first (default 2)")
     p.add_argument("--warm-shapes", action=argparse.BooleanOptionalAction, default=None,
-                   help="before timing, run the timed batches once untimed, so no model pays the first call of a "
-                        "batch shape in its timed steps (default: on with --gpu, where that first call costs far "
-                        "more than the step and made whichever model went first look 4-8x slower; off on the CPU)")
+                   help="before timing, run the timed batches once untimed (twice with CUDA graphs), so no model pays "
+                        "the first call of a batch shape in its timed steps (default: on with --gpu, where that first "
+                        "call costs far more than the step and made whichever model went first look 4-8x slower; off "
+                        "on the CPU; with --compile use it there too, or compilation of new shapes is timed)")
     p.add_argument("--rounds", type=int, default=None,
                    help="after the per-model runs, time the models again taking turns: R rounds, each model running "
                         "its share of the timed steps in every round (order alternating), and report the median of the "
