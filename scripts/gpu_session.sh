@@ -156,7 +156,7 @@ case "$part" in
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
     # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
     # benchcg's timings mean something only if this passes
-    python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 --groups 3 --passes 3 \
+    python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 --groups 2 --passes 3 \
       --configs configs/multi30k/comet_bn_length.yaml configs/multi30k/transformer_pp_en_de.yaml ;;
   benchcg)  # the speed ratios with CUDA graphs: torch.compile mode reduce-overhead replays one graph per
     # batch shape (Multi30k's 2,048-token batches have 141 shapes, all of them in every epoch, so a run
