@@ -84,10 +84,11 @@ def test_a_compile_failure_redoes_the_step_eagerly_from_the_same_state(tmp_path,
 def test_compiled_comet_computes_the_eager_gradients(data_dir, monkeypatch, pairs, padded):
     """bench/check_compile.py with the real torch.compile (inductor, CPU) on COMET with per-length
     batch norm: loss, gradients and running statistics equal the eager trainer's, step after step
-    at changing weights. 300 pairs give padded 600-token batches (the masked batch norm, buckets
-    chosen on the device), 3,000 give batches of one source length (F.batch_norm, buckets chosen on
-    the host). A batch-norm update that ran differently when compiled fails it (tried: the host
-    path's momentum scaled by 0.9 under ``torch.compiler.is_compiling()`` fails the 3,000 case)."""
+    at changing weights. 300 pairs give padded 600-token batches (the masked batch norm), 3,000
+    give batches of one source length (F.batch_norm). There eager picks the statistics' bucket on
+    the host and the compiled model on the device (a host choice would recompile per bucket), so the
+    two choices are compared too. A bucket update that ran differently when compiled fails it
+    (tried: its weight scaled by 0.9 under ``torch.compiler.is_compiling()``)."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     import check_compile
     from cometnmt.models.base import Seq2Seq
@@ -110,8 +111,8 @@ def test_training_forward_compiles_to_one_graph(preset):
     """No graph breaks in a training forward, padded or not: a break splits the compiled step into
     pieces run from Python with eager code between them, and CUDA graphs (compile_mode
     reduce-overhead) into several graphs. Three were found and removed: the CPU dropout's in-place
-    ``random_`` (14 breaks in every model), ``bisect`` in per-length batch norm and the CPU output
-    layer's blocked ``out=`` products. Not the RNN:
+    ``random_`` (14 breaks in every model), ``bisect`` in per-length batch norm (compiled, it now picks
+    its bucket on the device) and the CPU output layer's blocked ``out=`` products. Not the RNN:
     its packed sequences take the lengths on the host."""
     import torch._dynamo
 

@@ -32,6 +32,7 @@ its length alone, so padding invariance holds.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -151,10 +152,13 @@ class MaskedBatchNorm(nn.Module):
             self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
             self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
             return
+        if torch.compiler.is_compiling() and not isinstance(mean_length, torch.Tensor):
+            # compiled: choose on the device, where the length stays symbolic. On the host the choice
+            # broke the graph (bisect cannot be traced) and would specialise it on the bucket (one
+            # recompilation per bucket)
+            mean_length = mean.new_full((), mean_length)
         if not isinstance(mean_length, torch.Tensor):  # the same rows and weights as below, on the host
-            length = round(mean_length)  # its bucket: how many bounds lie below it (bisect_left, which
-            bucket = sum(bound < length for bound in self.length_bounds)  # torch.compile cannot trace)
-            for row in (bucket, len(self.length_bounds) + 1):
+            for row in (bisect.bisect_left(self.length_bounds, round(mean_length)), len(self.length_bounds) + 1):
                 count = self.bucket_batches[row]  # 0-dim view
                 weight = (count + 1).reciprocal().clamp_(min=self.momentum)
                 for buf, new in ((self.running_mean, mean), (self.running_var, unbiased)):
