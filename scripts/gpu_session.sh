@@ -25,6 +25,9 @@
 #            bench_transformer_pp.py with --compile reduce-overhead. The GPU steps are launch-bound
 #            (MFU < 1%) and CUDA graphs replay a whole step's kernels in one launch, so this is the
 #            lever for both speed ratios (issues 3 and 4) and for issue 6's run times
+#   cgrun    (not in next; after check and benchcg) COMET and the Transformer trained alone with CUDA
+#            graphs, seed 1: issue 6's run time (3 min 56 s eager) and quality against the eager runs.
+#            CUDA_GRAPHS=1 makes gridtime and tpp train with CUDA graphs too
 #   benchpp  (~3 min) issue 4's speed ratio, bench_transformer_pp.py at the presets' 1,024-token
 #            micro-batches and at the 8,192 tokens tpp trains with (0.55 measured at 1,024 before
 #            ConvAttention's fused projection and the SDPA-free eq. 3; both unmeasured on a GPU)
@@ -71,7 +74,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|check|benchcg|benchpp|tpp|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|check|benchcg|cgrun|benchpp|tpp|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -85,6 +88,10 @@ keep() {  # pack run records and reports (no checkpoints) of folder $1 into one 
 
 recipe=(--set train.precision=bf16 --set train.batch_tokens=2048 --set train.lr=5e-4 --set train.schedule=inverse_sqrt
         --set train.warmup_steps=1000 --set train.max_epochs=30 --set train.valid_bleu_max_sentences=500)  # Table 1's
+# CUDA_GRAPHS=1 trains gridtime, tpp and cgrun runs with torch.compile + CUDA graphs (only once `check`
+# passed on this machine): e.g. CUDA_GRAPHS=1 GRID_ROWS=... bash scripts/gpu_session.sh gridtime
+cg=()
+if [ "${CUDA_GRAPHS:-0}" = 1 ]; then cg=(--set train.compile=true --set train.compile_mode=reduce-overhead); fi
 
 case "$part" in
   bnlen)
@@ -106,7 +113,7 @@ case "$part" in
     # GRID_ROWS (default all) times a part of the grid, e.g. half in one session and half in the next
     # (the grid's time is then the sum of both; merge the second report with --merge-report)
     read -r -a rows <<< "${GRID_ROWS:-all}"
-    python -m cometnmt reproduce --rows "${rows[@]}" --seeds 1 2 3 --jobs 14 --deadline "$deadline" --out reports/gpu_grid_timing "${recipe[@]}" > "$out/gridtime.log" 2>&1 || true
+    python -m cometnmt reproduce --rows "${rows[@]}" --seeds 1 2 3 --jobs 14 --deadline "$deadline" --out reports/gpu_grid_timing "${recipe[@]}" ${cg[@]+"${cg[@]}"} > "$out/gridtime.log" 2>&1 || true
     keep reports/gpu_grid_timing ;;
   bench)
     b=(python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz)
@@ -126,8 +133,15 @@ case "$part" in
       --seeds 1 2 3 --jobs 6 --average-last 10 --deadline "$deadline" --out reports/transformer_pp_en_de_attention_dropout \
       --set train.precision=bf16 --set train.batch_tokens=8192 --set train.accum_steps=1 \
       --set train.warmup_steps=400 --set train.max_epochs=45 \
-      --set train.valid_bleu_max_sentences=500 > "$out/tpp.log" 2>&1 || true
+      --set train.valid_bleu_max_sentences=500 ${cg[@]+"${cg[@]}"} > "$out/tpp.log" 2>&1 || true
     keep reports/transformer_pp_en_de_attention_dropout ;;
+  cgrun)  # issue 6's run time with CUDA graphs: COMET and the Transformer, seed 1, Table 1's recipe, each
+    # run alone (jobs 1, so the times are solo times; eager COMET alone took 3 min 56 s), into
+    # reports/gpu_cudagraphs_run. Quality should match the eager runs' (reports/multi30k_table1)
+    python -m cometnmt reproduce --rows comet transformer --seeds 1 --jobs 1 --deadline "$deadline" \
+      --out reports/gpu_cudagraphs_run "${recipe[@]}" --set train.compile=true --set train.compile_mode=reduce-overhead \
+      > "$out/cgrun.log" 2>&1 || true
+    keep reports/gpu_cudagraphs_run ;;
   next)  # what the next session should run, in one call after another while the machine is warm:
     # benchq, check, benchcg (only once check passed) and benchpp once each (markers in /tmp survive
     # between warm calls; set before starting, so a piece that fails or overruns is not retried
@@ -171,5 +185,5 @@ case "$part" in
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, check, benchcg, benchpp, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, check, benchcg, cgrun, benchpp, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
