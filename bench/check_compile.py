@@ -8,8 +8,9 @@ eagerly once, recorded once and then replayed. Before each step the compiled mod
 eager model's current weights and buffers (in place, so the graphs' addresses stay valid); both
 run ``Trainer.backward`` on the step's micro-batches; the loss, every parameter's gradient and
 every buffer (batch-norm running statistics) must agree to a relative tolerance (norm of the
-difference over the norm of the eager value); then the eager trainer takes its optimizer step.
-Weights change every step, so a replay that returned a stale result would fail. Dropout is off
+difference over the norm of the eager value); then the eager trainer takes its optimizer step,
+at a constant ``--lr``. Weights change every step, so a replay that returned a stale result would
+fail. Dropout is off
 in both models (a compiled model draws its own random numbers).
 
     python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 \\
@@ -65,11 +66,15 @@ def build(cfg: Config, codec, data, device: torch.device) -> Trainer:
     return Trainer(cfg, model, codec, data, Examples([], [], [], []), device)
 
 
-def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print) -> dict:
+def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print, lr: float = 3e-3) -> dict:
     """Compare an eager and a compiled trainer of ``cfg`` (whose train.compile_mode is used);
-    returns {"ok", "worst", "tolerance", "steps", "seconds"}. A compile error propagates."""
+    returns {"ok", "worst", "tolerance", "steps", "seconds"}. A compile error propagates. Both
+    train at a constant ``lr`` (the presets' warm-up would start near 0 and barely move the
+    weights, and a replay of stale results needs moving weights to show)."""
     tol = TOLERANCE["bf16" if cfg.train.precision != "fp32" else "fp32"]
     codec, data = training_examples(cfg, read_split(cfg.data, "train"))
+    cfg = copy.deepcopy(cfg)
+    cfg.train.schedule, cfg.train.lr = "constant", lr
     eager_cfg = copy.deepcopy(cfg)
     eager_cfg.train.compile, eager_cfg.train.compile_mode = False, "default"
     eager = build(eager_cfg, codec, data, device)
@@ -91,7 +96,7 @@ def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=pri
             c_loss = compiled.backward(group, n_tokens)  # no eager fallback here: a compile error propagates
             errors = {"loss": relative_error(c_loss.detach(), e_loss)}
             grads = {name: param.grad for name, param in e_params.items() if param.grad is not None}
-            floor = FLOOR * torch.linalg.vector_norm(torch.stack([g.double().norm() for g in grads.values()])).item()
+            floor = FLOOR * torch.linalg.vector_norm(torch.stack([t.double().norm() for t in grads.values()])).item()
             for name, param in e_params.items():
                 if param.grad is not None or c_params[name].grad is not None:
                     want = param.grad if param.grad is not None else torch.zeros_like(param)
@@ -123,6 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--groups", type=int, default=3, help="distinct optimizer steps (batch shapes) per pass")
     p.add_argument("--passes", type=int, default=3, help="times the steps are taken (CUDA graphs replay from the 3rd)")
     p.add_argument("--max-pairs", type=int, default=2000, help="training pairs to read")
+    p.add_argument("--lr", type=float, default=3e-3, help="constant learning rate of both trainers")
     p.add_argument("--set", action="append", default=[], help="config override for every config")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -134,7 +140,7 @@ def main(argv=None) -> int:
         cfg = load_config(path, [f"data.max_train_pairs={args.max_pairs}", f"train.precision={args.precision}",
                                  "train.compile=true", f"train.compile_mode={args.mode}", "train.progress=false", *args.set])
         print(f"{path.name}: eager against compile_mode={args.mode} on {device}, {args.precision}", flush=True)
-        result = check(cfg, device, args.groups, args.passes, log=lambda line: print(line, flush=True))
+        result = check(cfg, device, args.groups, args.passes, log=lambda line: print(line, flush=True), lr=args.lr)
         verdict = "ok" if result["ok"] else "FAIL"
         print(f"{path.name}: {verdict}: worst relative error {result['worst']:.2e} (tolerance {result['tolerance']:.0e}) "
               f"over {result['steps']} steps, {result['seconds']:.0f} s", flush=True)

@@ -10,8 +10,8 @@ global generator, so ``torch.manual_seed`` and checkpointed RNG states reproduce
 
 On other devices (CUDA's dropout kernel is already fused and fast), under ``torch.compile``
 (whose graphs cannot hold the in-place ``random_``; the compiler fuses its own dropout) and for
-p = 0 this is ``nn.Dropout``. It subclasses ``nn.Dropout``, so code that finds dropout modules by type, or sets
-``.p``, works unchanged.
+p = 0 this is ``nn.Dropout``. It subclasses ``nn.Dropout``, so code that finds dropout modules by
+type, or sets ``.p``, works unchanged.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ The logits product (tokens x d_model) @ (d_model x V) has a short inner dimensio
 training tokens: 1.8x; 640 beam rows: 1.4x; bench/README.md). ``VocabProjection`` is an
 ``nn.Linear`` (same parameters and state-dict keys) whose CPU float32 forward does that; the
 backward is the ordinary pair of products, which MKL already runs well. Elsewhere (CUDA, bf16
-autocast, small inputs, under ``torch.compile``) it is ``F.linear``. A test checks values and gradients against F.linear.
+autocast, small inputs, under ``torch.compile``) it is ``F.linear``. A test checks values and
+gradients against F.linear.
 """
 
 from __future__ import annotations
