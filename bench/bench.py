@@ -55,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from cometnmt.config import Config, config_from_dict, load_config, to_dict
+from cometnmt.config import COMPILE_MODES, Config, config_from_dict, load_config, to_dict
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
@@ -102,8 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "host: 0.48-1.04 for the same line) slows both alike within a round (default: 8 with --gpu, "
                         "else 0 = off)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="training precision (default: the preset's)")
-    p.add_argument("--compile", nargs="?", const="default", default=None,
-                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    help="train.compile=true with this train.compile_mode (default: default; reduce-overhead = CUDA "
                         "graphs); compilation happens in the warm-up steps, so give it more --warmup")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's choice)")

@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cometnmt.config import load_config
+from cometnmt.config import COMPILE_MODES, CUDA_GRAPH_MODES, load_config
 from cometnmt.data.batching import collate, make_batches
 from cometnmt.data.pipeline import read_split
 from cometnmt.data.tagging import select_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.models import build_model
 from cometnmt.training.run import training_examples
+from cometnmt.training.trainer import compile_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,8 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on the CPU")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (CUDA)")
-    p.add_argument("--compile", nargs="?", const="default", default=None,
-                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    help="torch.compile both models in this mode (reduce-overhead = CUDA graphs); the warm-up then "
                         "runs the timed batches twice where graphs are replayed (a shape's second call records)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -78,8 +78,8 @@ class Runner:
         self.name, self.cfg, self.data, self.batches, self.device = name, cfg, data, batches, device
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device).train()
-        self.net = self.model if compile_mode is None else torch.compile(self.model, mode=None if compile_mode == "default" else compile_mode)
-        self.cuda_graphs = compile_mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
+        self.net = self.model if compile_mode is None else compile_module(self.model, compile_mode)
+        self.cuda_graphs = compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         self.dtype = torch.bfloat16 if precision == "bf16" else None
         self.cursor = 0

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from cometnmt.config import Config, load_config
+from cometnmt.config import COMPILE_MODES, Config, load_config
 from cometnmt.data.pipeline import Examples, read_split
 from cometnmt.data.vocab import PAD
 from cometnmt.inference import set_cuda_backends
@@ -41,7 +41,6 @@ from cometnmt.modules.attention import MultiHeadAttention
 from cometnmt.training.run import seed_everything, training_examples
 from cometnmt.training.trainer import Trainer
 
-MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 TOLERANCE = {"fp32": 1e-2, "bf16": 5e-2}  # relative, per tensor (CUDA: TF32 matmuls in fp32); bugs give O(0.1-1)
 FLOOR = 1e-4  # a gradient's error is relative to at least this fraction of the whole gradient's norm
 
@@ -122,7 +121,7 @@ def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=pri
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="+", type=Path, required=True, help="config files (presets) to check")
-    p.add_argument("--mode", choices=MODES, default="default", help="train.compile_mode of the compiled trainer")
+    p.add_argument("--mode", choices=COMPILE_MODES, default="default", help="train.compile_mode of the compiled trainer")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--groups", type=int, default=3, help="distinct optimizer steps (batch shapes) per pass")

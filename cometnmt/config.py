@@ -122,6 +122,10 @@ class TrainConfig:
     progress: bool = True  # tqdm bar on stderr
 
 
+COMPILE_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])  # train.compile_mode's choices
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the ones that replay CUDA graphs (on CUDA)
+
+
 @dataclass
 class DecodeConfig:
     """Search used by `translate`, validation BLEU and evaluation."""

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import torch
 from tqdm import tqdm
 
-from cometnmt.config import Config, to_dict
+from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
 from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import select_tags
@@ -44,6 +44,11 @@ from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
+
+
+def compile_module(module: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """``torch.compile`` in one of ``train.compile_mode``'s modes ("default" = torch's default)."""
+    return torch.compile(module, mode=None if mode == "default" else mode)
 
 
 def rng_state() -> dict[str, Any]:
@@ -94,7 +99,7 @@ class Trainer:
         self._compiled = False  # set by _wrap when torch.compile wrapped the model
         self._buffer_copies: list[torch.Tensor] = []  # the buffers before a compiled step (its eager redo restores them)
         # reduce-overhead and max-autotune replay CUDA graphs; each micro-batch starts a new replay
-        self.cuda_graphs = self.tc.compile and self.tc.compile_mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
+        self.cuda_graphs = self.tc.compile and self.tc.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
         self.net = self._wrap(model)
         self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
         self.history: list[dict] = []
@@ -114,7 +119,7 @@ class Trainer:
         self._eager_net = net
         if self.tc.compile:
             try:
-                net = torch.compile(net, mode=None if self.tc.compile_mode == "default" else self.tc.compile_mode)
+                net = compile_module(net, self.tc.compile_mode)
                 self._compiled = True
             except Exception as exc:  # pragma: no cover - depends on the platform's compiler
                 log.warning("torch.compile unavailable (%s); training eagerly", exc)
