@@ -98,6 +98,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self._compiled = False  # set by _wrap when torch.compile wrapped the model
         self._buffer_copies: list[torch.Tensor] = []  # the buffers before a compiled step (its eager redo restores them)
+        # buffers training changes (batch-norm statistics): the persistent ones; non-persistent
+        # buffers (positional tables) are constants and need no copy
+        self._state_buffers = set(model.state_dict(keep_vars=True))
         # reduce-overhead and max-autotune replay CUDA graphs; each micro-batch starts a new replay
         self.cuda_graphs = self.tc.compile and self.tc.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
         self.net = self._wrap(model)
@@ -224,10 +227,10 @@ class Trainer:
         recompiles for new shapes), so that is where it fails; then warn, drop the step's partial
         gradients, restore the RNG and buffers (batch-norm statistics) and redo it eagerly."""
         rng = rng_state()
-        buffers = list(self.model.buffers())
+        buffers = [b for name, b in self.model.named_buffers() if name in self._state_buffers]
         if [(c.shape, c.dtype, c.device) for c in self._buffer_copies] != [(b.shape, b.dtype, b.device) for b in buffers]:
             self._buffer_copies = [torch.empty_like(b) for b in buffers]
-        if buffers:  # one fused copy per dtype instead of a clone per buffer (COMET has 20)
+        if buffers:  # one fused copy per dtype instead of a clone per buffer (COMET has 18)
             torch._foreach_copy_(self._buffer_copies, buffers)
         try:
             return self.backward(group, n_tokens)
