@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -131,3 +132,42 @@ def test_training_forward_compiles_to_one_graph(preset):
         torch._dynamo.reset()
         explained = torch._dynamo.explain(model)(src.masked_fill(padded, PAD) if mask is padded else src, mask, tgt, **extra)
         assert explained.graph_break_count == 0, [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+
+
+def test_accumulated_gradients_survive_cuda_graph_replays(data_dir, monkeypatch):
+    """With CUDA graphs (compile_mode reduce-overhead) a backward replay returns each gradient in
+    the graphs' memory pool, and the next replay overwrites it. Autograd installs the first
+    micro-batch's gradient as ``.grad`` without a copy, so accumulating a second micro-batch went
+    wrong (pytorch/pytorch#169545). Simulated on the CPU: each parameter's gradient is handed to
+    autograd as a fresh view of one fixed buffer per parameter, rewritten by every backward, as the
+    pool is by every replay. The trainer's accumulated gradients must still equal an eager
+    trainer's, step after step; without ``_grads_out_of_graph_pool`` the second micro-batch's
+    gradient is added to itself."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import check_compile
+    from cometnmt.data.pipeline import read_split
+    from cometnmt.training.run import training_examples
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)  # "compiled": the trainer's graph path, eagerly
+    cfg = tiny_cfg("unused", data_dir, "train.accum_steps=2", "train.compile=true", "train.compile_mode=reduce-overhead")
+    codec, data = training_examples(cfg, read_split(cfg.data, "train"))
+    eager_cfg = copy.deepcopy(cfg)
+    eager_cfg.train.compile, eager_cfg.train.compile_mode = False, "default"
+    eager = check_compile.build(eager_cfg, codec, data, torch.device("cpu"))
+    graphed = check_compile.build(cfg, codec, data, torch.device("cpu"))
+    assert graphed._compiled and not graphed.cuda_graphs  # a CPU device: no graphs unless told
+    graphed.cuda_graphs = True
+    for param in graphed.model.parameters():
+        pool = torch.empty_like(param)
+        param.register_hook(lambda grad, pool=pool: pool.copy_(grad).view_as(pool))
+    groups = eager.epoch_batches(0)[:6]
+    for group in (groups[0:2], groups[2:4], groups[4:6]):
+        n_tokens = sum(len(data.tgt_ids[i]) + 1 for idx in group for i in idx)
+        eager.backward(group, n_tokens)
+        graphed.backward(group, n_tokens)
+        for (name, want), got in zip(eager.model.named_parameters(), graphed.model.parameters()):
+            assert (want.grad is None) == (got.grad is None), name
+            if want.grad is not None:
+                torch.testing.assert_close(got.grad, want.grad, msg=name)
+        eager.update()
+        graphed.update()

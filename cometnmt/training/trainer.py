@@ -264,7 +264,25 @@ class Trainer:
                     objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
             self.scaler.scale(objective * self.dist.world_size).backward()  # DDP averages over ranks
             total += loss.detach()
+            if i == 0 and len(mine) > 1 and self.cuda_graphs and self._compiled:
+                self._grads_out_of_graph_pool()
         return total
+
+    def _grads_out_of_graph_pool(self) -> None:
+        """Copy the gradients of a step's first micro-batch out of the CUDA graphs' memory pool.
+
+        The first backward leaves each ``.grad`` undefined, so autograd does not copy the gradient
+        the backward graph returns but installs that very tensor, which lives in the graphs' pool
+        and is overwritten by the next micro-batch's replay (pytorch/pytorch#169545): accumulation
+        would then add a gradient to itself, or fail with "accessing tensor output of CUDAGraphs
+        that has been overwritten". Once each ``.grad`` is our own tensor, the later micro-batches
+        add into it in place. One fused copy; parameters without a gradient keep ``None``."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        own = [torch.empty_like(g) for g in grads]
+        torch._foreach_copy_(own, grads)
+        for p, g in zip(params, own):
+            p.grad = g
 
     # -- the loop ------------------------------------------------------------------------------
 
