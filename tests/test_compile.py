@@ -104,7 +104,7 @@ def test_compiled_comet_computes_the_eager_gradients(data_dir, monkeypatch, pair
 
 
 GRAPH_PRESETS = ["transformer", "comet", "comet_bn_length", "comet_temporal_conv", "comet_ffn1", "transformer_pp_en_de",
-                 "convs2s"]  # each a different code path (the other Table 1 rows reuse these modules)
+                 "convs2s", "comet_bn_length:conv1d"]  # each a different code path (the other Table 1 rows reuse these modules)
 
 
 @pytest.mark.parametrize("preset", GRAPH_PRESETS)
@@ -114,13 +114,21 @@ def test_training_forward_compiles_to_one_graph(preset):
     reduce-overhead) into several graphs. Three were found and removed: the CPU dropout's in-place
     ``random_`` (14 breaks in every model), ``bisect`` in per-length batch norm (compiled, it now picks
     its bucket on the device) and the CPU output layer's blocked ``out=`` products. Not the RNN:
-    its packed sequences take the lengths on the host."""
+    its packed sequences take the lengths on the host. ``:conv1d`` puts COMET's gated convolutions on
+    their CUDA path (``F.conv1d`` in the B,C,L layout, batch norm as ``F.batch_norm``), the one a GPU
+    compiles."""
     import torch._dynamo
+    from cometnmt.models.comet import GatedConv
 
+    preset, _, path = preset.partition(":")
     cfg = load_config(REPO / "configs" / "multi30k" / f"{preset}.yaml", ["model.d_model=64", "model.d_ff=64", "model.enc_layers=3", "model.dec_layers=1"])
     torch.manual_seed(0)
     V = 1100  # wide enough for the CPU's blocked output layer (VocabProjection), which must not break the graph
     model = build_model(cfg.model, V, V, PAD).train()
+    gated = [m for m in model.modules() if isinstance(m, GatedConv)]
+    for m in gated:
+        m.use_conv1d = path == "conv1d"
+    assert gated or not path
     B, S, T = 8, 9, 10
     src, tgt = torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T))
     extra = {}
