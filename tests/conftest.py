@@ -18,6 +18,18 @@ def multi30k_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "data" / "multi30k"
 
 
+def tiny_train_cfg(save_dir, data_dir, *overrides):
+    """configs/tiny.yaml on 300 Multi30k pairs in 600-token batches, two micro-batches a step, one
+    epoch, no validation BLEU, checkpoints in ``save_dir``; ``overrides`` (dotted keys) come last."""
+    from cometnmt.config import load_config
+
+    return load_config(REPO / "configs" / "tiny.yaml", [
+        f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
+        "train.batch_tokens=600", "train.max_epochs=1", "train.valid_bleu=false", "train.progress=false",
+        "train.accum_steps=2", f"train.save_dir={save_dir}", *overrides,
+    ])
+
+
 @pytest.fixture
 def one_thread():
     """Timed training loops of tiny models: one intra-op thread (a second gains nothing, and on a

@@ -15,16 +15,12 @@ from cometnmt.models import build_model
 from cometnmt.training import run as run_module
 from cometnmt.training.checkpoint import load_checkpoint
 
-from conftest import REPO
+from conftest import REPO, tiny_train_cfg
 
 
 def tiny_cfg(save_dir, data_dir, *overrides):
-    return load_config(REPO / "configs" / "tiny.yaml", [
-        f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
-        "train.batch_tokens=600", "train.max_epochs=1", "train.valid_bleu=false", "train.progress=false",
-        "train.accum_steps=2", f"train.save_dir={save_dir}", "model.arch=comet",
-        "model.comet.bn_length_bounds=[8,12]", *overrides,
-    ])
+    """Tiny COMET with per-length batch norm (two length buckets)."""
+    return tiny_train_cfg(save_dir, data_dir, "model.arch=comet", "model.comet.bn_length_bounds=[8,12]", *overrides)
 
 
 def final_state(save_dir) -> dict:

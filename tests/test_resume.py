@@ -7,20 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cometnmt.config import load_config
 from cometnmt.training import run as run_module
 from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.trainer import Trainer
 
-from conftest import REPO
+from conftest import tiny_train_cfg
 
 
 def tiny_cfg(save_dir, data_dir, arch="transformer"):
-    return load_config(REPO / "configs" / "tiny.yaml", [
-        f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
-        "train.batch_tokens=600", "train.max_epochs=2", "train.valid_bleu=false", "train.progress=false",
-        "train.accum_steps=2", f"train.save_dir={save_dir}", f"model.arch={arch}",
-    ])
+    return tiny_train_cfg(save_dir, data_dir, "train.max_epochs=2", f"model.arch={arch}")
 
 
 @pytest.mark.parametrize("arch", ["transformer", "comet"])
