@@ -37,7 +37,6 @@ from cometnmt.data.pipeline import Examples, read_split
 from cometnmt.data.vocab import PAD
 from cometnmt.inference import set_cuda_backends
 from cometnmt.models import build_model
-from cometnmt.modules.attention import MultiHeadAttention
 from cometnmt.training.run import seed_everything, training_examples
 from cometnmt.training.trainer import Trainer
 
@@ -57,11 +56,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) ->
 def build(cfg: Config, codec, data, device: torch.device) -> Trainer:
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
-    for m in model.modules():  # no dropout anywhere: modules, and the attention's probability dropout
+    for m in model.modules():  # no dropout anywhere (attention probabilities' included: a Dropout module too)
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-        elif isinstance(m, MultiHeadAttention):
-            m.dropout = 0.0
     return Trainer(cfg, model, codec, data, Examples([], [], [], []), device)
 
 

@@ -224,7 +224,7 @@ def test_attention_dropout_acts_in_training_only(name):
     dropped = build_model(from_dict(ModelConfig, {**base, "attention_dropout": 0.5}, "model"), V_SRC, V_TGT, PAD)
     dropped.load_state_dict(plain.state_dict())
     attns = [m for m in dropped.modules() if type(m).__name__ == "MultiHeadAttention"]
-    assert len(attns) == 2 * 3 and all(a.dropout == 0.5 for a in attns)  # 2 encoder + 2x2 decoder attentions
+    assert len(attns) == 2 * 3 and all(a.attn_dropout.p == 0.5 for a in attns)  # 2 encoder + 2x2 decoder attentions
     gen = torch.Generator().manual_seed(1)
     src, mask = random_batch([7, 4, 9], V_SRC, gen)
     tgt, _ = random_batch([6, 8, 3], V_TGT, gen)

@@ -31,7 +31,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.dropout = dropout
+        self.attn_dropout = nn.Dropout(dropout)  # a module like every dropout; its p is handed to SDPA
         for lin in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -77,7 +77,7 @@ class MultiHeadAttention(nn.Module):
         """qh, k, v B,H,L,D/H (projected) -> B,Lq,D."""
         B, _, Lq, _ = qh.shape
         out = F.scaled_dot_product_attention(
-            qh, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
+            qh, k, v, attn_mask=mask, dropout_p=self.attn_dropout.p if self.training else 0.0, is_causal=causal
         )  # B,H,Lq,D/H
         return self.out_proj(out.transpose(1, 2).reshape(B, Lq, -1))  # B,Lq,D
 
