@@ -105,3 +105,25 @@ def test_vocab_projection_equals_linear(bias):
     with torch.no_grad():
         torch.testing.assert_close(proj(x), ref)
 
+
+
+def test_vocab_projection_compiles_to_the_blocked_operator():
+    """Under torch.compile the blocked product stays one opaque operator (``cometnmt::blocked_linear``)
+    in one graph, and the compiled values and gradients equal F.linear's."""
+    import torch._dynamo
+
+    torch.manual_seed(6)
+    proj = VocabProjection(16, 1500)
+    x = torch.randn(3, 40, 16, requires_grad=True)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(proj)(x)
+    assert explained.graph_break_count == 0
+    assert "cometnmt.blocked_linear" in str(explained.graphs[0].graph)
+    compiled = torch.compile(proj)
+    y = compiled(x)
+    ref = F.linear(x, proj.weight, proj.bias)
+    torch.testing.assert_close(y, ref)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, *proj.parameters()], g)
+    for a, b in zip(grads, torch.autograd.grad(ref, [x, *proj.parameters()], g)):
+        torch.testing.assert_close(a, b)

@@ -6,11 +6,16 @@ The logits product (tokens x d_model) @ (d_model x V) has a short inner dimensio
 training tokens: 1.8x; 640 beam rows: 1.4x; bench/README.md). ``VocabProjection`` is an
 ``nn.Linear`` (same parameters and state-dict keys) whose CPU float32 forward does that; the
 backward is the ordinary pair of products, which MKL already runs well. Elsewhere (CUDA, bf16
-autocast, small inputs, under ``torch.compile``) it is ``F.linear``. A test checks values and
-gradients against F.linear.
+autocast, small inputs) it is ``F.linear``. A test checks values and gradients against F.linear.
+
+The blocked product is a custom operator (``cometnmt::blocked_linear``, with a shape function and
+its backward registered), so ``torch.compile`` keeps it as one opaque call in the graph: its ``out=``
+writes would break the graph if traced, and inductor's own single product is the slow one above.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,20 +36,32 @@ def _blocked_addmm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out
 
 
-class _BlockedLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return _blocked_addmm(x, weight, bias)
+@torch.library.custom_op("cometnmt::blocked_linear", mutates_args=(), device_types="cpu")
+def blocked_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x N,D -> N,V as ``F.linear``, by ``_blocked_addmm``; differentiable, and one node under torch.compile."""
+    return _blocked_addmm(x, weight, bias)
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        grad_x = grad @ weight if ctx.needs_input_grad[0] else None  # N,D
-        grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None  # V,D
-        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # V
-        return grad_x, grad_w, grad_b
+
+@blocked_linear.register_fake
+def _blocked_linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _blocked_linear_setup(ctx, inputs, output) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _blocked_linear_backward(ctx, grad: torch.Tensor):
+    x, weight = ctx.saved_tensors
+    grad_x = grad @ weight if ctx.needs_input_grad[0] else None  # N,D
+    grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None  # V,D
+    grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # V
+    return grad_x, grad_w, grad_b
+
+
+blocked_linear.register_autograd(_blocked_linear_backward, setup_context=_blocked_linear_setup)
 
 
 class VocabProjection(nn.Linear):
@@ -54,9 +71,9 @@ class VocabProjection(nn.Linear):
         if not self._blocked(x):
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])  # N,D
-        if torch.is_grad_enabled() and (flat.requires_grad or self.weight.requires_grad):
-            out = _BlockedLinear.apply(flat, self.weight, self.bias)
-        else:
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            out = blocked_linear(flat, self.weight, self.bias)
+        else:  # decoding: the plain function, without the operator's dispatch
             out = _blocked_addmm(flat, self.weight, self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
@@ -67,5 +84,4 @@ class VocabProjection(nn.Linear):
             and not torch.is_autocast_enabled("cpu")
             and self.out_features > 2 * BLOCK
             and x.numel() >= 64 * x.shape[-1]  # at least 64 rows: below that, blocking buys nothing
-            and not torch.compiler.is_compiling()  # out= writes break a compiled graph; the compiler plans its own
         )
