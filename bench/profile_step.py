@@ -64,7 +64,9 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
-    print(f"{args.preset}, {'compiled' if args.compile else 'eager'}: {(time.perf_counter() - start) / args.steps:.3f} s/step "
+    mode = ("compiled, " + ("dynamic" if args.dynamic else "static") + " shapes") if args.compile else "eager"
+    mode += "".join(f", {flag}" for flag, on in (("no dropout", args.no_dropout), ("fallback_random", args.fallback_random)) if on)
+    print(f"{args.preset}, {mode}: {(time.perf_counter() - start) / args.steps:.3f} s/step "
           f"(batch {B} x {S} -> {T}, {torch.get_num_threads()} threads)")
     with torch.profiler.profile() as prof:
         for _ in range(3):

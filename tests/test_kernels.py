@@ -106,7 +106,6 @@ def test_vocab_projection_equals_linear(bias):
         torch.testing.assert_close(proj(x), ref)
 
 
-
 def test_vocab_projection_compiles_to_the_blocked_operator():
     """Under torch.compile the blocked product stays one opaque operator (``cometnmt::blocked_linear``)
     in one graph, and the compiled values and gradients equal F.linear's."""
