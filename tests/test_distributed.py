@@ -1,7 +1,8 @@
 """Data parallelism through the real CLI: two CPU ranks (torchrun, gloo) that each take one
 micro-batch per step end with the weights of one process that accumulates the same two
 micro-batches per step (train.accum_steps=2), log the same losses, and leave a checkpoint that a
-single process resumes.
+single process resumes. Compiled ranks that accumulate (``no_sync``) end as one eager process does,
+and accumulating ranks all-reduce once per step, not once per micro-batch.
 
 Dropout is off (model.dropout=0): each rank draws its own dropout masks, so with dropout on the
 two runs would differ by design, not by a bug.
@@ -16,10 +17,17 @@ import sys
 
 import pytest
 import torch
+import torch.distributed
+import torch.multiprocessing
 
 from cometnmt.config import load_config
+from cometnmt.data.pipeline import Examples, read_split
+from cometnmt.data.vocab import PAD
+from cometnmt.models import build_model
 from cometnmt.training import run as run_module
 from cometnmt.training.checkpoint import load_checkpoint
+from cometnmt.training.distributed import DistInfo
+from cometnmt.training.trainer import Trainer
 
 from conftest import REPO
 
@@ -87,3 +95,77 @@ def test_two_ranks_equal_one_process_and_resume_in_one(tmp_path, data_dir):
     one = train_in_process(data_dir, one_dir, "train.accum_steps=2", f"train.max_steps={MORE_STEPS}", resume=True)
     assert resumed["step"] == one["step"] == MORE_STEPS
     assert_same_weights(resumed["model"], one["model"])
+
+
+def test_compiled_accumulating_ranks_equal_one_eager_process(tmp_path, data_dir):
+    """train.compile=true with DDP, each rank accumulating two micro-batches (the first under
+    ``no_sync``, reached through the compiled wrapper): the weights equal those of one eager process
+    accumulating the same four micro-batches a step, to compiled-vs-eager rounding. Only rank 0 logs."""
+    ddp_dir, one_dir = tmp_path / "ddp", tmp_path / "one"
+    more = ["data.max_train_pairs=600", f"train.max_steps={STEPS}"]  # 18 batches: the steps stay in epoch 1
+    proc = torchrun(data_dir, ddp_dir, "train.accum_steps=2", "train.compile=true", *more)
+    try:
+        one = train_in_process(data_dir, one_dir, "train.accum_steps=4", *more)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "training eagerly" not in out, out[-3000:]  # compiled for real, no eager fallback
+    assert out.count("model transformer:") == 1, out[-3000:]  # reported by rank 0 alone
+    ddp = load_checkpoint(ddp_dir / "last.pt")
+    assert ddp["step"] == one["step"] == STEPS
+    assert ddp["trainer"]["consumed"] == one["trainer"]["consumed"]
+    # The keys' bias gets no gradient in exact arithmetic (softmax ignores a shift shared by all
+    # keys), so Adam blows its rounding noise up to lr-sized steps: compared by shape only.
+    noise_only = [key for key in one["model"] if key.endswith("k_proj.bias")]
+    assert noise_only and ddp["model"].keys() == one["model"].keys()
+    for key in one["model"]:
+        assert ddp["model"][key].shape == one["model"][key].shape, key
+        if key not in noise_only:
+            torch.testing.assert_close(ddp["model"][key], one["model"][key], rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
+    assert train_losses(ddp_dir) == pytest.approx(train_losses(one_dir), rel=1e-4)
+
+
+def _accumulating_rank(rank: int, world: int, init_file: str, data_dir: str, save_dir: str, steps: int, accum: int, out: str) -> None:
+    """One rank of ``test_accumulation_all_reduces_once_per_step``: a Trainer on DDP whose
+    communication hook records, per all-reduce, whether it was the backward's last bucket."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        cfg = load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, f"train.accum_steps={accum}"))
+        codec, data = run_module.training_examples(cfg, read_split(cfg.data, "train"))
+        run_module.seed_everything(cfg.train.seed)
+        model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
+        trainer = Trainer(cfg, model, codec, data, Examples([], [], [], []), torch.device("cpu"), DistInfo(rank, world, rank))
+        last_buckets: list[bool] = []
+
+        def counting_hook(state, bucket):
+            last_buckets.append(bucket.is_last())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        trainer.net.register_comm_hook(None, counting_hook)
+        groups = trainer.epoch_batches(0)
+        G = accum * world
+        assert len(groups) >= steps * G, (len(groups), steps * G)
+        for s in range(steps):
+            trainer.train_step(groups[s * G : (s + 1) * G])
+        if rank == 0:
+            with open(out, "w", encoding="utf-8") as f:
+                json.dump({"last_buckets": last_buckets}, f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_accumulation_all_reduces_once_per_step(tmp_path, data_dir):
+    """Gradient accumulation without extra all-reduces: with two ranks accumulating two
+    micro-batches each, DDP all-reduces its buckets once per optimizer step (the micro-batches
+    before the last run under ``no_sync``); without it, once per micro-batch."""
+    out = tmp_path / "hooks.json"
+    torch.multiprocessing.spawn(
+        _accumulating_rank, nprocs=2, join=True,
+        args=(2, str(tmp_path / "init"), str(data_dir), str(tmp_path / "run"), 2, 2, str(out)),
+    )
+    hooks = json.loads(out.read_text(encoding="utf-8"))
+    assert hooks["last_buckets"][-1] and sum(hooks["last_buckets"]) == 2  # one complete all-reduce per step, not per micro-batch

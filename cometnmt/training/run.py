@@ -64,6 +64,8 @@ def train(cfg: Config, resume: bool = False) -> dict:
     """Train (or continue training) the run described by ``cfg``; returns the trainer's summary."""
     device = resolve_device(cfg.train.device, "train.device")
     dist = init_from_env(device.type)
+    if not dist.is_main:  # rank 0 reports; the other ranks' log lines would repeat its own
+        logging.getLogger("cometnmt").setLevel(logging.WARNING)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     if cfg.train.num_threads:
