@@ -175,3 +175,29 @@ def test_accumulated_gradients_survive_cuda_graph_replays(data_dir, monkeypatch)
                 torch.testing.assert_close(got.grad, want.grad, msg=name)
         eager.update()
         graphed.update()
+
+
+def test_cuda_graph_shapes_are_counted_once_and_repeat_every_epoch(data_dir, monkeypatch, caplog):
+    """With CUDA graphs the trainer counts the batch shapes it will record (one graph each) and
+    silences torch's warning at every new shape past 8. The count is that of the collated tensors'
+    shapes, and with the default bucket_width 1 epoch 2 has exactly epoch 1's shapes, so its graphs
+    are replayed, not recorded again."""
+    import torch._inductor.config as inductor_config
+    from cometnmt.data.pipeline import Examples, read_split
+    from cometnmt.training.run import training_examples
+    from cometnmt.training.trainer import Trainer
+
+    monkeypatch.setattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit", 8)
+    cfg = tiny_cfg("unused", data_dir, "data.max_train_pairs=2000", "train.batch_tokens=400")
+    codec, data = training_examples(cfg, read_split(cfg.data, "train"))
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
+    trainer = Trainer(cfg, model, codec, data, Examples([], [], [], []), torch.device("cpu"))
+    epochs = [trainer.epoch_batches(e) for e in range(3)]
+    collated = {(b.src.shape, b.tgt_in.shape) for b in map(trainer.collate, epochs[0])}
+    assert len(trainer.batch_shapes(epochs[0])) == len(collated) > 8
+    assert trainer.batch_shapes(epochs[1]) == trainer.batch_shapes(epochs[2]) == trainer.batch_shapes(epochs[0])
+    assert epochs[1] != epochs[0]  # other batches, in another order: the same shapes all the same
+    with caplog.at_level(logging.INFO, logger="cometnmt"):
+        trainer._expect_graph_per_shape()
+    assert f"CUDA graphs: {len(collated)} batch shapes" in caplog.text
+    assert inductor_config.triton.cudagraph_dynamic_shape_warn_limit is None
