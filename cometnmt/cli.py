@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cometnmt.errors import CometNMTError
+from cometnmt.errors import CometNMTError, DataError
 
 log = logging.getLogger("cometnmt")
 
@@ -56,13 +56,18 @@ def _decode_cfg(base, args):
 
 
 def cmd_translate(args) -> int:
-    from cometnmt.data.corpus import read_lines
+    from cometnmt.data.corpus import read_lines, read_stdin_lines, write_text_file
     from cometnmt.inference import Translator
 
+    if args.output and Path(args.output).is_dir():  # before any work
+        raise CometNMTError(f"-o {args.output}: is a directory, expected a file name to write")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     decode = _decode_cfg(translator.cfg.decode, args)
-    texts = read_lines(args.input) if args.input else sys.stdin.read().splitlines()
-    results = translator.translate(texts, decode, progress=args.input is not None)
+    texts = read_lines(args.input) if args.input else read_stdin_lines()
+    try:
+        results = translator.translate(texts, decode, progress=args.input is not None)
+    except DataError as exc:  # name the input
+        raise DataError(f"{args.input or '<stdin>'}: {exc}") from None
     lines = []
     for i, hyps in enumerate(results):
         if decode.nbest > 1:
@@ -71,14 +76,14 @@ def cmd_translate(args) -> int:
             lines.append(hyps[0].text)
     text = "".join(line + "\n" for line in lines)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        write_text_file(args.output, text)
     else:
         sys.stdout.write(text)
     return 0
 
 
 def cmd_evaluate(args) -> int:
-    from cometnmt.data.corpus import read_lines
+    from cometnmt.data.corpus import read_lines, write_text_file
     from cometnmt.data.pipeline import read_split, read_text_file
     from cometnmt.data.tokenizers import SpacyTokenizer
     from cometnmt.evaluation import evaluate, format_table, write_json
@@ -94,7 +99,7 @@ def cmd_evaluate(args) -> int:
         refs, src = corpus.tgt, corpus.src
         lang, src_lang = translator.cfg.data.tgt_lang, translator.cfg.data.src_lang
         if args.hyp_out:
-            Path(args.hyp_out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            write_text_file(args.hyp_out, "".join(h + "\n" for h in hyps))
     else:
         if not (args.hyp and args.ref):
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
@@ -113,8 +118,14 @@ def cmd_average(args) -> int:
     from cometnmt.training.checkpoint import average_checkpoints, save_checkpoint
 
     paths = list(args.checkpoints)
-    if args.last:
-        found = sorted(Path(args.dir).glob("epoch*.pt")) if args.dir else []
+    if (args.last is None) != (args.dir is None):
+        raise CometNMTError("--dir and --last go together: --dir RUN_FOLDER --last N averages its last N epoch checkpoints")
+    if args.last is not None:
+        if args.last < 1:
+            raise CometNMTError(f"--last {args.last}: must be at least 1")
+        if not Path(args.dir).is_dir():
+            raise CometNMTError(f"--dir {args.dir}: not a folder")
+        found = sorted(Path(args.dir).glob("epoch*.pt"))
         if len(found) < args.last:
             raise CometNMTError(f"--last {args.last}: only {len(found)} epoch checkpoints in {args.dir} (set train.keep_checkpoints)")
         paths += found[-args.last :]

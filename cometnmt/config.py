@@ -13,6 +13,7 @@ Architecture-specific hyper-parameters live next to the code that uses them (e.g
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -311,6 +312,25 @@ def validate(cfg: Config) -> None:
 
     if cfg.model.arch not in REGISTRY:
         raise ConfigError(f"config key 'model.arch': {cfg.model.arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}")
+    sizes = {f"model.{key}": getattr(cfg.model, key) for key in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "max_positions")}
+    for key, value in sizes.items():
+        if value < 1:
+            raise ConfigError(f"config key '{key}': must be at least 1, got {value}")
+    for key in ("max_train_pairs", "max_valid_pairs"):
+        value = getattr(cfg.data, key)
+        if value is not None and value < 0:
+            raise ConfigError(f"config key 'data.{key}': must be at least 0 (or null for all), got {value}")
+    for key in ("lr", "eps"):
+        value = getattr(cfg.train, key)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"config key 'train.{key}': must be a positive finite number, got {value}")
+    if not (math.isfinite(cfg.train.weight_decay) and cfg.train.weight_decay >= 0):
+        raise ConfigError(f"config key 'train.weight_decay': must be a finite number at least 0, got {cfg.train.weight_decay}")
+    if not 0.0 <= cfg.train.label_smoothing < 1.0:
+        raise ConfigError(f"config key 'train.label_smoothing': {cfg.train.label_smoothing} must be in [0, 1)")
+    if cfg.train.clip_norm is not None and not (math.isfinite(cfg.train.clip_norm) and cfg.train.clip_norm >= 0):
+        raise ConfigError(f"config key 'train.clip_norm': must be a finite number at least 0 (0 or null: no clipping), "
+                          f"got {cfg.train.clip_norm}")
     if cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}")
     if not 0.0 <= cfg.model.dropout < 1.0:

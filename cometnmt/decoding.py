@@ -14,6 +14,7 @@ it has ``beam_size`` finished hypotheses or reaches its length bound.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +28,11 @@ class Hypothesis:
     score: float  # length-normalised log-probability (beam) or plain log-probability (greedy)
 
 
-def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int) -> torch.Tensor:
-    """Per-sentence bound on generated tokens (</s> included): B long."""
+def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int, cap: Optional[int] = None) -> torch.Tensor:
+    """Per-sentence bound on generated tokens (</s> included): B long. ``cap``: the model's
+    position limit (``Seq2Seq.position_limit``), which the step at position t needs t < cap."""
     src_len = (~src_pad_mask).sum(dim=1)  # B
-    return (src_len.float() * a + b).long().clamp(min=1)
+    return (src_len.float() * a + b).long().clamp(min=1, max=cap)
 
 
 @torch.no_grad()
@@ -39,7 +41,7 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """Arg-max decoding with the incremental step. Returns one hypothesis per sentence, in order."""
     B = src.size(0)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b)  # B
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
     state = model.init_state(model.encode(src, src_pad_mask))
     out = torch.full((B, int(limits.max())), eos, dtype=torch.long, device=src.device)  # B,Tmax
     logprob = torch.zeros(B, device=src.device)  # B
@@ -69,7 +71,7 @@ def greedy_search_full_prefix(
     description taken literally. Kept as the reference the benchmark compares the incremental
     step against; results equal :func:`greedy_search`."""
     B = src.size(0)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b)  # B
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
     memory = model.encode(src, src_pad_mask)
     prefix = torch.full((B, 1), bos, dtype=torch.long, device=src.device)  # B,1
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)  # B
@@ -112,7 +114,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses per sentence, best first."""
     B, K, device = src.size(0), beam_size, src.device
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b)  # B
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
     state = model.init_state(model.encode(src, src_pad_mask))
     # The first step has one live hypothesis per sentence: it runs on B rows (not B*K identical
     # ones), and the rows are then duplicated K-fold by the first reorder below.

@@ -419,8 +419,13 @@ def write_json(result: dict, path: str | Path) -> None:
     :param path: destination file; its parent folders are created when missing.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a file name to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2, ensure_ascii=False)

@@ -60,6 +60,11 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         cmd += ["--set", override]
     if (run / "last.pt").exists():
         cmd.append("--resume")
+    elif (run / "metrics.jsonl").exists():  # killed before its first checkpoint: nothing to resume, start again
+        stale = run / f"metrics.before-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        (run / "metrics.jsonl").rename(stale)
+        log.warning("%s seed %d stopped before its first checkpoint; training it from the start (old log: %s)",
+                    spec.name, spec.seed, stale)
     start = time.time()
     if stop_at is not None and start >= stop_at:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -13,7 +14,7 @@ from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, t
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec
 from cometnmt.data.vocab import BOS, EOS, PAD
-from cometnmt.errors import ConfigError
+from cometnmt.errors import ConfigError, DataError
 from cometnmt.decoding import search
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
@@ -49,6 +50,11 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
                   length_penalty: float | None = None, batch_sentences: int | None = None) -> DecodeConfig:
     """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
     means beam search of that width; ``nbest`` above 1 implies beam search."""
+    for option, value in (("--beam", beam), ("--nbest", nbest), ("--batch-size", batch_sentences)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{option} {value}: must be at least 1")
+    if length_penalty is not None and not (math.isfinite(length_penalty) and length_penalty >= 0):
+        raise ConfigError(f"--length-penalty {length_penalty}: must be a finite number at least 0")
     data = to_dict(base)
     if beam is not None:
         data.update(method="beam" if beam > 1 else "greedy", beam_size=beam)
@@ -57,6 +63,9 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
             data[key] = value
     if data["nbest"] > 1:
         data["method"] = "beam"
+    if data["nbest"] > data["beam_size"]:
+        raise ConfigError(f"--nbest {data['nbest']}: more hypotheses than the beam keeps ({data['beam_size']}); "
+                          f"use --beam {data['nbest']} or more")
     return from_dict(DecodeConfig, data, "decode")
 
 
@@ -92,6 +101,13 @@ class Translator:
     def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order."""
         decode_cfg = decode_cfg or self.cfg.decode
+        limit = self.model.position_limit()
+        too_long = [i for i, ids in enumerate(src_ids) if limit is not None and len(ids) > limit]
+        if too_long:  # before any decoding, so the whole input fails or none of it
+            i = too_long[0]
+            raise DataError(f"input line {i + 1}: {len(src_ids[i])} source tokens, more than the model's {limit} positions "
+                            f"(model.max_positions){f', as are {len(too_long) - 1} more lines' if len(too_long) > 1 else ''}; "
+                            "split or shorten it")
         out: list[list[Translation]] = [[] for _ in src_ids]
         bar = tqdm(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
         self.model.eval()

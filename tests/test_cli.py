@@ -129,6 +129,13 @@ def test_missing_file(cli, tmp_path):
         ("model.comet.unit=ffn9", "model.comet.unit"),
         ("decode.beam_size=0", "decode.beam_size"),
         ("train.device=tpu", "train.device='tpu' is not a device"),
+        ("model.n_heads=0", "model.n_heads"),
+        ("model.d_model=0", "model.d_model"),
+        ("model.max_positions=0", "model.max_positions"),
+        ("data.max_train_pairs=-1", "data.max_train_pairs"),
+        ("train.lr=nan", "train.lr"),
+        ("train.lr=-1", "train.lr"),
+        ("train.label_smoothing=1.5", "train.label_smoothing"),
     ],
 )
 def test_bad_config_names_the_key(cli, override, needle, tmp_path):
@@ -162,3 +169,86 @@ def test_truncated_checkpoint(trained, cli, tmp_path):
 def test_refuses_to_overwrite_a_run(trained, cli):
     err = _err(cli("train", *TINY, "--set", f"train.save_dir={trained}", check=False))
     assert "--resume" in err
+
+
+def test_refuses_a_run_folder_without_last_pt(trained, cli, tmp_path):
+    """A run whose last.pt is gone (deleted after a 'truncated checkpoint' error, say) still holds
+    best.pt, metrics.jsonl and maybe epoch checkpoints: a new run there would overwrite or mix them."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(trained, old)
+    (old / "last.pt").unlink()
+    before = {p.name: p.read_bytes() for p in old.iterdir() if p.is_file()}
+    err = _err(cli("train", *TINY, "--set", f"train.save_dir={old}", check=False))
+    assert "already holds a run" in err and "best.pt" in err and "no last.pt" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in old.iterdir() if p.is_file()} == before  # nothing written
+
+
+def test_resume_names_the_changed_config_key(trained, cli):
+    err = _err(cli("train", *TINY, "--set", f"train.save_dir={trained}", "--set", "model.d_ff=48", "--resume", check=False))
+    assert "model.d_ff" in err and "Traceback" not in err
+
+
+def test_translate_input_errors_name_the_line(trained, cli, tmp_path):
+    """Too long a source line fails before any decoding (no output written); standard input is
+    split and checked as a file is: only on newlines, strict UTF-8 with line and column."""
+    src = tmp_path / "long.de"
+    src.write_text("Ein Hund läuft.\n" + " ".join(["Hund"] * 1100) + "\nEin Kind.\n", encoding="utf-8")
+    out = tmp_path / "long.en"
+    err = _err(cli("translate", str(trained / "best.pt"), "-i", str(src), "-o", str(out), check=False))
+    assert "long.de: input line 2: 1100 source tokens" in err and "model.max_positions" in err and "Traceback" not in err
+    assert not out.exists()
+    odd = "Ein Mann\u2028läuft.\nZwei Hunde\x0cspielen.\nEin Kind.\n"  # U+2028 and form feed inside lines
+    (tmp_path / "odd.de").write_text(odd, encoding="utf-8")
+    from_file = cli("translate", str(trained / "best.pt"), "-i", str(tmp_path / "odd.de")).stdout
+    assert cli("translate", str(trained / "best.pt"), input=odd).stdout == from_file and from_file.count("\n") == 3
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "cometnmt", "translate", str(trained / "best.pt")], cwd=REPO,
+                          input=b"Ein Mann.\n\nZwei Hunde \xff laufen.\n", capture_output=True, timeout=600)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "<stdin>:3: not valid UTF-8 (byte 0xff at column 12)" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("options, needle", [
+    (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
+    (["--beam", "0"], "--beam 0: must be at least 1"),
+    (["--beam", "2", "--nbest", "5"], "--nbest 5: more hypotheses than the beam keeps (2)"),
+])
+def test_bad_decode_options(trained, cli, options, needle):
+    err = _err(cli("translate", str(trained / "best.pt"), *options, input="Ein Hund.\n", check=False))
+    assert needle in err and "Traceback" not in err
+
+
+def test_outputs_that_cannot_be_written(trained, cli, tmp_path):
+    err = _err(cli("translate", str(trained / "best.pt"), "-o", str(tmp_path), input="Ein Hund.\n", check=False))
+    assert "is a directory" in err and "Traceback" not in err
+    hyp = tmp_path / "h.en"
+    hyp.write_text("a dog\n", encoding="utf-8")
+    err = _err(cli("evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--json", str(tmp_path), check=False))
+    assert f"{tmp_path}: is a directory" in err and "Traceback" not in err
+
+
+def test_average_refuses_checkpoints_of_different_runs(trained, cli, tmp_path):
+    from cometnmt.training.checkpoint import load_checkpoint, save_checkpoint
+
+    payload = load_checkpoint(trained / "best.pt")
+    wider = {**payload, "model": dict(payload["model"])}
+    key = next(k for k in wider["model"] if wider["model"][k].dim() == 2)
+    wider["model"][key] = torch.zeros(wider["model"][key].shape[0] + 3, wider["model"][key].shape[1])
+    save_checkpoint(wider, tmp_path / "wider.pt")
+    err = _err(cli("average", str(tmp_path / "wider.pt"), str(trained / "best.pt"), "-o", str(tmp_path / "x.pt"), check=False))
+    assert f"wider.pt: weight {key}" in err and "Traceback" not in err
+    other_vocab = {**payload, "codec": {**payload["codec"], "src_vocab": ["x"]}}
+    save_checkpoint(other_vocab, tmp_path / "vocab.pt")
+    err = _err(cli("average", str(tmp_path / "vocab.pt"), str(trained / "best.pt"), "-o", str(tmp_path / "x.pt"), check=False))
+    assert "vocabularies differ" in err and "Traceback" not in err
+    err = _err(cli("average", "--dir", str(trained), "--last", "0", "-o", str(tmp_path / "x.pt"), check=False))
+    assert "--last 0: must be at least 1" in err
+    err = _err(cli("average", "--dir", str(trained), "-o", str(tmp_path / "x.pt"), check=False))
+    assert "--dir and --last go together" in err
+    assert not (tmp_path / "x.pt").exists()

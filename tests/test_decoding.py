@@ -152,3 +152,26 @@ def test_grouped_cross_attention_equals_copied_rows(name):
         if index is not None:
             grouped, copied = model.reorder(grouped, index), reorder_nested(copied, index)
     assert grouped["group"] == K and grouped["units"][0]["cross_k"].size(0) == 2
+
+
+@pytest.mark.parametrize("name", ["transformer", "comet_temporal", "transformer_pp", "convs2s", "rnn_gru_dot"])
+def test_output_length_stops_at_the_position_limit(name):
+    """A bound of a * source length + b past the model's position tables (model.max_positions)
+    is cut there: decoding ends at the last position instead of failing on the next one."""
+    from cometnmt.config import ModelConfig, from_dict
+    from cometnmt.models import build_model
+
+    from test_models import PAD, SMALL, V_SRC, V_TGT
+
+    case = CASES[name]
+    sizes = {"convs2s": {**case["convs2s"], "max_positions": 12}} if case["arch"] == "convs2s" else {"max_positions": 12}
+    torch.manual_seed(0)
+    model = build_model(from_dict(ModelConfig, {**SMALL, **case, **sizes}, "model"), V_SRC, V_TGT, PAD).eval()
+    limit = model.position_limit()
+    assert limit == (None if case["arch"] == "rnn" else 12)
+    with torch.no_grad():
+        model.out_proj.bias[EOS] -= 100.0  # never stop by itself
+    src, mask = random_batch([6, 3], 23, torch.Generator().manual_seed(3))
+    want = [min(n * 2 + 10, limit or 10**6) for n in (6, 3)]  # 22 and 16 tokens, or 12 each
+    assert [len(h.tokens) for h in greedy_search(model, src, mask, BOS, EOS, 2.0, 10)] == want
+    assert [len(b[0].tokens) for b in beam_search(model, src, mask, BOS, EOS, 3, 1.0, 1, 2.0, 10)] == want

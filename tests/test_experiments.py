@@ -75,3 +75,28 @@ def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path):
     assert len(calls) == 1  # still nothing finished in this call
     run_and_report(_args(out, True), specs, lambda run: {}, report)
     assert calls[-1] == ([{"row": "comet", "seed": 1}], [])  # --report-only always rewrites
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path, monkeypatch):
+    """No last.pt but a metrics log (a run killed before its first checkpoint): nothing to resume,
+    and `cometnmt train` refuses a folder that holds a run's metrics, so the old log is moved
+    aside (kept) and the run starts from scratch, without --resume."""
+    run = tmp_path / "comet" / "seed1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"event": "train", "step": 1}\n', encoding="utf-8")
+    commands = []
+
+    class FakeProcess:
+        def __init__(self, cmd, **kwargs):
+            commands.append(cmd)
+            assert not (run / "metrics.jsonl").exists()  # moved aside before training starts
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, run)
+    record = experiments.train_run(spec, overrides=[], device="cpu", stop_at=None, evaluate=lambda r: {"test_bleu": 1.0})
+    assert record["test_bleu"] == 1.0 and "--resume" not in commands[0]
+    [old] = run.glob("metrics.before-*.jsonl")
+    assert old.read_text(encoding="utf-8") == '{"event": "train", "step": 1}\n'

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
+import sys
+import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +66,44 @@ def read_lines(path: str | Path) -> list[str]:
     Raises DataError naming the file (and line for decoding errors).
     """
     path = Path(path)
-    data = _read_bytes(path)
+    return decode_lines(_read_bytes(path), path)
+
+
+def decode_lines(data: bytes, name: str | Path) -> list[str]:
+    """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
+    an undecodable byte is a DataError naming ``name``, the line and the column."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _utf8_error(path, data, exc) from None
+        raise _utf8_error(name, data, exc) from None
     return _split_lines(text)
+
+
+def read_stdin_lines() -> list[str]:
+    """Standard input's lines, read and checked as ``read_lines`` reads a file."""
+    return decode_lines(sys.stdin.buffer.read(), "<stdin>")
+
+
+def write_text_file(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all: a temporary file beside it, then
+    ``os.replace``; missing parent folders are created. A DataError names the path when it cannot
+    be written (a folder, no permission, a full disk)."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a file name to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
 
 
 @dataclass

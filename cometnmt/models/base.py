@@ -48,6 +48,19 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.pad_id = pad_id
 
+    def position_limit(self) -> Optional[int]:
+        """The longest sequence (source, or target with its BOS) the model's position tables cover:
+        the smallest ``positions`` table among its modules (sinusoidal buffer or learned
+        embedding); None when it has none (the RNN)."""
+        sizes = []
+        for module in self.modules():
+            table = getattr(module, "positions", None)
+            if isinstance(table, nn.Embedding):
+                sizes.append(table.num_embeddings)
+            elif isinstance(table, torch.Tensor):
+                sizes.append(table.size(0))
+        return min(sizes, default=None)
+
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> State:
         """src B,S long; src_pad_mask B,S bool -> memory dict (tensors batch-first)."""
         raise NotImplementedError

@@ -40,7 +40,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for truncated/garbled files
-        raise CheckpointError(f"{path}: not a readable cometnmt checkpoint (corrupt or truncated?): {exc}") from exc
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        reason = f"{type(exc).__name__}: {first[:160]}" if first else type(exc).__name__
+        raise CheckpointError(f"{path}: not a readable cometnmt checkpoint (corrupt or truncated? {reason})") from exc
     if not isinstance(payload, dict) or "format_version" not in payload:
         raise CheckpointError(f"{path}: not a cometnmt checkpoint (no format_version)")
     if payload["format_version"] != FORMAT_VERSION:
@@ -61,6 +63,12 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     for p, ck in zip(paths, loaded):
         if ck["model"].keys() != keys:
             raise CheckpointError(f"{p}: model weights do not match {paths[-1]} (different architecture?)")
+        shapes = [k for k in keys if ck["model"][k].shape != loaded[-1]["model"][k].shape]
+        if shapes:
+            raise CheckpointError(f"{p}: weight {shapes[0]} is {tuple(ck['model'][shapes[0]].shape)} but "
+                                  f"{tuple(loaded[-1]['model'][shapes[0]].shape)} in {paths[-1]} (a different size or vocabulary)")
+        if ck["codec"] != loaded[-1]["codec"]:
+            raise CheckpointError(f"{p}: its vocabularies differ from those of {paths[-1]}; only checkpoints of one run can be averaged")
     avg = {}
     for key in keys:
         last = loaded[-1]["model"][key]

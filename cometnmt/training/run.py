@@ -36,15 +36,36 @@ def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
             raise CheckpointError(f"--resume: no checkpoint at {last} (train.save_dir={cfg.train.save_dir})")
         payload = load_checkpoint(last)
         saved = config_from_dict(payload["config"])
-        if to_dict(saved.model) != to_dict(cfg.model) or to_dict(saved.data) != to_dict(cfg.data):
-            raise ConfigError(f"--resume: model/data config differs from the run in {last}; resume with the same config")
+        changed = [
+            f"{section}.{key} ({old!r} in the run, {new!r} now)"
+            for section in ("model", "data")
+            for key, old, new in _changed(to_dict(getattr(saved, section)), to_dict(getattr(cfg, section)))
+        ]
+        if changed:
+            raise ConfigError(f"--resume: the config differs from the run in {last} in {', '.join(changed)}; "
+                              "resume with the same model and data config")
         return payload
-    if last.exists():
+    save_dir = Path(cfg.train.save_dir)
+    found = [p.name for p in (last, save_dir / "best.pt", save_dir / "metrics.jsonl") if p.exists()]
+    found += sorted(p.name for p in save_dir.glob("epoch*.pt"))
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        hint = "pass --resume to continue it" if last.exists() else f"it has no last.pt to resume from ({shown} would be mixed with the new run's)"
         raise ConfigError(
-            f"train.save_dir={cfg.train.save_dir} already holds a run ({last}); pass --resume to continue it "
-            "or set train.save_dir to a new folder"
+            f"train.save_dir={cfg.train.save_dir} already holds a run ({shown}); {hint}; "
+            "set train.save_dir to a new folder, or move the old run away"
         )
     return None
+
+
+def _changed(old: dict, new: dict, prefix: str = ""):
+    """(dotted key, old value, new value) for every leaf where two nested config dicts differ."""
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            yield from _changed(a, b, f"{prefix}{key}.")
+        elif a != b:
+            yield f"{prefix}{key}", a, b
 
 
 def training_examples(cfg: Config, corpus, codec: TextCodec | None = None):
