@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -18,8 +19,12 @@ from cometnmt.errors import CometNMTError, DataError
 log = logging.getLogger("cometnmt")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C (the trainer saves last.pt) but exiting 143 as a terminated process does."""
+
+
 def _sigterm(signum, frame):  # pragma: no cover - exercised by an interrupted run
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def cmd_train(args) -> int:
@@ -36,10 +41,13 @@ def cmd_train(args) -> int:
         logging.getLogger().addHandler(handler)
     try:
         summary = train(cfg, resume=args.resume)
-    except KeyboardInterrupt:
-        print(f"interrupted; continue with: cometnmt train {args.config} --resume"
-              + "".join(f" --set {s}" for s in args.set), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        if (Path(cfg.train.save_dir) / "last.pt").exists():
+            command = ["cometnmt", "train", args.config, "--resume", *(a for o in args.set for a in ("--set", o))]
+            print(f"interrupted; continue with: {shlex.join(command)}", file=sys.stderr)
+        else:
+            print(f"interrupted before the first checkpoint; nothing to resume in {cfg.train.save_dir}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
     best = summary["best"]
     if not main_rank:
         return 0
@@ -105,6 +113,9 @@ def cmd_evaluate(args) -> int:
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
         hyps, refs = read_lines(args.hyp), read_text_file(args.ref)  # an empty hypothesis scores zero
         src = read_text_file(args.src) if args.src else None
+        for name, lines in ((args.hyp, hyps), (args.src, src)):
+            if lines is not None and len(lines) != len(refs):
+                raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
         lang, src_lang = args.lang, args.src_lang
     tok = SpacyTokenizer(lang)
     result = evaluate(hyps, refs, tokenize=tok.tokenize, src=src, src_tokenize=SpacyTokenizer(src_lang).tokenize if src else None)
@@ -137,17 +148,13 @@ def cmd_average(args) -> int:
 def cmd_reproduce(args) -> int:
     from cometnmt.reproduce import run_reproduce
 
-    code = run_reproduce(args)
-    print(f"report written to {Path(args.out) / 'report.md'}")
-    return code
+    return run_reproduce(args)  # says whether it wrote OUT/report.md
 
 
 def cmd_compare(args) -> int:
     from cometnmt.compare import run_compare
 
-    code = run_compare(args)
-    print(f"report written to {Path(args.out) / 'report.md'}")
-    return code
+    return run_compare(args)  # says whether it wrote OUT/report.md
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -161,6 +168,9 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cometnmt", description="Neural machine translation: COMET, Transformer and friends.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    from cometnmt import __version__
+
+    parser.add_argument("--version", action="version", version=f"cometnmt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model from a YAML config")

@@ -12,6 +12,7 @@ Architecture-specific hyper-parameters live next to the code that uses them (e.g
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -264,6 +265,11 @@ def parse_override(text: str) -> tuple[str, Any]:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML file (or defaults when ``path`` is None), apply dotted overrides, validate."""
     data = _read_yaml(Path(path)) if path is not None else {}
+    if path is not None:  # the file's own keys and types first, so an error there names the file
+        try:
+            from_dict(Config, copy.deepcopy(data))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     for text in overrides or []:
         key, value = parse_override(text)
         _set_dotted(data, key, value)

@@ -148,6 +148,7 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
                     Path(args.out) / "report.md")
     else:
         report(records, missing, time.time() - start)
+        print(f"report written to {Path(args.out) / 'report.md'}")
     if failed:
         log.error("failed: %s", ", ".join(failed))
     return 1 if failed else 0

@@ -134,6 +134,10 @@ def run_reproduce(args) -> int:
     missing = [ROWS[r].preset for r in rows if not (Path(args.config_dir) / ROWS[r].preset).exists()]
     if missing:
         raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
+    from cometnmt.config import load_config
+
+    for row in rows:  # every preset with the --set overrides, checked before any run starts (as compare does)
+        load_config(Path(args.config_dir) / ROWS[row].preset, args.set)
     prev = _previous_report(args)  # read (and checked) before any training, and before OUT/report.json is rewritten
     return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run),
                           lambda records, missing, seconds: build_report(args, rows, records, missing, seconds, prev))

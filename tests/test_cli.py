@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -252,3 +253,31 @@ def test_average_refuses_checkpoints_of_different_runs(trained, cli, tmp_path):
     err = _err(cli("average", "--dir", str(trained), "-o", str(tmp_path / "x.pt"), check=False))
     assert "--dir and --last go together" in err
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_config_file_errors_name_the_file(cli, tmp_path):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("base: " + str((Path("configs/tiny.yaml")).resolve()) + "\ntrain:\n  max_epoch: 3\n", encoding="utf-8")
+    err = _err(cli("train", str(bad), "--set", f"train.save_dir={tmp_path / 'run'}", check=False))
+    assert f"{bad}: unknown config key 'train.max_epoch'" in err and "Traceback" not in err
+
+
+def test_reproduce_checks_overrides_before_any_run(cli, tmp_path):
+    out = tmp_path / "rp"
+    proc = cli("reproduce", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out), "--set", "train.lrr=1", check=False)
+    assert proc.returncode == 2 and "train.lrr" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "runs").exists()
+
+
+def test_evaluate_misaligned_files_are_named(cli, tmp_path):
+    hyp, ref = tmp_path / "h.en", tmp_path / "r.en"
+    hyp.write_text("a dog\n", encoding="utf-8")
+    ref.write_text("a dog\na cat\n", encoding="utf-8")
+    err = _err(cli("evaluate", "--hyp", str(hyp), "--ref", str(ref), check=False))
+    assert f"{hyp} has 1 lines but {ref} has 2" in err and "Traceback" not in err
+
+
+def test_version(cli):
+    from cometnmt import __version__
+
+    assert cli("--version").stdout.strip() == f"cometnmt {__version__}"

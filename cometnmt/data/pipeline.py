@@ -87,13 +87,11 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
 
 
 def read_split(cfg, split: str) -> ParallelCorpus:
-    """Training skips empty pairs (with a logged count); evaluation splits reject them."""
+    """Training skips empty pairs (``read_parallel`` logs their count and first line); evaluation
+    splits reject them."""
     src, tgt = split_files(cfg, split)
     limit = {"train": cfg.max_train_pairs, "valid": cfg.max_valid_pairs}.get(split)
-    corpus = read_parallel(src, tgt, empty="skip" if split == "train" else "error", max_pairs=limit)
-    if corpus.skipped:
-        log.warning("%s: skipped %d pairs with an empty side", src, corpus.skipped)
-    return corpus
+    return read_parallel(src, tgt, empty="skip" if split == "train" else "error", max_pairs=limit)
 
 
 def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
