@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Literal, Sequence
@@ -413,28 +411,13 @@ def format_table(result: dict) -> str:
 
 
 def write_json(result: dict, path: str | Path) -> None:
-    """Write ``result`` as JSON atomically: a temporary file in the same folder, then ``os.replace``.
+    """Write ``result`` as JSON atomically (``write_text_file``: a temporary file in the same
+    folder, then ``os.replace``).
 
     :param result: a JSON-serialisable dictionary (e.g. from :func:`evaluate`).
     :param path: destination file; its parent folders are created when missing.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a file name to write")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from cometnmt.data.corpus import write_text_file
+
+    write_text_file(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     logger.debug("wrote %s", path)

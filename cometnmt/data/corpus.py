@@ -99,11 +99,15 @@ def write_text_file(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
+        if isinstance(exc, OSError):
+            raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
+        raise
 
 
 @dataclass
