@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
 import sys
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from cometnmt.atomic import atomic_write
 from cometnmt.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -85,29 +84,17 @@ def read_stdin_lines() -> list[str]:
 
 
 def write_text_file(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` whole or not at all: a temporary file beside it, then
-    ``os.replace``; missing parent folders are created. A DataError names the path when it cannot
-    be written (a folder, no permission, a full disk)."""
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all (``atomic_write``); missing parent
+    folders are created. A DataError names the path when it cannot be written (a folder, no
+    permission, a full disk)."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a file name to write")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with atomic_write(path) as f:
+            f.write(text)
     except OSError as exc:
         raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise DataError(f"{path}: cannot write file ({exc.strerror or exc})") from None
-        raise
 
 
 @dataclass

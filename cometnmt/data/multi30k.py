@@ -7,7 +7,6 @@ import http.client
 import logging
 import os
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -16,6 +15,7 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
+from cometnmt.atomic import atomic_write
 from cometnmt.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -152,19 +152,13 @@ def _stream_to(url: str, out: BinaryIO, name: str) -> str:
 def _download(url: str, dest: Path, expected: str | None) -> None:
     """Download to a temp file beside ``dest``, check the sum, then atomically move it into place."""
     logger.info("downloading %s -> %s", url, dest)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            actual = _stream_to(url, out, dest.name)
+    with atomic_write(dest, "wb") as out:  # a failed check (an exception) discards the temporary file
+        actual = _stream_to(url, out, dest.name)
         if expected is not None and actual != expected:
             raise DataError(
                 f"{url}: downloaded file has SHA-256 {actual}, expected {expected}; it was discarded. "
                 f"Retry later, or set {ENV_VAR} to a folder holding verified copies"
             )
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _is_cached(path: Path, name: str, verify: bool) -> bool:

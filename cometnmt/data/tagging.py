@@ -39,10 +39,10 @@ import importlib.util
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional, Protocol
 
+from cometnmt.atomic import atomic_write
 from cometnmt.errors import ConfigError, DataError
 from cometnmt.models.transformer_pp import IGNORE, UPOS, tag_labels
 
@@ -252,11 +252,8 @@ def annotate_cached(annotator: Annotator, texts: list[str], folder: Path) -> dic
             return {t: [[tuple(s) for s in sent] for sent in data["spans"][t]] for t in annotator.tasks}
     log.info("tags: annotating %d sentences with %s (once; cached in %s)", len(texts), annotator.name, folder)
     spans = annotator.annotate(texts)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         json.dump({"annotator": annotator.name, "n": len(texts), "spans": spans}, f)
-    os.replace(tmp, path)
     return spans
 
 
