@@ -33,12 +33,7 @@ def cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.set)
     signal.signal(signal.SIGTERM, _sigterm)
-    main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 writes logs
-    if main_rank:
-        Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(Path(cfg.train.save_dir) / "train.log", encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
+    main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
     try:
         summary = train(cfg, resume=args.resume)
     except KeyboardInterrupt as exc:
@@ -92,22 +87,21 @@ def cmd_translate(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from cometnmt.data.corpus import read_lines, write_text_file
-    from cometnmt.data.pipeline import read_split, read_text_file
-    from cometnmt.data.tokenizers import SpacyTokenizer
-    from cometnmt.evaluation import evaluate, format_table, write_json
+    from cometnmt.data.pipeline import read_text_file
+    from cometnmt.evaluation import format_table, score, write_json
 
-    src = None
+    for option, path in (("--json", args.json), ("--hyp-out", args.hyp_out)):
+        if path and Path(path).is_dir():  # before any work
+            raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
     if args.checkpoint:
-        from cometnmt.inference import Translator
+        from cometnmt.api import evaluate_checkpoint
 
-        translator = Translator.from_checkpoint(args.checkpoint, args.device)
-        corpus = read_split(translator.cfg.data, args.split)
-        decode = _decode_cfg(translator.cfg.decode, args)
-        hyps = [h[0].text for h in translator.translate(corpus.src, decode, progress=True)]
-        refs, src = corpus.tgt, corpus.src
-        lang, src_lang = translator.cfg.data.tgt_lang, translator.cfg.data.src_lang
+        if args.nbest is not None and args.nbest != 1:
+            raise CometNMTError(f"--nbest {args.nbest}: evaluate scores the best hypothesis only")
+        result, out = evaluate_checkpoint(args.checkpoint, args.split, beam=args.beam, length_penalty=args.length_penalty,
+                                          batch_size=args.batch_sentences, device=args.device, progress=True, flags=True)
         if args.hyp_out:
-            write_text_file(args.hyp_out, "".join(h + "\n" for h in hyps))
+            write_text_file(args.hyp_out, "".join(h + "\n" for h in out.hyps))
     else:
         if not (args.hyp and args.ref):
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
@@ -116,9 +110,7 @@ def cmd_evaluate(args) -> int:
         for name, lines in ((args.hyp, hyps), (args.src, src)):
             if lines is not None and len(lines) != len(refs):
                 raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
-        lang, src_lang = args.lang, args.src_lang
-    tok = SpacyTokenizer(lang)
-    result = evaluate(hyps, refs, tokenize=tok.tokenize, src=src, src_tokenize=SpacyTokenizer(src_lang).tokenize if src else None)
+        result = score(hyps, refs, lang=args.lang, src=src, src_lang=args.src_lang)
     print(format_table(result))
     if args.json:
         write_json(result, args.json)
@@ -126,21 +118,14 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_average(args) -> int:
-    from cometnmt.training.checkpoint import average_checkpoints, save_checkpoint
+    from cometnmt.api import average_checkpoints, last_epoch_checkpoints
 
     paths = list(args.checkpoints)
     if (args.last is None) != (args.dir is None):
         raise CometNMTError("--dir and --last go together: --dir RUN_FOLDER --last N averages its last N epoch checkpoints")
     if args.last is not None:
-        if args.last < 1:
-            raise CometNMTError(f"--last {args.last}: must be at least 1")
-        if not Path(args.dir).is_dir():
-            raise CometNMTError(f"--dir {args.dir}: not a folder")
-        found = sorted(Path(args.dir).glob("epoch*.pt"))
-        if len(found) < args.last:
-            raise CometNMTError(f"--last {args.last}: only {len(found)} epoch checkpoints in {args.dir} (set train.keep_checkpoints)")
-        paths += found[-args.last :]
-    save_checkpoint(average_checkpoints(paths), args.output)
+        paths += last_epoch_checkpoints(args.dir, args.last, flags=True)
+    average_checkpoints(paths, args.output)
     print(f"averaged {len(paths)} checkpoints into {args.output}")
     return 0
 

@@ -108,7 +108,6 @@ def _evaluate_run(args, run: Path) -> dict:
     """Decode the validation and test splits with the run's own search; score them; collect the
     learning curves, training speed and auxiliary losses from its metrics log."""
     from cometnmt.config import to_dict
-    from cometnmt.data.pipeline import read_split
     from cometnmt.data.tokenizers import SpacyTokenizer
     from cometnmt.evaluation import evaluate
     from cometnmt.inference import Translator, decode_config
@@ -120,13 +119,11 @@ def _evaluate_run(args, run: Path) -> dict:
     out = {"checkpoint": used, "decode": to_dict(decode), "arch": translator.cfg.model.arch,
            "parameters": sum(p.numel() for p in translator.model.parameters())}
     for split in ("valid", "test"):
-        corpus = read_split(translator.cfg.data, split)
-        src, refs = corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit]
         start = time.perf_counter()
-        hyps = [h[0].text for h in translator.translate(src, decode)]
+        done = translator.translate_split(split, decode, limit=args.eval_limit)
         out[f"{split}_decode_seconds"] = time.perf_counter() - start
-        (run / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        out[split] = evaluate(hyps, refs, tokenize=tok.tokenize)
+        (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
+        out[split] = evaluate(done.hyps, done.refs, tokenize=tok.tokenize)
     events = metrics(run)
     train = [e for e in events if e.get("event") == "train"]
     out["history"] = [e for e in events if e.get("event") == "valid"]

@@ -270,11 +270,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             from_dict(Config, copy.deepcopy(data))
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides must be a list of 'section.key=value' strings, got the string {overrides!r}")
     for text in overrides or []:
         key, value = parse_override(text)
         _set_dotted(data, key, value)
-    cfg = config_from_dict(data)
-    return cfg
+    return config_from_dict(data)
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """A new, validated Config: ``cfg`` with dotted ``key=value`` overrides (as ``--set``) applied."""
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides must be a list of 'section.key=value' strings, got the string {overrides!r}")
+    data = to_dict(cfg)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    return config_from_dict(data)
 
 
 def _merge(base: dict, override: dict) -> dict:

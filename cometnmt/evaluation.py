@@ -387,6 +387,34 @@ def evaluate(
     return result
 
 
+def score(
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    *,
+    lang: str = "en",
+    src: Sequence[str] | None = None,
+    src_lang: str = "de",
+    per_sentence: bool = False,
+) -> dict:
+    """What ``cometnmt evaluate`` reports: :func:`evaluate` with the paper metric on spaCy word
+    tokens of ``lang`` and, given ``src``, BLEU by source length counted in spaCy tokens of
+    ``src_lang``.
+
+    Example::
+
+        result = score(["A man rides a bike."], ["A man is riding a bike."], lang="en")
+        result["bleu"], result["chrf"], result["paper_bleu"]
+    """
+    from cometnmt.data.tokenizers import SpacyTokenizer
+
+    if isinstance(hyps, str) or isinstance(refs, str) or isinstance(src, str):
+        raise TypeError("score takes lists of sentences (one string per line), not one string")
+    tokenize = SpacyTokenizer(lang).tokenize
+    src_tokenize = SpacyTokenizer(src_lang).tokenize if src is not None else None
+    return evaluate(list(hyps), list(refs), tokenize=tokenize, src=None if src is None else list(src),
+                    src_tokenize=src_tokenize, per_sentence=per_sentence)
+
+
 def format_table(result: dict) -> str:
     """A human-readable, aligned table of an :func:`evaluate` result.
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from tqdm import tqdm
 
 from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, to_dict
 from cometnmt.data.batching import collate
-from cometnmt.data.pipeline import TextCodec
+from cometnmt.data.pipeline import TextCodec, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
 from cometnmt.errors import ConfigError, DataError
 from cometnmt.decoding import search
@@ -46,15 +46,26 @@ def set_cuda_backends(cudnn_attention: bool = True) -> None:
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
 
 
+_FLAGS = {"beam": "--beam {}", "nbest": "--nbest {}", "batch_size": "--batch-size {}", "length_penalty": "--length-penalty {}"}
+_KWARGS = {name: name + "={}" for name in _FLAGS}
+
+
 def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None = None,
-                  length_penalty: float | None = None, batch_sentences: int | None = None) -> DecodeConfig:
+                  length_penalty: float | None = None, batch_sentences: int | None = None,
+                  flags: bool = True) -> DecodeConfig:
     """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
-    means beam search of that width; ``nbest`` above 1 implies beam search."""
-    for option, value in (("--beam", beam), ("--nbest", nbest), ("--batch-size", batch_sentences)):
+    means beam search of that width; ``nbest`` above 1 implies beam search. Errors name the setting
+    as a command-line flag (``--beam 0``) or, with ``flags=False``, as a keyword (``beam=0``)."""
+    name = _FLAGS if flags else _KWARGS
+    for option, value in (("beam", beam), ("nbest", nbest), ("batch_size", batch_sentences)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{name[option].format(repr(value))}: must be an integer")
         if value is not None and value < 1:
-            raise ConfigError(f"{option} {value}: must be at least 1")
+            raise ConfigError(f"{name[option].format(value)}: must be at least 1")
+    if length_penalty is not None and (isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float))):
+        raise ConfigError(f"{name['length_penalty'].format(repr(length_penalty))}: must be a number")
     if length_penalty is not None and not (math.isfinite(length_penalty) and length_penalty >= 0):
-        raise ConfigError(f"--length-penalty {length_penalty}: must be a finite number at least 0")
+        raise ConfigError(f"{name['length_penalty'].format(length_penalty)}: must be a finite number at least 0")
     data = to_dict(base)
     if beam is not None:
         data.update(method="beam" if beam > 1 else "greedy", beam_size=beam)
@@ -64,20 +75,42 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
     if data["nbest"] > 1:
         data["method"] = "beam"
     if data["nbest"] > data["beam_size"]:
-        raise ConfigError(f"--nbest {data['nbest']}: more hypotheses than the beam keeps ({data['beam_size']}); "
-                          f"use --beam {data['nbest']} or more")
+        raise ConfigError(f"{name['nbest'].format(data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
+                          f"use {name['beam'].format(data['nbest'])} or more")
     return from_dict(DecodeConfig, data, "decode")
 
 
 @dataclass
 class Translation:
+    """One hypothesis: detokenised ``text``, its search ``score`` (log-probability, length-normalised
+    under beam search with a length penalty) and its target ``tokens``."""
+
     text: str
     score: float
     tokens: list[str]
 
 
+@dataclass
+class SplitTranslation:
+    """A data split's sources, references and the best hypothesis for each, line-aligned."""
+
+    src: list[str]
+    refs: list[str]
+    hyps: list[str]
+
+
 class Translator:
-    """A model plus everything needed to turn text into text; built from a checkpoint alone."""
+    """A model plus everything needed to turn text into text; built from a checkpoint alone.
+
+    Example::
+
+        translator = Translator.from_checkpoint("runs/multi30k/comet/best.pt", device="cpu")
+        translator("Ein Mann fährt Fahrrad.")                     # one sentence -> its translation
+        translator(["Zwei Hunde.", "Ein Kind lacht."], beam=5)     # a list -> a list
+        translator.translate(["Zwei Hunde."], beam=5, nbest=3)[0]  # n-best Translation objects
+
+    Search settings not given come from the checkpoint's ``decode`` config (``self.cfg.decode``).
+    """
 
     def __init__(self, model: Seq2Seq, codec: TextCodec, cfg: Config, device: torch.device) -> None:
         self.model, self.codec, self.cfg, self.device = model.to(device).eval(), codec, cfg, device
@@ -86,6 +119,8 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto") -> "Translator":
+        """Load ``path`` (a ``best.pt``, ``last.pt``, epoch or averaged checkpoint) onto ``device``:
+        ``auto`` (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``."""
         payload = load_checkpoint(path)
         cfg = config_from_dict(payload["config"])
         codec = TextCodec.from_state(payload["codec"])
@@ -97,6 +132,10 @@ class Translator:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for start in range(0, len(order), size):
             yield order[start : start + size]
+
+    def _decode(self, decode_cfg: DecodeConfig | None, flags: bool = False, **settings) -> DecodeConfig:
+        return decode_config(decode_cfg or self.cfg.decode, settings.get("beam"), settings.get("nbest"),
+                             settings.get("length_penalty"), settings.get("batch_size"), flags=flags)
 
     def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order."""
@@ -124,9 +163,43 @@ class Translator:
         tokens = self.codec.tgt_vocab.decode(ids)
         return Translation(self.codec.tgt_tok.detokenize(tokens), score, tokens)
 
-    def translate(self, texts: list[str], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
-        """Plain-text sentences in, n-best detokenised translations out (blank lines give blanks)."""
+    def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool = False, *,
+                  beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
+                  batch_size: int | None = None) -> list[list[Translation]]:
+        """Plain-text sentences in, n-best detokenised translations out, best first, in input
+        order (a blank line gives one blank translation).
+
+        :param texts: the sentences, one string each (not one string: see :meth:`__call__`).
+        :param decode_cfg: search settings; default the checkpoint's ``decode`` config.
+        :param beam: beam size, 1 for greedy search; ``nbest``, ``length_penalty`` (GNMT alpha)
+            and ``batch_size`` (sentences per batch) likewise replace ``decode_cfg``'s.
+        :raises DataError: a sentence longer than the model's positions (before any decoding).
+        """
+        if isinstance(texts, str):
+            raise TypeError("Translator.translate takes a list of sentences; for one sentence call translator(text)")
+        decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size)
+        texts = list(texts)
         tokens = self.codec.src_tok.tokenize_many(texts)
         ids = [self.codec.encode_src(t) if text.strip() else [] for t, text in zip(tokens, texts)]
         results = self.translate_ids(ids, decode_cfg, progress)
         return [r if text.strip() else [Translation("", 0.0, [])] for r, text in zip(results, texts)]
+
+    def __call__(self, text: str | Sequence[str], *, beam: int | None = None, length_penalty: float | None = None,
+                 batch_size: int | None = None) -> str | list[str]:
+        """The best translation of one sentence (a string), or of each sentence of a list."""
+        single = isinstance(text, str)
+        results = self.translate([text] if single else text, beam=beam, length_penalty=length_penalty,
+                                 batch_size=batch_size, nbest=1)
+        best = [r[0].text for r in results]
+        return best[0] if single else best
+
+    def translate_split(self, split: str = "test", decode_cfg: DecodeConfig | None = None, *, limit: int | None = None,
+                        progress: bool = False) -> SplitTranslation:
+        """Translate a split (``train``, ``valid`` or ``test``) of the data the model was trained on,
+        as its config names it (Multi30k, or ``data.corpus: files``), keeping the best hypothesis.
+
+        :param limit: only the first ``limit`` sentence pairs (smoke runs).
+        """
+        corpus = read_split(self.cfg.data, split)
+        src, refs = corpus.src[:limit], corpus.tgt[:limit]
+        return SplitTranslation(src, refs, [h[0].text for h in self.translate(src, decode_cfg, progress)])

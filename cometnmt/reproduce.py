@@ -100,7 +100,6 @@ def _specs(args, rows: list[str]) -> list[RunSpec]:
 
 def _evaluate_run(args, run: Path) -> dict:
     """Greedy-decode the validation and test splits with the run's best checkpoint."""
-    from cometnmt.data.pipeline import read_split
     from cometnmt.data.tokenizers import SpacyTokenizer
     from cometnmt.evaluation import evaluate
     from cometnmt.inference import Translator
@@ -110,11 +109,10 @@ def _evaluate_run(args, run: Path) -> dict:
     tgt_tok, src_tok = SpacyTokenizer(translator.cfg.data.tgt_lang), SpacyTokenizer(translator.cfg.data.src_lang)
     out = {}
     for split in ("valid", "test"):
-        corpus = read_split(translator.cfg.data, split)
-        src, refs = corpus.src[: args.eval_limit], corpus.tgt[: args.eval_limit]
-        hyps = [h[0].text for h in translator.translate(src, dcfg)]
-        (run / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize, src=src, src_tokenize=src_tok.tokenize, per_sentence=True)
+        done = translator.translate_split(split, dcfg, limit=args.eval_limit)
+        (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
+        result = evaluate(done.hyps, done.refs, tokenize=tgt_tok.tokenize, src=done.src, src_tokenize=src_tok.tokenize,
+                          per_sentence=True)
         out[split] = result
     history = [r for r in metrics(run) if r.get("event") == "valid"]
     out["epochs"] = len(history)

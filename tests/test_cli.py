@@ -186,6 +186,12 @@ def test_refuses_a_run_folder_without_last_pt(trained, cli, tmp_path):
     assert {p.name: p.read_bytes() for p in old.iterdir() if p.is_file()} == before  # nothing written
 
 
+def test_resume_without_a_run_writes_nothing(cli, tmp_path):
+    err = _err(cli("train", *TINY, "--set", f"train.save_dir={tmp_path / 'new'}", "--resume", check=False))
+    assert "--resume: no checkpoint at" in err and "Traceback" not in err
+    assert not (tmp_path / "new").exists()  # not even a train.log
+
+
 def test_resume_names_the_changed_config_key(trained, cli):
     err = _err(cli("train", *TINY, "--set", f"train.save_dir={trained}", "--set", "model.d_ff=48", "--resume", check=False))
     assert "model.d_ff" in err and "Traceback" not in err
@@ -249,7 +255,7 @@ def test_average_refuses_checkpoints_of_different_runs(trained, cli, tmp_path):
     err = _err(cli("average", str(tmp_path / "vocab.pt"), str(trained / "best.pt"), "-o", str(tmp_path / "x.pt"), check=False))
     assert "vocabularies differ" in err and "Traceback" not in err
     err = _err(cli("average", "--dir", str(trained), "--last", "0", "-o", str(tmp_path / "x.pt"), check=False))
-    assert "--last 0: must be at least 1" in err
+    assert "--last 0: must be an integer at least 1" in err
     err = _err(cli("average", "--dir", str(trained), "-o", str(tmp_path / "x.pt"), check=False))
     assert "--dir and --last go together" in err
     assert not (tmp_path / "x.pt").exists()

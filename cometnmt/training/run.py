@@ -81,8 +81,22 @@ def training_examples(cfg: Config, corpus, codec: TextCodec | None = None):
     return codec, data
 
 
+def _log_file(path: Path) -> logging.Handler:
+    """A handler on the root logger that also writes the log lines to ``path`` (appending, so a
+    resumed run keeps the lines of its earlier parts)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
 def train(cfg: Config, resume: bool = False) -> dict:
-    """Train (or continue training) the run described by ``cfg``; returns the trainer's summary."""
+    """Train (or continue training) the run described by ``cfg``; returns the trainer's summary.
+
+    Rank 0 also writes the log lines to ``train.save_dir/train.log``: those the logging
+    configuration lets through (``cometnmt train`` logs at INFO; a Python caller sets its own,
+    e.g. ``logging.basicConfig(level=logging.INFO)``).
+    """
     device = resolve_device(cfg.train.device, "train.device")
     dist = init_from_env(device.type)
     if not dist.is_main:  # rank 0 reports; the other ranks' log lines would repeat its own
@@ -93,26 +107,32 @@ def train(cfg: Config, resume: bool = False) -> dict:
         torch.set_num_threads(cfg.train.num_threads)
     if device.type == "cuda":
         set_cuda_backends(cfg.train.cudnn_attention)
-    payload = _check_save_dir(cfg, resume)
-    seed_everything(cfg.train.seed)
-
-    train_corpus = read_split(cfg.data, "train")
-    valid_corpus = read_split(cfg.data, "valid")
-    codec = None if payload is None else TextCodec.from_state(payload["codec"])
-    codec, train_data = training_examples(cfg, train_corpus, codec)
-    valid_data = encode_pairs(codec, valid_corpus, None)
-    log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
-
-    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
-    log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
-    trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
-    if payload is not None:
-        trainer.load_state_dict(payload)
-        log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
-    elif dist.is_main:
-        Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.train.save_dir) / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    handler = None
     try:
+        payload = _check_save_dir(cfg, resume)  # before anything is written to the folder
+        if dist.is_main:
+            Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
+            handler = _log_file(Path(cfg.train.save_dir) / "train.log")
+        seed_everything(cfg.train.seed)
+
+        train_corpus = read_split(cfg.data, "train")
+        valid_corpus = read_split(cfg.data, "valid")
+        codec = None if payload is None else TextCodec.from_state(payload["codec"])
+        codec, train_data = training_examples(cfg, train_corpus, codec)
+        valid_data = encode_pairs(codec, valid_corpus, None)
+        log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
+
+        model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
+        log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
+        trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
+        if payload is not None:
+            trainer.load_state_dict(payload)
+            log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
+        elif dist.is_main:
+            (Path(cfg.train.save_dir) / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
         return trainer.fit()
     finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
         shutdown(dist)

@@ -1,0 +1,96 @@
+"""The Python API: what the command line does, as functions a script or notebook can call.
+
+Example::
+
+    import cometnmt
+
+    cfg = cometnmt.load_config("configs/tiny.yaml", ["train.save_dir=runs/demo"])
+    summary = cometnmt.train(cfg)                       # or cometnmt.train("configs/tiny.yaml")
+    translator = cometnmt.Translator.from_checkpoint("runs/demo/best.pt", device="cpu")
+    print(translator("Ein Mann fährt Fahrrad."))
+    result, test = cometnmt.evaluate_checkpoint("runs/demo/best.pt", split="test", beam=5)
+    print(result["bleu"], test.hyps[0])
+    print(cometnmt.score(test.hyps, test.refs, lang="en")["chrf"])
+    cometnmt.average_checkpoints(["runs/demo/epoch001.pt", "runs/demo/epoch002.pt"], "runs/demo/avg.pt")
+
+Errors are :class:`~cometnmt.errors.CometNMTError` subclasses (``ConfigError``, ``DataError``,
+``CheckpointError``) whose message names the key, file or line, as on the command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from cometnmt.config import Config, apply_overrides, load_config
+from cometnmt.errors import CheckpointError, ConfigError
+from cometnmt.evaluation import score
+from cometnmt.inference import SplitTranslation, Translator
+
+
+def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume: bool = False) -> dict:
+    """Train the run a config describes, as ``cometnmt train CONFIG --set ...`` does.
+
+    :param config: a :class:`Config` (validated again, so edits made to it are checked) or the path
+        of a YAML preset.
+    :param overrides: dotted ``section.key=value`` strings, as ``--set``.
+    :param resume: continue the run in ``train.save_dir`` from its ``last.pt``.
+    :return: ``{"steps", "epochs", "best", "save_dir", ...}``; the checkpoints are in ``save_dir``.
+    """
+    from cometnmt.training.run import train as run_training
+
+    overrides = overrides if isinstance(overrides, str) else list(overrides)  # a string is refused by name
+    if isinstance(config, Config):
+        cfg = apply_overrides(config, overrides)
+    elif isinstance(config, (str, Path)):
+        cfg = load_config(config, overrides)
+    else:
+        raise ConfigError(f"train needs a Config or the path of a YAML config, got {type(config).__name__}")
+    return run_training(cfg, resume=resume)
+
+
+def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: int | None = None,
+                        length_penalty: float | None = None, batch_size: int | None = None, device: str = "auto",
+                        limit: int | None = None, progress: bool = False, flags: bool = False) -> tuple[dict, SplitTranslation]:
+    """Translate a split of the checkpoint's own data and score it, as ``cometnmt evaluate
+    --checkpoint``: the search is the checkpoint's ``decode`` config with the given settings
+    replaced; the scores are :func:`~cometnmt.evaluation.score`'s, with BLEU by source length.
+
+    :param split: ``train``, ``valid`` or ``test``.
+    :param limit: only the first ``limit`` sentences (smoke runs).
+    :param flags: name bad settings as command-line flags (``--beam 0``) rather than keywords.
+    :return: (scores, the sources, references and hypotheses).
+    """
+    if split not in ("train", "valid", "test"):
+        raise ConfigError(f"split={split!r}: choose train, valid or test")
+    translator = Translator.from_checkpoint(checkpoint, device)
+    decode = translator._decode(None, beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1, flags=flags)
+    out = translator.translate_split(split, decode, limit=limit, progress=progress)
+    data = translator.cfg.data
+    return score(out.hyps, out.refs, lang=data.tgt_lang, src=out.src, src_lang=data.src_lang), out
+
+
+def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = False) -> list[Path]:
+    """The ``last`` newest ``epochNNN.pt`` files of a run folder, oldest first (errors name the
+    arguments as keywords, or with ``flags`` as ``cometnmt average``'s ``--dir``/``--last``)."""
+    last_name, dir_name = ("--last {}", "--dir {}") if flags else ("last={}", "run_dir={}")
+    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+        raise CheckpointError(f"{last_name.format(last)}: must be an integer at least 1")
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(f"{dir_name.format(run_dir)}: not a folder")
+    found = sorted(Path(run_dir).glob("epoch*.pt"))
+    if len(found) < last:
+        raise CheckpointError(f"{last_name.format(last)}: only {len(found)} epoch checkpoints in {run_dir} "
+                              "(train.keep_checkpoints sets how many a run keeps)")
+    return found[-last:]
+
+
+def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> Path:
+    """Average the weights of checkpoints of one run (e.g. :func:`last_epoch_checkpoints`) into
+    ``output``, a checkpoint that ``Translator.from_checkpoint`` loads; written atomically."""
+    from cometnmt.training.checkpoint import average_checkpoints as average, save_checkpoint
+
+    if isinstance(paths, (str, Path)):
+        raise CheckpointError("average_checkpoints takes a list of checkpoint paths")
+    save_checkpoint(average(list(paths)), output)
+    return Path(output)

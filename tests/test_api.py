@@ -1,0 +1,135 @@
+"""The Python API (cometnmt.api, re-exported by the package): the README's example runs as
+written, and each function behaves as its CLI counterpart, with errors naming keywords."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import cometnmt
+from conftest import REPO, tiny_train_cfg
+
+
+def readme_python_block() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "the README's Python API section should hold one python block"
+    return blocks[0]
+
+
+def test_readme_example_runs_as_written(tmp_path, data_dir):
+    (tmp_path / "configs").symlink_to(REPO / "configs")  # the example runs from the repository root
+    env = {**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", readme_python_block()], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("2 ") and lines[0].endswith("runs/api_demo")  # epochs, best, save_dir
+    assert lines[2].startswith("[") and lines[2].count("'") >= 4  # a list of two translations
+    scores = [float(line.split()[0]) for line in lines[3:6]]
+    assert scores == sorted(scores, reverse=True)  # three hypotheses, best first
+    run = tmp_path / "runs" / "api_demo"
+    assert {"best.pt", "last.pt", "epoch001.pt", "epoch002.pt", "avg.pt", "train.log"} <= {p.name for p in run.iterdir()}
+    assert "epoch 2: val loss" in (run / "train.log").read_text(encoding="utf-8")  # INFO was let through
+    assert "epoch 1: val loss" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_dir):
+    save = tmp_path_factory.mktemp("api") / "run"
+    cfg = tiny_train_cfg(save, data_dir, "train.keep_checkpoints=1", "train.num_threads=1")
+    summary = cometnmt.train(cfg)
+    assert summary["epochs"] == 1 and summary["save_dir"] == str(save)
+    return save
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir):
+    return cometnmt.Translator.from_checkpoint(run_dir / "best.pt", device="cpu")
+
+
+def test_package_exports_lazily():
+    code = "import sys, cometnmt; print('torch' in sys.modules); print(cometnmt.Translator.__module__); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "cometnmt.inference", "True"]
+    assert {"train", "Translator", "score", "evaluate_checkpoint", "average_checkpoints"} <= set(dir(cometnmt))
+    with pytest.raises(AttributeError, match="no attribute 'translate'"):
+        cometnmt.translate
+
+
+def test_train_takes_a_path_or_a_config_and_checks_it(tmp_path, data_dir):
+    cfg = tiny_train_cfg(tmp_path / "a", data_dir)
+    cfg.train.lr = -1.0  # edits to a Config are validated again
+    with pytest.raises(cometnmt.ConfigError, match="train.lr"):
+        cometnmt.train(cfg)
+    with pytest.raises(cometnmt.ConfigError, match="list of 'section.key=value' strings"):
+        cometnmt.train(REPO / "configs" / "tiny.yaml", "train.lr=1e-3")
+    with pytest.raises(cometnmt.ConfigError, match="train.nonsense"):
+        cometnmt.train(REPO / "configs" / "tiny.yaml", ["train.nonsense=1"])
+    with pytest.raises(cometnmt.ConfigError, match="got dict"):
+        cometnmt.train({"model": {}})
+    assert not (tmp_path / "a").exists()  # refused before anything was written
+
+
+def test_train_resume_and_refusal(run_dir, data_dir, tmp_path):
+    shutil.copytree(run_dir, tmp_path / "run")
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, "train.keep_checkpoints=1", "train.num_threads=1")
+    with pytest.raises(cometnmt.ConfigError, match="already holds a run"):
+        cometnmt.train(cfg)
+    more = cometnmt.train(cfg, ["train.max_epochs=2"], resume=True)
+    assert more["epochs"] == 2 and (tmp_path / "run" / "epoch002.pt").exists()
+
+
+def test_translator_call_and_translate(translator):
+    one = translator("Ein Mann fährt Fahrrad.")
+    many = translator(["Ein Mann fährt Fahrrad.", "", "Zwei Hunde."])
+    assert isinstance(one, str) and one and many[0] == one and many[1] == ""
+    nbest = translator.translate(["Zwei Hunde."], beam=4, nbest=3)[0]
+    assert len(nbest) == 3 and [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
+    assert isinstance(translator("Zwei Hunde.", beam=4), str)
+    assert translator.cfg.decode.method == "greedy"  # the settings are per call, not kept
+    with pytest.raises(TypeError, match="list of sentences"):
+        translator.translate("Zwei Hunde.")
+    with pytest.raises(cometnmt.ConfigError, match=r"^beam=0: must be at least 1"):
+        translator("Zwei Hunde.", beam=0)
+    with pytest.raises(cometnmt.ConfigError, match=r"^nbest=5: more hypotheses than the beam keeps \(2\); use beam=5"):
+        translator.translate(["Zwei Hunde."], beam=2, nbest=5)
+    with pytest.raises(cometnmt.ConfigError, match=r"^beam='5': must be an integer"):
+        translator("Zwei Hunde.", beam="5")
+    with pytest.raises(cometnmt.ConfigError, match=r"^length_penalty=-1.0: must be a finite number"):
+        translator("Zwei Hunde.", length_penalty=-1.0)
+
+
+def test_evaluate_checkpoint_and_score(run_dir, translator):
+    result, out = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu")
+    assert len(out.src) == len(out.refs) == len(out.hyps) == 7 == result["n_sentences"]
+    assert out.hyps == translator(out.src)  # the checkpoint's own (greedy) search
+    again = cometnmt.score(out.hyps, out.refs, lang="en", src=out.src, src_lang="de")
+    assert again["bleu"] == result["bleu"] and again["bleu_by_length"] == result["bleu_by_length"]
+    with pytest.raises(cometnmt.ConfigError, match="split='dev'"):
+        cometnmt.evaluate_checkpoint(run_dir / "best.pt", "dev")
+    with pytest.raises(TypeError, match="lists of sentences"):
+        cometnmt.score("a dog", "a dog")
+    with pytest.raises(cometnmt.DataError, match="2 hypotheses but 1 references"):
+        cometnmt.score(["a", "b"], ["a"])
+
+
+def test_average_checkpoints(run_dir, tmp_path):
+    paths = cometnmt.last_epoch_checkpoints(run_dir, 1)
+    assert [p.name for p in paths] == ["epoch001.pt"]
+    out = cometnmt.average_checkpoints([run_dir / "best.pt", *paths], tmp_path / "avg.pt")
+    assert cometnmt.Translator.from_checkpoint(out, device="cpu")("Zwei Hunde.")
+    with pytest.raises(cometnmt.CheckpointError, match=r"^last=3: only 1 epoch checkpoints"):
+        cometnmt.last_epoch_checkpoints(run_dir, 3)
+    with pytest.raises(cometnmt.CheckpointError, match=r"^last=0: must be an integer at least 1"):
+        cometnmt.last_epoch_checkpoints(run_dir, 0)
+    with pytest.raises(cometnmt.CheckpointError, match=r"^run_dir=.*: not a folder"):
+        cometnmt.last_epoch_checkpoints(tmp_path / "nope", 1)
+    with pytest.raises(cometnmt.CheckpointError, match="a list of checkpoint paths"):
+        cometnmt.average_checkpoints(str(run_dir / "best.pt"), tmp_path / "x.pt")
