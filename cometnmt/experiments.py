@@ -137,10 +137,12 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     Path(args.out).mkdir(parents=True, exist_ok=True)
     start = time.time()
     failed: list[str] = []
+    _check_eval_limit(specs, args.eval_limit)
     before = sum((s.run_dir / "done.json").exists() for s in specs)  # finished before this call
     if not args.report_only:
         stop_at = None if args.deadline is None else start + args.deadline
-        failed = run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at, evaluate=evaluate)
+        failed = run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at,
+                         evaluate=lambda run: {"eval_limit": args.eval_limit, **evaluate(run)})
     records, missing = finished(specs)
     if not args.report_only and len(records) == before and (Path(args.out) / "report.json").exists():
         # nothing new to report: a call the deadline cut short keeps the report already there
@@ -152,6 +154,23 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     if failed:
         log.error("failed: %s", ", ".join(failed))
     return 1 if failed else 0
+
+
+def _check_eval_limit(specs: list[RunSpec], limit: Optional[int]) -> None:
+    """Runs finished by an earlier call were decoded on the first ``--eval-limit`` sentences of
+    each split; a report over them needs the same limit (the references are cut to it). Records
+    written before the limit was recorded are not checked."""
+    for s in specs:
+        done = s.run_dir / "done.json"
+        if not done.exists():
+            continue
+        rec = json.loads(done.read_text())
+        if "eval_limit" in rec and rec["eval_limit"] != limit:
+            then = "without --eval-limit" if rec["eval_limit"] is None else f"with --eval-limit {rec['eval_limit']}"
+            now = "none" if limit is None else f"--eval-limit {limit}"
+            fix = "leave out --eval-limit" if rec["eval_limit"] is None else f"pass --eval-limit {rec['eval_limit']}"
+            raise CometNMTError(f"{s.run_dir} was evaluated {then}, but this call has {now}; {fix} as before, "
+                                "or delete its done.json to evaluate it again")
 
 
 def finished(specs: list[RunSpec]) -> tuple[list[dict], list[str]]:
@@ -215,8 +234,21 @@ def fmt(pair: tuple[Optional[float], Optional[float]]) -> str:
     return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
 
 
+def _shown_path(part: str) -> str:
+    """A config path as a reader can rerun it: relative to the current folder when under it,
+    otherwise as recorded."""
+    path = Path(part)
+    if path.is_absolute():
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            pass
+    return part
+
+
 def short_command(command: str) -> str:
-    """A recorded training command without the interpreter path and run folder."""
+    """A recorded training command without the interpreter path and run folder, shell-quoted,
+    with the config path as given (made relative to the current folder when under it)."""
     parts = shlex.split(command)
     if len(parts) > 2 and parts[1:3] == ["-m", "cometnmt"]:
         parts = ["cometnmt"] + parts[3:]
@@ -228,8 +260,8 @@ def short_command(command: str) -> str:
         if part == "--set" and i + 1 < len(parts) and parts[i + 1].split("=")[0] in ("train.save_dir", "train.progress"):
             skip = True
             continue
-        out.append(Path(part).name if part.endswith(".yaml") else part)
-    return " ".join(out)
+        out.append(_shown_path(part) if part.endswith((".yaml", ".yml")) else part)
+    return shlex.join(out)
 
 
 # -- provenance ---------------------------------------------------------------------------------

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
+import pytest
+
 from cometnmt import experiments
+from cometnmt.errors import CometNMTError
 from cometnmt.experiments import RunSpec, fmt, mean_sd, provenance, provenance_lines, run_and_report
 
 
@@ -17,6 +21,17 @@ def test_one_seed_has_no_spread():
     assert mean_sd([40.0]) == (40.0, None) and fmt(mean_sd([40.0])) == "40.00"  # not "40.00 ± 0.00"
     mean, sd = mean_sd([39.0, 41.0])
     assert mean == 40.0 and abs(sd - 2 ** 0.5) < 1e-12 and fmt((mean, sd)) == "40.00 ± 1.41"
+
+
+def test_report_commands_name_the_config_as_it_can_be_rerun(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmd = ["/venv/bin/python", "-m", "cometnmt", "train", str(tmp_path / "my configs" / "a.yaml"), "--set", "train.seed=2",
+           "--set", f"train.save_dir={tmp_path}/runs/a/seed2", "--set", "train.progress=false", "--set", "model.d_ff=64"]
+    assert experiments.short_command(shlex.join(cmd)) == "cometnmt train 'my configs/a.yaml' --set train.seed=2 --set model.d_ff=64"
+    elsewhere = cmd[:4] + ["/srv/presets/b.yaml"]
+    assert experiments.short_command(shlex.join(elsewhere)) == "cometnmt train /srv/presets/b.yaml"
+    relative = cmd[:4] + ["configs/multi30k/comet.yaml"]
+    assert experiments.short_command(shlex.join(relative)) == "cometnmt train configs/multi30k/comet.yaml"
 
 
 def test_a_resumed_run_keeps_the_commit_it_started_from(tmp_path, monkeypatch):
@@ -48,8 +63,9 @@ def test_the_report_names_the_commit_the_caller_named(monkeypatch):
     assert provenance(args, 1.0, [], [])["commit"] == "unknown (no git checkout)"
 
 
-def _args(out: Path, report_only: bool) -> argparse.Namespace:
-    return argparse.Namespace(out=str(out), report_only=report_only, deadline=0.0, jobs=1, set=[], device="cpu")
+def _args(out: Path, report_only: bool, eval_limit=None, deadline=0.0) -> argparse.Namespace:
+    return argparse.Namespace(out=str(out), report_only=report_only, deadline=deadline, jobs=1, set=[], device="cpu",
+                              eval_limit=eval_limit)
 
 
 def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path):
@@ -100,3 +116,30 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path, monkeyp
     assert record["test_bleu"] == 1.0 and "--resume" not in commands[0]
     [old] = run.glob("metrics.before-*.jsonl")
     assert old.read_text(encoding="utf-8") == '{"event": "train", "step": 1}\n'
+
+
+def test_a_report_keeps_the_eval_limit_its_runs_were_decoded_with(tmp_path, monkeypatch):
+    """Runs decoded on the first 60 sentences (a smoke --eval-limit) cannot be reported against
+    the whole test set: before, --report-only without the limit died in the bootstrap test."""
+    out = tmp_path / "report"
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")
+
+    class FakeProcess:
+        def __init__(self, cmd, **kwargs):
+            pass
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    reports = []
+    run_and_report(_args(out, False, eval_limit=60, deadline=None), [spec], lambda run: {"test": 1},
+                   lambda records, missing, seconds: reports.append(records))
+    assert reports[-1][0]["eval_limit"] == 60  # recorded in done.json
+    for limit, said in ((None, "this call has none; pass --eval-limit 60 as before"),
+                        (100, "this call has --eval-limit 100; pass --eval-limit 60")):
+        with pytest.raises(CometNMTError, match=said):
+            run_and_report(_args(out, True, eval_limit=limit), [spec], lambda run: {}, lambda *a: reports.append(a))
+    assert len(reports) == 1  # refused before any report
+    run_and_report(_args(out, True, eval_limit=60), [spec], lambda run: {}, lambda records, *a: reports.append(records))
+    assert len(reports) == 2
