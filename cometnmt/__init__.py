@@ -23,6 +23,7 @@ _EXPORTS = {
     "Translator": "cometnmt.inference",
     "Translation": "cometnmt.inference",
     "SplitTranslation": "cometnmt.inference",
+    "make_server": "cometnmt.serve",
     "score": "cometnmt.evaluation",
     "evaluate": "cometnmt.evaluation",
     "paired_bootstrap": "cometnmt.evaluation",

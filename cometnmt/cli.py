@@ -1,4 +1,4 @@
-"""Command line: ``cometnmt train | translate | evaluate | average | reproduce | compare``.
+"""Command line: ``cometnmt train | translate | evaluate | average | serve | reproduce | compare``.
 
 Thin by design: parse arguments, load the config or checkpoint, call the library. Any
 :class:`~cometnmt.errors.CometNMTError` becomes a one-line message on stderr and exit code 2.
@@ -130,6 +130,24 @@ def cmd_average(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from cometnmt.serve import make_server
+
+    server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
+                         length_penalty=args.length_penalty, batch_size=args.batch_sentences,
+                         max_sentences=args.max_sentences, flags=True)
+    host, port = server.server_address[:2]
+    print(f"serving {args.checkpoint} on http://{host}:{port} (POST /translate, GET /health); Ctrl-C stops",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def cmd_reproduce(args) -> int:
     from cometnmt.reproduce import run_reproduce
 
@@ -190,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=int, help="average the last N epoch checkpoints of --dir")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_average)
+
+    p = sub.add_parser("serve", help="serve a checkpoint over HTTP: POST /translate with JSON")
+    p.add_argument("checkpoint")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--max-sentences", dest="max_sentences", type=int, default=1000, help="most sentences per request")
+    _add_decode_args(p)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("reproduce", help="rerun the COMET paper's Table 1 rows and write a report")
     from cometnmt.reproduce import add_arguments

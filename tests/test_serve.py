@@ -1,0 +1,130 @@
+"""`cometnmt serve`: JSON over HTTP gives what the Translator gives, and bad requests get a 4xx
+status with an error naming the field, never a dropped connection or a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+import cometnmt
+from cometnmt.serve import make_server
+from conftest import REPO, tiny_train_cfg
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, data_dir):
+    save = tmp_path_factory.mktemp("serve") / "run"
+    cometnmt.train(tiny_train_cfg(save, data_dir, "train.num_threads=1"))
+    return save / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    srv = make_server(str(checkpoint), port=0, device="cpu", max_sentences=3, max_body_bytes=10000)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def call(server, path: str, body=None, method: str | None = None, raw: bytes | None = None):
+    """(status, decoded JSON) of one request."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_translations_equal_the_translators(server, checkpoint):
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
+    assert call(server, "/translate", {"texts": sentences}) == (200, {"translations": translator(sentences)})
+    assert call(server, "/translate", {"text": sentences[0], "beam": 3}) == (200, {"translation": translator(sentences[0], beam=3)})
+    status, out = call(server, "/translate", {"text": sentences[2], "beam": 4, "nbest": 2})
+    expected = translator.translate([sentences[2]], beam=4, nbest=2)[0]
+    assert status == 200 and [h["text"] for h in out["translation"]] == [h.text for h in expected]
+    assert [h["score"] for h in out["translation"]] == pytest.approx([h.score for h in expected])
+    status, health = call(server, "/health")
+    assert status == 200 and health["status"] == "ok" and health["arch"] == "transformer"
+    assert (health["src_lang"], health["tgt_lang"]) == ("de", "en") and health["decode"]["method"] == "greedy"
+
+
+def test_concurrent_requests_each_get_their_own_answer(server):
+    sentences = [f"Ein Hund läuft {n} Meter." for n in range(8)]
+    expected = {s: call(server, "/translate", {"text": s})[1]["translation"] for s in sentences}
+    got = {}
+
+    def ask(s):
+        got[s] = call(server, "/translate", {"text": s})
+
+    threads = [threading.Thread(target=ask, args=(s,)) for s in sentences]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {s: (200, {"translation": expected[s]}) for s in sentences}
+
+
+@pytest.mark.parametrize("body, raw, status, needle", [
+    (None, b"{not json", 400, "not valid JSON"),
+    (None, b'{"text": "\xff"}', 400, "not valid UTF-8"),
+    ([1, 2], None, 400, "must be a JSON object, got list"),
+    ({}, None, 400, 'exactly one of "text"'),
+    ({"text": "a", "texts": ["b"]}, None, 400, 'exactly one of "text"'),
+    ({"text": 3}, None, 400, '"text" must be a string, got int'),
+    ({"texts": ["a", 1]}, None, 400, '"texts" must be a list of strings'),
+    ({"texts": ["a", "b\nc"]}, None, 400, '"texts"[1] holds a line break'),
+    ({"texts": ["a"] * 4}, None, 413, "4 sentences, more than this server takes at once (3)"),
+    ({"text": "a", "beam": 0}, None, 400, "beam=0: must be at least 1"),
+    ({"text": "a", "beam": "5"}, None, 400, "beam='5': must be an integer"),
+    ({"text": "a", "beam": 2, "nbest": 3}, None, 400, "nbest=3: more hypotheses than the beam keeps (2)"),
+    ({"text": "a", "temperature": 1}, None, 400, "unknown field(s) temperature"),
+    ({"text": " ".join(["Hund"] * 1100)}, None, 400, "more than the model's"),
+    ({"text": "x" * 20000}, None, 413, "more than this server takes (10000)"),
+])
+def test_bad_requests_name_the_problem(server, body, raw, status, needle):
+    got_status, out = call(server, "/translate", body, raw=raw)
+    assert got_status == status and needle in out["error"], out
+    assert call(server, "/health")[0] == 200  # and the server still answers
+
+
+def test_unknown_paths_and_methods(server):
+    assert call(server, "/nope")[0] == 404
+    assert call(server, "/translat", {"text": "a"})[0] == 404
+    status, out = call(server, "/translate", {"text": "a"}, method="PUT")
+    assert status == 405 and "PUT is not supported" in out["error"]
+
+
+def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    bad = subprocess.run([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "70000"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--port 70000: must be a port number" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "cometnmt", "serve", str(tmp_path / "none.pt")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "none.pt" in bad.stderr and "Traceback" not in bad.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "0", "--beam", "2",
+                             "--device", "cpu"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "serving" in line and "http://127.0.0.1:" in line, line
+        port = int(line.split("http://127.0.0.1:")[1].split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as resp:
+            health = json.loads(resp.read())
+        assert health["decode"]["method"] == "beam" and health["decode"]["beam_size"] == 2  # --beam is the default
+    finally:
+        proc.send_signal(__import__("signal").SIGINT)
+        assert proc.wait(timeout=60) == 0
+        proc.stderr.close()
