@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, to_dict
 from cometnmt.data.batching import collate
-from cometnmt.data.pipeline import TextCodec, read_split
+from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
 from cometnmt.errors import ConfigError, DataError
 from cometnmt.decoding import search
@@ -114,6 +114,7 @@ class Translator:
 
     def __init__(self, model: Seq2Seq, codec: TextCodec, cfg: Config, device: torch.device) -> None:
         self.model, self.codec, self.cfg, self.device = model.to(device).eval(), codec, cfg, device
+        self.workdir: str | None = None  # the folder the model was trained in (its data paths' anchor)
         if device.type == "cpu":
             keep_freed_memory()  # as in training: the per-step logits are re-allocated at every step
 
@@ -126,7 +127,9 @@ class Translator:
         codec = TextCodec.from_state(payload["codec"])
         model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
         model.load_state_dict(payload["model"])
-        return cls(model, codec, cfg, resolve_device(device))
+        translator = cls(model, codec, cfg, resolve_device(device))
+        translator.workdir = payload.get("workdir")  # None for checkpoints written before it was recorded
+        return translator
 
     def _batches(self, ids: list[list[int]], size: int) -> Iterator[list[int]]:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -196,10 +199,11 @@ class Translator:
     def translate_split(self, split: str = "test", decode_cfg: DecodeConfig | None = None, *, limit: int | None = None,
                         progress: bool = False) -> SplitTranslation:
         """Translate a split (``train``, ``valid`` or ``test``) of the data the model was trained on,
-        as its config names it (Multi30k, or ``data.corpus: files``), keeping the best hypothesis.
+        as its config names it (Multi30k, or ``data.corpus: files``, relative paths taken from the
+        folder it was trained in), keeping the best hypothesis.
 
         :param limit: only the first ``limit`` sentence pairs (smoke runs).
         """
-        corpus = read_split(self.cfg.data, split)
+        corpus = read_split(anchor_paths(self.cfg.data, self.workdir), split)
         src, refs = corpus.src[:limit], corpus.tgt[:limit]
         return SplitTranslation(src, refs, [h[0].text for h in self.translate(src, decode_cfg, progress)])

@@ -133,3 +133,27 @@ def test_average_checkpoints(run_dir, tmp_path):
         cometnmt.last_epoch_checkpoints(tmp_path / "nope", 1)
     with pytest.raises(cometnmt.CheckpointError, match="a list of checkpoint paths"):
         cometnmt.average_checkpoints(str(run_dir / "best.pt"), tmp_path / "x.pt")
+
+
+def test_a_checkpoint_finds_its_relative_data_paths_from_anywhere(tmp_path, data_dir, monkeypatch):
+    """data.corpus=files with paths relative to the folder a run was trained in: evaluating the
+    checkpoint from another folder reads the same files (it failed with 'file not found')."""
+    import gzip
+
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for lang in ("de", "en"):
+            with gzip.open(data_dir / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(200 if split == "train" else 12)]
+            (work / "data" / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    files = [f"data.{split}_{side}=data/{split}.{lang}" for split in ("train", "valid", "test")
+             for side, lang in (("src", "de"), ("tgt", "en"))]
+    monkeypatch.chdir(work)
+    cometnmt.train(tiny_train_cfg("run", data_dir, "data.corpus=files", *files, "train.num_threads=1"))
+    here, _ = cometnmt.evaluate_checkpoint("run/best.pt", "test", device="cpu")
+    monkeypatch.chdir(tmp_path)
+    there, out = cometnmt.evaluate_checkpoint(work / "run" / "best.pt", "test", device="cpu")
+    assert there == here and len(out.refs) == 12
+    avg = cometnmt.average_checkpoints([work / "run" / "best.pt"], tmp_path / "avg.pt")
+    assert cometnmt.evaluate_checkpoint(avg, "test", device="cpu")[0] == here  # averaging keeps the anchor

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,19 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
     root = resolve_dir(cfg.multi30k_dir, files=files)
     return split_paths(root, name, cfg.src_lang, cfg.tgt_lang)
+
+
+_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+
+
+def anchor_paths(cfg, workdir: str | None):
+    """A copy of DataConfig ``cfg`` whose relative file and folder paths are taken relative to
+    ``workdir`` (the folder a run was trained in), so a checkpoint finds its data from anywhere."""
+    if workdir is None:
+        return cfg
+    changes = {k: str(Path(workdir) / v) for k in _PATH_KEYS
+               if (v := getattr(cfg, k)) is not None and not Path(v).expanduser().is_absolute()}
+    return dataclasses.replace(cfg, **changes)
 
 
 def read_split(cfg, split: str) -> ParallelCorpus:

@@ -65,7 +65,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             avg[key] = torch.stack([ck["model"][key].float() for ck in loaded]).mean(0).to(last.dtype)
         else:
             avg[key] = last
-    out = {k: v for k, v in loaded[-1].items() if k in ("config", "codec", "step", "epoch")}
+    out = {k: v for k, v in loaded[-1].items() if k in ("config", "codec", "step", "epoch", "workdir")}
     out["model"] = avg
     out["averaged_from"] = [str(p) for p in paths]
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import math
 import random
 import time
@@ -147,6 +148,7 @@ class Trainer:
             "rng": self._step_rng or rng_state(),
             "step": self.step,
             "epoch": self.epoch,
+            "workdir": os.getcwd(),  # what the config's relative data paths are relative to
             "trainer": {
                 "consumed": self.consumed,
                 "history": self.history,
