@@ -48,6 +48,32 @@ def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
     assert resumed["trainer"]["history"] == reference["trainer"]["history"]
 
 
+def test_an_interrupt_during_validation_resumes_exactly(tmp_path, data_dir, monkeypatch):
+    """Ctrl-C while epoch 1 is validated: before, the epoch was counted as done and its
+    validation (metrics, best.pt, the stopping rule) was lost for good."""
+    run_module.train(tiny_cfg(tmp_path / "full", data_dir))
+    reference = load_checkpoint(tmp_path / "full" / "last.pt")
+    original = Trainer.validate
+
+    def interrupt(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "validate", interrupt)
+    cfg = tiny_cfg(tmp_path / "cut", data_dir)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.train(cfg)
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert saved["epoch"] == 0 and saved["step"] == 5 and saved["trainer"]["history"] == []
+    monkeypatch.setattr(Trainer, "validate", original)
+    run_module.train(cfg, resume=True)
+    resumed = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert resumed["trainer"]["history"] == reference["trainer"]["history"]
+    assert [h["epoch"] for h in resumed["trainer"]["history"]] == [1, 2]
+    for key, value in reference["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    assert load_checkpoint(tmp_path / "cut" / "best.pt")["step"] == load_checkpoint(tmp_path / "full" / "best.pt")["step"]
+
+
 def test_trainer_drops_the_source_mask_exactly_for_unpadded_batches(tmp_path, data_dir, monkeypatch):
     """Training batches without source padding reach COMET (unpadded_source_as_none) with
     src_pad_mask None, so its batch norm runs as F.batch_norm; every batch with padding keeps it."""

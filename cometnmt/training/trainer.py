@@ -367,10 +367,12 @@ class Trainer:
         return True
 
     def end_epoch(self) -> None:
-        """Validate, checkpoint, apply the stopping rule, move to the next epoch."""
+        """Validate, checkpoint, apply the stopping rule, move to the next epoch. The epoch counts
+        as done only after its validation: a run interrupted while validating saves the epoch with
+        every batch consumed, and its resume validates it then."""
+        metrics = {"event": "valid", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
         self.epoch += 1
         self.consumed = 0
-        metrics = {"event": "valid", "epoch": self.epoch, "step": self.step, **self.validate()}
         self.history.append(metrics)
         self.log_metrics(metrics)
         improved = self.update_stopping(metrics)
