@@ -304,9 +304,12 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as f:  # a stream, so YAML's error marks name the file
+            loaded = yaml.safe_load(f)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     data = loaded or {}
@@ -378,6 +381,24 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key '{key}': must be at least 1, got {value}")
+    if cfg.train.log_every < 1:
+        raise ConfigError(f"config key 'train.log_every': must be at least 1, got {cfg.train.log_every}")
+    at_least = {"train.loss_rise_epochs": (cfg.train.loss_rise_epochs, 1), "train.patience": (cfg.train.patience, 1),
+                "train.keep_checkpoints": (cfg.train.keep_checkpoints, 0)}
+    optional = {"train.valid_bleu_max_sentences": cfg.train.valid_bleu_max_sentences, "train.save_every": cfg.train.save_every,
+                "train.max_steps": cfg.train.max_steps}
+    at_least.update({key: (value, 1) for key, value in optional.items() if value is not None})
+    for key, (value, low) in at_least.items():
+        if value < low:
+            raise ConfigError(f"config key '{key}': must be at least {low}{' (or null)' if key in optional else ''}, got {value}")
+    if cfg.train.schedule == "inverse_sqrt" and cfg.train.warmup_steps < 1:
+        raise ConfigError(f"config key 'train.warmup_steps': must be at least 1 with train.schedule=inverse_sqrt "
+                          f"(its learning rate is 0 without warmup), got {cfg.train.warmup_steps}")
+    if cfg.train.stopping == "bleu_patience" and not cfg.train.valid_bleu:
+        raise ConfigError("config key 'train.stopping': bleu_patience stops on validation BLEU, which needs train.valid_bleu: true")
+    if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
+        raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
+                          f"got {cfg.data.max_vocab}")
     if cfg.decode.nbest > cfg.decode.beam_size:
         raise ConfigError(f"config key 'decode.nbest': {cfg.decode.nbest} exceeds decode.beam_size={cfg.decode.beam_size}")
     if cfg.data.corpus == "files":

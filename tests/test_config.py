@@ -37,7 +37,7 @@ def test_every_preset_loads():
 
 
 def test_overrides_and_types(tmp_path):
-    cfg = load_config(REPO / "configs" / "tiny.yaml", ["train.lr=3e-4", "model.comet.features=[8,4]", "data.max_len=50"])
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["train.lr=3e-4", "model.comet.features=[8,4]", "model.comet.dilations=[1,2]", "data.max_len=50"])
     assert cfg.train.lr == pytest.approx(3e-4) and cfg.model.comet.features == [8, 4] and cfg.data.max_len == 50
     with pytest.raises(ConfigError, match="model.d_model"):
         load_config(None, ["model.d_model=2.5"])
@@ -77,3 +77,37 @@ def test_attention_dropout_is_checked_and_named():
         load_config(None, ["model.arch=transformer_pp", "model.attention_dropout=0.1"])
     with pytest.raises(ConfigError, match="not 'rnn'"):
         load_config(None, ["model.arch=rnn", "model.attention_dropout=0.1"])
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["train.log_every=0"], "'train.log_every': must be at least 1"),
+    (["train.stopping=bleu_patience", "train.valid_bleu=false"], "needs train.valid_bleu: true"),
+    (["train.valid_bleu_max_sentences=0"], "'train.valid_bleu_max_sentences': must be at least 1 (or null)"),
+    (["train.schedule=inverse_sqrt", "train.warmup_steps=0"], "'train.warmup_steps': must be at least 1 with"),
+    (["train.keep_checkpoints=-1"], "'train.keep_checkpoints': must be at least 0"),
+    (["train.patience=0"], "'train.patience': must be at least 1"),
+    (["train.loss_rise_epochs=0"], "'train.loss_rise_epochs': must be at least 1"),
+    (["data.max_vocab=2"], "'data.max_vocab': must be at least 5"),
+    (["model.comet.features=[]"], "'model.comet.features': needs at least one layer"),
+    (["model.comet.dilations=[1]"], "'model.comet.dilations': one dilation of at least 1 per layer"),
+    (["model.comet.kernel_size=0"], "'model.comet.kernel_size': must be at least 1"),
+    (["model.comet.bn_length_bounds=[5, 3]"], "'model.comet.bn_length_bounds': ascending positive"),
+])
+def test_values_that_used_to_fail_mid_run_are_config_errors(overrides, needle):
+    """Each of these trained until a traceback after an epoch, or (warmup 0) silently at lr 0."""
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "configs" / "tiny.yaml", overrides)
+    assert needle in str(info.value)
+
+
+def test_config_files_that_cannot_be_read_are_named(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin.yaml: not valid UTF-8 \(byte 0xe9 at offset 9\)"):
+        load_config(latin)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train:\n  lr: [1\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(broken)
+    assert str(info.value).startswith(f"{broken}: not valid YAML") and "<unicode string>" not in str(info.value)
+    assert "\n" not in str(info.value)  # one line

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cometnmt.errors import ConfigError
 from cometnmt.models.transformer import FeedForward, Transformer, transformer_from_config
 from cometnmt.modules.dropout import Dropout
 
@@ -61,6 +62,20 @@ class CometConfig:
     # module docstring). Inclusive upper bounds on a sentence's real source positions, ascending,
     # e.g. [8, 11, 14, 18]: buckets <= 8, 9-11, 12-14, 15-18, > 18. None: one set of statistics.
     bn_length_bounds: Optional[list[int]] = None  # per-length encoder BN statistics (not in the paper), e.g. [8, 11, 14, 18]
+
+    def __post_init__(self) -> None:
+        key = "config key 'model.comet.{}'".format
+        if not self.features or any(n < 1 for n in self.features):
+            raise ConfigError(f"{key('features')}: needs at least one layer, each of at least 1 feature map, got {self.features}")
+        if len(self.dilations) != len(self.features) or any(d < 1 for d in self.dilations):
+            raise ConfigError(f"{key('dilations')}: one dilation of at least 1 per layer of model.comet.features "
+                              f"({len(self.features)}), got {self.dilations}")
+        for name in ("kernel_size", "ffn1_hidden", "ffn2_hidden"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{key(name)}: must be at least 1, got {getattr(self, name)}")
+        bounds = self.bn_length_bounds
+        if bounds is not None and (not bounds or any(b < 1 for b in bounds) or bounds != sorted(set(bounds))):
+            raise ConfigError(f"{key('bn_length_bounds')}: ascending positive source lengths (or null), got {bounds}")
 
 
 class MaskedBatchNorm(nn.Module):
