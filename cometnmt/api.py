@@ -63,10 +63,14 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
     """
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r}: choose train, valid or test")
+    from cometnmt.data.tokenizers import SpacyTokenizer
+
     translator = Translator.from_checkpoint(checkpoint, device)
     decode = translator._decode(None, beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1, flags=flags)
-    out = translator.translate_split(split, decode, limit=limit, progress=progress)
     data = translator.cfg.data
+    for lang in (data.tgt_lang, data.src_lang):  # a language spaCy cannot tokenise fails now, not after decoding
+        SpacyTokenizer(lang)
+    out = translator.translate_split(split, decode, limit=limit, progress=progress)
     return score(out.hyps, out.refs, lang=data.tgt_lang, src=out.src, src_lang=data.src_lang), out
 
 
@@ -92,5 +96,7 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> Path
 
     if isinstance(paths, (str, Path)):
         raise CheckpointError("average_checkpoints takes a list of checkpoint paths")
+    if Path(output).is_dir():  # before loading anything
+        raise CheckpointError(f"{output}: is a directory, expected a file name to write")
     save_checkpoint(average(list(paths)), output)
     return Path(output)

@@ -157,3 +157,74 @@ def test_a_checkpoint_finds_its_relative_data_paths_from_anywhere(tmp_path, data
     assert there == here and len(out.refs) == 12
     avg = cometnmt.average_checkpoints([work / "run" / "best.pt"], tmp_path / "avg.pt")
     assert cometnmt.evaluate_checkpoint(avg, "test", device="cpu")[0] == here  # averaging keeps the anchor
+
+
+def _files(tmp_path, data_dir, n_train=60, n_valid=6):
+    """A data.corpus=files copy of the first Multi30k lines; returns the --set overrides."""
+    import gzip
+
+    out = []
+    for split, name, n in (("train", "train", n_train), ("valid", "val", n_valid)):
+        for side, lang in (("src", "de"), ("tgt", "en")):
+            with gzip.open(data_dir / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            path = tmp_path / f"{split}.{lang}"
+            path.write_text("".join(lines), encoding="utf-8")
+            out.append(f"data.{split}_{side}={path}")
+    return ["data.corpus=files", *out]
+
+
+def test_data_that_cannot_train_is_refused_before_training(tmp_path, data_dir):
+    """Each of these trained a full epoch first (and then crashed in validation, or wrote an
+    untrained best.pt as a success)."""
+    files = _files(tmp_path, data_dir)
+    with pytest.raises(cometnmt.DataError, match=r"train.de: no training pairs left of 60 read \(.*data.max_len=1"):
+        cometnmt.train(tiny_train_cfg(tmp_path / "a", data_dir, *files, "data.max_len=1"))
+    with pytest.raises(cometnmt.ConfigError, match=r"'data.max_len': 30 tokens \(\+2 for <s> </s> around sources\) exceed the model's 31"):
+        cometnmt.train(tiny_train_cfg(tmp_path / "b", data_dir, *files, "data.max_len=30", "data.src_sos_eos=true",
+                                      "model.max_positions=31"))
+    long_line = " ".join(["Hund"] * 40)
+    valid = tmp_path / "valid.de"
+    valid.write_text(valid.read_text(encoding="utf-8") + long_line + "\n", encoding="utf-8")
+    (tmp_path / "valid.en").write_text((tmp_path / "valid.en").read_text(encoding="utf-8") + "dog\n", encoding="utf-8")
+    with pytest.raises(cometnmt.DataError, match=r"valid.de:7: 40 positions, more than the model's 32"):
+        cometnmt.train(tiny_train_cfg(tmp_path / "c", data_dir, *files, "data.max_len=20", "model.max_positions=32"))
+    for name in ("a", "b", "c"):
+        assert not (tmp_path / name / "best.pt").exists()
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path, data_dir):
+    from cometnmt.data.corpus import read_lines
+
+    bom = tmp_path / "bom.en"
+    bom.write_bytes("\ufeffA dog runs.\nTwo cats.\n".encode("utf-8"))
+    assert read_lines(bom) == ["A dog runs.", "Two cats."]
+    assert cometnmt.score(read_lines(bom), ["A dog runs.", "Two cats."])["bleu"] == pytest.approx(100.0)
+
+
+def test_averaging_into_a_folder_is_refused_first(run_dir, tmp_path):
+    with pytest.raises(cometnmt.CheckpointError, match=f"{tmp_path}: is a directory"):
+        cometnmt.average_checkpoints([run_dir / "best.pt"], tmp_path)
+
+
+def test_sentencepiece_models_of_languages_spacy_cannot_tokenise(tmp_path, data_dir, monkeypatch, caplog):
+    """The paper metric needs spaCy's tokenizer of the target language; a SentencePiece model of
+    another language trains and validates on BLEU and chrF (before: an error at start), and
+    evaluate says why it cannot score before decoding the split (before: after)."""
+    files = _files(tmp_path, data_dir)
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, *files, "data.tokenizer=sentencepiece", "data.sp_vocab_size=200",
+                         "data.tgt_lang=foo", "train.valid_bleu=true")
+    with caplog.at_level("WARNING"):
+        cometnmt.train(cfg)
+    assert "spaCy has no tokenizer for language 'foo'" in caplog.text
+    [valid] = [h for h in load_history(tmp_path / "run") if h["event"] == "valid"]
+    assert "val_bleu" in valid and "val_paper_bleu" not in valid
+    monkeypatch.setattr(cometnmt.Translator, "translate_split", lambda *a, **k: pytest.fail("decoded before failing"))
+    with pytest.raises(cometnmt.DataError, match="spaCy has no tokenizer for language 'foo'"):
+        cometnmt.evaluate_checkpoint(tmp_path / "run" / "best.pt", "valid", device="cpu")
+
+
+def load_history(run):
+    import json
+
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]

@@ -70,12 +70,13 @@ def read_lines(path: str | Path) -> list[str]:
 
 def decode_lines(data: bytes, name: str | Path) -> list[str]:
     """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
-    an undecodable byte is a DataError naming ``name``, the line and the column."""
+    an undecodable byte is a DataError naming ``name``, the line and the column. A leading byte
+    order mark (as Windows editors write) is not text and is dropped."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _utf8_error(name, data, exc) from None
-    return _split_lines(text)
+    return _split_lines(text.removeprefix("\ufeff"))
 
 
 def read_stdin_lines() -> list[str]:

@@ -13,7 +13,7 @@ from cometnmt.config import Config, config_from_dict, to_dict
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split
 from cometnmt.data.tagging import attach_training_tags
 from cometnmt.data.vocab import PAD
-from cometnmt.errors import CheckpointError, ConfigError
+from cometnmt.errors import CheckpointError, ConfigError, DataError
 from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.training.checkpoint import load_checkpoint
@@ -81,6 +81,24 @@ def training_examples(cfg: Config, corpus, codec: TextCodec | None = None):
     return codec, data
 
 
+def check_positions(cfg: Config, limit: int | None, valid_corpus, valid_data) -> None:
+    """Before any training: every training pair (at most ``data.max_len`` tokens a side, plus the
+    source's <s> </s> with ``data.src_sos_eos`` and the target's BOS) and every validation pair
+    must fit the model's position tables; the run would otherwise fail at its first validation."""
+    if limit is None:  # the RNN has no position table
+        return
+    src_extra = 2 if cfg.data.src_sos_eos else 0
+    if cfg.data.max_len + max(src_extra, 1) > limit:
+        raise ConfigError(f"config key 'data.max_len': {cfg.data.max_len} tokens (+{max(src_extra, 1)} for "
+                          f"{'<s> </s> around sources' if src_extra else 'the target BOS'}) exceed the model's {limit} "
+                          "positions (model.max_positions, or model.convs2s.max_positions); lower data.max_len or raise the positions")
+    for i, (src, tgt) in enumerate(zip(valid_data.src_ids, valid_data.tgt_ids)):
+        if len(src) > limit or len(tgt) + 1 > limit:
+            path = valid_corpus.src_path if len(src) > limit else valid_corpus.tgt_path
+            raise DataError(f"{path}:{i + 1}: {max(len(src), len(tgt) + 1)} positions, more than the model's {limit} "
+                            "(model.max_positions); shorten the validation sentence or raise the positions")
+
+
 def _log_file(path: Path) -> logging.Handler:
     """A handler on the root logger that also writes the log lines to ``path`` (appending, so a
     resumed run keeps the lines of its earlier parts)."""
@@ -121,8 +139,15 @@ def train(cfg: Config, resume: bool = False) -> dict:
         codec, train_data = training_examples(cfg, train_corpus, codec)
         valid_data = encode_pairs(codec, valid_corpus, None)
         log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
+        if not len(train_data):
+            raise DataError(f"{train_corpus.src_path}: no training pairs left of {len(train_corpus.src) + train_corpus.skipped} "
+                            f"read (data.max_train_pairs={cfg.data.max_train_pairs}, data.max_len={cfg.data.max_len}; "
+                            "empty pairs are skipped)")
+        if not len(valid_data):
+            raise DataError(f"{valid_corpus.src_path}: no validation pairs (data.max_valid_pairs={cfg.data.max_valid_pairs})")
 
         model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
+        check_positions(cfg, model.position_limit(), valid_corpus, valid_data)
         log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
         trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
         if payload is not None:

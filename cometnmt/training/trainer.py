@@ -35,6 +35,7 @@ from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import select_tags
 from cometnmt.data.tokenizers import SpacyTokenizer
 from cometnmt.data.vocab import PAD
+from cometnmt.errors import DataError
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
 from cometnmt.models.base import Seq2Seq
@@ -111,9 +112,21 @@ class Trainer:
         self.stale = 0  # epochs of rising loss (loss_rise) or without better BLEU (bleu_patience)
         self.finished = False
         self._step_rng: Optional[dict] = None
-        self._eval_tok = SpacyTokenizer(cfg.data.tgt_lang)
+        self._eval_tok = self._paper_tokenizer() if self.tc.valid_bleu else None
 
     # -- setup ---------------------------------------------------------------------------------
+
+    def _paper_tokenizer(self) -> Optional[SpacyTokenizer]:
+        """spaCy's tokenizer of the target language, for the paper metric in validation. A
+        SentencePiece model of a language spaCy cannot tokenise (Japanese without SudachiPy, say)
+        validates on sacreBLEU's BLEU and chrF alone, with a warning."""
+        try:
+            return SpacyTokenizer(self.cfg.data.tgt_lang)
+        except DataError as exc:
+            if self.cfg.data.tokenizer == "spacy":
+                raise
+            log.warning("%s: validation reports BLEU and chrF without the COMET paper's metric", exc)
+            return None
 
     def _wrap(self, model: Seq2Seq) -> torch.nn.Module:
         net: torch.nn.Module = model
@@ -387,7 +400,8 @@ class Trainer:
         log.info(
             "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
             self.epoch, metrics["val_loss"], metrics["val_loss_per_100_tokens"],
-            f", val BLEU {metrics['val_bleu']:.2f}, {PAPER_BLEU_LABEL} {metrics['val_paper_bleu']:.2f}" if "val_bleu" in metrics else "",
+            (f", val BLEU {metrics['val_bleu']:.2f}" if "val_bleu" in metrics else "")
+            + (f", {PAPER_BLEU_LABEL} {metrics['val_paper_bleu']:.2f}" if "val_paper_bleu" in metrics else ""),
         )
 
     def update_stopping(self, m: dict) -> bool:
@@ -433,12 +447,10 @@ class Trainer:
         greedy = dataclasses.replace(self.cfg.decode, method="greedy")
         hyps = [h[0].text for h in Translator(self.model, self.codec, self.cfg, self.device).translate_ids(d.src_ids[:n], greedy)]
         scores = corpus_scores(hyps, d.tgt_text[:n])
-        return {
-            "val_bleu": scores["bleu"],
-            "val_chrf": scores["chrf"],
-            "val_paper_bleu": paper_bleu(hyps, d.tgt_text[:n], self._eval_tok.tokenize),
-            "bleu_signature": scores["bleu_signature"],
-        }
+        out = {"val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
+        if self._eval_tok is not None:
+            out["val_paper_bleu"] = paper_bleu(hyps, d.tgt_text[:n], self._eval_tok.tokenize)
+        return out
 
     def summary(self) -> dict:
         return {"steps": self.step, "epochs": self.epoch, "best": self.best, "history": self.history,
