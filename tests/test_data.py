@@ -161,6 +161,19 @@ def test_spacy_detokenize_roundtrip_on_multi30k_val() -> None:
     assert fraction >= 0.95, f"only {exact}/{len(sentences)} val sentences round-trip exactly"
 
 
+@pytest.mark.parametrize("lang, text", [
+    ("en", "I don't know why it isn't here; we can't, they won't."),
+    ("en", "DON'T STOP, we're gonna stay, I wanna go and you gotta see the man's dog."),
+    ("fr", "Qu'est-ce que c'est, dit-il ? Va-t-il venir ? Donne-le-moi, peut-être."),
+])
+def test_spacy_detokenize_joins_the_words_its_exceptions_split(lang, text) -> None:
+    """spaCy splits "don't" into do n't and "dit-il" into dit -il; Moses left them apart, so every
+    English-target model wrote "I do n't know"."""
+    tok = SpacyTokenizer(lang)
+    assert len(tok.tokenize(text)) > len(text.split())  # split by the tokenizer...
+    assert tok.detokenize(tok.tokenize(text)) == text  # ...and joined again
+
+
 def test_spacy_tokenizes_train_quickly(train_pairs: tuple[list[str], list[str]]) -> None:
     start = time.perf_counter()
     tokens = SpacyTokenizer("en").tokenize_many(train_pairs[1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from collections.abc import Iterable
 from typing import Literal, Protocol, runtime_checkable
 
@@ -20,6 +21,30 @@ logger = logging.getLogger(__name__)
 HYPHEN_MARKER = "@-@"
 _STATE_VERSION = 1
 _SP_THREADS = 4  # fixed (not cpu_count) so the trained model is the same on every machine
+
+
+# spaCy's tokenizer exceptions split some words where Moses' detokenizer does not join them again:
+# English "don't" -> do n't, "gonna" -> gon na, "gotta" -> got ta; French "dit-il" -> dit -il.
+_EN_NEGATION = re.compile(r"^n[’']t$", re.IGNORECASE)
+_EN_SPLIT_WORDS = {("gon", "na"), ("wan", "na"), ("got", "ta")}
+_FR_HYPHEN_CLITIC = re.compile(r"^-(t|(t-)?(je|tu|il|elle|on|nous|vous|ils|elles|ce|le|la|les|lui|leur|moi|toi|y|en|là|ci))$",
+                               re.IGNORECASE)
+
+
+def join_clitics(tokens: list[str], lang: str) -> list[str]:
+    """Undo the splits spaCy makes inside words (see above) that Moses' detokenizer leaves apart;
+    other languages' tokens are returned as they are."""
+    out: list[str] = []
+    for tok in tokens:
+        glue = out and (
+            (lang == "en" and (_EN_NEGATION.match(tok) or (out[-1].lower(), tok.lower()) in _EN_SPLIT_WORDS))
+            or (lang == "fr" and _FR_HYPHEN_CLITIC.match(tok))
+        )
+        if glue:
+            out[-1] += tok
+        else:
+            out.append(tok)
+    return out
 
 
 @runtime_checkable
@@ -81,8 +106,9 @@ class SpacyTokenizer:
         return [_doc_tokens(doc) for doc in docs]
 
     def detokenize(self, tokens: list[str]) -> str:
-        """Plain text (as sacreBLEU expects) from tokens."""
-        return self._detok.detokenize(list(tokens), unescape=False)
+        """Plain text (as sacreBLEU expects) from tokens; the word-internal splits of spaCy's
+        tokenizer exceptions that Moses does not know are joined first (:func:`join_clitics`)."""
+        return self._detok.detokenize(join_clitics(list(tokens), self.lang), unescape=False)
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
