@@ -27,7 +27,7 @@ from cometnmt.errors import ConfigError
 from cometnmt.models.comet import CometConfig
 from cometnmt.models.convs2s import ConvS2SConfig
 from cometnmt.models.rnn import RNNConfig
-from cometnmt.models.transformer_pp import TransformerPPConfig
+from cometnmt.models.transformer_pp import TransformerPPConfig, check_config as check_transformer_pp
 
 
 @dataclass
@@ -172,6 +172,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against type ``tp``; return it (int -> float allowed). Raise ConfigError."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
+        if value is None:  # an empty section ("data:" with nothing under it) keeps the defaults
+            value = {}
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping of {tp.__name__} fields, got {value!r}")
         return from_dict(tp, value, key)
@@ -210,7 +212,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+            if isinstance(value, bool):
+                hint = f"; YAML reads yes, no, on, off, true and false unquoted as booleans: quote the value, e.g. {key}='no'"
+            elif isinstance(value, (int, float)):
+                hint = f"; YAML reads an unquoted number as a number: quote the value, e.g. {key}='{value}'"
+            else:
+                hint = ""
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}{hint}")
         return value
     raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
 
@@ -300,7 +308,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """Read one preset. A top-level ``base: other.yaml`` (relative to this file) is read first and
     this file's keys are merged over it, section by section."""
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"config file not found: {path}" + (f" (the base of {seen[-1]})" if seen else ""))
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
     try:
@@ -401,6 +409,8 @@ def validate(cfg: Config) -> None:
                           f"got {cfg.data.max_vocab}")
     if cfg.decode.nbest > cfg.decode.beam_size:
         raise ConfigError(f"config key 'decode.nbest': {cfg.decode.nbest} exceeds decode.beam_size={cfg.decode.beam_size}")
+    if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
+        check_transformer_pp(cfg.model)
     if cfg.data.corpus == "files":
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             if getattr(cfg.data, key) is None:

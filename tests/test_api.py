@@ -84,6 +84,7 @@ def test_train_resume_and_refusal(run_dir, data_dir, tmp_path):
         cometnmt.train(cfg)
     more = cometnmt.train(cfg, ["train.max_epochs=2"], resume=True)
     assert more["epochs"] == 2 and (tmp_path / "run" / "epoch002.pt").exists()
+    assert "max_epochs: 2" in (tmp_path / "run" / "config.yaml").read_text(encoding="utf-8")  # the config it went on with
 
 
 def test_translator_call_and_translate(translator):
@@ -228,3 +229,8 @@ def load_history(run):
     import json
 
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_run_folder_is_not_a_checkpoint(run_dir):
+    with pytest.raises(cometnmt.CheckpointError, match=r"is a folder, not a checkpoint file \(best.pt or last.pt in it\?\)"):
+        cometnmt.Translator.from_checkpoint(run_dir)

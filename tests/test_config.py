@@ -111,3 +111,18 @@ def test_config_files_that_cannot_be_read_are_named(tmp_path):
         load_config(broken)
     assert str(info.value).startswith(f"{broken}: not valid YAML") and "<unicode string>" not in str(info.value)
     assert "\n" not in str(info.value)  # one line
+
+
+def test_yaml_readings_and_sections(tmp_path):
+    with pytest.raises(ConfigError, match=r"got False; YAML reads yes, no, on, off, true and false unquoted as booleans"):
+        load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=no"])
+    assert load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang='no'"]).data.src_lang == "no"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("data:\nmodel:\n  arch: comet\n", encoding="utf-8")
+    assert load_config(empty).data.corpus == "multi30k"  # an empty section keeps its defaults
+    child = tmp_path / "child.yaml"
+    child.write_text("base: missing.yaml\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"missing.yaml \(the base of .*child.yaml\)"):
+        load_config(child)
+    with pytest.raises(ConfigError, match="'model.enc_layers': 1 is too few"):  # before any tagger runs
+        load_config(REPO / "configs" / "tiny.yaml", ["model.arch=transformer_pp", "model.enc_layers=1"])

@@ -364,7 +364,7 @@ class TransformerPP(Transformer):
         return dict(self._extra)
 
 
-def _check(cfg) -> None:
+def check_config(cfg) -> None:
     """Cross-field checks of model.transformer_pp against the shared sizes; ConfigError naming keys."""
     c = cfg.transformer_pp
     layers = max(cfg.enc_layers, cfg.dec_layers)
@@ -402,7 +402,7 @@ def tag_classes(c: TransformerPPConfig) -> dict[str, int]:
 
 def build_transformer_pp(cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> TransformerPP:
     """Transformer++ from a ModelConfig (shared sizes + ``cfg.transformer_pp``)."""
-    _check(cfg)
+    check_config(cfg)
     c = cfg.transformer_pp
     return TransformerPP(
         src_vocab_size,

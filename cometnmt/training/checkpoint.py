@@ -24,6 +24,9 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load and sanity-check a checkpoint; every failure is a CheckpointError naming the file."""
     path = Path(path)
+    if path.is_dir():
+        hint = " (best.pt or last.pt in it?)" if (path / "best.pt").exists() or (path / "last.pt").exists() else ""
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:

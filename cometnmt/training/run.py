@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from cometnmt.config import Config, config_from_dict, to_dict
+from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split
 from cometnmt.data.tagging import attach_training_tags
 from cometnmt.data.vocab import PAD
@@ -153,8 +154,8 @@ def train(cfg: Config, resume: bool = False) -> dict:
         if payload is not None:
             trainer.load_state_dict(payload)
             log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
-        elif dist.is_main:
-            (Path(cfg.train.save_dir) / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+        if dist.is_main:  # on --resume too: train keys (max_epochs, say) may have changed
+            write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return trainer.fit()
     finally:
         if handler is not None:
