@@ -54,7 +54,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
                         limit: int | None = None, progress: bool = False, flags: bool = False) -> tuple[dict, SplitTranslation]:
     """Translate a split of the checkpoint's own data and score it, as ``cometnmt evaluate
     --checkpoint``: the search is the checkpoint's ``decode`` config with the given settings
-    replaced; the scores are :func:`~cometnmt.evaluation.score`'s, with BLEU by source length.
+    replaced; the scores are :func:`~cometnmt.evaluation.score`'s, with BLEU by source length (on
+    lowercased text for a model trained with ``data.lowercase``).
 
     :param split: ``train``, ``valid`` or ``test``.
     :param limit: only the first ``limit`` sentences (smoke runs).
@@ -71,7 +72,7 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
     for lang in (data.tgt_lang, data.src_lang):  # a language spaCy cannot tokenise fails now, not after decoding
         SpacyTokenizer(lang)
     out = translator.translate_split(split, decode, limit=limit, progress=progress)
-    return score(out.hyps, out.refs, lang=data.tgt_lang, src=out.src, src_lang=data.src_lang), out
+    return score(out.hyps, out.refs, lang=data.tgt_lang, src=out.src, src_lang=data.src_lang, lowercase=data.lowercase), out
 
 
 def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = False) -> list[Path]:

@@ -96,6 +96,8 @@ def cmd_evaluate(args) -> int:
     if args.checkpoint:
         from cometnmt.api import evaluate_checkpoint
 
+        if args.lowercase:
+            raise CometNMTError("--lowercase: with --checkpoint the model's data.lowercase decides")
         if args.nbest is not None and args.nbest != 1:
             raise CometNMTError(f"--nbest {args.nbest}: evaluate scores the best hypothesis only")
         result, out = evaluate_checkpoint(args.checkpoint, args.split, beam=args.beam, length_penalty=args.length_penalty,
@@ -110,7 +112,7 @@ def cmd_evaluate(args) -> int:
         for name, lines in ((args.hyp, hyps), (args.src, src)):
             if lines is not None and len(lines) != len(refs):
                 raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
-        result = score(hyps, refs, lang=args.lang, src=src, src_lang=args.src_lang)
+        result = score(hyps, refs, lang=args.lang, src=src, src_lang=args.src_lang, lowercase=args.lowercase)
     print(format_table(result))
     if args.json:
         write_json(result, args.json)
@@ -198,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="translate a data split with this checkpoint, then score it")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="with --checkpoint (default test)")
     p.add_argument("--hyp-out", dest="hyp_out", help="with --checkpoint: also write the translations here")
+    p.add_argument("--lowercase", action="store_true",
+                   help="score lowercased text (with --checkpoint: follows the model's data.lowercase)")
     p.add_argument("--json", help="write all results to this JSON file")
     _add_decode_args(p)
     p.set_defaults(func=cmd_evaluate)

@@ -123,7 +123,7 @@ def _evaluate_run(args, run: Path) -> dict:
         done = translator.translate_split(split, decode, limit=args.eval_limit)
         out[f"{split}_decode_seconds"] = time.perf_counter() - start
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
-        out[split] = evaluate(done.hyps, done.refs, tokenize=tok.tokenize)
+        out[split] = evaluate(done.hyps, done.refs, tokenize=tok.tokenize, lowercase=translator.cfg.data.lowercase)
     events = metrics(run)
     train = [e for e in events if e.get("event") == "train"]
     out["history"] = [e for e in events if e.get("event") == "valid"]
@@ -179,7 +179,7 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
         runs_a = [test_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [test_hyps(out, by[(other, s)]) for s in seeds]
         for metric in args.metrics:
-            kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize}
+            kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize, "lowercase": cfg.data.lowercase}
             for s, a, b in zip(seeds, runs_a, runs_b):
                 results.append({"a_system": names[0], "b_system": other, "seeds": [s], **paired_bootstrap(a, b, refs, **kw)})
             if len(seeds) > 1:

@@ -39,12 +39,21 @@ _MAX_ORDER = 4
 Tokenizer = Callable[[str], list[str]]
 
 
+def paper_label(lowercase: bool = False) -> str:
+    """The paper metric's label, saying when it was computed on lowercased text."""
+    return PAPER_BLEU_LABEL + (", lowercased" if lowercase else "")
+
+
+def _lowercased(tokenize: Tokenizer) -> Tokenizer:
+    return lambda text: tokenize(text.lower())
+
+
 # --------------------------------------------------------------------------------------------
 # sacreBLEU corpus scores
 # --------------------------------------------------------------------------------------------
 
 
-def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
+def corpus_scores(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
     """Corpus BLEU and chrF with sacreBLEU's default settings, plus their signatures.
 
     Post (2018), "A Call for Clarity in Reporting BLEU Scores": scores are computed on
@@ -54,9 +63,11 @@ def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
 
     :param hyps: detokenised system outputs, one per segment.
     :param refs: detokenised references, aligned with ``hyps``.
+    :param lowercase: compare lowercased text (for models trained with ``data.lowercase``); the
+        signatures then say ``case:lc``.
     :return: ``{"bleu", "bleu_signature", "chrf", "chrf_signature"}``.
     """
-    bleu, chrf = BLEU(), CHRF()
+    bleu, chrf = BLEU(lowercase=lowercase), CHRF(lowercase=lowercase)
     bleu_score = bleu.corpus_score(hyps, [refs])
     chrf_score = chrf.corpus_score(hyps, [refs])
     return {
@@ -225,6 +236,7 @@ def paired_bootstrap(
     seed: int = 12345,
     metric: Literal["bleu", "paper"] = "bleu",
     tokenize: Tokenizer | None = None,
+    lowercase: bool = False,
 ) -> dict:
     """Paired bootstrap resampling (Koehn, 2004) of system A against system B.
 
@@ -239,11 +251,12 @@ def paired_bootstrap(
     :param seed: seed of the random generator; equal seeds give equal results.
     :param metric: ``"bleu"`` or ``"paper"``.
     :param tokenize: target tokeniser, required for ``metric="paper"``.
+    :param lowercase: compare lowercased text, as :func:`corpus_scores`.
     :return: ``{"metric", "label", "a", "b", "delta", "a_mean", "a_ci95", "b_mean", "b_ci95",
         "p_value", "n_samples", "runs"}``, where ``p_value`` is the fraction of samples in which B
         scores at least as high as A (one-sided test of "A is better"; ties count for B).
     """
-    return paired_bootstrap_runs([hyps_a], [hyps_b], refs, n_samples, seed, metric, tokenize)
+    return paired_bootstrap_runs([hyps_a], [hyps_b], refs, n_samples, seed, metric, tokenize, lowercase)
 
 
 def paired_bootstrap_runs(
@@ -254,6 +267,7 @@ def paired_bootstrap_runs(
     seed: int = 12345,
     metric: Literal["bleu", "paper"] = "bleu",
     tokenize: Tokenizer | None = None,
+    lowercase: bool = False,
 ) -> dict:
     """:func:`paired_bootstrap` over several runs per system (seeds), all on the same references.
 
@@ -278,7 +292,7 @@ def paired_bootstrap_runs(
     counts = _resample_counts(len(refs), n_samples, seed)
 
     if metric == "bleu":
-        bleu = BLEU()
+        bleu = BLEU(lowercase=lowercase)
         stats_a = sum(_bleu_stats(bleu, hyps, refs) for hyps in runs_a)  # (n, 2 + 2 * order), summed over runs
         stats_b = sum(_bleu_stats(bleu, hyps, refs) for hyps in runs_b)
         full_a, full_b = _bleu_from_stats(bleu, stats_a.sum(0)), _bleu_from_stats(bleu, stats_b.sum(0))
@@ -288,12 +302,13 @@ def paired_bootstrap_runs(
     elif metric == "paper":
         if tokenize is None:
             raise ValueError('paired_bootstrap(metric="paper") needs a tokenize function')
+        tokenize = _lowercased(tokenize) if lowercase else tokenize
         scores_a = np.mean([_sentence_scores(hyps, refs, tokenize) for hyps in runs_a], axis=0)  # (n,)
         scores_b = np.mean([_sentence_scores(hyps, refs, tokenize) for hyps in runs_b], axis=0)
         full_a, full_b = float(scores_a.mean()), float(scores_b.mean())
         samples_a = counts @ scores_a / len(refs)
         samples_b = counts @ scores_b / len(refs)
-        label = PAPER_BLEU_LABEL
+        label = paper_label(lowercase)
     else:
         raise ValueError(f'metric must be "bleu" or "paper", got {metric!r}')
 
@@ -345,6 +360,7 @@ def evaluate(
     src: list[str] | None = None,
     src_tokenize: Tokenizer | None = None,
     per_sentence: bool = False,
+    lowercase: bool = False,
 ) -> dict:
     """Score a test set: sacreBLEU BLEU/chrF, the COMET paper's metric and, given sources, Fig. 4.
 
@@ -354,6 +370,8 @@ def evaluate(
     :param src: source sentences; when given, ``bleu_by_length`` is added.
     :param src_tokenize: source-language tokeniser giving the lengths (defaults to ``tokenize``).
     :param per_sentence: also return ``sentence_bleu``, the paper metric of every sentence.
+    :param lowercase: score lowercased text (a model trained with ``data.lowercase``); the
+        signatures and the paper metric's label say so.
     :return: :func:`corpus_scores` plus ``paper_bleu``, ``paper_bleu_label``, ``n_sentences``
         and, with ``src``, ``bleu_by_length``.
     :raises DataError: on misaligned inputs, an empty set or a blank reference.
@@ -362,13 +380,14 @@ def evaluate(
     if not refs:
         raise DataError("no sentences to evaluate: the reference set is empty")
     _check_references(refs)
-    result = corpus_scores(hyps, refs)
+    result = corpus_scores(hyps, refs, lowercase)
+    tokenize = _lowercased(tokenize) if lowercase else tokenize
     hyps_tokens = [tokenize(h) for h in hyps]
     refs_tokens = [tokenize(r) for r in refs]
     sentence = [paper_sentence_bleu(h, r) for h, r in zip(hyps_tokens, refs_tokens)]
     result.update(
         paper_bleu=float(np.mean(sentence)),
-        paper_bleu_label=PAPER_BLEU_LABEL,
+        paper_bleu_label=paper_label(lowercase),
         n_sentences=len(refs),
     )
     if per_sentence:
@@ -395,6 +414,7 @@ def score(
     src: Sequence[str] | None = None,
     src_lang: str = "de",
     per_sentence: bool = False,
+    lowercase: bool = False,
 ) -> dict:
     """What ``cometnmt evaluate`` reports: :func:`evaluate` with the paper metric on spaCy word
     tokens of ``lang`` and, given ``src``, BLEU by source length counted in spaCy tokens of
@@ -412,7 +432,7 @@ def score(
     tokenize = SpacyTokenizer(lang).tokenize
     src_tokenize = SpacyTokenizer(src_lang).tokenize if src is not None else None
     return evaluate(list(hyps), list(refs), tokenize=tokenize, src=None if src is None else list(src),
-                    src_tokenize=src_tokenize, per_sentence=per_sentence)
+                    src_tokenize=src_tokenize, per_sentence=per_sentence, lowercase=lowercase)
 
 
 def format_table(result: dict) -> str:

@@ -112,6 +112,7 @@ def _evaluate_run(args, run: Path) -> dict:
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
         result = evaluate(done.hyps, done.refs, tokenize=tgt_tok.tokenize, src=done.src, src_tokenize=src_tok.tokenize,
+                          lowercase=translator.cfg.data.lowercase,
                           per_sentence=True)
         out[split] = result
     history = [r for r in metrics(run) if r.get("event") == "valid"]
@@ -236,7 +237,7 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     from cometnmt.data.tokenizers import SpacyTokenizer
     from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
-    results, seeds, runs_c, runs_t, tok, refs = [], [], [], [], None, None
+    results, seeds, runs_c, runs_t, tok, refs, lc = [], [], [], [], None, None, False
     pairs = _paired_runs(records, cand)
     earlier = prev.get("significance", [])
     for comet, trans in pairs:
@@ -246,9 +247,9 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
             continue
         if tok is None:
             _, refs, cfg = _test_corpus(args, out, comet)
-            tok = SpacyTokenizer(cfg.data.tgt_lang).tokenize
+            tok, lc = SpacyTokenizer(cfg.data.tgt_lang).tokenize, cfg.data.lowercase
         for metric in ("paper", "bleu"):
-            res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok)
+            res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok, lowercase=lc)
             results.append({"seed": comet["seed"], **res})
         seeds.append(comet["seed"])
         runs_c.append(c_h)
@@ -257,7 +258,8 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     pooled = [s for s in earlier if s["seed"] == "pooled" and s.get("seeds") == all_seeds]
     if len(seeds) > 1 and (seeds == all_seeds or not pooled):
         for metric in ("paper", "bleu"):
-            res = paired_bootstrap_runs(runs_c, runs_t, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok)
+            res = paired_bootstrap_runs(runs_c, runs_t, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok,
+                                        lowercase=lc)
             results.append({"seed": "pooled", "seeds": seeds, **res})
     else:
         results += pooled

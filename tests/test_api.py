@@ -234,3 +234,14 @@ def load_history(run):
 def test_a_run_folder_is_not_a_checkpoint(run_dir):
     with pytest.raises(cometnmt.CheckpointError, match=r"is a folder, not a checkpoint file \(best.pt or last.pt in it\?\)"):
         cometnmt.Translator.from_checkpoint(run_dir)
+
+
+def test_a_lowercased_model_is_scored_on_lowercased_references(tmp_path, data_dir):
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, "data.lowercase=true", "train.valid_bleu=true",
+                         "data.max_valid_pairs=8", "train.num_threads=1")
+    cometnmt.train(cfg)
+    [valid] = [h for h in load_history(tmp_path / "run") if h["event"] == "valid"]
+    assert "case:lc" in valid["bleu_signature"]
+    result, out = cometnmt.evaluate_checkpoint(tmp_path / "run" / "best.pt", "valid", device="cpu")
+    assert "case:lc" in result["bleu_signature"] and result["paper_bleu_label"].endswith("lowercased")
+    assert result["bleu"] == cometnmt.score(out.hyps, out.refs, lowercase=True)["bleu"]

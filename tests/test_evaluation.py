@@ -252,3 +252,21 @@ def test_write_json_round_trips(tmp_path):
     write_json({"bleu": 1.5}, str(path))  # overwrite in place
     assert json.loads(path.read_text(encoding="utf-8")) == {"bleu": 1.5}
     assert [p.name for p in path.parent.iterdir()] == ["scores.json"]  # no temp file left
+
+
+def test_lowercase_scores_a_lowercased_model_fairly() -> None:
+    """A model trained with data.lowercase writes lowercase; against cased references its BLEU
+    counted every capital as an error."""
+    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.evaluation import paired_bootstrap, score
+
+    refs = ["A man rides a bike in Berlin.", "Two dogs play."]
+    hyps = [r.lower() for r in refs]
+    cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
+    assert cased["bleu"] < 60 and lower["bleu"] == pytest.approx(100.0) and lower["paper_bleu"] == pytest.approx(100.0)
+    assert "case:lc" in lower["bleu_signature"] and "case:lc" in lower["chrf_signature"]
+    assert lower["paper_bleu_label"].endswith(", lowercased") and not cased["paper_bleu_label"].endswith("lowercased")
+    tok = SpacyTokenizer("en").tokenize
+    for metric in ("bleu", "paper"):
+        res = paired_bootstrap(hyps, refs, refs, n_samples=50, metric=metric, tokenize=tok, lowercase=True)
+        assert res["delta"] == pytest.approx(0.0)  # lowercase output is as good as the cased refs

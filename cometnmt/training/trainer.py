@@ -121,7 +121,7 @@ class Trainer:
         SentencePiece model of a language spaCy cannot tokenise (Japanese without SudachiPy, say)
         validates on sacreBLEU's BLEU and chrF alone, with a warning."""
         try:
-            return SpacyTokenizer(self.cfg.data.tgt_lang)
+            return SpacyTokenizer(self.cfg.data.tgt_lang, lowercase=self.cfg.data.lowercase)
         except DataError as exc:
             if self.cfg.data.tokenizer == "spacy":
                 raise
@@ -446,7 +446,7 @@ class Trainer:
         n = len(d) if self.tc.valid_bleu_max_sentences is None else min(len(d), self.tc.valid_bleu_max_sentences)
         greedy = dataclasses.replace(self.cfg.decode, method="greedy")
         hyps = [h[0].text for h in Translator(self.model, self.codec, self.cfg, self.device).translate_ids(d.src_ids[:n], greedy)]
-        scores = corpus_scores(hyps, d.tgt_text[:n])
+        scores = corpus_scores(hyps, d.tgt_text[:n], lowercase=self.cfg.data.lowercase)  # a lowercased model: lowercased refs
         out = {"val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
         if self._eval_tok is not None:
             out["val_paper_bleu"] = paper_bleu(hyps, d.tgt_text[:n], self._eval_tok.tokenize)
