@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.host_memory import keep_freed_memory
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
@@ -77,6 +80,9 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
     if data["nbest"] > data["beam_size"]:
         raise ConfigError(f"{name['nbest'].format(data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
                           f"use {name['beam'].format(data['nbest'])} or more")
+    if length_penalty is not None and data["method"] == "greedy" and length_penalty != base.length_penalty:
+        log.warning("%s: greedy search has no length penalty; it applies with a beam of 2 or more (%s)",
+                    name["length_penalty"].format(length_penalty), name["beam"].format("N"))
     return from_dict(DecodeConfig, data, "decode")
 
 

@@ -245,3 +245,13 @@ def test_a_lowercased_model_is_scored_on_lowercased_references(tmp_path, data_di
     result, out = cometnmt.evaluate_checkpoint(tmp_path / "run" / "best.pt", "valid", device="cpu")
     assert "case:lc" in result["bleu_signature"] and result["paper_bleu_label"].endswith("lowercased")
     assert result["bleu"] == cometnmt.score(out.hyps, out.refs, lowercase=True)["bleu"]
+
+
+def test_a_length_penalty_under_greedy_search_is_warned_about(translator, caplog):
+    with caplog.at_level("WARNING"):
+        translator("Zwei Hunde.", length_penalty=0.5)
+    assert "length_penalty=0.5: greedy search has no length penalty" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        translator("Zwei Hunde.", beam=3, length_penalty=0.5)
+    assert "length penalty" not in caplog.text
