@@ -137,7 +137,7 @@ def cmd_serve(args) -> int:
 
     server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                         max_sentences=args.max_sentences, flags=True)
+                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True)
     host, port = server.server_address[:2]
     print(f"serving {args.checkpoint} on http://{host}:{port} (POST /translate, GET /health); Ctrl-C stops",
           file=sys.stderr, flush=True)
@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--max-sentences", dest="max_sentences", type=int, default=1000, help="most sentences per request")
+    p.add_argument("--max-beam", dest="max_beam", type=int, default=64, help="largest beam (and nbest) a request may ask for")
     _add_decode_args(p)
     p.set_defaults(func=cmd_serve)
 

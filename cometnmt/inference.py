@@ -105,6 +105,20 @@ class SplitTranslation:
     hyps: list[str]
 
 
+def _check_sentences(texts: list) -> None:
+    """Each item one sentence: a string, without a line break, encodable as UTF-8 (no lone
+    surrogates, which JSON and Python strings can carry)."""
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"sentence {i + 1} is a {type(text).__name__}, not a string")
+        if "\n" in text or "\r" in text:
+            raise DataError(f"sentence {i + 1} holds a line break; give one sentence per string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DataError(f"sentence {i + 1}: not valid Unicode (a lone surrogate at column {exc.start + 1})") from None
+
+
 class Translator:
     """A model plus everything needed to turn text into text; built from a checkpoint alone.
 
@@ -188,6 +202,7 @@ class Translator:
             raise TypeError("Translator.translate takes a list of sentences; for one sentence call translator(text)")
         decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size)
         texts = list(texts)
+        _check_sentences(texts)
         tokens = self.codec.src_tok.tokenize_many(texts)
         ids = [self.codec.encode_src(t) if text.strip() else [] for t, text in zip(tokens, texts)]
         results = self.translate_ids(ids, decode_cfg, progress)

@@ -8,18 +8,24 @@ Endpoints:
   ``{"translations": [...]}``; with ``nbest`` above 1 each translation is a list of
   ``{"text", "score"}``, best first.
 
-Bad requests get status 400 (413 for a body over the size limit, 404/405 for other paths and
-methods) and ``{"error": "..."}`` naming the field. Requests are handled in threads, the model
-one request at a time (a lock), so a long batch delays the next request rather than racing it.
+A setting given as ``null`` keeps the server's default (the checkpoint's search, or the
+command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-beam``, default 64),
+since a beam's memory grows with its width. Bad requests get status 400 (411 without a
+Content-Length, 413 for too many sentences or too large a body, 404/405 for other paths and
+methods) and ``{"error": "..."}`` naming the field; a query string is ignored. Requests are
+handled in threads, the model one request at a time (a lock), so a long batch delays the next
+request rather than racing it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
 from cometnmt.errors import CometNMTError, ConfigError
@@ -68,26 +74,33 @@ class TranslationServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], translator: Translator, checkpoint: str, *,
-                 max_sentences: int = 1000, max_body_bytes: int = 1 << 20) -> None:
+                 max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64) -> None:
+        if ":" in address[0]:  # an IPv6 address such as ::1
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.translator, self.checkpoint = translator, checkpoint
-        self.max_sentences, self.max_body_bytes = max_sentences, max_body_bytes
+        self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
         self.lock = threading.Lock()
 
     def health(self) -> dict:
         cfg = self.translator.cfg
         return {"status": "ok", "arch": cfg.model.arch, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
-                "checkpoint": self.checkpoint, "decode": to_dict(cfg.decode)}
+                "checkpoint": self.checkpoint, "decode": to_dict(cfg.decode), "max_sentences": self.max_sentences,
+                "max_beam": self.max_beam}
 
     def translate(self, body: object) -> dict:
         if not isinstance(body, dict):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {type(body).__name__}")
         texts, single = _request_texts(body, self.max_sentences)
-        settings = {k: body[k] for k in _SETTINGS if k in body}
+        settings = {k: body[k] for k in _SETTINGS if body.get(k) is not None}  # null: the server's default
+        for key in ("beam", "nbest"):  # the beam's memory grows with its width: one request must not exhaust it
+            value = settings.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > self.max_beam:
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"{key}={value}: more than this server's limit of {self.max_beam}")
         try:
             with self.lock:
                 results = self.translator.translate(texts, **settings)
-        except CometNMTError as exc:  # a bad setting or a sentence longer than the model's positions
+        except CometNMTError as exc:  # a bad setting or sentence, or one longer than the model's positions
             raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
         nbest = settings.get("nbest", self.translator.cfg.decode.nbest) > 1
         out = [[{"text": h.text, "score": h.score} for h in hyps] if nbest else hyps[0].text for hyps in results]
@@ -95,50 +108,92 @@ class TranslationServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One connection. A request whose body is not read in full (an error before reading it, a
+    GET with a body, chunked transfer) closes the connection after its answer, so the rest of the
+    body is never taken for the next request; idle connections close after ``timeout`` seconds."""
+
     server: TranslationServer
     protocol_version = "HTTP/1.1"
+    timeout = 60
 
-    def _send(self, status: HTTPStatus, payload: dict) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    def _send(self, status: HTTPStatus, payload: dict | None) -> None:
+        data = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _route(self) -> str:
+        return urlsplit(self.path).path  # a query string is ignored
+
+    def _has_body(self) -> bool:
+        return "Transfer-Encoding" in self.headers or self.headers.get("Content-Length", "0").strip() not in ("", "0")
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        if self.path == "/health":
+        if self._has_body():
+            self.close_connection = True
+        if self._route() == "/health":
             self._send(HTTPStatus.OK, self.server.health())
         else:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self.path}; use GET /health or POST /translate"})
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self._route()}; use GET /health or POST /translate"})
+
+    def _read_body(self) -> bytes:
+        if "Transfer-Encoding" in self.headers:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length header, not chunked")
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send a Content-Length header") from None
+        if length < 0:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"Content-Length {length}: must not be negative")
+        if length > self.server.max_body_bytes:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               f"the body has {length} bytes, more than this server takes ({self.server.max_body_bytes})")
+        raw = self.rfile.read(length)
+        if len(raw) < length:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body ended after {len(raw)} of {length} bytes")
+        return raw
 
     def do_POST(self) -> None:  # noqa: N802
         try:
-            if self.path != "/translate":
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {self.path}; use POST /translate")
-            try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
-                raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send a Content-Length header") from None
-            if length > self.server.max_body_bytes:
-                self.close_connection = True  # the unread body must not be taken for the next request
-                raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                   f"the body has {length} bytes, more than this server takes ({self.server.max_body_bytes})")
-            raw = self.rfile.read(length)
+            if self._route() != "/translate":
+                if self._has_body():
+                    self.close_connection = True
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {self._route()}; use POST /translate")
+            raw = self._read_body()
             try:
                 body = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid UTF-8 (byte {exc.start})") from None
             except json.JSONDecodeError as exc:
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}") from None
+            except RecursionError:
+                raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None
             self._send(HTTPStatus.OK, self.server.translate(body))
         except RequestError as exc:
             self._send(exc.status, {"error": str(exc)})
+        except Exception:  # a bug must cost one request an answer of 500, not the connection
+            log.exception("POST %s failed", self.path)
+            self.close_connection = True
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error; see the server's log"})
 
     def _not_allowed(self) -> None:
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"{self.command} is not supported; use GET /health or POST /translate"})
+        if self._has_body():
+            self.close_connection = True
+        allowed = {"/health": "GET", "/translate": "POST"}.get(self._route(), "GET /health or POST /translate")
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED,
+                   None if self.command == "HEAD" else {"error": f"{self.command} is not supported; use {allowed}"})
 
-    do_PUT = do_DELETE = do_PATCH = _not_allowed
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
 
     def log_message(self, format: str, *args) -> None:  # through logging, not straight to stderr
         log.info("%s %s", self.address_string(), format % args)
@@ -147,19 +202,21 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8080, device: str = "auto", *,
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
-                flags: bool = False) -> TranslationServer:
+                max_beam: int = 64, flags: bool = False) -> TranslationServer:
     """Load ``checkpoint`` and bind the server (``port`` 0 picks a free port: ``server.server_port``).
     ``beam``, ``nbest``, ``length_penalty`` and ``batch_size`` replace the checkpoint's search
     settings as the default of every request. Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{'--port ' if flags else 'port='}{port}: must be a port number, 0 to 65535")
-    if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
-        raise ConfigError(f"{'--max-sentences ' if flags else 'max_sentences='}{max_sentences}: must be at least 1")
+    for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            shown = f"--{name.replace('_', '-')} " if flags else f"{name}="
+            raise ConfigError(f"{shown}{value}: must be at least 1")
     translator = Translator.from_checkpoint(checkpoint, device)
     translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
                                                batch_size=batch_size)
     try:
         return TranslationServer((host, port), translator, str(checkpoint), max_sentences=max_sentences,
-                                 max_body_bytes=max_body_bytes)
+                                 max_body_bytes=max_body_bytes, max_beam=max_beam)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -255,3 +255,13 @@ def test_a_length_penalty_under_greedy_search_is_warned_about(translator, caplog
     with caplog.at_level("WARNING"):
         translator("Zwei Hunde.", beam=3, length_penalty=0.5)
     assert "length penalty" not in caplog.text
+
+
+def test_translator_checks_each_sentence(translator):
+    with pytest.raises(TypeError, match="sentence 2 is a int, not a string"):
+        translator(["Ein Hund.", 3])
+    with pytest.raises(cometnmt.DataError, match="sentence 1 holds a line break"):
+        translator("Ein Hund.\nZwei Katzen.")
+    with pytest.raises(cometnmt.DataError, match="lone surrogate at column 3"):
+        translator("Ei\ud800n")
+    assert translator([]) == [] and translator(s for s in ["Ein Hund."]) == [translator("Ein Hund.")]

@@ -93,6 +93,10 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"text": "a", "temperature": 1}, None, 400, "unknown field(s) temperature"),
     ({"text": " ".join(["Hund"] * 1100)}, None, 400, "more than the model's"),
     ({"text": "x" * 20000}, None, 413, "more than this server takes (10000)"),
+    ({"text": "a", "beam": 1000000}, None, 400, "beam=1000000: more than this server's limit of 64"),
+    ({"text": "a", "beam": 4, "nbest": 65}, None, 400, "nbest=65: more than this server's limit of 64"),
+    (None, b'{"text": "\\ud800"}', 400, "sentence 1: not valid Unicode (a lone surrogate at column 1)"),
+    (None, b"[" * 9000, 400, "nested too deeply"),
 ])
 def test_bad_requests_name_the_problem(server, body, raw, status, needle):
     got_status, out = call(server, "/translate", body, raw=raw)
@@ -128,3 +132,44 @@ def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
         proc.send_signal(__import__("signal").SIGINT)
         assert proc.wait(timeout=60) == 0
         proc.stderr.close()
+
+
+def test_null_settings_keep_the_defaults_and_queries_are_ignored(server):
+    plain = call(server, "/translate", {"text": "Zwei Hunde."})
+    assert call(server, "/translate", {"text": "Zwei Hunde.", "nbest": None, "beam": None}) == plain
+    assert call(server, "/translate?x=1", {"text": "Zwei Hunde."}) == plain
+    assert call(server, "/health?verbose")[0] == 200
+    assert call(server, "/health", method="OPTIONS")[0] == 405
+
+
+def raw_exchange(server, *requests: bytes) -> list[bytes]:
+    """Send requests on one keep-alive connection; the status line of each answer, in order."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=60)
+    conn.connect()
+    statuses = []
+    for req in requests:
+        conn.sock.sendall(req)
+        resp = http.client.HTTPResponse(conn.sock)
+        resp.begin()
+        resp.read()
+        statuses.append((resp.status, resp.getheader("Connection")))
+        if resp.getheader("Connection") == "close":
+            break
+    conn.close()
+    return statuses
+
+
+def test_a_body_left_unread_never_becomes_the_next_request(server):
+    body = b'{"text":"a"}'
+    ok = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    assert raw_exchange(server, ok, ok) == [(200, None), (200, None)]  # keep-alive works
+    for first in (b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+                  b"PUT /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+                  b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+                  b"POST /translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nc\r\n%s\r\n0\r\n\r\n" % body,
+                  b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n%s" % body):
+        answers = raw_exchange(server, first, ok)
+        assert len(answers) == 1 and answers[0][1] == "close", (first, answers)  # answered, then closed
+    assert raw_exchange(server, ok) == [(200, None)]
