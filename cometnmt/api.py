@@ -64,6 +64,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
     """
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r}: choose train, valid or test")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit={limit!r}: a number of sentences, at least 1 (or None for all)")
     from cometnmt.data.tokenizers import SpacyTokenizer
 
     translator = Translator.from_checkpoint(checkpoint, device)

@@ -150,16 +150,27 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _runs_interruptibly(run, args) -> int:
+    """reproduce/compare: Ctrl-C or SIGTERM stops the running trainings (each saves last.pt) and
+    starts no other; the same command later resumes them."""
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return run(args)  # says whether it wrote OUT/report.md
+    except KeyboardInterrupt as exc:
+        print(f"interrupted; the runs in {args.out} resume when you run the same command again", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
+
+
 def cmd_reproduce(args) -> int:
     from cometnmt.reproduce import run_reproduce
 
-    return run_reproduce(args)  # says whether it wrote OUT/report.md
+    return _runs_interruptibly(run_reproduce, args)
 
 
 def cmd_compare(args) -> int:
     from cometnmt.compare import run_compare
 
-    return run_compare(args)  # says whether it wrote OUT/report.md
+    return _runs_interruptibly(run_compare, args)
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:

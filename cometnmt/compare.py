@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
+from cometnmt.experiments import RunSpec, check_run_args, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,13 @@ def _systems(args) -> list[tuple[str, Path]]:
     """(name, config path) of each config, checked with the overrides before anything trains."""
     from cometnmt.config import load_config
 
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import decode_config
+
     if len(args.configs) < 2:
         raise CometNMTError("compare needs at least two configs: the candidate first, then what it is compared with")
+    check_run_args(args)
+    decode_config(DecodeConfig(), beam=args.beam, length_penalty=args.length_penalty)  # bad search options fail now
     if args.average_last < 0:
         raise CometNMTError(f"--average-last must be >= 0, got {args.average_last}")
     systems = [(load_config(path, args.set).name, Path(path)) for path in args.configs]

@@ -15,9 +15,11 @@ import logging
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +48,11 @@ class RunSpec:
 Evaluate = Callable[[Path], dict]  # run folder -> results merged into done.json
 
 
+_children: set = set()  # the `cometnmt train` processes now running, stopped together on an interrupt
+_children_lock = threading.Lock()
+_stopping = threading.Event()
+
+
 def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Optional[float],
               evaluate: Evaluate) -> Optional[dict]:
     """Train (or resume) one run in a subprocess, then evaluate it; returns its done.json record,
@@ -66,7 +73,7 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         log.warning("%s seed %d stopped before its first checkpoint; training it from the start (old log: %s)",
                     spec.name, spec.seed, stale)
     start = time.time()
-    if stop_at is not None and start >= stop_at:
+    if (stop_at is not None and start >= stop_at) or _stopping.is_set():
         return None
     run.mkdir(parents=True, exist_ok=True)
     commits = _call_commits(run)
@@ -76,6 +83,10 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         logf.write(f"$ {shlex.join(cmd)}\n")
         logf.flush()
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        with _children_lock:
+            _children.add(proc)
+            if _stopping.is_set():  # interrupted while it was starting
+                proc.terminate()
         try:
             code = proc.wait(timeout=None if stop_at is None else max(1.0, stop_at - time.time()))
         except subprocess.TimeoutExpired:
@@ -84,6 +95,13 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
             earlier.write_text(f"{before + time.time() - start:.3f}\n")  # train_seconds adds up over resumes
             log.warning("%s seed %d stopped at the deadline; it resumes on the next call", spec.name, spec.seed)
             return None
+        finally:
+            with _children_lock:
+                _children.discard(proc)
+    if code in (130, 143, -signal.SIGINT, -signal.SIGTERM) or _stopping.is_set():  # interrupted, with this call
+        _stopping.set()  # Ctrl-C reaches the trainings too: no queued run may start after one
+        earlier.write_text(f"{before + time.time() - start:.3f}\n")
+        return None
     if code != 0:
         raise CometNMTError(f"training {spec.name} seed {spec.seed} failed (exit {code}); see {run / 'stdout.log'}")
     record = {"row": spec.name, "seed": spec.seed, "train_seconds": before + time.time() - start, "command": shlex.join(cmd),
@@ -114,16 +132,29 @@ def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: st
     """Train and evaluate ``specs``, ``jobs`` at a time, in the given order; returns the failed runs
     (each failure is logged; the others go on)."""
     failed: list[str] = []
+    _stopping.clear()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, tqdm(total=len(specs), desc="runs", unit="run") as bar:
         futures = {pool.submit(train_run, s, overrides=overrides, device=device, stop_at=stop_at, evaluate=evaluate): s
                    for s in specs}
-        for fut, spec in futures.items():
-            try:
-                fut.result()
-            except CometNMTError as exc:
-                log.error("%s", exc)
-                failed.append(f"{spec.name} seed {spec.seed}")
-            bar.update(1)
+        try:
+            for fut, spec in futures.items():
+                try:
+                    fut.result()
+                except CometNMTError as exc:
+                    log.error("%s", exc)
+                    failed.append(f"{spec.name} seed {spec.seed}")
+                bar.update(1)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no new run starts; running ones save last.pt and stop
+            _stopping.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            with _children_lock:
+                running = list(_children)
+            for proc in running:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in running:
+                proc.wait()
+            raise
     return failed
 
 
@@ -156,21 +187,40 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     return 1 if failed else 0
 
 
+def eval_limit_mismatch(rec: dict, limit: Optional[int], where: str,
+                        remedy: str = "or delete its done.json to evaluate it again") -> None:
+    """Runs are decoded on the first ``--eval-limit`` sentences of each split; a report over them
+    needs the same limit (the references are cut to it). Records written before the limit was
+    recorded are not checked."""
+    if "eval_limit" in rec and rec["eval_limit"] != limit:
+        then = "without --eval-limit" if rec["eval_limit"] is None else f"with --eval-limit {rec['eval_limit']}"
+        now = "none" if limit is None else f"--eval-limit {limit}"
+        fix = "leave out --eval-limit" if rec["eval_limit"] is None else f"pass --eval-limit {rec['eval_limit']}"
+        raise CometNMTError(f"{where} was evaluated {then}, but this call has {now}; {fix} as before, {remedy}")
+
+
 def _check_eval_limit(specs: list[RunSpec], limit: Optional[int]) -> None:
-    """Runs finished by an earlier call were decoded on the first ``--eval-limit`` sentences of
-    each split; a report over them needs the same limit (the references are cut to it). Records
-    written before the limit was recorded are not checked."""
+    """Runs finished by an earlier call must have been decoded as this call would (above)."""
     for s in specs:
         done = s.run_dir / "done.json"
-        if not done.exists():
-            continue
-        rec = json.loads(done.read_text())
-        if "eval_limit" in rec and rec["eval_limit"] != limit:
-            then = "without --eval-limit" if rec["eval_limit"] is None else f"with --eval-limit {rec['eval_limit']}"
-            now = "none" if limit is None else f"--eval-limit {limit}"
-            fix = "leave out --eval-limit" if rec["eval_limit"] is None else f"pass --eval-limit {rec['eval_limit']}"
-            raise CometNMTError(f"{s.run_dir} was evaluated {then}, but this call has {now}; {fix} as before, "
-                                "or delete its done.json to evaluate it again")
+        if done.exists():
+            eval_limit_mismatch(json.loads(done.read_text()), limit, str(s.run_dir))
+
+
+def check_run_args(args) -> None:
+    """The options reproduce and compare share, checked before any run starts."""
+    for option, values in (("--seeds", args.seeds), ("--rows", getattr(args, "rows", None))):
+        twice = sorted({str(v) for v in values or [] if list(values).count(v) > 1})
+        if twice:
+            raise CometNMTError(f"{option}: {', '.join(twice)} given twice; each run is kept in its own folder once")
+    for option, value, low in (("--jobs", args.jobs, 1), ("--bootstrap", args.bootstrap, 1), ("--eval-limit", args.eval_limit, 1),
+                               ("--examples", getattr(args, "examples", None), 0)):
+        if value is not None and value < low:
+            raise CometNMTError(f"{option} {value}: must be at least {low}")
+    if args.deadline is not None and not args.deadline >= 0:
+        raise CometNMTError(f"--deadline {args.deadline}: must be a number of seconds, at least 0")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise CometNMTError(f"--out {args.out}: is a file, expected a report folder")
 
 
 def finished(specs: list[RunSpec]) -> tuple[list[dict], list[str]]:

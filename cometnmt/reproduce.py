@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
+from cometnmt.experiments import RunSpec, check_run_args, eval_limit_mismatch, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ def _evaluate_run(args, run: Path) -> dict:
 
 
 def run_reproduce(args) -> int:
+    check_run_args(args)
     rows = list(r for r in ROWS if ROWS[r].in_paper) if args.rows == ["all"] else args.rows
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
@@ -171,8 +172,13 @@ def _previous_report(args) -> dict:
             r["row"], r["seed"], r["test"]["paper_bleu"]  # the keys the report needs
     except FileNotFoundError:
         raise CometNMTError(f"--merge-report: no such file: {path}") from None
+    except IsADirectoryError:
+        raise CometNMTError(f"--merge-report {path}: is a folder; name its report.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise CometNMTError(f"--merge-report: {path} is not a cometnmt reproduce report.json ({exc!r})") from None
+    for r in runs:  # merged runs must have been decoded as this call decodes
+        eval_limit_mismatch(r, args.eval_limit, f"{r['row']} seed {r['seed']} of --merge-report {path}",
+                            "or leave out --merge-report")
     return prev
 
 

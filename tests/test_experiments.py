@@ -143,3 +143,77 @@ def test_a_report_keeps_the_eval_limit_its_runs_were_decoded_with(tmp_path, monk
     assert len(reports) == 1  # refused before any report
     run_and_report(_args(out, True, eval_limit=60), [spec], lambda run: {}, lambda records, *a: reports.append(records))
     assert len(reports) == 2
+
+
+def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, monkeypatch):
+    """Before, Ctrl-C let the thread pool start every queued run and train it to the end."""
+    import _thread
+    import threading
+
+    started, terminated, second_started = [], threading.Event(), threading.Event()
+
+    class FakeProcess:
+        def __init__(self, cmd, **kwargs):
+            self.n = 0 if "train.seed=1" in cmd else 1  # seed 1's future is the one run_all waits on first
+            started.append(self)
+            if self.n == 1:
+                second_started.set()
+
+        def wait(self, timeout=None):
+            if self.n == 0:  # Ctrl-C once the second training runs: it reaches this one and the command
+                assert second_started.wait(10)
+                _thread.interrupt_main()
+                return 130
+            assert terminated.wait(10), "the running training was never stopped"
+            return -15
+
+        def poll(self):
+            return None if not terminated.is_set() else -15
+
+        def terminate(self):
+            terminated.set()
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")  # no git process
+    specs = [RunSpec("comet", Path("configs/multi30k/comet.yaml"), s, tmp_path / f"seed{s}") for s in (1, 2, 3)]
+    with pytest.raises(KeyboardInterrupt):
+        experiments.run_all(specs, jobs=2, overrides=[], device="cpu", stop_at=None, evaluate=lambda run: {})
+    assert len(started) == 2 and terminated.is_set()  # the third never started; the second was stopped
+    assert not any((s.run_dir / "done.json").exists() for s in specs)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--seeds", "1", "1"], "--seeds: 1 given twice"),
+    (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--beam", "0"], "--beam 0: must be at least 1"),
+    (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--length-penalty", "-1"], "--length-penalty -1.0"),
+    (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--bootstrap", "0"], "--bootstrap 0: must be at least 1"),
+    (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--eval-limit", "-3"], "--eval-limit -3: must be at least 1"),
+    (["reproduce", "--rows", "comet", "comet", "transformer"], "--rows: comet given twice"),
+    (["reproduce", "--examples", "-1"], "--examples -1: must be at least 0"),
+    (["reproduce", "--jobs", "0"], "--jobs 0: must be at least 1"),
+    (["reproduce", "--merge-report", "configs"], "--merge-report configs: is a folder"),
+    (["reproduce", "--out", "README.md"], "--out README.md: is a file"),
+])
+def test_run_options_are_checked_before_any_run(argv, needle, capsys, tmp_path, monkeypatch):
+    """Each of these trained every run first, then failed, wrote a false report or crashed."""
+    from cometnmt.cli import main
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_merged_runs_must_have_been_decoded_alike(tmp_path, capsys, monkeypatch):
+    from cometnmt.cli import main
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"runs": [{"row": "comet", "seed": 1, "eval_limit": 30, "test": {"paper_bleu": 1.0}}]}))
+    assert main(["reproduce", "--report-only", "--seeds", "1", "--out", str(tmp_path / "new"), "--merge-report", str(old)]) == 2
+    assert "comet seed 1 of --merge-report" in capsys.readouterr().err
