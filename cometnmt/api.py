@@ -37,6 +37,8 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
     :param resume: continue the run in ``train.save_dir`` from its ``last.pt``.
     :return: ``{"steps", "epochs", "best", "save_dir", ...}``; the checkpoints are in ``save_dir``.
     """
+    import torch
+
     from cometnmt.training.run import train as run_training
 
     overrides = overrides if isinstance(overrides, str) else list(overrides)  # a string is refused by name
@@ -46,7 +48,11 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
         cfg = load_config(config, overrides)
     else:
         raise ConfigError(f"train needs a Config or the path of a YAML config, got {type(config).__name__}")
-    return run_training(cfg, resume=resume)
+    threads = torch.get_num_threads()
+    try:
+        return run_training(cfg, resume=resume)
+    finally:
+        torch.set_num_threads(threads)  # train.num_threads is the run's, not the caller's, setting
 
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: int | None = None,
@@ -99,6 +105,10 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> Path
 
     if isinstance(paths, (str, Path)):
         raise CheckpointError("average_checkpoints takes a list of checkpoint paths")
+    seen = [Path(p).resolve() for p in paths]
+    twice = sorted({str(p) for p in paths if seen.count(Path(p).resolve()) > 1})
+    if twice:
+        raise CheckpointError(f"{', '.join(twice)}: given twice; each checkpoint would weigh double in the average")
     if Path(output).is_dir():  # before loading anything
         raise CheckpointError(f"{output}: is a directory, expected a file name to write")
     save_checkpoint(average(list(paths)), output)

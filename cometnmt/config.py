@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -211,6 +212,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
         return float(value)
     if tp is str:
+        if isinstance(value, os.PathLike):  # a pathlib.Path set from Python
+            value = os.fspath(value)
         if not isinstance(value, str):
             if isinstance(value, bool):
                 hint = f"; YAML reads yes, no, on, off, true and false unquoted as booleans: quote the value, e.g. {key}='no'"

@@ -429,10 +429,15 @@ def score(
 
     if isinstance(hyps, str) or isinstance(refs, str) or isinstance(src, str):
         raise TypeError("score takes lists of sentences (one string per line), not one string")
+    hyps, refs, src = list(hyps), list(refs), None if src is None else list(src)
+    for name, lines in (("hyps", hyps), ("refs", refs), ("src", src or [])):
+        bad = next((i for i, x in enumerate(lines) if not isinstance(x, str)), None)
+        if bad is not None:
+            hint = " (Translator.translate gives lists of Translation: take [0].text)" if name == "hyps" else ""
+            raise TypeError(f"{name}[{bad}] is a {type(lines[bad]).__name__}, not a string{hint}")
     tokenize = SpacyTokenizer(lang).tokenize
     src_tokenize = SpacyTokenizer(src_lang).tokenize if src is not None else None
-    return evaluate(list(hyps), list(refs), tokenize=tokenize, src=None if src is None else list(src),
-                    src_tokenize=src_tokenize, per_sentence=per_sentence, lowercase=lowercase)
+    return evaluate(hyps, refs, tokenize=tokenize, src=src, src_tokenize=src_tokenize, per_sentence=per_sentence, lowercase=lowercase)
 
 
 def format_table(result: dict) -> str:

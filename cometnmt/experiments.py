@@ -297,8 +297,8 @@ def _shown_path(part: str) -> str:
 
 
 def short_command(command: str) -> str:
-    """A recorded training command without the interpreter path and run folder, shell-quoted,
-    with the config path as given (made relative to the current folder when under it)."""
+    """A recorded training command without the interpreter path, shell-quoted, with the config
+    path and run folder as given (made relative to the current folder when under it)."""
     parts = shlex.split(command)
     if len(parts) > 2 and parts[1:3] == ["-m", "cometnmt"]:
         parts = ["cometnmt"] + parts[3:]
@@ -307,9 +307,11 @@ def short_command(command: str) -> str:
         if skip:
             skip = False
             continue
-        if part == "--set" and i + 1 < len(parts) and parts[i + 1].split("=")[0] in ("train.save_dir", "train.progress"):
+        if part == "--set" and i + 1 < len(parts) and parts[i + 1].split("=")[0] == "train.progress":
             skip = True
             continue
+        if part.startswith("train.save_dir="):  # kept, so that pasted commands of two runs do not collide
+            part = "train.save_dir=" + _shown_path(part.split("=", 1)[1])
         out.append(_shown_path(part) if part.endswith((".yaml", ".yml")) else part)
     return shlex.join(out)
 

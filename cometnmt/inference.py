@@ -32,8 +32,10 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"{key}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from exc
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"{key}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{key}={name!r}: cometnmt runs on auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{key}={name!r}, but CUDA is not available here (torch {torch.__version__}); use auto or cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():

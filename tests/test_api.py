@@ -265,3 +265,22 @@ def test_translator_checks_each_sentence(translator):
     with pytest.raises(cometnmt.DataError, match="lone surrogate at column 3"):
         translator("Ei\ud800n")
     assert translator([]) == [] and translator(s for s in ["Ein Hund."]) == [translator("Ein Hund.")]
+
+
+def test_api_arguments_python_callers_pass(run_dir, tmp_path, data_dir):
+    import torch
+
+    before = torch.get_num_threads()
+    cfg = tiny_train_cfg("unused", data_dir, "train.num_threads=1", "data.max_train_pairs=60")
+    cfg.train.save_dir = tmp_path / "as_path"  # a pathlib.Path is taken as its string
+    torch.set_num_threads(2)
+    cometnmt.train(cfg)
+    assert torch.get_num_threads() == 2 and (tmp_path / "as_path" / "best.pt").exists()  # the caller's setting is back
+    torch.set_num_threads(before)
+    for device in (None, "mps", "meta"):
+        with pytest.raises(cometnmt.ConfigError, match="device="):
+            cometnmt.Translator.from_checkpoint(run_dir / "best.pt", device=device)
+    with pytest.raises(TypeError, match=r"hyps\[0\] is a list, not a string \(Translator.translate gives"):
+        cometnmt.score([[1]], ["a"])
+    with pytest.raises(cometnmt.CheckpointError, match="given twice"):
+        cometnmt.average_checkpoints([run_dir / "best.pt", str(run_dir / "best.pt")], tmp_path / "avg.pt")

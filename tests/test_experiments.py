@@ -27,7 +27,8 @@ def test_report_commands_name_the_config_as_it_can_be_rerun(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     cmd = ["/venv/bin/python", "-m", "cometnmt", "train", str(tmp_path / "my configs" / "a.yaml"), "--set", "train.seed=2",
            "--set", f"train.save_dir={tmp_path}/runs/a/seed2", "--set", "train.progress=false", "--set", "model.d_ff=64"]
-    assert experiments.short_command(shlex.join(cmd)) == "cometnmt train 'my configs/a.yaml' --set train.seed=2 --set model.d_ff=64"
+    assert experiments.short_command(shlex.join(cmd)) == ("cometnmt train 'my configs/a.yaml' --set train.seed=2 "
+                                                          "--set train.save_dir=runs/a/seed2 --set model.d_ff=64")
     elsewhere = cmd[:4] + ["/srv/presets/b.yaml"]
     assert experiments.short_command(shlex.join(elsewhere)) == "cometnmt train /srv/presets/b.yaml"
     relative = cmd[:4] + ["configs/multi30k/comet.yaml"]
