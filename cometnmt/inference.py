@@ -192,7 +192,7 @@ class Translator:
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                   batch_size: int | None = None) -> list[list[Translation]]:
         """Plain-text sentences in, n-best detokenised translations out, best first, in input
-        order (a blank line gives one blank translation).
+        order (a blank line gives ``nbest`` blank translations).
 
         :param texts: the sentences, one string each (not one string: see :meth:`__call__`).
         :param decode_cfg: search settings; default the checkpoint's ``decode`` config.
@@ -208,7 +208,8 @@ class Translator:
         tokens = self.codec.src_tok.tokenize_many(texts)
         ids = [self.codec.encode_src(t) if text.strip() else [] for t, text in zip(tokens, texts)]
         results = self.translate_ids(ids, decode_cfg, progress)
-        return [r if text.strip() else [Translation("", 0.0, [])] for r, text in zip(results, texts)]
+        blank = [Translation("", 0.0, []) for _ in range(decode_cfg.nbest)]  # as many rows as any other sentence
+        return [r if text.strip() else list(blank) for r, text in zip(results, texts)]
 
     def __call__(self, text: str | Sequence[str], *, beam: int | None = None, length_penalty: float | None = None,
                  batch_size: int | None = None) -> str | list[str]:

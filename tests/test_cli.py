@@ -50,9 +50,10 @@ def test_translate_file_and_stdin(trained, cli, tmp_path, data_dir):
     assert len(lines) == 12
     proc = cli("translate", str(trained / "best.pt"), input=src.read_text(encoding="utf-8"))
     assert proc.stdout.splitlines() == lines  # same checkpoint, same greedy search
-    nbest = cli("translate", str(trained / "best.pt"), "--beam", "3", "--nbest", "2", input="Ein Hund läuft.\n")
+    nbest = cli("translate", str(trained / "best.pt"), "--beam", "3", "--nbest", "2", input="Ein Hund läuft.\n\nZwei.\n")
     rows = [line.split("\t") for line in nbest.stdout.splitlines()]
-    assert len(rows) == 2 and all(r[0] == "0" and len(r) == 3 for r in rows)
+    assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"] and all(len(r) == 3 for r in rows)  # 2 rows a line
+    assert rows[2][2] == rows[3][2] == ""  # the blank line: blank hypotheses
 
 
 def test_evaluate_checkpoint_on_split(trained, cli, tmp_path):
