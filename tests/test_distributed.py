@@ -97,6 +97,30 @@ def test_two_ranks_equal_one_process_and_resume_in_one(tmp_path, data_dir):
     assert_same_weights(resumed["model"], one["model"])
 
 
+def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir):
+    """An epoch of 7 micro-batches, started in one process (2 steps of 1) and resumed by two
+    ranks: steps [2,3], [4,5] and a short last step [6], where rank 1 has no micro-batch and joins
+    the all-reduce with a zero-weighted one. Before, DDP dropped the 7th micro-batch (the epoch was
+    cut to a multiple of the ranks) and a resume at an odd position could hang."""
+    import shutil
+
+    common = ["train.batch_tokens=1000", "train.max_epochs=1"]
+    first = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=1", "train.max_steps=2", *common)
+    assert first["trainer"]["consumed"] == 2
+    shutil.copytree(tmp_path / "one", tmp_path / "ddp")
+    one = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=2", *common, resume=True)
+    sets = [arg for o in overrides(data_dir, tmp_path / "ddp", "train.accum_steps=1", *common) for arg in ("--set", o)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "cometnmt", "train", "configs/tiny.yaml", *sets, "--resume"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    ddp = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    assert ddp["epoch"] == one["epoch"] == 1 and ddp["step"] == one["step"] == 5  # 2 + 3 steps, the last short
+    assert ddp["trainer"]["history"][0]["val_loss"] == pytest.approx(one["trainer"]["history"][0]["val_loss"], rel=1e-5)
+    assert_same_weights(ddp["model"], one["model"])
+
+
 def test_compiled_accumulating_ranks_equal_one_eager_process(tmp_path, data_dir):
     """train.compile=true with DDP, each rank accumulating two micro-batches (the first under
     ``no_sync``, reached through the compiled wrapper): the weights equal those of one eager process

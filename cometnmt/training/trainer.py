@@ -2,10 +2,13 @@
 and ``model.extra_losses()``.
 
 Position and determinism: the batches of epoch e are a pure function of (train.seed, e), an
-optimizer step consumes ``accum_steps * world_size`` consecutive micro-batches of that list, and
-a checkpoint records the epoch, the number of micro-batches consumed and the RNG state as it was
-at the start of the next step. Resuming therefore continues exactly where the run stopped, also
-with a different number of ranks (the epoch's micro-batches are re-split among the new ranks).
+optimizer step consumes ``accum_steps * world_size`` consecutive micro-batches of that list (the
+epoch's last step what is left, so no data is dropped and ranks train as one process with
+``accum_steps * world_size`` does), and a checkpoint records the epoch, the number of micro-batches
+consumed and the RNG state as it was at the start of the next step. Resuming therefore continues
+exactly where the run stopped, also with a different number of ranks (the rest of the epoch's
+micro-batches is re-split among the new ranks; a rank a step leaves without one joins the
+gradient all-reduce with a zero-weighted micro-batch).
 
 Stopping (section 4.2 of the COMET paper): ``loss_rise`` stops once the validation loss has risen
 ``loss_rise_epochs`` epochs in a row and keeps the lowest-loss checkpoint as ``best.pt``;
@@ -205,10 +208,7 @@ class Trainer:
             seed=self.tc.seed * 100003 + epoch,
             bucket_width=self.tc.bucket_width,
         )
-        group = self.tc.accum_steps * self.dist.world_size
-        if self.dist.enabled:  # every rank must take part in every step
-            batches = batches[: len(batches) - len(batches) % group]
-        return batches
+        return batches  # the last step may have fewer micro-batches than accum_steps * world_size (see backward)
 
     def collate(self, idx: list[int]) -> Batch:
         d = self.train_data
@@ -264,6 +264,9 @@ class Trainer:
         """Accumulate the gradients of this rank's micro-batches of ``group``; returns their summed loss."""
         A, r = self.tc.accum_steps, self.dist.rank
         mine = group[r * A : (r + 1) * A] if self.dist.enabled else group
+        weight = 1.0
+        if not mine:  # a short last step (or a resume at another world size) left this rank nothing:
+            mine, weight = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
         total = torch.zeros((), device=self.device)
         for i, idx in enumerate(mine):
             batch = self.collate(idx)
@@ -277,8 +280,8 @@ class Trainer:
                 objective = loss / n_tokens
                 for value, weight in self.model.extra_losses().values():
                     objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
-            self.scaler.scale(objective * self.dist.world_size).backward()  # DDP averages over ranks
-            total += loss.detach()
+            self.scaler.scale(objective * (self.dist.world_size * weight)).backward()  # DDP averages over ranks
+            total += loss.detach() * weight
             if i == 0 and len(mine) > 1 and self.cuda_graphs and self._compiled:
                 self._grads_out_of_graph_pool()
         return total
