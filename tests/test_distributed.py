@@ -175,6 +175,7 @@ def _accumulating_rank(rank: int, world: int, init_file: str, data_dir: str, sav
         assert len(groups) >= steps * G, (len(groups), steps * G)
         for s in range(steps):
             trainer.train_step(groups[s * G : (s + 1) * G])
+        torch.distributed.barrier()  # both ranks done before either tears gloo down (one CI run aborted in teardown)
         if rank == 0:
             with open(out, "w", encoding="utf-8") as f:
                 json.dump({"last_buckets": last_buckets}, f)
