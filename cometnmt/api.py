@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cometnmt.config import Config, apply_overrides, load_config
-from cometnmt.errors import CheckpointError, ConfigError
+from cometnmt.errors import CheckpointError, ConfigError, setting
 from cometnmt.evaluation import score
 from cometnmt.inference import SplitTranslation, Translator
 
@@ -86,14 +86,13 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
 def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = False) -> list[Path]:
     """The ``last`` newest ``epochNNN.pt`` files of a run folder, oldest first (errors name the
     arguments as keywords, or with ``flags`` as ``cometnmt average``'s ``--dir``/``--last``)."""
-    last_name, dir_name = ("--last {}", "--dir {}") if flags else ("last={}", "run_dir={}")
     if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-        raise CheckpointError(f"{last_name.format(last)}: must be an integer at least 1")
+        raise CheckpointError(f"{setting('last', last, flags)}: must be an integer at least 1")
     if not Path(run_dir).is_dir():
-        raise CheckpointError(f"{dir_name.format(run_dir)}: not a folder")
+        raise CheckpointError(f"{setting('run_dir', run_dir, flags, flag='--dir')}: not a folder")
     found = sorted(Path(run_dir).glob("epoch*.pt"))
     if len(found) < last:
-        raise CheckpointError(f"{last_name.format(last)}: only {len(found)} epoch checkpoints in {run_dir} "
+        raise CheckpointError(f"{setting('last', last, flags)}: only {len(found)} epoch checkpoints in {run_dir} "
                               "(train.keep_checkpoints sets how many a run keeps)")
     return found[-last:]
 

@@ -1,8 +1,10 @@
-"""Exceptions the toolkit raises for bad input.
+"""Exceptions the toolkit raises for bad input, and how their messages name a setting.
 
 Every message names what was wrong and where: the file and line, the dotted config key, or the
 checkpoint path. The CLI turns any :class:`CometNMTError` into a one-line message and exit code 2.
 """
+
+from __future__ import annotations
 
 
 class CometNMTError(Exception):
@@ -19,3 +21,9 @@ class DataError(CometNMTError):
 
 class CheckpointError(CometNMTError):
     """A missing, truncated or incompatible checkpoint file."""
+
+
+def setting(name: str, value: object, flags: bool, flag: str | None = None) -> str:
+    """How an error names a setting and its value: as the command line's flag (``--batch-size 0``;
+    ``flag`` when it is not the keyword with dashes) or as the Python keyword (``batch_size=0``)."""
+    return f"{flag or '--' + name.replace('_', '-')} {value}" if flags else f"{name}={value}"

@@ -15,7 +15,7 @@ from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, t
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
-from cometnmt.errors import ConfigError, DataError
+from cometnmt.errors import ConfigError, DataError, setting
 from cometnmt.decoding import search
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
@@ -51,26 +51,24 @@ def set_cuda_backends(cudnn_attention: bool = True) -> None:
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
 
 
-_FLAGS = {"beam": "--beam {}", "nbest": "--nbest {}", "batch_size": "--batch-size {}", "length_penalty": "--length-penalty {}"}
-_KWARGS = {name: name + "={}" for name in _FLAGS}
-
-
 def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None = None,
                   length_penalty: float | None = None, batch_sentences: int | None = None,
                   flags: bool = True) -> DecodeConfig:
     """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
     means beam search of that width; ``nbest`` above 1 implies beam search. Errors name the setting
     as a command-line flag (``--beam 0``) or, with ``flags=False``, as a keyword (``beam=0``)."""
-    name = _FLAGS if flags else _KWARGS
+    def name(option: str, value: object) -> str:
+        return setting(option, value, flags)
+
     for option, value in (("beam", beam), ("nbest", nbest), ("batch_size", batch_sentences)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{name[option].format(repr(value))}: must be an integer")
+            raise ConfigError(f"{name(option, repr(value))}: must be an integer")
         if value is not None and value < 1:
-            raise ConfigError(f"{name[option].format(value)}: must be at least 1")
+            raise ConfigError(f"{name(option, value)}: must be at least 1")
     if length_penalty is not None and (isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float))):
-        raise ConfigError(f"{name['length_penalty'].format(repr(length_penalty))}: must be a number")
+        raise ConfigError(f"{name('length_penalty', repr(length_penalty))}: must be a number")
     if length_penalty is not None and not (math.isfinite(length_penalty) and length_penalty >= 0):
-        raise ConfigError(f"{name['length_penalty'].format(length_penalty)}: must be a finite number at least 0")
+        raise ConfigError(f"{name('length_penalty', length_penalty)}: must be a finite number at least 0")
     data = to_dict(base)
     if beam is not None:
         data.update(method="beam" if beam > 1 else "greedy", beam_size=beam)
@@ -80,11 +78,11 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
     if data["nbest"] > 1:
         data["method"] = "beam"
     if data["nbest"] > data["beam_size"]:
-        raise ConfigError(f"{name['nbest'].format(data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
-                          f"use {name['beam'].format(data['nbest'])} or more")
+        raise ConfigError(f"{name('nbest', data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
+                          f"use {name('beam', data['nbest'])} or more")
     if length_penalty is not None and data["method"] == "greedy" and length_penalty != base.length_penalty:
         log.warning("%s: greedy search has no length penalty; it applies with a beam of 2 or more (%s)",
-                    name["length_penalty"].format(length_penalty), name["beam"].format("N"))
+                    name("length_penalty", length_penalty), name("beam", "N"))
     return from_dict(DecodeConfig, data, "decode")
 
 

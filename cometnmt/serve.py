@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
-from cometnmt.errors import CometNMTError, ConfigError
+from cometnmt.errors import CometNMTError, ConfigError, setting
 from cometnmt.inference import Translator
 
 log = logging.getLogger(__name__)
@@ -207,11 +207,10 @@ def make_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8080, devi
     ``beam``, ``nbest``, ``length_penalty`` and ``batch_size`` replace the checkpoint's search
     settings as the default of every request. Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"{'--port ' if flags else 'port='}{port}: must be a port number, 0 to 65535")
+        raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
     for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            shown = f"--{name.replace('_', '-')} " if flags else f"{name}="
-            raise ConfigError(f"{shown}{value}: must be at least 1")
+            raise ConfigError(f"{setting(name, value, flags)}: must be at least 1")
     translator = Translator.from_checkpoint(checkpoint, device)
     translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
                                                batch_size=batch_size)
