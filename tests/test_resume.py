@@ -4,6 +4,8 @@ COMET its source mask only where a batch has padding."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -94,3 +96,25 @@ def test_trainer_drops_the_source_mask_exactly_for_unpadded_batches(tmp_path, da
     run_module.train(cfg)
     assert seen and any(none for none, _ in seen)  # one-length batches are the common case
     assert all(none != padded for none, padded in seen)  # None exactly where there is no padding
+
+
+def test_an_auxiliary_loss_is_weighed_by_its_own_weight_only(tmp_path, data_dir, monkeypatch):
+    """Transformer++'s tag losses enter the objective as weight * value, and nothing else: an
+    auxiliary loss of value 0 with weight 0.25 trains exactly as none. Before, the loop over
+    ``extra_losses()`` rebound the name of the rank's share of the step, so every step's objective
+    and logged loss were scaled by the last tag weight (and an idle DDP rank's zero share was lost)."""
+    from cometnmt.models.base import Seq2Seq
+
+    run_module.train(tiny_cfg(tmp_path / "plain", data_dir))
+    monkeypatch.setattr(Seq2Seq, "extra_losses", lambda self: {"aux": (torch.zeros(()), 0.25)})
+    run_module.train(tiny_cfg(tmp_path / "aux", data_dir))
+    plain, aux = load_checkpoint(tmp_path / "plain" / "last.pt"), load_checkpoint(tmp_path / "aux" / "last.pt")
+    assert aux["trainer"]["history"] == plain["trainer"]["history"]
+
+    def logged(run: str) -> list[float]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["event"] == "train"]
+
+    assert logged("aux") == logged("plain")
+    for key, value in plain["model"].items():
+        assert torch.equal(value, aux["model"][key]), key

@@ -264,9 +264,9 @@ class Trainer:
         """Accumulate the gradients of this rank's micro-batches of ``group``; returns their summed loss."""
         A, r = self.tc.accum_steps, self.dist.rank
         mine = group[r * A : (r + 1) * A] if self.dist.enabled else group
-        weight = 1.0
+        share = 1.0
         if not mine:  # a short last step (or a resume at another world size) left this rank nothing:
-            mine, weight = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
+            mine, share = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
         total = torch.zeros((), device=self.device)
         for i, idx in enumerate(mine):
             batch = self.collate(idx)
@@ -280,8 +280,8 @@ class Trainer:
                 objective = loss / n_tokens
                 for value, weight in self.model.extra_losses().values():
                     objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
-            self.scaler.scale(objective * (self.dist.world_size * weight)).backward()  # DDP averages over ranks
-            total += loss.detach() * weight
+            self.scaler.scale(objective * (self.dist.world_size * share)).backward()  # DDP averages over ranks
+            total += loss.detach() * share
             if i == 0 and len(mine) > 1 and self.cuda_graphs and self._compiled:
                 self._grads_out_of_graph_pool()
         return total
