@@ -4,8 +4,9 @@ micro-batches per step (train.accum_steps=2), log the same losses, and leave a c
 single process resumes. Compiled ranks that accumulate (``no_sync``) end as one eager process does,
 and accumulating ranks all-reduce once per step, not once per micro-batch.
 
-Dropout is off (model.dropout=0): each rank draws its own dropout masks, so with dropout on the
-two runs would differ by design, not by a bug.
+The first two tests train with dropout: a micro-batch draws its masks from a seed of its own
+(train.seed, epoch, index in the epoch), so they are the same whichever rank trains it. The
+compiled test has dropout off, since a compiled model draws its random numbers its own way.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from cometnmt.training.trainer import Trainer
 from conftest import REPO
 
 STEPS, MORE_STEPS = 3, 5
+DROPOUT = "model.dropout=0.3"  # overrides the 0 of overrides(): masks must match across ranks
 
 
 def overrides(data_dir, save_dir, *extra: str) -> list[str]:
@@ -72,9 +74,9 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 def test_two_ranks_equal_one_process_and_resume_in_one(tmp_path, data_dir):
     ddp_dir, one_dir = tmp_path / "ddp", tmp_path / "one"
-    proc = torchrun(data_dir, ddp_dir, "train.accum_steps=1", f"train.max_steps={STEPS}")
+    proc = torchrun(data_dir, ddp_dir, "train.accum_steps=1", f"train.max_steps={STEPS}", DROPOUT)
     try:  # the single-process reference trains meanwhile
-        one = train_in_process(data_dir, one_dir, "train.accum_steps=2", f"train.max_steps={STEPS}")
+        one = train_in_process(data_dir, one_dir, "train.accum_steps=2", f"train.max_steps={STEPS}", DROPOUT)
         out, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()
@@ -91,8 +93,8 @@ def test_two_ranks_equal_one_process_and_resume_in_one(tmp_path, data_dir):
     assert len(train_losses(ddp_dir)) == STEPS
 
     # rank 0's checkpoint resumes in one process and goes on as the one-process run does
-    resumed = train_in_process(data_dir, ddp_dir, "train.accum_steps=2", f"train.max_steps={MORE_STEPS}", resume=True)
-    one = train_in_process(data_dir, one_dir, "train.accum_steps=2", f"train.max_steps={MORE_STEPS}", resume=True)
+    resumed = train_in_process(data_dir, ddp_dir, "train.accum_steps=2", f"train.max_steps={MORE_STEPS}", DROPOUT, resume=True)
+    one = train_in_process(data_dir, one_dir, "train.accum_steps=2", f"train.max_steps={MORE_STEPS}", DROPOUT, resume=True)
     assert resumed["step"] == one["step"] == MORE_STEPS
     assert_same_weights(resumed["model"], one["model"])
 
@@ -104,7 +106,7 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
     cut to a multiple of the ranks) and a resume at an odd position could hang."""
     import shutil
 
-    common = ["train.batch_tokens=1000", "train.max_epochs=1"]
+    common = ["train.batch_tokens=1000", "train.max_epochs=1", DROPOUT]
     first = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=1", "train.max_steps=2", *common)
     assert first["trainer"]["consumed"] == 2
     shutil.copytree(tmp_path / "one", tmp_path / "ddp")

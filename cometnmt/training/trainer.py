@@ -5,7 +5,10 @@ Position and determinism: the batches of epoch e are a pure function of (train.s
 optimizer step consumes ``accum_steps * world_size`` consecutive micro-batches of that list (the
 epoch's last step what is left, so no data is dropped and ranks train as one process with
 ``accum_steps * world_size`` does), and a checkpoint records the epoch, the number of micro-batches
-consumed and the RNG state as it was at the start of the next step. Resuming therefore continues
+consumed and the RNG state as it was at the start of the next step. Each micro-batch draws its
+random numbers (dropout, DropConnect) from a generator seeded by (train.seed, epoch, its index in
+the epoch), so a micro-batch gets the same masks whichever rank trains it: two ranks with dropout
+train as one process that accumulates their micro-batches does. Resuming therefore continues
 exactly where the run stopped, also with a different number of ranks (the rest of the epoch's
 micro-batches is re-split among the new ranks; a rank a step leaves without one joins the
 gradient all-reduce with a zero-weighted micro-batch).
@@ -19,6 +22,7 @@ better one.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -68,6 +72,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(_to_tuple(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def micro_batch_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of micro-batch ``index`` of ``epoch`` (a 63-bit hash, so no two of a run collide in practice)."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def _to_tuple(value):
@@ -263,12 +273,14 @@ class Trainer:
     def backward(self, group: list[list[int]], n_tokens: int) -> torch.Tensor:
         """Accumulate the gradients of this rank's micro-batches of ``group``; returns their summed loss."""
         A, r = self.tc.accum_steps, self.dist.rank
+        first = self.consumed + r * A if self.dist.enabled else self.consumed  # index in the epoch of mine[0]
         mine = group[r * A : (r + 1) * A] if self.dist.enabled else group
         share = 1.0
         if not mine:  # a short last step (or a resume at another world size) left this rank nothing:
             mine, share = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
         total = torch.zeros((), device=self.device)
         for i, idx in enumerate(mine):
+            torch.manual_seed(micro_batch_seed(self.tc.seed, self.epoch, first + i))  # the same masks on any rank
             batch = self.collate(idx)
             sync = i == len(mine) - 1 or not self.dist.enabled
             if self.cuda_graphs and self._compiled:  # the last micro-batch's graph outputs are dead by now
