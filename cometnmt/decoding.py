@@ -112,7 +112,11 @@ def beam_search(
     max_len_a: float,
     max_len_b: int,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; returns the ``nbest`` best hypotheses per sentence, best first."""
+    """Batched beam search; returns the ``nbest`` best hypotheses per sentence, best first.
+
+    A sentence leaves the batch once it has ``beam_size`` finished hypotheses (as fairseq does):
+    with a length penalty a live hypothesis could still have ended above them, so this is the
+    usual approximation, not an exact search for the best-scoring finished hypothesis."""
     B, K, device = src.size(0), beam_size, src.device
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
     state = model.init_state(model.encode(src, src_pad_mask))

@@ -19,6 +19,11 @@ Choices the paper leaves open, made here:
 * F4 of the 4-layer unit has 8 features (the paper halves the width at each layer but does not
   give F4's size); ``comet.features`` sets it.
 * The leaky ReLU slope is PyTorch's default, 0.01 (``comet.leaky_slope``).
+* The temporal-convolution decoder keeps batch norm, as the paper's "all other features identical"
+  says. Its convolutions are causal, but in training its batch statistics are means over all target
+  positions of the batch, future ones included, so a token's normalisation carries a trace (one
+  token's share of the batch's statistics) of later tokens. In evaluation (running statistics) the
+  decoder is strictly causal, and its incremental step equals the full decode.
 
 Not in the paper, off by default: ``comet.bn_length_bounds`` keeps the encoder's batch-norm running
 statistics per source-length bucket. Training batches are cut from length buckets, so batch norm
