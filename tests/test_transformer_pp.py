@@ -5,6 +5,8 @@ and a checkpoint that rebuilds its tag heads from its config alone."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
 import math
 
 import pytest
@@ -16,6 +18,7 @@ from cometnmt.data.pipeline import build_codec, encode_pairs, read_split
 from cometnmt.data.tagging import (
     IGNORE,
     align_labels,
+    annotate_cached,
     attach_training_tags,
     resolve_tagger,
     select_tags,
@@ -82,6 +85,35 @@ def test_hanta_tags_german_pos():
     spans = HanTaAnnotator().annotate(["Ein Mann geht über die Straße."])["pos"][0]
     assert [label for _, _, label in spans] == ["DET", "NOUN", "VERB", "ADP", "DET", "NOUN", "PUNCT"]
     assert spans[1][:2] == (4, 8)
+
+
+class CountingAnnotator:
+    name, tasks = "fake@1", ("pos",)
+
+    def __init__(self):
+        self.calls = 0
+
+    def annotate(self, texts):
+        self.calls += 1
+        return {"pos": [[(0, len(t), "NOUN")] for t in texts]}
+
+
+def test_a_damaged_tag_cache_is_annotated_again_not_a_crash(tmp_path, caplog):
+    texts = ["Hund", "Katze"]
+    ann = CountingAnnotator()
+    spans = annotate_cached(ann, texts, tmp_path)
+    [path] = tmp_path.glob("*.json")
+    assert annotate_cached(ann, texts, tmp_path) == spans and ann.calls == 1  # from the cache
+    full = path.read_text(encoding="utf-8")
+    short = json.dumps({**json.loads(full), "spans": {"pos": spans["pos"][:1]}})
+    for damaged in (full[: len(full) // 2], "[]", short):  # cut short, not a dict, too few sentences
+        path.write_text(damaged, encoding="utf-8")
+        with caplog.at_level(logging.WARNING):
+            assert annotate_cached(ann, texts, tmp_path) == spans
+        assert "malformed" in caplog.text and str(path) in caplog.text
+        assert path.read_text(encoding="utf-8") == full  # rewritten whole
+        caplog.clear()
+    assert ann.calls == 4
 
 
 # -- clear errors ------------------------------------------------------------------------------

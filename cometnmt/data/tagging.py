@@ -242,14 +242,30 @@ def corpus_key(texts: list[str], annotator_name: str) -> str:
     return h.hexdigest()
 
 
+def _read_cache(path: Path, annotator: Annotator, n: int) -> Optional[dict[str, list[list[Span]]]]:
+    """The cached spans of ``annotator.tasks`` in ``path``, or None (with a warning when the file
+    is unreadable or malformed: a damaged copy, say) when they must be computed again."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("annotator") != annotator.name or data.get("n") != n or not set(annotator.tasks) <= set(data["spans"]):
+            return None
+        spans = {t: [[tuple(s) for s in sent] for sent in data["spans"][t]] for t in annotator.tasks}
+        if any(len(rows) != n or any(len(s) != 3 for sent in rows for s in sent) for rows in spans.values()):
+            raise ValueError(f"not {n} sentences of (start, end, label) spans")
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        log.warning("tags: cache file %s is unreadable or malformed (%s); annotating again", path, exc)
+        return None
+    return spans
+
+
 def annotate_cached(annotator: Annotator, texts: list[str], folder: Path) -> dict[str, list[list[Span]]]:
     """Annotations of ``texts``, read from ``folder/<sha>.json`` or computed and written there."""
     path = folder / f"{corpus_key(texts, annotator.name)}.json"
     if path.exists():
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("annotator") == annotator.name and data.get("n") == len(texts) and set(annotator.tasks) <= set(data["spans"]):
+        cached = _read_cache(path, annotator, len(texts))
+        if cached is not None:
             log.info("tags: %d sentences from cache %s", len(texts), path)
-            return {t: [[tuple(s) for s in sent] for sent in data["spans"][t]] for t in annotator.tasks}
+            return cached
     log.info("tags: annotating %d sentences with %s (once; cached in %s)", len(texts), annotator.name, folder)
     spans = annotator.annotate(texts)
     with atomic_write(path) as f:
