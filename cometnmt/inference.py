@@ -228,4 +228,8 @@ class Translator:
         """
         corpus = read_split(anchor_paths(self.cfg.data, self.workdir), split)
         src, refs = corpus.src[:limit], corpus.tgt[:limit]
-        return SplitTranslation(src, refs, [h[0].text for h in self.translate(src, decode_cfg, progress)])
+        try:
+            results = self.translate(src, decode_cfg, progress)
+        except DataError as exc:  # name the file ("input line 3: ..." alone names no file)
+            raise DataError(f"{corpus.src_path}: {exc}") from None
+        return SplitTranslation(src, refs, [h[0].text for h in results])

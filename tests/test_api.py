@@ -3,6 +3,8 @@ written, and each function behaves as its CLI counterpart, with errors naming ke
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import re
 import shutil
@@ -119,6 +121,21 @@ def test_evaluate_checkpoint_and_score(run_dir, translator):
         cometnmt.score("a dog", "a dog")
     with pytest.raises(cometnmt.DataError, match="2 hypotheses but 1 references"):
         cometnmt.score(["a", "b"], ["a"])
+
+
+def test_a_bad_line_of_a_split_names_its_file(translator, tmp_path):
+    """evaluate --checkpoint (translate_split): a test line too long for the model's positions,
+    or holding a carriage return, is an error naming the file and line (it named neither)."""
+    src, tgt = tmp_path / "test.de", tmp_path / "test.en"
+    tgt.write_text("A dog.\nA cat.\n", encoding="utf-8")
+    ours = copy.copy(translator)
+    ours.cfg = dataclasses.replace(translator.cfg, data=dataclasses.replace(
+        translator.cfg.data, corpus="files", test_src=str(src), test_tgt=str(tgt)))
+    for line, error in ((" ".join(["Hund"] * 1100), "input line 2: 1100 source tokens"),
+                        ("Eine\rKatze.", "sentence 2 holds a line break")):
+        src.write_text(f"Ein Hund.\n{line}\n", encoding="utf-8", newline="")
+        with pytest.raises(cometnmt.DataError, match=rf"^{re.escape(str(src))}: {error}"):
+            ours.translate_split("test")
 
 
 def test_average_checkpoints(run_dir, tmp_path):
