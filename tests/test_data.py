@@ -119,6 +119,25 @@ def test_empty_lines_skip_or_error(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert first2.src == ["a", "d"] and first2.tgt == ["v", "y"]
 
 
+def test_a_tilde_in_data_paths_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data.train_src: ~/corpus/train.de (YAML and --set do not expand "~"; anchor_paths already took
+    it as absolute) reads the file under the home folder (was: file not found); data.multi30k_dir
+    and model.transformer_pp.tag_cache_dir likewise."""
+    from cometnmt.config import DataConfig
+    from cometnmt.data.pipeline import read_split
+    from cometnmt.data.tagging import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "v.de").write_text("Ein Hund.\n", encoding="utf-8")
+    (tmp_path / "corpus" / "v.en").write_text("A dog.\n", encoding="utf-8")
+    cfg = DataConfig(corpus="files", valid_src="~/corpus/v.de", valid_tgt="~/corpus/v.en")
+    assert read_split(cfg, "valid").tgt == ["A dog."]
+    (tmp_path / "m30k").symlink_to(multi30k_dir().resolve())
+    assert read_split(DataConfig(multi30k_dir="~/m30k"), "valid").tgt[0].startswith("A group of men")
+    assert cache_dir("~/tags") == tmp_path / "tags"
+
+
 # --- vocabulary ----------------------------------------------------------------------------------
 
 

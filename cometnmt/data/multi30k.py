@@ -199,14 +199,15 @@ def resolve_dir(
 ) -> Path:
     """Return a folder holding the needed Multi30k files (default: all 9), verified by SHA-256.
 
-    ``local_dir``, else ``$COMETNMT_MULTI30K_DIR``, is used as is (never downloads into it).
+    ``local_dir``, else ``$COMETNMT_MULTI30K_DIR`` ("~" is the home folder), is used as is (never
+    downloads into it).
     Otherwise missing files are downloaded from ``base_url`` into ``cache_dir``.
     """
     names = _needed_files(files, verify)
     if local_dir:
-        return _use_local(Path(local_dir), names, verify, "data.multi30k_dir (local_dir)")
+        return _use_local(Path(local_dir).expanduser(), names, verify, "data.multi30k_dir (local_dir)")
     env_dir = os.environ.get(ENV_VAR)
     if env_dir:
-        return _use_local(Path(env_dir), names, verify, f"${ENV_VAR}")
+        return _use_local(Path(env_dir).expanduser(), names, verify, f"${ENV_VAR}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return _download_missing(cache, base_url, names, verify)

@@ -75,12 +75,13 @@ class Examples:
 
 
 def split_files(cfg, split: str) -> tuple[Path, Path]:
-    """Source and target file of a split ('train' | 'valid' | 'test') for a DataConfig."""
+    """Source and target file of a split ('train' | 'valid' | 'test') for a DataConfig ("~" is the
+    home folder, as ``anchor_paths`` takes it)."""
     if cfg.corpus == "files":
         src, tgt = getattr(cfg, f"{split}_src"), getattr(cfg, f"{split}_tgt")
         if src is None or tgt is None:
             raise DataError(f"config keys 'data.{split}_src' and 'data.{split}_tgt' must name files for the {split} split")
-        return Path(src), Path(tgt)
+        return Path(src).expanduser(), Path(tgt).expanduser()
     name = {"train": cfg.train_split, "valid": cfg.valid_split, "test": cfg.test_split}[split]
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
     root = resolve_dir(cfg.multi30k_dir, files=files)

@@ -229,7 +229,7 @@ def build_annotators(c, lang: str) -> list[Annotator]:
 
 def cache_dir(configured: Optional[str]) -> Path:
     if configured:
-        return Path(configured)
+        return Path(configured).expanduser()  # "~/tags" is not a folder "~" in the working directory
     root = os.environ.get("COMETNMT_CACHE")
     return Path(root) / "tags" if root else Path.home() / ".cache" / "cometnmt" / "tags"
 
