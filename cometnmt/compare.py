@@ -73,7 +73,16 @@ def _systems(args) -> list[tuple[str, Path]]:
     decode_config(DecodeConfig(), beam=args.beam, length_penalty=args.length_penalty)  # bad search options fail now
     if args.average_last < 0:
         raise CometNMTError(f"--average-last must be >= 0, got {args.average_last}")
-    systems = [(load_config(path, args.set).name, Path(path)) for path in args.configs]
+    configs = [load_config(path, args.set) for path in args.configs]
+    if "paper" in args.metrics:  # the paper metric needs spaCy's tokenizer: fail now, not after training
+        from cometnmt.data.tokenizers import SpacyTokenizer
+
+        for path, cfg in zip(args.configs, configs):
+            try:
+                SpacyTokenizer(cfg.data.tgt_lang)
+            except CometNMTError as exc:
+                raise CometNMTError(f"--metrics paper: {path}: {exc}") from None
+    systems = [(cfg.name, Path(path)) for cfg, path in zip(configs, args.configs)]
     names = [name for name, _ in systems]
     for name in names:
         if names.count(name) > 1:
@@ -113,14 +122,15 @@ def _evaluate_run(args, run: Path) -> dict:
     """Decode the validation and test splits with the run's own search; score them; collect the
     learning curves, training speed and auxiliary losses from its metrics log."""
     from cometnmt.config import to_dict
-    from cometnmt.data.tokenizers import SpacyTokenizer
-    from cometnmt.evaluation import evaluate
+    from cometnmt.data.tokenizers import paper_tokenizer
+    from cometnmt.evaluation import score_with
     from cometnmt.inference import Translator, decode_config
 
     path, used = _checkpoint(args, run)
     translator = Translator.from_checkpoint(path, args.device)
     decode = decode_config(translator.cfg.decode, beam=args.beam, length_penalty=args.length_penalty)
-    tok = SpacyTokenizer(translator.cfg.data.tgt_lang)
+    data = translator.cfg.data
+    tok = paper_tokenizer(data.tgt_lang)  # None: BLEU and chrF alone (a language spaCy cannot tokenise)
     out = {"checkpoint": used, "decode": to_dict(decode), "arch": translator.cfg.model.arch,
            "parameters": sum(p.numel() for p in translator.model.parameters())}
     for split in ("valid", "test"):
@@ -128,7 +138,8 @@ def _evaluate_run(args, run: Path) -> dict:
         done = translator.translate_split(split, decode, limit=args.eval_limit)
         out[f"{split}_decode_seconds"] = time.perf_counter() - start
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
-        out[split] = evaluate(done.hyps, done.refs, tokenize=tok.tokenize, lowercase=translator.cfg.data.lowercase)
+        out[split] = score_with(done.hyps, done.refs, tok, None, lang=data.tgt_lang, src_lang=data.src_lang,
+                                lowercase=data.lowercase)
     events = metrics(run)
     train = [e for e in events if e.get("event") == "train"]
     out["history"] = [e for e in events if e.get("event") == "valid"]

@@ -352,6 +352,15 @@ def _check_references(refs: Sequence[str]) -> None:
             raise DataError(f"reference line {line_no} is empty")
 
 
+def _check_sources(src: Sequence[str], refs: Sequence[str]) -> None:
+    """Raise :class:`DataError` unless there is exactly one source sentence per reference."""
+    if len(src) != len(refs):
+        raise DataError(
+            f"got {len(src)} source sentences but {len(refs)} references; "
+            "the source and reference files must have the same number of lines"
+        )
+
+
 def evaluate(
     hyps: list[str],
     refs: list[str],
@@ -361,14 +370,19 @@ def evaluate(
     src_tokenize: Tokenizer | None = None,
     per_sentence: bool = False,
     lowercase: bool = False,
+    without_paper: str | None = None,
 ) -> dict:
     """Score a test set: sacreBLEU BLEU/chrF, the COMET paper's metric and, given sources, Fig. 4.
 
     :param hyps: detokenised system outputs (an empty output is allowed and scores 0).
     :param refs: detokenised references; none may be blank.
-    :param tokenize: target-language tokeniser for the paper metric.
-    :param src: source sentences; when given, ``bleu_by_length`` is added.
+    :param tokenize: target-language tokeniser for the paper metric; None: no paper metric, no
+        BLEU by length and no ``sentence_bleu`` (``without_paper`` says why).
+    :param src: source sentences; when given (and with ``src_tokenize`` or ``tokenize``),
+        ``bleu_by_length`` is added.
     :param src_tokenize: source-language tokeniser giving the lengths (defaults to ``tokenize``).
+    :param without_paper: why a part is missing (e.g. spaCy cannot tokenise the language),
+        kept in the result as ``not_computed`` and shown by :func:`format_table`.
     :param per_sentence: also return ``sentence_bleu``, the paper metric of every sentence.
     :param lowercase: score lowercased text (a model trained with ``data.lowercase``); the
         signatures and the paper metric's label say so.
@@ -380,7 +394,15 @@ def evaluate(
     if not refs:
         raise DataError("no sentences to evaluate: the reference set is empty")
     _check_references(refs)
+    if src is not None:
+        _check_sources(src, refs)
     result = corpus_scores(hyps, refs, lowercase)
+    result["n_sentences"] = len(refs)
+    if without_paper:
+        result["not_computed"] = without_paper
+    if tokenize is None:
+        logger.info("BLEU %.2f, chrF %.2f on %d sentences", result["bleu"], result["chrf"], len(refs))
+        return result
     tokenize = _lowercased(tokenize) if lowercase else tokenize
     hyps_tokens = [tokenize(h) for h in hyps]
     refs_tokens = [tokenize(r) for r in refs]
@@ -388,16 +410,10 @@ def evaluate(
     result.update(
         paper_bleu=float(np.mean(sentence)),
         paper_bleu_label=paper_label(lowercase),
-        n_sentences=len(refs),
     )
     if per_sentence:
         result["sentence_bleu"] = [float(x) for x in sentence]
     if src is not None:
-        if len(src) != len(refs):
-            raise DataError(
-                f"got {len(src)} source sentences but {len(refs)} references; "
-                "the source and reference files must have the same number of lines"
-            )
         src_tok = src_tokenize or tokenize
         lengths = [len(src_tok(s)) for s in src]
         result["bleu_by_length"] = bleu_by_length(lengths, hyps_tokens, refs_tokens)
@@ -425,7 +441,7 @@ def score(
         result = score(["A man rides a bike."], ["A man is riding a bike."], lang="en")
         result["bleu"], result["chrf"], result["paper_bleu"]
     """
-    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.data.tokenizers import paper_tokenizer
 
     if isinstance(hyps, str) or isinstance(refs, str) or isinstance(src, str):
         raise TypeError("score takes lists of sentences (one string per line), not one string")
@@ -435,9 +451,28 @@ def score(
         if bad is not None:
             hint = " (Translator.translate gives lists of Translation: take [0].text)" if name == "hyps" else ""
             raise TypeError(f"{name}[{bad}] is a {type(lines[bad]).__name__}, not a string{hint}")
-    tokenize = SpacyTokenizer(lang).tokenize
-    src_tokenize = SpacyTokenizer(src_lang).tokenize if src is not None else None
-    return evaluate(hyps, refs, tokenize=tokenize, src=src, src_tokenize=src_tokenize, per_sentence=per_sentence, lowercase=lowercase)
+    tgt_tok = paper_tokenizer(lang)
+    src_tok = paper_tokenizer(src_lang) if src is not None and tgt_tok is not None else None
+    return score_with(hyps, refs, tgt_tok, src_tok, lang=lang, src_lang=src_lang, src=src,
+                      per_sentence=per_sentence, lowercase=lowercase)
+
+
+def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str, src_lang: str,
+               src: list[str] | None = None, per_sentence: bool = False, lowercase: bool = False) -> dict:
+    """:func:`score` with spaCy tokenizers already built (``paper_tokenizer``), either None where
+    spaCy cannot tokenise the language: without the target's, BLEU and chrF alone; without the
+    source's, no BLEU by length (lengths in another language's tokens would be wrong)."""
+    why = None
+    if tgt_tok is None:
+        why = f"the COMET paper's metric and BLEU by length: spaCy cannot tokenise {lang!r}"
+    elif src is not None and src_tok is None:
+        why = f"BLEU by length: spaCy cannot tokenise {src_lang!r}"
+    if src is not None and src_tok is None:
+        _check_sources(src, refs)
+        src = None
+    return evaluate(hyps, refs, tokenize=tgt_tok.tokenize if tgt_tok else None, src=src,
+                    src_tokenize=src_tok.tokenize if src_tok else None, per_sentence=per_sentence,
+                    lowercase=lowercase, without_paper=why)
 
 
 def format_table(result: dict) -> str:
@@ -449,9 +484,10 @@ def format_table(result: dict) -> str:
     rows = [
         ("BLEU", f"{result['bleu']:.2f}", result.get("bleu_signature", "")),
         ("chrF", f"{result['chrf']:.2f}", result.get("chrf_signature", "")),
-        ("paper BLEU", f"{result['paper_bleu']:.2f}",
-         result.get("paper_bleu_label", PAPER_BLEU_LABEL)),
+        *([("paper BLEU", f"{result['paper_bleu']:.2f}", result.get("paper_bleu_label", PAPER_BLEU_LABEL))]
+          if "paper_bleu" in result else []),
         ("sentences", str(result["n_sentences"]), ""),
+        *([("not computed", "", result["not_computed"])] if result.get("not_computed") else []),
     ]
     name_w = max(len(r[0]) for r in rows)
     score_w = max(len(r[1]) for r in rows)

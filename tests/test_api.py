@@ -228,7 +228,7 @@ def test_averaging_into_a_folder_is_refused_first(run_dir, tmp_path):
 def test_sentencepiece_models_of_languages_spacy_cannot_tokenise(tmp_path, data_dir, monkeypatch, caplog):
     """The paper metric needs spaCy's tokenizer of the target language; a SentencePiece model of
     another language trains and validates on BLEU and chrF (before: an error at start), and
-    evaluate says why it cannot score before decoding the split (before: after)."""
+    evaluate scores it on BLEU and chrF too, saying why before it decodes (before: an error)."""
     files = _files(tmp_path, data_dir)
     cfg = tiny_train_cfg(tmp_path / "run", data_dir, *files, "data.tokenizer=sentencepiece", "data.sp_vocab_size=200",
                          "data.tgt_lang=foo", "train.valid_bleu=true")
@@ -237,9 +237,38 @@ def test_sentencepiece_models_of_languages_spacy_cannot_tokenise(tmp_path, data_
     assert "spaCy has no tokenizer for language 'foo'" in caplog.text
     [valid] = [h for h in load_history(tmp_path / "run") if h["event"] == "valid"]
     assert "val_bleu" in valid and "val_paper_bleu" not in valid
-    monkeypatch.setattr(cometnmt.Translator, "translate_split", lambda *a, **k: pytest.fail("decoded before failing"))
-    with pytest.raises(cometnmt.DataError, match="spaCy has no tokenizer for language 'foo'"):
-        cometnmt.evaluate_checkpoint(tmp_path / "run" / "best.pt", "valid", device="cpu")
+    caplog.clear()
+    decode = cometnmt.Translator.translate_split
+
+    def warned_first(*args, **kwargs):
+        assert "spaCy has no tokenizer for language 'foo'" in caplog.text, "decoded before saying why"
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(cometnmt.Translator, "translate_split", warned_first)
+    with caplog.at_level("WARNING"):
+        result, out = cometnmt.evaluate_checkpoint(tmp_path / "run" / "best.pt", "valid", device="cpu")
+    assert result["bleu"] == cometnmt.score(out.hyps, out.refs, lang="en")["bleu"]
+    assert "paper_bleu" not in result and "bleu_by_length" not in result
+    assert result["not_computed"] == "the COMET paper's metric and BLEU by length: spaCy cannot tokenise 'foo'"
+
+
+def test_score_without_spacy_for_a_language(caplog):
+    """score() of a language spaCy cannot tokenise gives BLEU and chrF and says what is missing;
+    the table shows it; without the source language's tokenizer only BLEU by length is left out
+    (lengths in the target language's tokens would be wrong), and misaligned sources still fail."""
+    from cometnmt.evaluation import format_table
+
+    hyps, refs, src = ["A dog runs .", "Two cats ."], ["A dog runs .", "Two cats sleep ."], ["x y z", "x y"]
+    with caplog.at_level("WARNING"):
+        result = cometnmt.score(hyps, refs, lang="foo")
+    assert "spaCy has no tokenizer for language 'foo'" in caplog.text
+    assert result["bleu"] == cometnmt.score(hyps, refs, lang="en")["bleu"] and "paper_bleu" not in result
+    assert "paper BLEU" not in format_table(result) and "spaCy cannot tokenise 'foo'" in format_table(result)
+    with_src = cometnmt.score(hyps, refs, lang="en", src=src, src_lang="foo")
+    assert "paper_bleu" in with_src and "bleu_by_length" not in with_src
+    assert with_src["not_computed"] == "BLEU by length: spaCy cannot tokenise 'foo'"
+    with pytest.raises(cometnmt.DataError, match="got 1 source sentences but 2 references"):
+        cometnmt.score(hyps, refs, lang="en", src=src[:1], src_lang="foo")
 
 
 def load_history(run):

@@ -114,6 +114,17 @@ class SpacyTokenizer:
         return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
 
 
+def paper_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer | None:
+    """spaCy's tokenizer of ``lang`` for the COMET paper's metric, or None, with a warning that
+    names why, where spaCy cannot tokenise ``lang`` (Japanese without SudachiPy, a language spaCy
+    lacks): scores are then sacreBLEU's BLEU and chrF without the paper metric."""
+    try:
+        return SpacyTokenizer(lang, lowercase=lowercase)
+    except DataError as exc:
+        logger.warning("%s: scores are BLEU and chrF without the COMET paper's metric", exc)
+        return None
+
+
 class SentencePieceTokenizer:
     """Subword tokenizer from a SentencePiece model kept as serialized proto bytes.
 

@@ -40,7 +40,7 @@ from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
 from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import select_tags
-from cometnmt.data.tokenizers import SpacyTokenizer
+from cometnmt.data.tokenizers import SpacyTokenizer, paper_tokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import DataError
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
@@ -130,16 +130,10 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------
 
     def _paper_tokenizer(self) -> Optional[SpacyTokenizer]:
-        """spaCy's tokenizer of the target language, for the paper metric in validation. A
-        SentencePiece model of a language spaCy cannot tokenise (Japanese without SudachiPy, say)
-        validates on sacreBLEU's BLEU and chrF alone, with a warning."""
-        try:
-            return SpacyTokenizer(self.cfg.data.tgt_lang, lowercase=self.cfg.data.lowercase)
-        except DataError as exc:
-            if self.cfg.data.tokenizer == "spacy":
-                raise
-            log.warning("%s: validation reports BLEU and chrF without the COMET paper's metric", exc)
-            return None
+        """spaCy's tokenizer of the target language, for the paper metric in validation; None
+        (validation on BLEU and chrF alone, with a warning) for a SentencePiece model of a
+        language spaCy cannot tokenise (Japanese without SudachiPy, say)."""
+        return paper_tokenizer(self.cfg.data.tgt_lang, lowercase=self.cfg.data.lowercase)
 
     def _wrap(self, model: Seq2Seq) -> torch.nn.Module:
         net: torch.nn.Module = model
