@@ -24,7 +24,6 @@ from typing import Sequence
 
 from cometnmt.config import Config, apply_overrides, load_config
 from cometnmt.errors import CheckpointError, ConfigError, setting
-from cometnmt.evaluation import score
 from cometnmt.inference import SplitTranslation, Translator
 
 

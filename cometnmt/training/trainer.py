@@ -42,7 +42,6 @@ from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import select_tags
 from cometnmt.data.tokenizers import SpacyTokenizer, paper_tokenizer
 from cometnmt.data.vocab import PAD
-from cometnmt.errors import DataError
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
 from cometnmt.models.base import Seq2Seq
