@@ -407,6 +407,16 @@ def validate(cfg: Config) -> None:
                           f"(its learning rate is 0 without warmup), got {cfg.train.warmup_steps}")
     if cfg.train.stopping == "bleu_patience" and not cfg.train.valid_bleu:
         raise ConfigError("config key 'train.stopping': bleu_patience stops on validation BLEU, which needs train.valid_bleu: true")
+    if cfg.data.tokenizer == "sentencepiece" and cfg.data.sp_vocab_size < 5:
+        raise ConfigError(f"config key 'data.sp_vocab_size': must be at least 5 (an unknown piece and a few characters), "
+                          f"got {cfg.data.sp_vocab_size}")
+    if cfg.data.corpus == "multi30k":
+        from cometnmt.data.multi30k import SPLITS
+
+        for key in ("train_split", "valid_split", "test_split"):
+            if getattr(cfg.data, key) not in SPLITS:
+                raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a Multi30k task-1 split "
+                                  f"this package knows; expected one of {', '.join(SPLITS)} (other files: data.corpus: files)")
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
                           f"got {cfg.data.max_vocab}")

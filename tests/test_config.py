@@ -88,6 +88,8 @@ def test_attention_dropout_is_checked_and_named():
     (["train.patience=0"], "'train.patience': must be at least 1"),
     (["train.loss_rise_epochs=0"], "'train.loss_rise_epochs': must be at least 1"),
     (["data.max_vocab=2"], "'data.max_vocab': must be at least 5"),
+    (["data.tokenizer=sentencepiece", "data.sp_vocab_size=0"], "'data.sp_vocab_size': must be at least 5"),
+    (["data.test_split=test_2017_flickr"], "'data.test_split': 'test_2017_flickr' is not a Multi30k task-1 split"),
     (["model.comet.features=[]"], "'model.comet.features': needs at least one layer"),
     (["model.comet.dilations=[1]"], "'model.comet.dilations': one dilation of at least 1 per layer"),
     (["model.comet.kernel_size=0"], "'model.comet.kernel_size': must be at least 1"),

@@ -297,3 +297,15 @@ def test_collate_shapes_and_masks() -> None:
     assert torch.equal(moved.tgt_out, batch.tgt_out)
     infer = collate([[5], [6, 7]], None, indices=[0, 1])
     assert infer.tgt_in.shape == (2, 0) and infer.tgt_out.shape == (2, 0) and infer.n_tgt_tokens == 0
+
+
+def test_a_sentencepiece_vocabulary_too_small_for_the_text_names_its_key():
+    """SentencePiece needs a piece per character: a smaller data.sp_vocab_size fails naming the key."""
+    from cometnmt.config import load_config
+    from cometnmt.data.corpus import ParallelCorpus
+    from cometnmt.data.pipeline import build_codec
+
+    cfg = load_config(None, ["data.tokenizer=sentencepiece", "data.sp_vocab_size=6"]).data
+    corpus = ParallelCorpus(["Ein Hund läuft.", "Zwei Katzen."], ["A dog runs.", "Two cats."], "a.de", "a.en", 0)
+    with pytest.raises(DataError, match=r"config key 'data.sp_vocab_size' \(de\): SentencePiece training .*vocab_size=6"):
+        build_codec(cfg, corpus)

@@ -111,12 +111,16 @@ def read_split(cfg, split: str) -> ParallelCorpus:
 
 def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
     """Fit tokenizers and vocabularies on the training split; also return its tokens."""
-    src_tok = build_tokenizer(
-        cfg.tokenizer, cfg.src_lang, train.src, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size, sp_model_type=cfg.sp_model_type
-    )
-    tgt_tok = build_tokenizer(
-        cfg.tokenizer, cfg.tgt_lang, train.tgt, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size, sp_model_type=cfg.sp_model_type
-    )
+    def fit(lang: str, texts: list[str]):
+        try:
+            return build_tokenizer(cfg.tokenizer, lang, texts, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size,
+                                   sp_model_type=cfg.sp_model_type)
+        except DataError as exc:
+            if "vocab_size" in str(exc):  # too small for the characters of the text, say
+                raise DataError(f"config key 'data.sp_vocab_size' ({lang}): {exc}") from None
+            raise
+
+    src_tok, tgt_tok = fit(cfg.src_lang, train.src), fit(cfg.tgt_lang, train.tgt)
     src_tokens, tgt_tokens = src_tok.tokenize_many(train.src), tgt_tok.tokenize_many(train.tgt)
     min_freq = cfg.min_freq if cfg.tokenizer == "spacy" else 1
     codec = TextCodec(
