@@ -87,6 +87,18 @@ def test_hanta_tags_german_pos():
     assert spans[1][:2] == (4, 8)
 
 
+def test_the_cache_key_changes_with_the_tag_mapping():
+    """Cached tags are already mapped onto UPOS, so the annotators' names (the cache key) carry a
+    fingerprint of the mapping: a changed table annotates again instead of serving stale tags."""
+    pytest.importorskip("HanTa")
+    from cometnmt.data.tagging import STTS_TO_UPOS, HanTaAnnotator, mapping_fingerprint
+
+    name = HanTaAnnotator().name
+    assert name.endswith("/" + mapping_fingerprint(STTS_TO_UPOS, UPOS))
+    assert mapping_fingerprint({**STTS_TO_UPOS, "PTKZU": "ADP"}, UPOS) != mapping_fingerprint(STTS_TO_UPOS, UPOS)
+    assert mapping_fingerprint(STTS_TO_UPOS, UPOS[:-1]) != mapping_fingerprint(STTS_TO_UPOS, UPOS)
+
+
 class CountingAnnotator:
     name, tasks = "fake@1", ("pos",)
 

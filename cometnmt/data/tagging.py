@@ -101,6 +101,15 @@ def stts_to_upos(tag: str) -> str:
 # annotators
 
 
+# The cache holds tags already mapped (STTS -> UPOS, unknown POS -> X): a change to the mapping
+# changes every annotator's name, and so its cache key, rather than serving stale tags.
+def mapping_fingerprint(stts_to_upos: dict[str, str], upos: list[str]) -> str:
+    return hashlib.sha256(json.dumps([stts_to_upos, upos], sort_keys=True).encode("utf-8")).hexdigest()[:8]
+
+
+_MAPPING = mapping_fingerprint(STTS_TO_UPOS, UPOS)
+
+
 class Annotator(Protocol):
     """Tags raw sentences with word spans for one or more tasks."""
 
@@ -128,7 +137,7 @@ class SpacyAnnotator:
         if "ner" in tasks and "ner" not in pipes:
             raise ConfigError(f"config key '{key}': spaCy pipeline {pipeline!r} has no 'ner' component")
         self.tasks = tasks
-        self.name = f"spacy:{pipeline}@{self.nlp.meta.get('version', '?')}/spacy{spacy.__version__}"
+        self.name = f"spacy:{pipeline}@{self.nlp.meta.get('version', '?')}/spacy{spacy.__version__}/{_MAPPING}"
         self.entity_types = list(self.nlp.get_pipe("ner").labels) if "ner" in tasks else []
 
     def annotate(self, texts: list[str]) -> dict[str, list[list[Span]]]:
@@ -153,7 +162,7 @@ class HanTaAnnotator:
 
         self.tagger = HanoverTagger.HanoverTagger("morphmodel_ger.pgz")
         self.tokenizer = spacy.blank("de").tokenizer
-        self.name = f"hanta:ger@{importlib.metadata.version('HanTa')}"
+        self.name = f"hanta:ger@{importlib.metadata.version('HanTa')}/spacy{spacy.__version__}/{_MAPPING}"
 
     def annotate(self, texts: list[str]) -> dict[str, list[list[Span]]]:
         spans = []
