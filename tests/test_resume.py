@@ -118,3 +118,30 @@ def test_an_auxiliary_loss_is_weighed_by_its_own_weight_only(tmp_path, data_dir,
     assert logged("aux") == logged("plain")
     for key, value in plain["model"].items():
         assert torch.equal(value, aux["model"][key]), key
+
+
+def test_a_resume_on_changed_data_files_is_refused(tmp_path, data_dir):
+    """The config alone cannot tell that a data file was edited since the run started: the
+    checkpoint records a digest of each split's pairs, and --resume on other sentences (which would
+    not continue exactly) is an error naming the files; unchanged files resume."""
+    import gzip
+
+    from cometnmt.errors import DataError
+
+    files = []
+    for split, name, n in (("train", "train", 120), ("valid", "val", 10)):
+        for side, lang in (("src", "de"), ("tgt", "en")):
+            with gzip.open(data_dir / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (tmp_path / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+            files.append(f"data.{split}_{side}={tmp_path / f'{split}.{lang}'}")
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, "data.corpus=files", *files, "train.max_steps=1")
+    run_module.train(cfg)
+    lines = (tmp_path / "train.de").read_text(encoding="utf-8").splitlines(keepends=True)
+    edited = lines[:5] + ["Ein ganz anderer Satz.\n"] + lines[6:]
+    (tmp_path / "train.de").write_text("".join(edited), encoding="utf-8")
+    longer = tiny_train_cfg(tmp_path / "run", data_dir, "data.corpus=files", *files, "train.max_steps=2")
+    with pytest.raises(DataError, match=r"train.de / .*train.en: the train sentences differ from those the run in"):
+        run_module.train(longer, resume=True)
+    (tmp_path / "train.de").write_text("".join(lines), encoding="utf-8")
+    run_module.train(longer, resume=True)
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2

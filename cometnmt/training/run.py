@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from pathlib import Path
@@ -57,6 +58,27 @@ def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
             "set train.save_dir to a new folder, or move the old run away"
         )
     return None
+
+
+def corpus_digest(corpus) -> str:
+    """SHA-256 of a split's sentence pairs as read (after data.max_*_pairs; empty pairs skipped)."""
+    h = hashlib.sha256()
+    for src, tgt in zip(corpus.src, corpus.tgt):
+        h.update(src.encode("utf-8") + b"\t" + tgt.encode("utf-8") + b"\n")
+    return h.hexdigest()
+
+
+def _check_same_data(payload: dict, digests: dict[str, str], corpora: dict, last: Path) -> None:
+    """--resume continues exactly only on the sentences the run started with: a split whose text
+    changed since (the files, not the config) is an error naming its files. Checkpoints written
+    before digests were recorded are not checked."""
+    for split, digest in digests.items():
+        old = payload.get("data_digests", {}).get(split)
+        if old is not None and old != digest:
+            c = corpora[split]
+            raise DataError(f"--resume: {c.src_path} / {c.tgt_path}: the {split} sentences differ from those the run in "
+                            f"{last} was trained on, so it would not continue exactly; restore those files, or train "
+                            "into a new train.save_dir")
 
 
 def _changed(old: dict, new: dict, prefix: str = ""):
@@ -136,6 +158,10 @@ def train(cfg: Config, resume: bool = False) -> dict:
 
         train_corpus = read_split(cfg.data, "train")
         valid_corpus = read_split(cfg.data, "valid")
+        corpora = {"train": train_corpus, "valid": valid_corpus}
+        digests = {split: corpus_digest(c) for split, c in corpora.items()}
+        if payload is not None:
+            _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / "last.pt")
         codec = None if payload is None else TextCodec.from_state(payload["codec"])
         codec, train_data = training_examples(cfg, train_corpus, codec)
         valid_data = encode_pairs(codec, valid_corpus, None)
@@ -151,6 +177,7 @@ def train(cfg: Config, resume: bool = False) -> dict:
         check_positions(cfg, model.position_limit(), valid_corpus, valid_data)
         log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
         trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
+        trainer.data_digests = digests
         if payload is not None:
             trainer.load_state_dict(payload)
             log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)

@@ -124,6 +124,7 @@ class Trainer:
         self.stale = 0  # epochs of rising loss (loss_rise) or without better BLEU (bleu_patience)
         self.finished = False
         self._step_rng: Optional[dict] = None
+        self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self._eval_tok = self._paper_tokenizer() if self.tc.valid_bleu else None
 
     # -- setup ---------------------------------------------------------------------------------
@@ -168,6 +169,7 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "workdir": os.getcwd(),  # what the config's relative data paths are relative to
+            "data_digests": self.data_digests,  # a --resume on changed files is refused
             "trainer": {
                 "consumed": self.consumed,
                 "history": self.history,
