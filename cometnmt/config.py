@@ -137,7 +137,7 @@ class DecodeConfig:
     beam_size: int = 5
     length_penalty: float = 1.0  # GNMT alpha: score / ((5 + len) / 6) ** alpha
     nbest: int = 1
-    max_len_a: float = 1.5  # output length bound: a * source_len + b
+    max_len_a: float = 1.5  # output length bound: a * source tokens (without src_sos_eos specials) + b
     max_len_b: int = 10
     batch_sentences: int = 128
 

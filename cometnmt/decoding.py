@@ -28,7 +28,7 @@ class Hypothesis:
     score: float  # length-normalised log-probability (beam) or plain log-probability (greedy)
 
 
-def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int, cap: Optional[int] = None) -> torch.Tensor:
+def max_lengths(src_pad_mask: torch.Tensor, a: float, b: float, cap: Optional[int] = None) -> torch.Tensor:
     """Per-sentence bound on generated tokens (</s> included): B long. ``cap``: the model's
     position limit (``Seq2Seq.position_limit``), which the step at position t needs t < cap."""
     src_len = (~src_pad_mask).sum(dim=1)  # B
@@ -37,7 +37,7 @@ def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int, cap: Optional[int]
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float, max_len_b: int
+    model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float, max_len_b: float
 ) -> list[Hypothesis]:
     """Arg-max decoding with the incremental step. Returns one hypothesis per sentence, in order."""
     B = src.size(0)
@@ -65,7 +65,7 @@ def greedy_search(
 
 @torch.no_grad()
 def greedy_search_full_prefix(
-    model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float, max_len_b: int
+    model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float, max_len_b: float
 ) -> list[Hypothesis]:
     """Greedy decoding that re-decodes the whole prefix at every step (no cache): the paper's
     description taken literally. Kept as the reference the benchmark compares the incremental
@@ -110,7 +110,7 @@ def beam_search(
     length_penalty: float,
     nbest: int,
     max_len_a: float,
-    max_len_b: int,
+    max_len_b: float,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses per sentence, best first.
 
@@ -198,10 +198,12 @@ def _finish_rows(bucket, scores, seqs, alpha) -> None:
             bucket.append((float(length_normalise(torch.tensor(score), len(row), alpha)), row))
 
 
-def search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, cfg) -> list[list[Hypothesis]]:
-    """Dispatch on a DecodeConfig: greedy (one hypothesis each) or beam (``cfg.nbest`` each)."""
+def search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, cfg,
+           src_specials: int = 0) -> list[list[Hypothesis]]:
+    """Dispatch on a DecodeConfig: greedy (one hypothesis each) or beam (``cfg.nbest`` each).
+    ``src_specials``: tokens each source carries besides its words (2 for the <s> </s> of
+    ``data.src_sos_eos``), left out of the length bound ``max_len_a * words + max_len_b``."""
+    a, b = cfg.max_len_a, cfg.max_len_b - src_specials * cfg.max_len_a
     if cfg.method == "greedy":
-        return [[h] for h in greedy_search(model, src, src_pad_mask, bos, eos, cfg.max_len_a, cfg.max_len_b)]
-    return beam_search(
-        model, src, src_pad_mask, bos, eos, cfg.beam_size, cfg.length_penalty, cfg.nbest, cfg.max_len_a, cfg.max_len_b
-    )
+        return [[h] for h in greedy_search(model, src, src_pad_mask, bos, eos, a, b)]
+    return beam_search(model, src, src_pad_mask, bos, eos, cfg.beam_size, cfg.length_penalty, cfg.nbest, a, b)

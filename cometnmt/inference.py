@@ -175,7 +175,8 @@ class Translator:
         self.model.eval()
         for idx in self._batches(src_ids, decode_cfg.batch_sentences):
             batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
-            results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg)
+            results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
+                             src_specials=2 if self.codec.src_sos_eos else 0)  # bound on words, not <s> </s>
             for i, hyps in zip(idx, results):
                 out[i] = [self._text(h.tokens, h.score) for h in hyps]
             bar.update(len(idx))

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix, length_normalise
+from cometnmt.config import DecodeConfig
+from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix, length_normalise, search
 from cometnmt.models.base import Seq2Seq
 
 from test_models import CASES, make, random_batch, warm_batch_norm
@@ -122,6 +123,12 @@ def test_output_length_is_bounded(trained_like):
     beam = beam_search(trained_like, src, mask, BOS, EOS, 3, 1.0, 3, 2.0, 3)
     assert [len(b[0].tokens) for b in beam] == [11, 5]
     assert all(len(b) == 3 for b in beam)
+    # data.src_sos_eos: <s> and </s> around each source do not lengthen the bound
+    wrapped, wrapped_mask = random_batch([6, 3], 23, torch.Generator().manual_seed(3))
+    cfg = DecodeConfig(method="greedy", max_len_a=2.0, max_len_b=3)
+    assert [len(h[0].tokens) for h in search(trained_like, wrapped, wrapped_mask, BOS, EOS, cfg, src_specials=2)] == [11, 5]
+    beam_cfg = DecodeConfig(method="beam", beam_size=3, nbest=1, max_len_a=2.0, max_len_b=3)
+    assert [len(h[0].tokens) for h in search(trained_like, wrapped, wrapped_mask, BOS, EOS, beam_cfg, src_specials=2)] == [11, 5]
 
 
 @pytest.mark.parametrize("name", ["transformer", "comet_temporal", "transformer_pp"])
