@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -105,14 +106,18 @@ class SplitTranslation:
     hyps: list[str]
 
 
+_LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
+
+
 def _check_sentences(texts: list) -> None:
-    """Each item one sentence: a string, without a line break, encodable as UTF-8 (no lone
-    surrogates, which JSON and Python strings can carry)."""
+    """Each item one sentence: a string, without a newline, encodable as UTF-8 (no lone
+    surrogates, which JSON and Python strings can carry). A carriage return inside a sentence is
+    text, as in training (files are split on newlines only; the tokenizers take it as a space)."""
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"sentence {i + 1} is a {type(text).__name__}, not a string")
-        if "\n" in text or "\r" in text:
-            raise DataError(f"sentence {i + 1} holds a line break; give one sentence per string")
+        if "\n" in text:
+            raise DataError(f"sentence {i + 1} holds a newline; give one sentence per string")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -185,7 +190,10 @@ class Translator:
 
     def _text(self, ids: list[int], score: float) -> Translation:
         tokens = self.codec.tgt_vocab.decode(ids)
-        return Translation(self.codec.tgt_tok.detokenize(tokens), score, tokens)
+        text = self.codec.tgt_tok.detokenize(tokens)
+        # one translation, one line: a line separator a model learned from its training text
+        # (a SentencePiece piece holding "\r", say) would split it wherever outputs are read back
+        return Translation(_LINE_BREAKS.sub(" ", text), score, tokens)
 
     def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool = False, *,
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,

@@ -62,9 +62,9 @@ def _request_texts(body: dict, max_sentences: int) -> tuple[list[str], bool]:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f'"texts" has {len(texts)} sentences, more than this server takes at once ({max_sentences})')
     for i, text in enumerate(texts):
-        if "\n" in text or "\r" in text:
+        if "\n" in text:  # a carriage return is text, as for Translator
             where = '"text"' if single else f'"texts"[{i}]'
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} holds a line break; send one sentence per string")
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} holds a newline; send one sentence per string")
     return texts, single
 
 

@@ -85,7 +85,7 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"text": "a", "texts": ["b"]}, None, 400, 'exactly one of "text"'),
     ({"text": 3}, None, 400, '"text" must be a string, got int'),
     ({"texts": ["a", 1]}, None, 400, '"texts" must be a list of strings'),
-    ({"texts": ["a", "b\nc"]}, None, 400, '"texts"[1] holds a line break'),
+    ({"texts": ["a", "b\nc"]}, None, 400, '"texts"[1] holds a newline'),
     ({"texts": ["a"] * 4}, None, 413, "4 sentences, more than this server takes at once (3)"),
     ({"text": "a", "beam": 0}, None, 400, "beam=0: must be at least 1"),
     ({"text": "a", "beam": "5"}, None, 400, "beam='5': must be an integer"),
