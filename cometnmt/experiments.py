@@ -353,9 +353,26 @@ def _report_commit() -> str:
     return head + (" (uncommitted changes)" if _git("status", "--porcelain") else "")
 
 
+def _runs_without(records: list[dict], overrides: list[str]) -> dict[str, list[str]]:
+    """For each run whose recorded training command lacks some of ``overrides`` (a run trained by
+    another call, e.g. merged from an earlier report or reported with --report-only), the ones it
+    lacks."""
+    out = {}
+    for r in records:
+        if "command" not in r:
+            continue
+        parts = shlex.split(r["command"])
+        given = {parts[i + 1] for i, part in enumerate(parts[:-1]) if part == "--set"}
+        lacking = [o for o in overrides if o not in given]
+        if lacking:
+            out[f"{r['row']} seed {r['seed']}"] = lacking
+    return out
+
+
 def provenance(args, seconds: float, records: list[dict], missing: list[str]) -> dict:
     """Commit, command, hardware and software of a report; hardware and torch are those the runs
-    recorded, else this machine's."""
+    recorded, else this machine's. ``overrides`` are this call's; ``runs_without_overrides`` names
+    the runs whose recorded commands lack some of them."""
     return {
         "commit": _report_commit(),
         "command": "cometnmt " + shlex.join(sys.argv[1:]),
@@ -367,6 +384,7 @@ def provenance(args, seconds: float, records: list[dict], missing: list[str]) ->
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "wall_seconds": seconds,
         "overrides": args.set,
+        "runs_without_overrides": _runs_without(records, args.set),
         "eval_limit": args.eval_limit,
     }
 
@@ -378,6 +396,9 @@ def provenance_lines(p: dict) -> list[str]:
              f"- command: `{p['command']}`", f"- hardware of the runs: {p['hardware']}, torch {p['torch']}",
              f"- date: {p['date']}; wall time of this call {p['wall_seconds'] / 60:.1f} min; "
              f"training time of all runs {p['train_hours']:.2f} h", f"- overrides for every run: {p['overrides'] or 'none'}"]
+    if p.get("runs_without_overrides"):
+        lines.append("- **trained without some of these overrides (their own commands are below): "
+                     + "; ".join(f"{run}: {', '.join(o)}" for run, o in p["runs_without_overrides"].items()) + "**")
     if p["missing_runs"]:
         lines.append(f"- **not finished (not in the table): {', '.join(p['missing_runs'])}**")
     if p["eval_limit"]:

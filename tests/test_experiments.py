@@ -218,3 +218,22 @@ def test_merged_runs_must_have_been_decoded_alike(tmp_path, capsys, monkeypatch)
     old.write_text(json.dumps({"runs": [{"row": "comet", "seed": 1, "eval_limit": 30, "test": {"paper_bleu": 1.0}}]}))
     assert main(["reproduce", "--report-only", "--seeds", "1", "--out", str(tmp_path / "new"), "--merge-report", str(old)]) == 2
     assert "comet seed 1 of --merge-report" in capsys.readouterr().err
+
+
+def test_the_report_names_runs_trained_without_its_overrides(monkeypatch):
+    """A --report-only or --merge-report call lists its own --set overrides "for every run"; runs
+    trained by another call with other settings (Table 1's ConvS2S and RNN: their presets' batches,
+    lr and epoch cap) were reported as if trained with them."""
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    sets = ["train.lr=5e-4", "train.max_epochs=30"]
+    args = argparse.Namespace(device="cpu", set=sets, eval_limit=None)
+    base = "python -m cometnmt train c.yaml --set train.seed=1"
+    records = [{"row": "comet", "seed": 1, "command": f"{base} --set train.lr=5e-4 --set train.max_epochs=30"},
+               {"row": "convs2s", "seed": 1, "command": f"{base} --set train.precision=bf16"},
+               {"row": "rnn", "seed": 2, "command": f"{base} --set train.max_epochs=30"}]
+    prov = provenance(args, 1.0, records, [])
+    assert prov["runs_without_overrides"] == {"convs2s seed 1": sets, "rnn seed 2": ["train.lr=5e-4"]}
+    text = "\n".join(provenance_lines(prov))
+    assert "convs2s seed 1: train.lr=5e-4, train.max_epochs=30; rnn seed 2: train.lr=5e-4" in text
+    assert provenance(args, 1.0, records[:1], [])["runs_without_overrides"] == {}
+    assert "without some of these overrides" not in "\n".join(provenance_lines(provenance(args, 1.0, records[:1], [])))
