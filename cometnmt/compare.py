@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
+from cometnmt.experiments import RunSpec, check_run_args, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ def _markdown(report: dict) -> str:
         for s in report["significance"]:
             seeds = ", ".join(map(str, s["seeds"])) + (" (pooled)" if len(s["seeds"]) > 1 else "")
             lines.append(f"| {seeds} | {s['metric']} | {s['a_system']} | {s['b_system']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | "
-                         f"{s['a_ci95'][0]:.2f}–{s['a_ci95'][1]:.2f} | {s['b_ci95'][0]:.2f}–{s['b_ci95'][1]:.2f} | {s['p_value']:.3f} |")
+                         f"{s['a_ci95'][0]:.2f}–{s['a_ci95'][1]:.2f} | {s['b_ci95'][0]:.2f}–{s['b_ci95'][1]:.2f} | {fmt_p(s)} |")
     if report["aux_losses"]:
         lines += ["", "## Auxiliary task losses (first and last logged value)", "",
                   "| system | seed | loss | first (step) | last (step) |", "|---|---|---|---|---|"]

@@ -284,6 +284,13 @@ def fmt(pair: tuple[Optional[float], Optional[float]]) -> str:
     return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
 
 
+def fmt_p(test: dict) -> str:
+    """A bootstrap p-value as a reader may quote it: none of ``n_samples`` samples is not p = 0,
+    only p < 1/n_samples."""
+    p, n = test["p_value"], test.get("n_samples")
+    return f"< {1 / n:g}" if p == 0 and n else f"{p:.3f}"
+
+
 def _shown_path(part: str) -> str:
     """A config path as a reader can rerun it: relative to the current folder when under it,
     otherwise as recorded."""

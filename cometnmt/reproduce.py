@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, eval_limit_mismatch, fmt, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
+from cometnmt.experiments import RunSpec, check_run_args, eval_limit_mismatch, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +373,7 @@ def _markdown(args, report: dict) -> str:
                   f"| seed | metric | {name} | Transformer | Δ | p (Transformer ≥ {name}) |", "|---|---|---|---|---|---|"]
         for s in report["significance"]:
             seed = s["seed"] if s["seed"] != "pooled" else ", ".join(map(str, s["seeds"])) + " (pooled)"
-            lines.append(f"| {seed} | {s['metric']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | {s['p_value']:.3f} |")
+            lines.append(f"| {seed} | {s['metric']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | {fmt_p(s)} |")
     if report.get("figure4"):
         lines += ["", "## Figure 4: BLEU difference by source length", "", "![figure 4](figure4_bleu_by_length.png)", ""]
     lines += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]

@@ -237,3 +237,21 @@ def test_the_report_names_runs_trained_without_its_overrides(monkeypatch):
     assert "convs2s seed 1: train.lr=5e-4, train.max_epochs=30; rnn seed 2: train.lr=5e-4" in text
     assert provenance(args, 1.0, records[:1], [])["runs_without_overrides"] == {}
     assert "without some of these overrides" not in "\n".join(provenance_lines(provenance(args, 1.0, records[:1], [])))
+
+
+def test_a_bootstrap_no_sample_of_which_went_the_other_way_is_not_p_0(monkeypatch):
+    """0 of 1,000 samples bounds p below 1/1000; the reports printed "p = 0.000"."""
+    from cometnmt import compare, reproduce
+    from cometnmt.experiments import fmt_p
+
+    assert fmt_p({"p_value": 0.0, "n_samples": 1000}) == "< 0.001" and fmt_p({"p_value": 0.0, "n_samples": 50}) == "< 0.02"
+    assert fmt_p({"p_value": 0.0012, "n_samples": 10000}) == "0.001" and fmt_p({"p_value": 0.5}) == "0.500"
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=None, out=".")
+    test = {"metric": "bleu", "a": 35.3, "b": 23.7, "delta": 11.6, "a_ci95": [34.0, 36.0], "b_ci95": [22.0, 25.0],
+            "p_value": 0.0, "n_samples": 1000}
+    report = {"provenance": provenance(args, 1.0, [], []), "systems": ["a", "b"], "metrics": ["bleu"], "table": [],
+              "runs": [], "aux_losses": [], "significance": [{"a_system": "a", "b_system": "b", "seeds": [1], **test}]}
+    assert "| 34.00–36.00 | 22.00–25.00 | < 0.001 |" in compare._markdown(report)
+    report = {"provenance": report["provenance"], "table": [], "runs": [], "significance": [{"seed": 1, **test}]}
+    assert "| 1 | bleu | 35.30 | 23.70 | +11.60 | < 0.001 |" in reproduce._markdown(args, report)
