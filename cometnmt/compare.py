@@ -266,7 +266,7 @@ def _markdown(report: dict) -> str:
     lines = [f"# {names[0]} compared with {', '.join(names[1:])}", ""] + provenance_lines(p)
     lines += ["", "BLEU and chrF: sacreBLEU, cased, on detokenised text (signatures in report.json)"
               + (f"; paper = {PAPER_BLEU_LABEL}" if paper else "") + ". Each run is "
-              "decoded with its config's search on the checkpoint shown. Mean ± sd over seeds.", "",
+              "decoded with its config's search on the checkpoint shown. Mean ± sample sd (n − 1) over seeds; one seed has no ±.", "",
               "| system | architecture | parameters | seeds | epochs | checkpoint | search | dev BLEU | test BLEU | test chrF | "
               + ("dev (paper) | test (paper) | " if paper else "") + "train tokens/s |",
               "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if paper else "") + "---|"]

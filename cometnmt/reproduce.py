@@ -351,7 +351,7 @@ def _markdown(args, report: dict) -> str:
                      "(their folders were gone); where COMET's and the Transformer's hypotheses were gone too, "
                      "the bootstrap rows and examples are that report's")
     lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
-              "(signatures in report.json). Greedy decoding, best-validation-loss checkpoint. Mean ± sd over seeds.", ""]
+              "(signatures in report.json). Greedy decoding, best-validation-loss checkpoint. Mean ± sample sd (n − 1) over seeds; one seed has no ±.", ""]
     lines.append("| model | seeds | epochs | paper dev | ours dev (paper) | ours dev BLEU | paper test | ours test (paper) | ours test BLEU | ours test chrF |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for e in report["table"]:

@@ -255,3 +255,18 @@ def test_a_bootstrap_no_sample_of_which_went_the_other_way_is_not_p_0(monkeypatc
     assert "| 34.00–36.00 | 22.00–25.00 | < 0.001 |" in compare._markdown(report)
     report = {"provenance": report["provenance"], "table": [], "runs": [], "significance": [{"seed": 1, **test}]}
     assert "| 1 | bleu | 35.30 | 23.70 | +11.60 | < 0.001 |" in reproduce._markdown(args, report)
+
+
+def test_the_reports_say_which_standard_deviation(monkeypatch):
+    """mean_sd is the sample deviation (n - 1); the reports only said "sd", and the committed
+    one-seed rows of Table 1 showed "± 0.00"."""
+    from cometnmt import compare, reproduce
+
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=None, out=".")
+    prov = provenance(args, 1.0, [], [])
+    said = "Mean ± sample sd (n − 1) over seeds; one seed has no ±."
+    assert said in compare._markdown({"provenance": prov, "systems": ["a", "b"], "table": [], "runs": [],
+                                      "significance": [], "aux_losses": []})
+    assert said in reproduce._markdown(args, {"provenance": prov, "table": [], "runs": []})
+    assert mean_sd([1.0, 2.0, 3.0])[1] == 1.0  # sample, not population (0.816...)
