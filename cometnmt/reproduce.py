@@ -313,7 +313,7 @@ def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> li
     c_s, t_s = comet["test"]["sentence_bleu"], trans["test"]["sentence_bleu"]
     order = sorted(range(len(refs)), key=lambda i: c_s[i] - t_s[i])
     picks = order[::-1][: args.examples] + order[: args.examples]
-    return [{"index": i, "source": src[i], "reference": refs[i], "transformer": t_h[i], "comet": c_h[i],
+    return [{"seed": comet["seed"], "index": i, "source": src[i], "reference": refs[i], "transformer": t_h[i], "comet": c_h[i],
              "transformer_bleu": t_s[i], "comet_bleu": c_s[i]} for i in picks]
 
 
@@ -378,7 +378,10 @@ def _markdown(args, report: dict) -> str:
         lines += ["", "## Figure 4: BLEU difference by source length", "", "![figure 4](figure4_bleu_by_length.png)", ""]
     lines += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
     if report.get("examples"):
-        lines += ["## Table 2-style examples (test sentences where the models differ most)", ""]
+        seed = report["examples"][0].get("seed")
+        lines += ["## Table 2-style examples (test sentences where the models differ most)", "",
+                  ("" if seed is None else f"Seed {seed}'s runs; ") + "sentence BLEU is the paper's metric of one sentence; "
+                  "#N is line N + 1 of the test set.", ""]
         for ex in report["examples"]:
             lines += [f"**#{ex['index']}** (sentence BLEU: {name} {ex['comet_bleu']:.1f}, Transformer {ex['transformer_bleu']:.1f})", "",
                       f"- Source: {ex['source']}", f"- Reference: {ex['reference']}",

@@ -88,3 +88,30 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
         bad = cli("reproduce", "--report-only", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out),
                   "--candidate", bad_cand, check=False)
         assert bad.returncode != 0 and f"--candidate {bad_cand}: must be one of --rows" in bad.stderr
+
+
+def _example_runs(monkeypatch, c_s, t_s):
+    """Two runs of seed 2 whose sentence BLEU are c_s (COMET) and t_s (Transformer), without training."""
+    import argparse
+    from pathlib import Path
+
+    from cometnmt import reproduce
+
+    n = len(c_s)
+    monkeypatch.setattr(reproduce, "test_hyps", lambda out, rec: [f"{rec['row']} hyp {i}" for i in range(n)])
+    monkeypatch.setattr(reproduce, "_test_corpus", lambda args, out, rec: ([f"src {i}" for i in range(n)],
+                                                                          [f"ref {i}" for i in range(n)], None))
+    records = [{"row": "comet", "seed": 2, "test": {"sentence_bleu": c_s}},
+               {"row": "transformer", "seed": 2, "test": {"sentence_bleu": t_s}}]
+    return reproduce, argparse.Namespace(examples=2, eval_limit=None), Path("."), records
+
+
+def test_the_examples_say_which_seed_they_come_from(monkeypatch):
+    reproduce, args, out, records = _example_runs(monkeypatch, [50.0, 10.0, 30.0, 0.0], [10.0, 50.0, 30.0, 20.0])
+    examples = reproduce._examples(args, out, records, {}, "comet")
+    assert {e["seed"] for e in examples} == {2}
+    assert all(e["source"] == f"src {e['index']}" and e["comet"] == f"comet hyp {e['index']}" for e in examples)
+    report = {"provenance": {"commit": "x", "run_commits": [], "command": "c", "hardware": "h", "torch": "t", "date": "d",
+                             "wall_seconds": 0.0, "train_hours": 0.0, "overrides": [], "missing_runs": [], "eval_limit": None},
+              "table": [], "runs": [], "examples": examples}
+    assert "Seed 2's runs; sentence BLEU is the paper's metric" in reproduce._markdown(args, report)
