@@ -301,7 +301,8 @@ def _figure4(out: Path, records: list[dict], cand: str) -> list[dict]:
 
 def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> list[dict]:
     """Test sentences of the first seed pair where the candidate's sentence BLEU most exceeds the
-    Transformer's, and where it falls most short (the keys say "comet" for the candidate)."""
+    Transformer's, and where it falls most short (at most ``--examples`` each, fewer where fewer
+    sentences differ that way; the keys say "comet" for the candidate)."""
     pairs = _paired_runs(records, cand)
     if not pairs:
         return []
@@ -312,7 +313,8 @@ def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> li
     src, refs, _ = _test_corpus(args, out, comet)
     c_s, t_s = comet["test"]["sentence_bleu"], trans["test"]["sentence_bleu"]
     order = sorted(range(len(refs)), key=lambda i: c_s[i] - t_s[i])
-    picks = order[::-1][: args.examples] + order[: args.examples]
+    better = [i for i in order[::-1] if c_s[i] > t_s[i]][: args.examples]  # never a tie, nor one sentence twice
+    picks = better + [i for i in order if c_s[i] < t_s[i]][: args.examples]
     return [{"seed": comet["seed"], "index": i, "source": src[i], "reference": refs[i], "transformer": t_h[i], "comet": c_h[i],
              "transformer_bleu": t_s[i], "comet_bleu": c_s[i]} for i in picks]
 

@@ -23,7 +23,8 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     assert rows["comet"]["paper_test"] == 38.69 and rows["transformer"]["paper_dev"] == 38.33
     assert rows["comet"]["test_bleu"][0] is not None and rows["comet"]["seeds"] == [1]
     assert {s["metric"] for s in report["significance"]} == {"paper", "bleu"}
-    assert len(report["examples"]) == 10 and {"source", "reference", "comet", "transformer"} <= set(report["examples"][0])
+    assert 0 < len(report["examples"]) <= 10 and {"source", "reference", "comet", "transformer"} <= set(report["examples"][0])
+    assert all(e["comet_bleu"] != e["transformer_bleu"] for e in report["examples"])  # only sentences that differ
     text = (out / "report.md").read_text()
     assert "| COMET | 1 |" in text and "first 30 sentences" in text and report["provenance"]["hardware"]
 
@@ -115,3 +116,12 @@ def test_the_examples_say_which_seed_they_come_from(monkeypatch):
                              "wall_seconds": 0.0, "train_hours": 0.0, "overrides": [], "missing_runs": [], "eval_limit": None},
               "table": [], "runs": [], "examples": examples}
     assert "Seed 2's runs; sentence BLEU is the paper's metric" in reproduce._markdown(args, report)
+
+
+def test_the_examples_are_sentences_where_the_models_differ(monkeypatch):
+    """With fewer differing sentences than 2 x --examples (a short --eval-limit, or models that
+    mostly agree), the two lists overlapped: a sentence COMET wins showed up again among those it
+    loses, and ties were shown as differences."""
+    reproduce, args, out, records = _example_runs(monkeypatch, [50.0, 30.0, 30.0, 0.0], [10.0, 30.0, 30.0, 30.0])
+    examples = reproduce._examples(args, out, records, {}, "comet")
+    assert [(e["index"], e["comet_bleu"] - e["transformer_bleu"]) for e in examples] == [(0, 40.0), (3, -30.0)]
