@@ -167,7 +167,7 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
         entry = {"system": name, "seeds": [r["seed"] for r in recs]}
         if recs:
             entry.update(arch=recs[0]["arch"], parameters=recs[0]["parameters"], search=_search_label(recs[0]["decode"]),
-                         checkpoint=recs[0]["checkpoint"])
+                         checkpoint=recs[0]["checkpoint"], checkpoints={r["seed"]: r["checkpoint"] for r in recs})
         for split in ("valid", "test"):
             for metric in ("bleu", "chrf", "paper_bleu"):
                 entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs if metric in r[split]])
@@ -257,6 +257,21 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
     plt.close(fig)
 
 
+def _checkpoint_label(entry: dict) -> str:
+    """The checkpoint(s) a system's runs were decoded with, by seed where they differ (runs that
+    stopped at other epochs average other epoch checkpoints)."""
+    def one(ckpt: list[str]) -> str:
+        return ckpt[0] if len(ckpt) == 1 else f"average of {len(ckpt)} ({ckpt[0]} … {ckpt[-1]})"
+
+    by_seed = entry.get("checkpoints") or {None: entry.get("checkpoint", ["–"])}
+    labels: dict[str, list[str]] = {}
+    for seed, ckpt in by_seed.items():
+        labels.setdefault(one(ckpt), []).append(str(seed))
+    if len(labels) == 1:
+        return next(iter(labels))
+    return "; ".join(f"seed{'s' if len(s) > 1 else ''} {', '.join(s)}: {label}" for label, s in labels.items())
+
+
 def _markdown(report: dict) -> str:
     p = report["provenance"]
     names = report["systems"]
@@ -271,8 +286,7 @@ def _markdown(report: dict) -> str:
               + ("dev (paper) | test (paper) | " if paper else "") + "train tokens/s |",
               "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if paper else "") + "---|"]
     for e in report["table"]:
-        ckpt = e.get("checkpoint", ["–"])
-        ckpt = ckpt[0] if len(ckpt) == 1 else f"average of {len(ckpt)} ({ckpt[0]} … {ckpt[-1]})"
+        ckpt = _checkpoint_label(e)
         params = f"{e['parameters'] / 1e6:.1f}M" if "parameters" in e else "–"
         tps = e["train_tokens_per_s"]
         lines.append(f"| {e['system']} | {e.get('arch', '–')} | {params} | {len(e['seeds'])} | {fmt(e['epochs'])} | {ckpt} | "

@@ -79,3 +79,22 @@ def test_compare_reports_failed_runs_and_exits_1(cli, tmp_path):
     assert "train.device='cuda', but CUDA is not available" in log
     report = json.loads((out / "report.json").read_text())  # the report is still written, every run missing
     assert report["provenance"]["missing_runs"] == ["transformer_pp_en_de seed 1", "transformer_pp_baseline_en_de seed 1"]
+
+
+def test_the_checkpoint_column_names_each_seeds_checkpoints_where_they_differ():
+    """A run that stopped at epoch 43 averages epochs 34-43; the table named seed 1's 36-45 for all
+    (the committed Transformer++ report)."""
+    from cometnmt import compare
+
+    def run(seed, last):
+        score = {"bleu": 30.0, "chrf": 50.0}
+        return {"row": "a", "seed": seed, "arch": "transformer", "parameters": 1, "decode": {"method": "greedy"},
+                "checkpoint": [f"epoch{e:03d}.pt" for e in range(last - 9, last + 1)], "valid": score, "test": score,
+                "epochs": last, "train_tokens_per_s": 1.0}
+
+    [entry] = compare.summarise(["a"], [run(1, 45), run(2, 45), run(3, 43)])
+    assert compare._checkpoint_label(entry) == ("seeds 1, 2: average of 10 (epoch036.pt … epoch045.pt); "
+                                                "seed 3: average of 10 (epoch034.pt … epoch043.pt)")
+    [entry] = compare.summarise(["a"], [run(1, 45), run(2, 45)])
+    assert compare._checkpoint_label(entry) == "average of 10 (epoch036.pt … epoch045.pt)"
+    assert compare._checkpoint_label({"checkpoint": ["best.pt"]}) == "best.pt"  # a report.json of before
