@@ -168,12 +168,13 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     Path(args.out).mkdir(parents=True, exist_ok=True)
     start = time.time()
     failed: list[str] = []
-    _check_eval_limit(specs, args.eval_limit)
+    options = evaluation_options(args)
+    _check_evaluations(specs, options)
     before = sum((s.run_dir / "done.json").exists() for s in specs)  # finished before this call
     if not args.report_only:
         stop_at = None if args.deadline is None else start + args.deadline
         failed = run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at,
-                         evaluate=lambda run: {"eval_limit": args.eval_limit, **evaluate(run)})
+                         evaluate=lambda run: {**options, **evaluate(run)})
     records, missing = finished(specs)
     if not args.report_only and len(records) == before and (Path(args.out) / "report.json").exists():
         # nothing new to report: a call the deadline cut short keeps the report already there
@@ -187,24 +188,39 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     return 1 if failed else 0
 
 
-def eval_limit_mismatch(rec: dict, limit: Optional[int], where: str,
+# The options that decide how a finished run is evaluated, with their defaults; a run's done.json
+# records them, and a later call (or a merged report) must evaluate as it did.
+EVAL_OPTIONS = {"eval_limit": ("--eval-limit", None), "average_last": ("--average-last", 0),
+                "beam": ("--beam", None), "length_penalty": ("--length-penalty", None)}
+
+
+def evaluation_options(args) -> dict:
+    """This call's values of the :data:`EVAL_OPTIONS` its command has."""
+    return {key: getattr(args, key) for key in EVAL_OPTIONS if hasattr(args, key)}
+
+
+def evaluation_mismatch(rec: dict, options: dict, where: str,
                         remedy: str = "or delete its done.json to evaluate it again") -> None:
-    """Runs are decoded on the first ``--eval-limit`` sentences of each split; a report over them
-    needs the same limit (the references are cut to it). Records written before the limit was
-    recorded are not checked."""
-    if "eval_limit" in rec and rec["eval_limit"] != limit:
-        then = "without --eval-limit" if rec["eval_limit"] is None else f"with --eval-limit {rec['eval_limit']}"
-        now = "none" if limit is None else f"--eval-limit {limit}"
-        fix = "leave out --eval-limit" if rec["eval_limit"] is None else f"pass --eval-limit {rec['eval_limit']}"
+    """A run decoded on the first ``--eval-limit`` sentences, on another checkpoint
+    (``--average-last``) or with another search (``--beam``, ``--length-penalty``) cannot be
+    reported as if this call had evaluated it: its table row would not be what the report's header
+    says. Options a record predates are not checked."""
+    for key, value in options.items():
+        if key not in rec or rec[key] == value:
+            continue
+        flag, default = EVAL_OPTIONS[key]
+        then = f"without {flag}" if rec[key] == default else f"with {flag} {rec[key]}"
+        now = "none" if value == default else f"{flag} {value}"
+        fix = f"leave out {flag}" if rec[key] == default else f"pass {flag} {rec[key]}"
         raise CometNMTError(f"{where} was evaluated {then}, but this call has {now}; {fix} as before, {remedy}")
 
 
-def _check_eval_limit(specs: list[RunSpec], limit: Optional[int]) -> None:
-    """Runs finished by an earlier call must have been decoded as this call would (above)."""
+def _check_evaluations(specs: list[RunSpec], options: dict) -> None:
+    """Runs finished by an earlier call must have been evaluated as this call would (above)."""
     for s in specs:
         done = s.run_dir / "done.json"
         if done.exists():
-            eval_limit_mismatch(json.loads(done.read_text()), limit, str(s.run_dir))
+            evaluation_mismatch(json.loads(done.read_text()), options, str(s.run_dir))
 
 
 def check_run_args(args) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, eval_limit_mismatch, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
+from cometnmt.experiments import RunSpec, check_run_args, evaluation_mismatch, evaluation_options, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _previous_report(args) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise CometNMTError(f"--merge-report: {path} is not a cometnmt reproduce report.json ({exc!r})") from None
     for r in runs:  # merged runs must have been decoded as this call decodes
-        eval_limit_mismatch(r, args.eval_limit, f"{r['row']} seed {r['seed']} of --merge-report {path}",
+        evaluation_mismatch(r, evaluation_options(args), f"{r['row']} seed {r['seed']} of --merge-report {path}",
                             "or leave out --merge-report")
     return prev
 

@@ -146,6 +146,38 @@ def test_a_report_keeps_the_eval_limit_its_runs_were_decoded_with(tmp_path, monk
     assert len(reports) == 2
 
 
+def test_a_report_keeps_the_search_and_checkpoint_its_runs_were_evaluated_with(tmp_path, monkeypatch):
+    """compare --beam 5 --average-last 10 over runs evaluated greedily on best.pt: before, the
+    finished runs' records were reused silently, so the header named a search their rows never had."""
+    out = tmp_path / "report"
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")
+
+    class FakeProcess:
+        def __init__(self, cmd, **kwargs):
+            pass
+
+        def wait(self, timeout=None):
+            return 0
+
+    def args(report_only, **options):
+        a = _args(out, report_only, deadline=None)
+        a.beam, a.length_penalty, a.average_last = options.get("beam"), options.get("length_penalty"), options.get("average_last", 0)
+        return a
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    reports = []
+    run_and_report(args(False), [spec], lambda run: {"test": 1}, lambda records, *a: reports.append(records))
+    assert {k: reports[-1][0][k] for k in ("beam", "length_penalty", "average_last")} == {"beam": None, "length_penalty": None, "average_last": 0}
+    for options, said in (({"beam": 5}, "evaluated without --beam, but this call has --beam 5; leave out --beam as before"),
+                          ({"average_last": 10}, "without --average-last, but this call has --average-last 10"),
+                          ({"length_penalty": 0.0}, "without --length-penalty, but this call has --length-penalty 0.0")):
+        with pytest.raises(CometNMTError, match=said):
+            run_and_report(args(True, **options), [spec], lambda run: {}, lambda *a: reports.append(a))
+    assert len(reports) == 1
+    run_and_report(args(True), [spec], lambda run: {}, lambda records, *a: reports.append(records))
+    assert len(reports) == 2
+
+
 def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, monkeypatch):
     """Before, Ctrl-C let the thread pool start every queued run and train it to the end."""
     import _thread
