@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
+from cometnmt.experiments import RunSpec, check_run_args, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +247,9 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
                 axes[2].plot([p[0] for p in points], [p[1] for p in points], color=f"C{i % 10}",
                              linestyle=["-", "--", ":", "-."][j % 4], label=f"{name} {loss}" if label else None)
     axes[0].set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
-    axes[1].set(xlabel="epoch", ylabel="validation BLEU (sacreBLEU)", title="validation BLEU")
-    axes[0].legend(fontsize=8)
+    axes[1].set(xlabel="epoch", ylabel=validation_bleu_label(records), title="validation BLEU")
+    if axes[0].get_legend_handles_labels()[0]:  # a report of no finished run has nothing to label
+        axes[0].legend(fontsize=8)
     if has_aux:
         axes[2].set(xlabel="step", ylabel="tag cross-entropy (nats / token)", title="auxiliary task losses")
         axes[2].legend(fontsize=8)

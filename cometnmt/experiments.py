@@ -300,6 +300,15 @@ def fmt(pair: tuple[Optional[float], Optional[float]]) -> str:
     return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
 
 
+def validation_bleu_label(records: list[dict]) -> str:
+    """The learning curves' BLEU axis: on how many validation sentences (train.valid_bleu_max_sentences)."""
+    counts = sorted({h["val_bleu_sentences"] for r in records for h in r.get("history", []) if "val_bleu_sentences" in h})
+    if not counts:  # runs logged before the count was
+        return "validation BLEU (sacreBLEU, greedy)"
+    shown = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f"validation BLEU (sacreBLEU, greedy, {shown} sentences)"
+
+
 def fmt_p(test: dict) -> str:
     """A bootstrap p-value as a reader may quote it: none of ``n_samples`` samples is not p = 0,
     only p < 1/n_samples."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, evaluation_mismatch, evaluation_options, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps
+from cometnmt.experiments import RunSpec, check_run_args, evaluation_mismatch, evaluation_options, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,18 @@ def _evaluate_run(args, run: Path) -> dict:
     history = [r for r in metrics(run) if r.get("event") == "valid"]
     out["epochs"] = len(history)
     out["history"] = history
+    out["stopping"] = translator.cfg.train.stopping  # what best.pt is best at
     return out
+
+
+def _checkpoint_label(records: list[dict]) -> str:
+    """What the decoded best.pt was chosen on: validation loss, or BLEU under bleu_patience."""
+    rules = {r.get("stopping", "loss_rise") for r in records} or {"loss_rise"}
+    if rules == {"bleu_patience"}:
+        return "best-validation-BLEU checkpoint"
+    if "bleu_patience" in rules:
+        return "best checkpoint (validation BLEU for runs with train.stopping=bleu_patience, validation loss for the others)"
+    return "best-validation-loss checkpoint"
 
 
 def run_reproduce(args) -> int:
@@ -335,8 +346,9 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
             if hist and "val_bleu" in hist[0]:
                 a2.plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], **kw)
     a1.set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
-    a2.set(xlabel="epoch", ylabel="validation BLEU (sacreBLEU, greedy)", title="validation BLEU")
-    a1.legend(fontsize=8)
+    a2.set(xlabel="epoch", ylabel=validation_bleu_label(records), title="validation BLEU")
+    if a1.get_legend_handles_labels()[0]:  # a report of no finished run has nothing to label
+        a1.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=120)
     plt.close(fig)
@@ -353,7 +365,7 @@ def _markdown(args, report: dict) -> str:
                      "(their folders were gone); where COMET's and the Transformer's hypotheses were gone too, "
                      "the bootstrap rows and examples are that report's")
     lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
-              "(signatures in report.json). Greedy decoding, best-validation-loss checkpoint. Mean ± sample sd (n − 1) over seeds; one seed has no ±.", ""]
+              "(signatures in report.json). Greedy decoding, " + _checkpoint_label(report["runs"]) + ". Mean ± sample sd (n − 1) over seeds; one seed has no ±.", ""]
     lines.append("| model | seeds | epochs | paper dev | ours dev (paper) | ours dev BLEU | paper test | ours test (paper) | ours test BLEU | ours test chrF |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for e in report["table"]:

@@ -125,3 +125,24 @@ def test_the_examples_are_sentences_where_the_models_differ(monkeypatch):
     reproduce, args, out, records = _example_runs(monkeypatch, [50.0, 30.0, 30.0, 0.0], [10.0, 30.0, 30.0, 30.0])
     examples = reproduce._examples(args, out, records, {}, "comet")
     assert [(e["index"], e["comet_bleu"] - e["transformer_bleu"]) for e in examples] == [(0, 40.0), (3, -30.0)]
+
+
+def test_report_labels_say_what_was_decoded_and_plotted(tmp_path):
+    """The table's checkpoint label follows the runs' stopping rule (best.pt is best on BLEU under
+    bleu_patience); the curves' BLEU axis says on how many validation sentences; and a report of
+    no finished run plots without matplotlib's "No artists with labels" warning."""
+    import warnings
+
+    from cometnmt.experiments import validation_bleu_label
+    from cometnmt.reproduce import _checkpoint_label, _learning_curves
+
+    assert _checkpoint_label([{"stopping": "loss_rise"}, {}]) == "best-validation-loss checkpoint"
+    assert _checkpoint_label([{"stopping": "bleu_patience"}]) == "best-validation-BLEU checkpoint"
+    assert "validation BLEU for runs with train.stopping=bleu_patience" in _checkpoint_label([{"stopping": "bleu_patience"}, {}])
+    history = [{"epoch": 1, "val_loss": 3.0, "val_bleu": 20.0, "val_bleu_sentences": 500}]
+    assert validation_bleu_label([{"history": history}]) == "validation BLEU (sacreBLEU, greedy, 500 sentences)"
+    assert validation_bleu_label([{"history": [{"val_bleu": 1.0}]}]) == "validation BLEU (sacreBLEU, greedy)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _learning_curves(tmp_path, ["comet"], [])
+    assert (tmp_path / "learning_curves.png").exists()

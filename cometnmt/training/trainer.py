@@ -457,7 +457,8 @@ class Trainer:
         greedy = dataclasses.replace(self.cfg.decode, method="greedy")
         hyps = [h[0].text for h in Translator(self.model, self.codec, self.cfg, self.device).translate_ids(d.src_ids[:n], greedy)]
         scores = corpus_scores(hyps, d.tgt_text[:n], lowercase=self.cfg.data.lowercase)  # a lowercased model: lowercased refs
-        out = {"val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"]}
+        out = {"val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
+               "val_bleu_sentences": n}  # train.valid_bleu_max_sentences may cut the set
         if self._eval_tok is not None:
             out["val_paper_bleu"] = paper_bleu(hyps, d.tgt_text[:n], self._eval_tok.tokenize)
         return out
