@@ -143,7 +143,7 @@ def _evaluate_run(args, run: Path) -> dict:
     events = metrics(run)
     train = [e for e in events if e.get("event") == "train"]
     out["history"] = [e for e in events if e.get("event") == "valid"]
-    out["epochs"] = len(out["history"])
+    out["epochs"] = out["history"][-1]["epoch"] if out["history"] else 0  # the last validated epoch
     out["train_tokens_per_s"] = statistics.median(e["tgt_tokens_per_s"] for e in train) if train else None
     aux = sorted({k for e in train for k in e if k.startswith("loss_")})
     out["aux_losses"] = {k: [[e["step"], e[k]] for e in train if k in e] for k in aux}

@@ -116,7 +116,7 @@ def _evaluate_run(args, run: Path) -> dict:
                           per_sentence=True)
         out[split] = result
     history = [r for r in metrics(run) if r.get("event") == "valid"]
-    out["epochs"] = len(history)
+    out["epochs"] = history[-1]["epoch"] if history else 0  # the last validated epoch (not a count: an old resume bug lost one record)
     out["history"] = history
     out["stopping"] = translator.cfg.train.stopping  # what best.pt is best at
     return out
