@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
                    help="metrics of the table and the bootstrap test: bleu = sacreBLEU (default); paper = the COMET "
                         "paper's average sentence BLEU on tokenised text")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
-    p.add_argument("--deadline", type=float, help="seconds: start no run after this, stop running ones (they stay resumable), report what finished")
+    p.add_argument("--deadline", type=float, help="seconds: start no run or evaluation after this, stop running ones (they stay resumable), report what finished")
 
 
 # -- running ------------------------------------------------------------------------------------

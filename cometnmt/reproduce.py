@@ -81,7 +81,7 @@ def add_arguments(p) -> None:
                         "(default comet; must be one of --rows when given)")
     p.add_argument("--examples", type=int, default=5, help="Table 2-style examples per direction")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
-    p.add_argument("--deadline", type=float, help="seconds: start no run after this, stop running ones (they stay resumable), report what finished")
+    p.add_argument("--deadline", type=float, help="seconds: start no run or evaluation after this, stop running ones (they stay resumable), report what finished")
     p.add_argument("--merge-report", type=Path, metavar="REPORT_JSON",
                    help="runs asked for but without a folder in OUT/runs are taken from this earlier report.json "
                         "(e.g. runs trained on a machine whose checkpoints are gone); their bootstrap rows and "

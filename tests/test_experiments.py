@@ -94,6 +94,32 @@ def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path):
     assert calls[-1] == ([{"row": "comet", "seed": 1}], [])  # --report-only always rewrites
 
 
+def test_a_run_finished_at_the_deadline_is_evaluated_on_the_next_call(tmp_path, monkeypatch):
+    """Decoding a run's splits can take as long as training it on a CPU: a run whose training ends
+    past --deadline is left for the next call to evaluate (before, the call overran by that much)."""
+    import time
+
+    out = tmp_path / "report"
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")
+
+    class SlowProcess:
+        def __init__(self, cmd, **kwargs):
+            pass
+
+        def wait(self, timeout=None):
+            time.sleep(0.3)  # trains past the deadline, then exits 0
+            return 0
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", SlowProcess)
+    evaluated = []
+    args = _args(out, False, deadline=0.2)
+    run_and_report(args, [spec], lambda run: evaluated.append(run) or {"test": 1}, lambda *a: None)
+    assert evaluated == [] and not (spec.run_dir / "done.json").exists()
+    assert float((spec.run_dir / "train_seconds_before.txt").read_text()) >= 0.3
+    run_and_report(_args(out, False, deadline=None), [spec], lambda run: evaluated.append(run) or {"test": 1}, lambda *a: None)
+    assert evaluated == [spec.run_dir] and (spec.run_dir / "done.json").exists()
+
+
 def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path, monkeypatch):
     """No last.pt but a metrics log (a run killed before its first checkpoint): nothing to resume,
     and `cometnmt train` refuses a folder that holds a run's metrics, so the old log is moved
