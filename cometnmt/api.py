@@ -27,13 +27,16 @@ from cometnmt.errors import CheckpointError, ConfigError, setting
 from cometnmt.inference import SplitTranslation, Translator
 
 
-def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume: bool = False) -> dict:
+def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume: bool = False,
+          init_from: str | Path | None = None) -> dict:
     """Train the run a config describes, as ``cometnmt train CONFIG --set ...`` does.
 
     :param config: a :class:`Config` (validated again, so edits made to it are checked) or the path
         of a YAML preset.
     :param overrides: dotted ``section.key=value`` strings, as ``--set``.
     :param resume: continue the run in ``train.save_dir`` from its ``last.pt``.
+    :param init_from: start a new run from this checkpoint's weights and vocabularies (fine-tuning),
+        as ``--init-from``.
     :return: ``{"steps", "epochs", "best", "save_dir", ...}``; the checkpoints are in ``save_dir``.
     """
     import torch
@@ -49,7 +52,7 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
         raise ConfigError(f"train needs a Config or the path of a YAML config, got {type(config).__name__}")
     threads = torch.get_num_threads()
     try:
-        return run_training(cfg, resume=resume)
+        return run_training(cfg, resume=resume, init_from=init_from)
     finally:
         torch.set_num_threads(threads)  # train.num_threads is the run's, not the caller's, setting
 

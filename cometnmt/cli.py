@@ -35,7 +35,7 @@ def cmd_train(args) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
     try:
-        summary = train(cfg, resume=args.resume)
+        summary = train(cfg, resume=args.resume, init_from=args.init_from)
     except KeyboardInterrupt as exc:
         if (Path(cfg.train.save_dir) / "last.pt").exists():
             command = ["cometnmt", "train", args.config, "--resume", *(a for o in args.set for a in ("--set", o))]
@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="YAML file, e.g. configs/multi30k/transformer.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4")
     p.add_argument("--resume", action="store_true", help="continue the run in train.save_dir from last.pt")
+    p.add_argument("--init-from", dest="init_from", metavar="CKPT",
+                   help="start a new run from a trained checkpoint's weights and vocabularies (fine-tuning; fresh optimizer "
+                        "and schedule); the config's model and vocabulary keys must fit the checkpoint")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("translate", help="translate text with a checkpoint (stdin -> stdout by default)")

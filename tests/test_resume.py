@@ -5,6 +5,7 @@ COMET its source mask only where a batch has padding."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -145,3 +146,40 @@ def test_a_resume_on_changed_data_files_is_refused(tmp_path, data_dir):
     (tmp_path / "train.de").write_text("".join(lines), encoding="utf-8")
     run_module.train(longer, resume=True)
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2
+
+
+def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, monkeypatch):
+    """train --init-from: a new run (fresh optimizer, schedule and step count) starts from another
+    run's weights and vocabularies, here on other sentences; keys that would not fit are errors
+    naming them, before anything is written to the new folder."""
+    from cometnmt.errors import ConfigError
+
+    run_module.train(tiny_train_cfg(tmp_path / "base", data_dir))
+    base = load_checkpoint(tmp_path / "base" / "best.pt")
+    other = ["data.train_split=val", "data.max_train_pairs=200", "train.max_steps=1", "model.dropout=0.3"]
+    seen = {}
+    original = Trainer.fit
+
+    def fit_from_the_start(self):  # what the new run starts with
+        seen["weights"] = {k: v.clone() for k, v in self.model.state_dict().items()}
+        seen["step"], seen["history"] = self.step, list(self.history)
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "fit", fit_from_the_start)
+    run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *other), init_from=tmp_path / "base" / "best.pt")
+    monkeypatch.setattr(Trainer, "fit", original)
+    assert seen["step"] == 0 and seen["history"] == []
+    for key, value in base["model"].items():
+        assert torch.equal(seen["weights"][key], value), key
+    tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
+    assert tuned["step"] == 1 and tuned["codec"] == base["codec"]  # base's vocabularies, on other data
+    assert tuned["init_from"] == str(tmp_path / "base" / "best.pt")
+    assert not all(torch.equal(tuned["model"][k], v) for k, v in base["model"].items())  # and it trained
+
+    for overrides, needle in ((["model.d_model=32", "model.d_ff=64"], "its weights do not fit this model"),
+                              (["data.min_freq=2"], "data.min_freq (3 in the checkpoint, 2 now)")):
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            run_module.train(tiny_train_cfg(tmp_path / "bad", data_dir, *overrides), init_from=tmp_path / "base" / "best.pt")
+        assert not (tmp_path / "bad" / "last.pt").exists()
+    with pytest.raises(ConfigError, match="give one of them"):
+        run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *other), resume=True, init_from=tmp_path / "base" / "best.pt")

@@ -81,6 +81,42 @@ def _check_same_data(payload: dict, digests: dict[str, str], corpora: dict, last
                             "into a new train.save_dir")
 
 
+# data keys the vocabularies and tokenizers were built with: a run started from another's weights
+# keeps that run's codec, so its config must say the same
+CODEC_KEYS = ("src_lang", "tgt_lang", "tokenizer", "lowercase", "min_freq", "max_vocab", "sp_vocab_size", "sp_model_type",
+              "src_sos_eos")
+
+
+def _load_init(cfg: Config, init_from: str | Path) -> dict:
+    """The checkpoint a new run starts from (``--init-from``): its weights and codec are used, so
+    the config's codec keys must equal the checkpoint's; model keys may differ only where the
+    weights still fit (dropout, say), which the caller checks by loading them."""
+    payload = load_checkpoint(init_from)
+    saved = config_from_dict(payload["config"])
+    changed = [f"data.{key} ({getattr(saved.data, key)!r} in the checkpoint, {getattr(cfg.data, key)!r} now)"
+               for key in CODEC_KEYS if getattr(saved.data, key) != getattr(cfg.data, key)]
+    if changed:
+        raise ConfigError(f"--init-from {init_from}: the vocabularies and tokenizers come from the checkpoint, but the "
+                          f"config differs from it in {', '.join(changed)}; set them as the checkpoint has them")
+    payload["init_changed"] = [f"model.{key} ({old!r} -> {new!r})"
+                               for key, old, new in _changed(to_dict(saved.model), to_dict(cfg.model))]
+    return payload
+
+
+def _load_init_weights(model, payload: dict, init_from: str | Path) -> None:
+    """Load the ``--init-from`` weights into the new run's model; a model of another shape is a
+    ConfigError naming the model keys that differ."""
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as exc:
+        keys = ", ".join(payload["init_changed"]) or "no model key (another code version?)"
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"--init-from {init_from}: its weights do not fit this model ({first}); the config's model "
+                          f"differs from the checkpoint's in {keys}") from None
+    if payload["init_changed"]:
+        log.info("--init-from: model keys changed from the checkpoint's: %s", ", ".join(payload["init_changed"]))
+
+
 def _changed(old: dict, new: dict, prefix: str = ""):
     """(dotted key, old value, new value) for every leaf where two nested config dicts differ."""
     for key in sorted(set(old) | set(new)):
@@ -131,8 +167,12 @@ def _log_file(path: Path) -> logging.Handler:
     return handler
 
 
-def train(cfg: Config, resume: bool = False) -> dict:
+def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None) -> dict:
     """Train (or continue training) the run described by ``cfg``; returns the trainer's summary.
+
+    ``init_from``: start a new run from a trained checkpoint's weights and vocabularies (fine-tuning,
+    on other data say) with a fresh optimizer, schedule and step count; ``--resume`` of such a run
+    continues from its own ``last.pt``.
 
     Rank 0 also writes the log lines to ``train.save_dir/train.log``: those the logging
     configuration lets through (``cometnmt train`` logs at INFO; a Python caller sets its own,
@@ -150,7 +190,11 @@ def train(cfg: Config, resume: bool = False) -> dict:
         set_cuda_backends(cfg.train.cudnn_attention)
     handler = None
     try:
+        if resume and init_from is not None:
+            raise ConfigError("--init-from starts a new run from a checkpoint's weights; --resume continues the run in "
+                              "train.save_dir; give one of them")
         payload = _check_save_dir(cfg, resume)  # before anything is written to the folder
+        init = None if init_from is None else _load_init(cfg, init_from)
         if dist.is_main:
             Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
             handler = _log_file(Path(cfg.train.save_dir) / "train.log")
@@ -162,7 +206,8 @@ def train(cfg: Config, resume: bool = False) -> dict:
         digests = {split: corpus_digest(c) for split, c in corpora.items()}
         if payload is not None:
             _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / "last.pt")
-        codec = None if payload is None else TextCodec.from_state(payload["codec"])
+        source = payload if payload is not None else init
+        codec = None if source is None else TextCodec.from_state(source["codec"])
         codec, train_data = training_examples(cfg, train_corpus, codec)
         valid_data = encode_pairs(codec, valid_corpus, None)
         log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
@@ -173,11 +218,17 @@ def train(cfg: Config, resume: bool = False) -> dict:
         if not len(valid_data):
             raise DataError(f"{valid_corpus.src_path}: no validation pairs (data.max_valid_pairs={cfg.data.max_valid_pairs})")
 
-        model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
+        model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
+        if init is not None:
+            _load_init_weights(model, init, init_from)
+            log.info("starting from the weights and vocabularies of %s", init_from)
+        model = model.to(device)
         check_positions(cfg, model.position_limit(), valid_corpus, valid_data)
         log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
         trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
         trainer.data_digests = digests
+        if init is not None:
+            trainer.init_from = str(init_from)
         if payload is not None:
             trainer.load_state_dict(payload)
             log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)

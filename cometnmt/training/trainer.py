@@ -125,6 +125,7 @@ class Trainer:
         self.finished = False
         self._step_rng: Optional[dict] = None
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
+        self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
         self._eval_tok = self._paper_tokenizer() if self.tc.valid_bleu else None
 
     # -- setup ---------------------------------------------------------------------------------
@@ -170,6 +171,7 @@ class Trainer:
             "epoch": self.epoch,
             "workdir": os.getcwd(),  # what the config's relative data paths are relative to
             "data_digests": self.data_digests,  # a --resume on changed files is refused
+            "init_from": self.init_from,  # the checkpoint a fine-tuning run started from (None: from scratch)
             "trainer": {
                 "consumed": self.consumed,
                 "history": self.history,
@@ -185,6 +187,7 @@ class Trainer:
         self.scheduler.load_state_dict(payload["scheduler"])
         self.scaler.load_state_dict(payload["scaler"])
         self.step, self.epoch = payload["step"], payload["epoch"]
+        self.init_from = payload.get("init_from")
         t = payload["trainer"]
         self.consumed, self.history, self.best, self.stale, self.finished = (
             t["consumed"], t["history"], t["best"], t["stale"], t["finished"]
