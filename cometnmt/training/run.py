@@ -77,8 +77,8 @@ def _check_same_data(payload: dict, digests: dict[str, str], corpora: dict, last
         if old is not None and old != digest:
             c = corpora[split]
             raise DataError(f"--resume: {c.src_path} / {c.tgt_path}: the {split} sentences differ from those the run in "
-                            f"{last} was trained on, so it would not continue exactly; restore those files, or train "
-                            "into a new train.save_dir")
+                            f"{last} was trained on, so it would not continue exactly; restore those files, or start a "
+                            f"new run in another train.save_dir (--init-from {last} starts it from these weights)")
 
 
 # data keys the vocabularies and tokenizers were built with: a run started from another's weights
