@@ -611,19 +611,22 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
     in every round each model runs the next ``steps // rounds`` of its timed batches, the order of
     the models alternating from round to round. Per round, tokens/s of each model and the ratio
     of the last model's to the first's; their median is robust to a machine whose speed drifts on
-    the scale of a model's whole run."""
+    the scale of a model's whole run. ``flops_ratio`` is that median times the ratio of the models'
+    FLOPs per target token on these batches: the achieved FLOP/s ratio (both ran on the machine as it
+    was then, so no matmul reference is needed)."""
     rounds = args.rounds
     per_round = args.steps // rounds
     if per_round < 1:
         raise SystemExit(f"--rounds {rounds} exceeds --steps {args.steps}")
     runners = []
+    per = {}
     for name in names:
         cfg, data, model, _ = setup_model(name, args, device, checkpoints, data_cache, str(Path(tmp) / f"{name}-rounds"))
         trainer, groups = training_groups(cfg, model, data, device, args, per_round * rounds)
         torch.manual_seed(args.seed)
         warm_up(trainer, groups, device, args)
         runners.append((name, trainer, groups[args.warmup :]))
-    per = {name: {"seconds": [], "tokens": []} for name in names}
+        per[name] = {"seconds": [], "tokens": [], "flops": sum(count_flops(cfg, data, groups[args.warmup :]))}
     for r in range(rounds):
         for name, trainer, groups in (runners if r % 2 == 0 else runners[::-1]):
             sync(device)
@@ -636,15 +639,20 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
         p = per[name]
         p["tokens_per_s"] = [n / t for n, t in zip(p["tokens"], p["seconds"])]
         p["pooled_tokens_per_s"] = sum(p["tokens"]) / sum(p["seconds"])
+        p["flops_per_target_token"] = p["flops"] / sum(p["tokens"])
     first, last = names[0], names[-1]
     ratios = [b / a for a, b in zip(per[first]["tokens_per_s"], per[last]["tokens_per_s"])]
+    median = statistics.median(ratios)
     del runners
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"rounds": rounds, "steps_per_round": per_round, "order": "alternating (AB, BA, ...)", "models": per,
-            "ratio": f"{last}/{first}", "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "ratio": f"{last}/{first}", "ratios": ratios, "median_ratio": median,
             "min_ratio": min(ratios), "max_ratio": max(ratios),
-            "pooled_ratio": per[last]["pooled_tokens_per_s"] / per[first]["pooled_tokens_per_s"]}
+            "pooled_ratio": per[last]["pooled_tokens_per_s"] / per[first]["pooled_tokens_per_s"],
+            # achieved FLOP/s ratio (median ratio x FLOPs per token ratio): the same batches on the same machine at the
+            # same time, so the matmul reference cancels
+            "flops_ratio": median * per[last]["flops_per_target_token"] / per[first]["flops_per_target_token"]}
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -696,7 +704,8 @@ def format_report(res: dict) -> str:
             lines.append(f"  one model after the other (the table above): {r['ratio_one_after_other']:.2f}")
         lines.append(f"COMET/Transformer training tokens/s: {r['ratio']:.2f} (issue 3 target >= {RATIO_TARGET:.2f}: "
                      f"{'met' if r['meets_target'] else 'MISSED'}{'; the rounds median' if 'rounds' in r else ''}); "
-                     f"per FLOP-normalised (MFU) ratio {r['mfu_ratio']:.2f}")
+                     f"per FLOP-normalised ratio {r['mfu_ratio']:.2f}"
+                     f"{' (the rounds median x FLOPs per token)' if 'rounds' in r else ' (MFU ratio)'}")
     dec = [r for r in models if "decoding" in r]
     if dec:
         d0 = dec[0]["decoding"]
@@ -767,8 +776,11 @@ def main(argv: list[str] | None = None) -> int:
         t, c = by["transformer"]["training"], by["comet"]["training"]
         one_after_other = c["tokens_per_s"] / t["tokens_per_s"]
         ratio = turns["median_ratio"] if turns else one_after_other
+        # the FLOP-normalised ratio of the measurement that gives the verdict: the rounds' where they ran
+        # (the per-model runs' MFU ratio came from the one-after-the-other timing the rounds replace)
+        mfu_ratio = turns["flops_ratio"] if turns else _mfu(c) / _mfu(t)
         res["comet_over_transformer"] = {"ratio": ratio, "ratio_one_after_other": one_after_other, "target": RATIO_TARGET,
-                                         "meets_target": ratio >= RATIO_TARGET, "mfu_ratio": _mfu(c) / _mfu(t)}
+                                         "meets_target": ratio >= RATIO_TARGET, "mfu_ratio": mfu_ratio}
         if turns:
             res["comet_over_transformer"]["rounds"] = turns
     res["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 TINY = ["--set", "data.max_train_pairs=300", "--set", "model.d_model=32", "--set", "model.n_heads=2",
@@ -35,6 +37,10 @@ def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
         assert decoding["sentences"] == 8 and decoding["greedy_equals_full_prefix"] == 1.0
     ratio = result["comet_over_transformer"]
     assert len(ratio["rounds"]["ratios"]) == 2 and ratio["ratio"] == ratio["rounds"]["median_ratio"]
+    # the FLOP-normalised ratio normalises the verdict's ratio (the rounds'), not the one-after-the-other
+    # runs' MFU; the rounds (2 x 1 step) time the same 2 batches as the runs, so the FLOPs per token agree
+    transformer, comet = (m["training"]["flops_per_target_token"] for m in result["models"])
+    assert ratio["mfu_ratio"] == pytest.approx(ratio["ratio"] * comet / transformer)
     assert "COMET/Transformer training tokens/s" in proc.stdout
 
 
