@@ -545,6 +545,27 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
 # -- one model -----------------------------------------------------------------------------------
 
 
+def assign_checkpoints(paths: list[str], models: list[str]) -> dict[str, dict]:
+    """The --models entry each --checkpoint replaces: the one its config is named after, else the
+    only one of its architecture. A checkpoint that matches none, or two for one entry, is an error
+    (before, checkpoints were filed by architecture and looked up by preset name, so
+    ``--models comet_bn_length --checkpoint X`` decoded a random-init model without a word)."""
+    out: dict[str, dict] = {}
+    for path in paths:
+        payload = load_checkpoint(path)
+        name, arch = payload["config"].get("name"), payload["config"]["model"]["arch"]
+        same_arch = [m for m in models if m == arch or (PRESETS / f"{m}.yaml").exists()
+                     and load_config(PRESETS / f"{m}.yaml").model.arch == arch]
+        target = name if name in models else (same_arch[0] if len(same_arch) == 1 else None)
+        if target is None:
+            raise SystemExit(f"--checkpoint {path}: its config {name!r} ({arch}) matches no single entry of --models "
+                             f"{' '.join(models)}; name its preset in --models")
+        if target in out:
+            raise SystemExit(f"--checkpoint {path}: a second checkpoint for --models entry {target!r}")
+        out[target] = payload
+    return out
+
+
 def setup_model(name: str, args: argparse.Namespace, device: torch.device, checkpoints: dict, data_cache: dict, tmp: str):
     """(config, data, model on ``device``, checkpoint payload or None) of one preset."""
     payload = checkpoints.get(name)
@@ -590,6 +611,8 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, check
             model.load_state_dict(trained_state)  # decode the checkpoint, not the benchmark's updates
             a = cfg.decode.max_len_a if args.max_len_a is None else args.max_len_a
             b = cfg.decode.max_len_b if args.max_len_b is None else args.max_len_b
+            if cfg.data.src_sos_eos:  # as `cometnmt translate` (decoding.search): the bound counts words, not <s> </s>
+                b -= 2 * a
         else:
             a = 1.0 if args.max_len_a is None else args.max_len_a
             b = 2 if args.max_len_b is None else args.max_len_b
@@ -711,7 +734,7 @@ def format_report(res: dict) -> str:
         d0 = dec[0]["decoding"]
         names = list(d0["methods"])
         lines += ["", f"decoding test_2016_flickr ({d0['sentences']} sentences, batches of {d0['batch_sentences']}, "
-                      f"output <= {d0['max_len_a']:g}*S+{d0['max_len_b']} tokens{', </s> suppressed (random init)' if d0['eos_suppressed'] else ''})",
+                      f"output <= {d0['max_len_a']:g}*S+{d0['max_len_b']:g} tokens{', </s> suppressed (random init)' if d0['eos_suppressed'] else ''})",
                   f"{'model':<12}" + "".join(f"{n + ' s':>22}" for n in names) + f"{'incr. speed-up':>16}{names[2] + '/greedy':>15}"
                   + f"{'mean len':>10}{'agree':>7}"]
         for r in dec:
@@ -749,11 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if args.gpu else "cpu")
     if device.type == "cuda":  # as `cometnmt train` sets them (training/run.py)
         set_cuda_backends()
-    checkpoints = {}
-    for path in args.checkpoint:
-        payload = load_checkpoint(path)
-        arch = payload["config"]["model"]["arch"]
-        checkpoints[arch] = payload
+    checkpoints = assign_checkpoints(args.checkpoint, args.models)
     res = {"date": _dt.datetime.now().isoformat(timespec="seconds"),
            "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
            "machine": machine_info(device)}

@@ -4,7 +4,7 @@ Both models are built from their presets (by default ``configs/multi30k/transfor
 and ``transformer_pp_baseline_en_de.yaml``: d 512, 16 heads, 5 + 5 units), see the same
 micro-batches of the training split (token-budget batches as the trainer makes them), and take
 full training steps: forward, loss (Transformer++ adds its POS/NER losses when ``--tags``),
-backward, Adam. Timed steps alternate between the two models in rounds, so a change in machine
+backward, Adam. Timed steps alternate between the two models (which goes first alternating too), so a change in machine
 load hits both alike. Prints a table and writes JSON to ``--out``.
 
     python bench/bench_transformer_pp.py --steps 20 --out bench/results/transformer_pp_cpu.json
@@ -148,8 +148,8 @@ def main(argv=None) -> int:
             for _ in range(args.steps):
                 r.step(timed=False)
         r.cursor = 0  # both time the same batches
-    for _ in range(args.steps):
-        for r in runners:
+    for i in range(args.steps):  # interleaved step by step, the order alternating so neither always goes first
+        for r in (runners if i % 2 == 0 else runners[::-1]):
             r.step(timed=True)
     results = {r.name: r.result() for r in runners}
     ratio = results["transformer_pp"]["tgt_tokens_per_s"] / results["transformer"]["tgt_tokens_per_s"]

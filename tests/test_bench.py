@@ -62,3 +62,32 @@ def test_bench_transformer_pp_steps_both_models(data_dir, tmp_path):
     result = json.loads(out.read_text())
     assert set(result["results"]) == {"transformer_pp", "transformer"}
     assert all(r["timed_steps"] == 2 for r in result["results"].values()) and result["ratio_pp_over_transformer"] > 0
+
+
+def test_each_checkpoint_replaces_the_model_it_was_trained_as(tmp_path):
+    """--checkpoint files are matched to --models entries by config name, else by the only entry
+    of their architecture; one that matches none, or a second for one entry, stops the bench
+    (before: filed by architecture and looked up by preset name, so a comet_bn_length checkpoint
+    left comet_bn_length a random-init model without a word)."""
+    import importlib.util
+
+    import torch
+
+    from cometnmt.training.checkpoint import FORMAT_VERSION
+
+    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def ckpt(file: str, name: str, arch: str) -> str:
+        torch.save({"format_version": FORMAT_VERSION, "config": {"name": name, "model": {"arch": arch}}, "codec": {},
+                    "model": {}}, tmp_path / file)
+        return str(tmp_path / file)
+
+    bn, mine, other = ckpt("bn.pt", "comet_bn_length", "comet"), ckpt("mine.pt", "mine", "transformer"), ckpt("o.pt", "x", "comet")
+    found = bench.assign_checkpoints([bn, mine], ["transformer", "comet_bn_length"])
+    assert {k: v["config"]["name"] for k, v in found.items()} == {"comet_bn_length": "comet_bn_length", "transformer": "mine"}
+    with pytest.raises(SystemExit, match="matches no single entry of --models comet comet_bn_length"):
+        bench.assign_checkpoints([other], ["comet", "comet_bn_length"])  # two entries are COMETs
+    with pytest.raises(SystemExit, match="a second checkpoint for --models entry 'comet_bn_length'"):
+        bench.assign_checkpoints([bn, bn], ["comet_bn_length"])
