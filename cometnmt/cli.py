@@ -139,7 +139,7 @@ def cmd_serve(args) -> int:
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
                          max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True)
     host, port = server.server_address[:2]
-    print(f"serving {args.checkpoint} on http://{host}:{port} (POST /translate, GET /health); Ctrl-C stops",
+    print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, GET /health); Ctrl-C stops",
           file=sys.stderr, flush=True)
     try:
         server.serve_forever()
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("translate", help="translate text with a checkpoint (stdin -> stdout by default)")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble (their probabilities averaged)")
     p.add_argument("-i", "--input", help="source file (plain or gzip); default stdin")
     p.add_argument("-o", "--output", help="output file; default stdout")
     _add_decode_args(p)
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", help="source file (adds BLEU by source length)")
     p.add_argument("--lang", default="en", help="target language for tokenised metrics (default en)")
     p.add_argument("--src-lang", dest="src_lang", default="de", help="source language (default de)")
-    p.add_argument("--checkpoint", help="translate a data split with this checkpoint, then score it")
+    p.add_argument("--checkpoint", nargs="+", help="translate a data split with this checkpoint (several: an ensemble), then score it")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="with --checkpoint (default test)")
     p.add_argument("--hyp-out", dest="hyp_out", help="with --checkpoint: also write the translations here")
     p.add_argument("--lowercase", action="store_true",
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_average)
 
     p = sub.add_parser("serve", help="serve a checkpoint over HTTP: POST /translate with JSON")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--max-sentences", dest="max_sentences", type=int, default=1000, help="most sentences per request")

@@ -16,10 +16,11 @@ from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, t
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
-from cometnmt.errors import ConfigError, DataError, setting
+from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
 from cometnmt.decoding import search
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
+from cometnmt.models.ensemble import Ensemble
 from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.host_memory import keep_freed_memory
 
@@ -144,16 +145,33 @@ class Translator:
             keep_freed_memory()  # as in training: the per-step logits are re-allocated at every step
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto") -> "Translator":
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str = "auto") -> "Translator":
         """Load ``path`` (a ``best.pt``, ``last.pt``, epoch or averaged checkpoint) onto ``device``:
-        ``auto`` (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``."""
-        payload = load_checkpoint(path)
-        cfg = config_from_dict(payload["config"])
-        codec = TextCodec.from_state(payload["codec"])
-        model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
-        model.load_state_dict(payload["model"])
-        translator = cls(model, codec, cfg, resolve_device(device))
-        translator.workdir = payload.get("workdir")  # None for checkpoints written before it was recorded
+        ``auto`` (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``.
+
+        A list of two or more checkpoints is an ensemble (:class:`~cometnmt.models.ensemble.Ensemble`):
+        their probabilities are averaged at every step. They must share the vocabularies and
+        tokenizers (e.g. seeds or epochs of one config; architectures may differ); the search
+        settings, data config and folder come from the first."""
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths:
+            raise CheckpointError("no checkpoint given")
+        models, first = [], None
+        for p in paths:
+            payload = load_checkpoint(p)
+            if first is None:
+                first = payload
+            elif payload["codec"] != first["codec"]:
+                raise CheckpointError(f"{p}: its vocabularies or tokenizers differ from those of {paths[0]}; an ensemble's "
+                                      "models must share them (seeds or epochs of one config)")
+            cfg = config_from_dict(payload["config"])
+            codec = TextCodec.from_state(payload["codec"])
+            model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
+            model.load_state_dict(payload["model"])
+            models.append(model)
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        translator = cls(model, TextCodec.from_state(first["codec"]), config_from_dict(first["config"]), resolve_device(device))
+        translator.workdir = first.get("workdir")  # None for checkpoints written before it was recorded
         return translator
 
     def _batches(self, ids: list[list[int]], size: int) -> Iterator[list[int]]:

@@ -25,6 +25,7 @@ import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
@@ -73,7 +74,7 @@ class TranslationServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], translator: Translator, checkpoint: str, *,
+    def __init__(self, address: tuple[str, int], translator: Translator, checkpoint: str | list[str], *,
                  max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64) -> None:
         if ":" in address[0]:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
@@ -84,7 +85,8 @@ class TranslationServer(ThreadingHTTPServer):
 
     def health(self) -> dict:
         cfg = self.translator.cfg
-        return {"status": "ok", "arch": cfg.model.arch, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
+        arch = "ensemble" if isinstance(self.checkpoint, list) else cfg.model.arch
+        return {"status": "ok", "arch": arch, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
                 "checkpoint": self.checkpoint, "decode": to_dict(cfg.decode), "max_sentences": self.max_sentences,
                 "max_beam": self.max_beam}
 
@@ -199,11 +201,12 @@ class _Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
 
-def make_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8080, device: str = "auto", *,
+def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8080, device: str = "auto", *,
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
                 max_beam: int = 64, flags: bool = False) -> TranslationServer:
-    """Load ``checkpoint`` and bind the server (``port`` 0 picks a free port: ``server.server_port``).
+    """Load ``checkpoint`` (a list of several: an ensemble) and bind the server (``port`` 0 picks a
+    free port: ``server.server_port``).
     ``beam``, ``nbest``, ``length_penalty`` and ``batch_size`` replace the checkpoint's search
     settings as the default of every request. Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -215,7 +218,10 @@ def make_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8080, devi
     translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
                                                batch_size=batch_size)
     try:
-        return TranslationServer((host, port), translator, str(checkpoint), max_sentences=max_sentences,
+        shown = str(checkpoint) if isinstance(checkpoint, (str, Path)) else [str(c) for c in checkpoint]
+        if isinstance(shown, list) and len(shown) == 1:
+            shown = shown[0]
+        return TranslationServer((host, port), translator, shown, max_sentences=max_sentences,
                                  max_body_bytes=max_body_bytes, max_beam=max_beam)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

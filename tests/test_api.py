@@ -338,3 +338,29 @@ def test_api_arguments_python_callers_pass(run_dir, tmp_path, data_dir):
         cometnmt.score([[1]], ["a"])
     with pytest.raises(cometnmt.CheckpointError, match="given twice"):
         cometnmt.average_checkpoints([run_dir / "best.pt", str(run_dir / "best.pt")], tmp_path / "avg.pt")
+
+
+def test_an_ensemble_of_checkpoints(run_dir, translator, tmp_path, cli):
+    """Several checkpoints are one Translator (their probabilities averaged): a checkpoint with
+    itself translates as it does alone; checkpoints whose vocabularies differ are refused naming
+    the file; `translate` and `evaluate --checkpoint` take several."""
+    import torch
+
+    from cometnmt.models.ensemble import Ensemble
+
+    sents = ["Ein Hund läuft.", "Zwei Kinder spielen im Park."]
+    twice = cometnmt.Translator.from_checkpoint([run_dir / "best.pt", run_dir / "best.pt"], device="cpu")
+    assert isinstance(twice.model, Ensemble) and twice(sents, beam=3) == translator(sents, beam=3)
+    pair = cometnmt.Translator.from_checkpoint([run_dir / "best.pt", run_dir / "epoch001.pt"], device="cpu")
+    assert len(pair(sents)) == 2
+    other = torch.load(run_dir / "best.pt", weights_only=True)
+    other["codec"]["src_vocab"]["itos"] = other["codec"]["src_vocab"]["itos"][:4] + other["codec"]["src_vocab"]["itos"][4:][::-1]
+    torch.save(other, tmp_path / "other.pt")
+    with pytest.raises(cometnmt.CheckpointError, match=r"other.pt: its vocabularies or tokenizers differ from those of"):
+        cometnmt.Translator.from_checkpoint([run_dir / "best.pt", tmp_path / "other.pt"], device="cpu")
+    src = tmp_path / "src.de"
+    src.write_text("\n".join(sents) + "\n", encoding="utf-8")
+    out = cli("translate", str(run_dir / "best.pt"), str(run_dir / "best.pt"), "-i", str(src), "--device", "cpu").stdout
+    assert out.splitlines() == translator(sents)
+    assert "BLEU" in cli("evaluate", "--checkpoint", str(run_dir / "best.pt"), str(run_dir / "epoch001.pt"),
+                         "--split", "valid", "--device", "cpu").stdout

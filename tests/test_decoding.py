@@ -11,7 +11,7 @@ import torch
 
 from cometnmt.config import DecodeConfig
 from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix, length_normalise, search
-from cometnmt.models.base import Seq2Seq
+from cometnmt.models.base import Seq2Seq, reorder_nested
 
 from test_models import CASES, make, random_batch, warm_batch_norm
 
@@ -182,3 +182,42 @@ def test_output_length_stops_at_the_position_limit(name):
     want = [min(n * 2 + 10, limit or 10**6) for n in (6, 3)]  # 22 and 16 tokens, or 12 each
     assert [len(h.tokens) for h in greedy_search(model, src, mask, BOS, EOS, 2.0, 10)] == want
     assert [len(b[0].tokens) for b in beam_search(model, src, mask, BOS, EOS, 3, 1.0, 1, 2.0, 10)] == want
+
+
+def _peaked(name: str, seed: int):
+    model = make(name, seed=seed)
+    warm_batch_norm(model, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        model.out_proj.bias[EOS] += 2.0
+    return model
+
+
+@pytest.mark.parametrize("names", [("transformer", "comet_temporal"), ("convs2s", "rnn_gru_additive"), ("comet", "transformer_pp")])
+def test_an_ensemble_searches_as_one_model(names):
+    """Two architectures as one: its cached search (each member's own cache and reorder) equals
+    the full-prefix search over its averaged probabilities, beam 1 equals greedy, the n-best
+    scores are the ensemble's teacher-forced log-probabilities, and a model ensembled with
+    itself translates as it does alone."""
+    from cometnmt.models.ensemble import Ensemble
+
+    ens = Ensemble([_peaked(names[0], 3), _peaked(names[1], 4)]).eval()
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(5))
+    cached = greedy_search(ens, src, mask, BOS, EOS, 1.5, 5)
+    full = greedy_search_full_prefix(ens, src, mask, BOS, EOS, 1.5, 5)
+    assert [h.tokens for h in cached] == [h.tokens for h in full]
+    beam1 = beam_search(ens, src, mask, BOS, EOS, 1, 0.0, 1, 1.5, 5)
+    assert [h.tokens for h in cached] == [b[0].tokens for b in beam1]
+    nbest = beam_search(ens, src, mask, BOS, EOS, 4, 0.0, 3, 1.5, 5)
+    with torch.no_grad():
+        memory = ens.encode(src, mask)
+        for i, hyps in enumerate(nbest):
+            for h in hyps:
+                limit = int(int((~mask[i]).sum()) * 1.5 + 5)  # generated tokens, </s> included
+                seq = h.tokens + ([EOS] if len(h.tokens) < limit else [])  # cut at the bound: no </s>
+                row = {"members": [reorder_nested(m, torch.tensor([i])) for m in memory["members"]]}
+                lp = ens.decode(torch.tensor([[BOS] + seq[:-1]]), row)[0].log_softmax(-1)
+                assert h.score == pytest.approx(float(lp[torch.arange(len(seq)), seq].sum()), abs=1e-4)  # alpha 0: the sum
+    alone = _peaked(names[0], 3).eval()
+    twice = Ensemble([alone, alone]).eval()
+    assert [b[0].tokens for b in beam_search(twice, src, mask, BOS, EOS, 3, 1.0, 1, 1.5, 5)] == \
+           [b[0].tokens for b in beam_search(alone, src, mask, BOS, EOS, 3, 1.0, 1, 1.5, 5)]
