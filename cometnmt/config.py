@@ -169,6 +169,18 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _yaml_hint(value: Any, key: str, quote: bool = True) -> str:
+    """For a string key that YAML read as a boolean or a number: why, and (``quote``) how to quote it.
+    A choice of strings takes the why alone: quoting the value does not make it one of the choices."""
+    if isinstance(value, bool):
+        hint = "; YAML reads yes, no, on, off, true and false unquoted as booleans"
+        return hint + (f": quote the value, e.g. {key}='no'" if quote else "")
+    if isinstance(value, (int, float)):
+        hint = "; YAML reads an unquoted number as a number"
+        return hint + (f": quote the value, e.g. {key}='{value}'" if quote else "")
+    return ""
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against type ``tp``; return it (int -> float allowed). Raise ConfigError."""
     origin = typing.get_origin(tp)
@@ -192,7 +204,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise ConfigError(f"config key '{key}': {value!r} is not allowed; expected {_type_name(tp)}")
+            raise ConfigError(f"config key '{key}': {value!r} is not allowed; expected {_type_name(tp)}{_yaml_hint(value, key, quote=False)}")
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):
@@ -215,13 +227,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, os.PathLike):  # a pathlib.Path set from Python
             value = os.fspath(value)
         if not isinstance(value, str):
-            if isinstance(value, bool):
-                hint = f"; YAML reads yes, no, on, off, true and false unquoted as booleans: quote the value, e.g. {key}='no'"
-            elif isinstance(value, (int, float)):
-                hint = f"; YAML reads an unquoted number as a number: quote the value, e.g. {key}='{value}'"
-            else:
-                hint = ""
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}{hint}")
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}{_yaml_hint(value, key)}")
         return value
     raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
 

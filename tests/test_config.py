@@ -119,6 +119,12 @@ def test_yaml_readings_and_sections(tmp_path):
     with pytest.raises(ConfigError, match=r"got False; YAML reads yes, no, on, off, true and false unquoted as booleans"):
         load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=no"])
     assert load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang='no'"]).data.src_lang == "no"
+    # a choice of strings read as a boolean or number says why, without a quoting hint that would not help
+    with pytest.raises(ConfigError, match=r"'train.stopping': False is not allowed; expected one of .*'none'; "
+                                          r"YAML reads yes, no, on, off, true and false unquoted as booleans$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["train.stopping=no"])
+    with pytest.raises(ConfigError, match=r"'train.precision': 16 is not allowed; .*; YAML reads an unquoted number as a number$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["train.precision=16"])
     empty = tmp_path / "empty.yaml"
     empty.write_text("data:\nmodel:\n  arch: comet\n", encoding="utf-8")
     assert load_config(empty).data.corpus == "multi30k"  # an empty section keeps its defaults
