@@ -140,6 +140,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         if self._route() == "/health":
             self._send(HTTPStatus.OK, self.server.health())
+        elif self._route() == "/translate":  # an endpoint, with another method
+            self._not_allowed()
         else:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self._route()}; use GET /health or POST /translate"})
 
@@ -167,6 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         try:
+            if self._route() == "/health":  # an endpoint, with another method
+                return self._not_allowed()
             if self._route() != "/translate":
                 if self._has_body():
                     self.close_connection = True

@@ -109,6 +109,12 @@ def test_unknown_paths_and_methods(server):
     assert call(server, "/translat", {"text": "a"})[0] == 404
     status, out = call(server, "/translate", {"text": "a"}, method="PUT")
     assert status == 405 and "PUT is not supported" in out["error"]
+    # an endpoint asked with the other one's method is 405 naming its method, not 'no such endpoint'
+    status, out = call(server, "/translate")
+    assert status == 405 and out["error"] == "GET is not supported; use POST", out
+    status, out = call(server, "/health", {"text": "a"})
+    assert status == 405 and out["error"] == "POST is not supported; use GET", out
+    assert call(server, "/health")[0] == 200  # and the server still answers
 
 
 def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
