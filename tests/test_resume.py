@@ -180,6 +180,6 @@ def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, mon
                               (["data.min_freq=2"], "data.min_freq (3 in the checkpoint, 2 now)")):
         with pytest.raises(ConfigError, match=re.escape(needle)):
             run_module.train(tiny_train_cfg(tmp_path / "bad", data_dir, *overrides), init_from=tmp_path / "base" / "best.pt")
-        assert not (tmp_path / "bad" / "last.pt").exists()
+        assert not (tmp_path / "bad").exists()  # refused before the folder was made
     with pytest.raises(ConfigError, match="give one of them"):
         run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *other), resume=True, init_from=tmp_path / "base" / "best.pt")

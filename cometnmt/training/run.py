@@ -18,6 +18,7 @@ from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, ConfigError, DataError
 from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.models import build_model
+from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.distributed import init_from_env, shutdown
 from cometnmt.training.trainer import Trainer
@@ -87,10 +88,11 @@ CODEC_KEYS = ("src_lang", "tgt_lang", "tokenizer", "lowercase", "min_freq", "max
               "src_sos_eos")
 
 
-def _load_init(cfg: Config, init_from: str | Path) -> dict:
-    """The checkpoint a new run starts from (``--init-from``): its weights and codec are used, so
-    the config's codec keys must equal the checkpoint's; model keys may differ only where the
-    weights still fit (dropout, say), which the caller checks by loading them."""
+def _load_init(cfg: Config, init_from: str | Path) -> tuple[dict, Seq2Seq]:
+    """The checkpoint a new run starts from (``--init-from``) and the config's model with its
+    weights: its codec is used, so the config's codec keys must equal the checkpoint's; model keys
+    may differ only where the weights still fit (dropout, say). Both are checked before any data
+    is read or anything written."""
     payload = load_checkpoint(init_from)
     saved = config_from_dict(payload["config"])
     changed = [f"data.{key} ({getattr(saved.data, key)!r} in the checkpoint, {getattr(cfg.data, key)!r} now)"
@@ -98,23 +100,20 @@ def _load_init(cfg: Config, init_from: str | Path) -> dict:
     if changed:
         raise ConfigError(f"--init-from {init_from}: the vocabularies and tokenizers come from the checkpoint, but the "
                           f"config differs from it in {', '.join(changed)}; set them as the checkpoint has them")
-    payload["init_changed"] = [f"model.{key} ({old!r} -> {new!r})"
-                               for key, old, new in _changed(to_dict(saved.model), to_dict(cfg.model))]
-    return payload
-
-
-def _load_init_weights(model, payload: dict, init_from: str | Path) -> None:
-    """Load the ``--init-from`` weights into the new run's model; a model of another shape is a
-    ConfigError naming the model keys that differ."""
+    changed = [f"model.{key} ({old!r} -> {new!r})" for key, old, new in _changed(to_dict(saved.model), to_dict(cfg.model))]
+    codec = TextCodec.from_state(payload["codec"])
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:
-        keys = ", ".join(payload["init_changed"]) or "no model key (another code version?)"
-        first = str(exc).strip().splitlines()[0]
-        raise ConfigError(f"--init-from {init_from}: its weights do not fit this model ({first}); the config's model "
-                          f"differs from the checkpoint's in {keys}") from None
-    if payload["init_changed"]:
-        log.info("--init-from: model keys changed from the checkpoint's: %s", ", ".join(payload["init_changed"]))
+        lines = [line.strip() for line in str(exc).strip().splitlines()]
+        detail = lines[1] if len(lines) > 1 else lines[0]  # the first mismatch, not "Error(s) in loading ..."
+        raise ConfigError(f"--init-from {init_from}: its weights do not fit this model ({detail[:200]}); the config's "
+                          f"model differs from the checkpoint's in {', '.join(changed) or 'no key (another code version?)'}"
+                          ) from None
+    if changed:
+        log.info("--init-from: model keys changed from the checkpoint's: %s", ", ".join(changed))
+    return payload, model
 
 
 def _changed(old: dict, new: dict, prefix: str = ""):
@@ -194,7 +193,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             raise ConfigError("--init-from starts a new run from a checkpoint's weights; --resume continues the run in "
                               "train.save_dir; give one of them")
         payload = _check_save_dir(cfg, resume)  # before anything is written to the folder
-        init = None if init_from is None else _load_init(cfg, init_from)
+        init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from)
         if dist.is_main:
             Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
             handler = _log_file(Path(cfg.train.save_dir) / "train.log")
@@ -218,11 +217,11 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if not len(valid_data):
             raise DataError(f"{valid_corpus.src_path}: no validation pairs (data.max_valid_pairs={cfg.data.max_valid_pairs})")
 
-        model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
-        if init is not None:
-            _load_init_weights(model, init, init_from)
+        if init_model is not None:
+            model = init_model.to(device)
             log.info("starting from the weights and vocabularies of %s", init_from)
-        model = model.to(device)
+        else:
+            model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
         check_positions(cfg, model.position_limit(), valid_corpus, valid_data)
         log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
         trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
