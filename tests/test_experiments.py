@@ -64,6 +64,16 @@ def test_the_report_names_the_commit_the_caller_named(monkeypatch):
     assert provenance(args, 1.0, [], [])["commit"] == "unknown (no git checkout)"
 
 
+class _FinishedTraining:
+    """Stands in for a training subprocess that finishes at once."""
+
+    def __init__(self, cmd, **kwargs):
+        pass
+
+    def wait(self, timeout=None):
+        return 0
+
+
 def _args(out: Path, report_only: bool, eval_limit=None, deadline=0.0) -> argparse.Namespace:
     return argparse.Namespace(out=str(out), report_only=report_only, deadline=deadline, jobs=1, set=[], device="cpu",
                               eval_limit=eval_limit)
@@ -151,14 +161,7 @@ def test_a_report_keeps_the_eval_limit_its_runs_were_decoded_with(tmp_path, monk
     out = tmp_path / "report"
     spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")
 
-    class FakeProcess:
-        def __init__(self, cmd, **kwargs):
-            pass
-
-        def wait(self, timeout=None):
-            return 0
-
-    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(experiments.subprocess, "Popen", _FinishedTraining)
     reports = []
     run_and_report(_args(out, False, eval_limit=60, deadline=None), [spec], lambda run: {"test": 1},
                    lambda records, missing, seconds: reports.append(records))
@@ -178,19 +181,12 @@ def test_a_report_keeps_the_search_and_checkpoint_its_runs_were_evaluated_with(t
     out = tmp_path / "report"
     spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")
 
-    class FakeProcess:
-        def __init__(self, cmd, **kwargs):
-            pass
-
-        def wait(self, timeout=None):
-            return 0
-
     def args(report_only, **options):
         a = _args(out, report_only, deadline=None)
         a.beam, a.length_penalty, a.average_last = options.get("beam"), options.get("length_penalty"), options.get("average_last", 0)
         return a
 
-    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(experiments.subprocess, "Popen", _FinishedTraining)
     reports = []
     run_and_report(args(False), [spec], lambda run: {"test": 1}, lambda records, *a: reports.append(records))
     assert {k: reports[-1][0][k] for k in ("beam", "length_penalty", "average_last")} == {"beam": None, "length_penalty": None, "average_last": 0}
