@@ -156,21 +156,19 @@ class Translator:
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
             raise CheckpointError("no checkpoint given")
-        models, first = [], None
-        for p in paths:
-            payload = load_checkpoint(p)
-            if first is None:
-                first = payload
-            elif payload["codec"] != first["codec"]:
+        first = load_checkpoint(paths[0])
+        codec = TextCodec.from_state(first["codec"])
+        models = []
+        for i, p in enumerate(paths):
+            payload = first if i == 0 else load_checkpoint(p)
+            if payload["codec"] != first["codec"]:
                 raise CheckpointError(f"{p}: its vocabularies or tokenizers differ from those of {paths[0]}; an ensemble's "
                                       "models must share them (seeds or epochs of one config)")
-            cfg = config_from_dict(payload["config"])
-            codec = TextCodec.from_state(payload["codec"])
-            model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
+            model = build_model(config_from_dict(payload["config"]).model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
             model.load_state_dict(payload["model"])
             models.append(model)
         model = models[0] if len(models) == 1 else Ensemble(models)
-        translator = cls(model, TextCodec.from_state(first["codec"]), config_from_dict(first["config"]), resolve_device(device))
+        translator = cls(model, codec, config_from_dict(first["config"]), resolve_device(device))
         translator.workdir = first.get("workdir")  # None for checkpoints written before it was recorded
         return translator
 
