@@ -231,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--max-sentences", dest="max_sentences", type=int, default=1000, help="most sentences per request")
-    p.add_argument("--max-beam", dest="max_beam", type=int, default=64, help="largest beam (and nbest) a request may ask for")
+    p.add_argument("--max-sentences", dest="max_sentences", type=int, default=1000, help="most sentences per request (default 1000)")
+    p.add_argument("--max-beam", dest="max_beam", type=int, default=64, help="largest beam (and nbest) a request may ask for (default 64)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -179,3 +179,24 @@ def test_a_body_left_unread_never_becomes_the_next_request(server):
         answers = raw_exchange(server, first, ok)
         assert len(answers) == 1 and answers[0][1] == "close", (first, answers)  # answered, then closed
     assert raw_exchange(server, ok) == [(200, None)]
+
+
+def test_an_ensemble_is_served(checkpoint):
+    """Several checkpoints serve as one ensemble: /health says so and lists them, and a checkpoint
+    served with itself answers as it does alone; a list of one is that checkpoint."""
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    srv = make_server([checkpoint, checkpoint], port=0, device="cpu")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        status, health = call(srv, "/health")
+        assert status == 200 and health["arch"] == "ensemble" and health["checkpoint"] == [str(checkpoint)] * 2
+        assert call(srv, "/translate", {"text": "Zwei Hunde spielen.", "beam": 3}) == (
+            200, {"translation": translator("Zwei Hunde spielen.", beam=3)})
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    one = make_server([str(checkpoint)], port=0, device="cpu")
+    try:
+        assert one.health()["checkpoint"] == str(checkpoint) and one.health()["arch"] == "transformer"
+    finally:
+        one.server_close()
