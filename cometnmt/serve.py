@@ -222,10 +222,8 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
                                                batch_size=batch_size)
     try:
-        shown = str(checkpoint) if isinstance(checkpoint, (str, Path)) else [str(c) for c in checkpoint]
-        if isinstance(shown, list) and len(shown) == 1:
-            shown = shown[0]
-        return TranslationServer((host, port), translator, shown, max_sentences=max_sentences,
+        paths = [str(c) for c in ([checkpoint] if isinstance(checkpoint, (str, Path)) else checkpoint)]
+        return TranslationServer((host, port), translator, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
                                  max_body_bytes=max_body_bytes, max_beam=max_beam)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

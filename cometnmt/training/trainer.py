@@ -40,7 +40,7 @@ from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
 from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import select_tags
-from cometnmt.data.tokenizers import SpacyTokenizer, paper_tokenizer
+from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
@@ -126,15 +126,11 @@ class Trainer:
         self._step_rng: Optional[dict] = None
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
-        self._eval_tok = self._paper_tokenizer() if self.tc.valid_bleu else None
+        # spaCy's tokenizer of the target language for the paper metric in validation; None (BLEU and
+        # chrF alone, with a warning) for a SentencePiece model of a language spaCy cannot tokenise
+        self._eval_tok = paper_tokenizer(cfg.data.tgt_lang, lowercase=cfg.data.lowercase) if self.tc.valid_bleu else None
 
     # -- setup ---------------------------------------------------------------------------------
-
-    def _paper_tokenizer(self) -> Optional[SpacyTokenizer]:
-        """spaCy's tokenizer of the target language, for the paper metric in validation; None
-        (validation on BLEU and chrF alone, with a warning) for a SentencePiece model of a
-        language spaCy cannot tokenise (Japanese without SudachiPy, say)."""
-        return paper_tokenizer(self.cfg.data.tgt_lang, lowercase=self.cfg.data.lowercase)
 
     def _wrap(self, model: Seq2Seq) -> torch.nn.Module:
         net: torch.nn.Module = model
@@ -206,8 +202,8 @@ class Trainer:
     # -- batches -------------------------------------------------------------------------------
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        d = self.train_data
-        batches = make_batches(
+        d = self.train_data  # the last step may have fewer micro-batches than accum_steps * world_size (see backward)
+        return make_batches(
             [len(s) for s in d.src_ids],
             [len(t) for t in d.tgt_ids],
             max_tokens=self.tc.batch_tokens,
@@ -216,7 +212,6 @@ class Trainer:
             seed=self.tc.seed * 100003 + epoch,
             bucket_width=self.tc.bucket_width,
         )
-        return batches  # the last step may have fewer micro-batches than accum_steps * world_size (see backward)
 
     def collate(self, idx: list[int]) -> Batch:
         d = self.train_data
@@ -270,9 +265,10 @@ class Trainer:
 
     def backward(self, group: list[list[int]], n_tokens: int) -> torch.Tensor:
         """Accumulate the gradients of this rank's micro-batches of ``group``; returns their summed loss."""
-        A, r = self.tc.accum_steps, self.dist.rank
-        first = self.consumed + r * A if self.dist.enabled else self.consumed  # index in the epoch of mine[0]
-        mine = group[r * A : (r + 1) * A] if self.dist.enabled else group
+        A = self.tc.accum_steps
+        start = self.dist.rank * A if self.dist.enabled else 0
+        mine = group[start : start + A] if self.dist.enabled else group
+        first = self.consumed + start  # the index in the epoch of mine[0]
         share = 1.0
         if not mine:  # a short last step (or a resume at another world size) left this rank nothing:
             mine, share = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
