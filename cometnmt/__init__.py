@@ -23,6 +23,7 @@ _EXPORTS = {
     "Translator": "cometnmt.inference",
     "Translation": "cometnmt.inference",
     "SplitTranslation": "cometnmt.inference",
+    "PairScore": "cometnmt.inference",
     "make_server": "cometnmt.serve",
     "score": "cometnmt.evaluation",
     "evaluate": "cometnmt.evaluation",

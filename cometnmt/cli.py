@@ -1,4 +1,4 @@
-"""Command line: ``cometnmt train | translate | evaluate | average | serve | reproduce | compare``.
+"""Command line: ``cometnmt train | translate | logprob | evaluate | average | serve | reproduce | compare``.
 
 Thin by design: parse arguments, load the config or checkpoint, call the library. Any
 :class:`~cometnmt.errors.CometNMTError` becomes a one-line message on stderr and exit code 2.
@@ -82,6 +82,73 @@ def cmd_translate(args) -> int:
         write_text_file(args.output, text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _read_nbest(path: str, n_sources: int) -> tuple[list[int], list[str]]:
+    """``translate --nbest`` output (index, score, text; tab-separated) -> source indices and texts."""
+    from cometnmt.data.corpus import read_lines
+
+    index, texts = [], []
+    for number, line in enumerate(read_lines(path), 1):
+        fields = line.split("\t", 2)
+        if len(fields) != 3 or not fields[0].isdigit():
+            raise DataError(f"{path}, line {number}: expected 'INDEX<tab>SCORE<tab>TEXT' as translate --nbest writes")
+        if int(fields[0]) >= n_sources:
+            raise DataError(f"{path}, line {number}: source index {fields[0]}, but the source has {n_sources} lines")
+        index.append(int(fields[0]))
+        texts.append(fields[2])
+    return index, texts
+
+
+def cmd_logprob(args) -> int:
+    import math
+
+    from cometnmt.data.corpus import read_lines, write_text_file
+    from cometnmt.evaluation import write_json
+    from cometnmt.inference import Translator
+
+    for option, path in (("-o", args.output), ("--json", args.json)):
+        if path and Path(path).is_dir():  # before any work
+            raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
+    if args.batch_sentences is not None and args.batch_sentences < 1:
+        raise CometNMTError(f"--batch-size {args.batch_sentences}: must be at least 1")
+    sources = read_lines(args.input)
+    if args.nbest_input:
+        index, targets = _read_nbest(args.target, len(sources))
+    else:
+        targets = read_lines(args.target)
+        if len(targets) != len(sources):
+            raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; "
+                            "they must be line-aligned (or give --nbest-input for translate --nbest output)")
+        index = list(range(len(sources)))
+    translator = Translator.from_checkpoint(args.checkpoint, args.device)
+    try:
+        scores = translator.log_prob([sources[i] for i in index], targets, batch_size=args.batch_sentences, progress=True)
+    except DataError as exc:  # "target line 3: ..." alone names no file
+        message = str(exc)
+        if message.startswith("source line ") and args.nbest_input:  # row n of the n-best list -> its source's line
+            row = int(message.split()[2].rstrip(":"))
+            message = f"source line {index[row - 1] + 1}:" + message.split(":", 1)[1]
+        raise DataError(f"{args.target if message.startswith('target line') else args.input}: {message}") from None
+    if args.nbest_input:
+        lines = [f"{i}\t{s.log_prob:.4f}\t{text}" for i, s, text in zip(index, scores, targets)]
+    else:
+        lines = [f"{s.log_prob:.4f}\t{s.tokens}" for s in scores]
+    text = "".join(line + "\n" for line in lines)
+    if args.output:
+        write_text_file(args.output, text)
+    else:
+        sys.stdout.write(text)
+    tokens = sum(s.tokens for s in scores)
+    nll = -sum(s.log_prob for s in scores) / max(tokens, 1)
+    summary = {"checkpoints": list(args.checkpoint), "pairs": len(scores), "target_tokens": tokens,
+               "unknown_tokens": sum(s.unknown for s in scores), "nll_per_token": nll, "perplexity": math.exp(nll),
+               "log_probs": [s.log_prob for s in scores], "tokens": [s.tokens for s in scores]}
+    print(f"{summary['pairs']} pairs, {tokens} target tokens (</s> included; {summary['unknown_tokens']} unknown to the "
+          f"vocabulary, scored as <unk>): {nll:.4f} nats per token, perplexity {summary['perplexity']:.2f}", file=sys.stderr)
+    if args.json:
+        write_json(summary, args.json)
     return 0
 
 
@@ -204,6 +271,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output file; default stdout")
     _add_decode_args(p)
     p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("logprob", help="forced decoding: a checkpoint's log-probability of given translations "
+                                       "(rescoring, perplexity)")
+    p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble (their probabilities averaged)")
+    p.add_argument("-i", "--input", required=True, help="source file (plain or gzip), one sentence per line")
+    p.add_argument("-t", "--target", required=True,
+                   help="target file: one translation per source line, or translate --nbest output with --nbest-input")
+    p.add_argument("--nbest-input", dest="nbest_input", action="store_true",
+                   help="the target file is translate --nbest output (INDEX, SCORE, TEXT); written back with new scores")
+    p.add_argument("-o", "--output", help="output file (default stdout): per line the log-probability (natural log, "
+                   "summed over the target's tokens and </s>) and the token count, tab-separated")
+    p.add_argument("--json", help="also write the totals (tokens, nats per token, perplexity) and every score here")
+    p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.set_defaults(func=cmd_logprob)
 
     p = sub.add_parser("evaluate", help="score translations (sacreBLEU BLEU/chrF and the COMET paper's metric)")
     p.add_argument("--hyp", help="hypothesis file")

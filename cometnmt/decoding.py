@@ -207,3 +207,15 @@ def search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: i
     if cfg.method == "greedy":
         return [[h] for h in greedy_search(model, src, src_pad_mask, bos, eos, a, b)]
     return beam_search(model, src, src_pad_mask, bos, eos, cfg.beam_size, cfg.length_penalty, cfg.nbest, a, b)
+
+
+@torch.no_grad()
+def target_log_probs(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, tgt_in: torch.Tensor,
+                     tgt_out: torch.Tensor, pad: int) -> torch.Tensor:
+    """Forced decoding: the model's log-probability of each given target, teacher-forced (``tgt_in``
+    = <s> + target, ``tgt_out`` = target + </s>, padded with ``pad``), summed over the target's
+    tokens and its </s>: B. For a hypothesis that ends in </s> this is greedy search's score, and
+    beam search's with length penalty 0."""
+    logits = model.decode(tgt_in, model.encode(src, src_pad_mask))  # B,T,V
+    logp = logits.float().log_softmax(-1).gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)  # B,T
+    return logp.masked_fill(tgt_out.eq(pad), 0.0).sum(-1)  # B

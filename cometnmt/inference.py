@@ -15,9 +15,9 @@ from tqdm import tqdm
 from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, to_dict
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
-from cometnmt.data.vocab import BOS, EOS, PAD
+from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
-from cometnmt.decoding import search
+from cometnmt.decoding import search, target_log_probs
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.ensemble import Ensemble
@@ -96,6 +96,17 @@ class Translation:
     text: str
     score: float
     tokens: list[str]
+
+
+@dataclass
+class PairScore:
+    """Forced decoding of one (source, target) pair: the model's ``log_prob`` of the target (natural
+    log, summed over its tokens and the closing </s>), its ``tokens`` (</s> included) and how many
+    of them are ``unknown`` to the model's vocabulary (scored as <unk>)."""
+
+    log_prob: float
+    tokens: int
+    unknown: int
 
 
 @dataclass
@@ -184,13 +195,7 @@ class Translator:
     def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order."""
         decode_cfg = decode_cfg or self.cfg.decode
-        limit = self.model.position_limit()
-        too_long = [i for i, ids in enumerate(src_ids) if limit is not None and len(ids) > limit]
-        if too_long:  # before any decoding, so the whole input fails or none of it
-            i = too_long[0]
-            raise DataError(f"input line {i + 1}: {len(src_ids[i])} source tokens, more than the model's {limit} positions "
-                            f"(model.max_positions){f', as are {len(too_long) - 1} more lines' if len(too_long) > 1 else ''}; "
-                            "split or shorten it")
+        self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
         bar = tqdm(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
         self.model.eval()
@@ -203,6 +208,59 @@ class Translator:
             bar.update(len(idx))
         bar.close()
         return out
+
+    def _check_positions(self, ids: list[list[int]], where: str, side: str, extra: int) -> None:
+        """Before any decoding, so the whole input fails or none of it: each sequence plus ``extra``
+        positions (a target's <s>) must fit the model's position tables."""
+        limit = self.model.position_limit()
+        too_long = [i for i, row in enumerate(ids) if limit is not None and len(row) + extra > limit]
+        if too_long:
+            i = too_long[0]
+            more = f", as are {len(too_long) - 1} more lines" if len(too_long) > 1 else ""
+            raise DataError(f"{where} line {i + 1}: {len(ids[i])} {side} tokens{' and <s>' if extra else ''}, more than the "
+                            f"model's {limit} positions (model.max_positions){more}; split or shorten it")
+
+    def log_prob_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]], batch_size: int | None = None,
+                     progress: bool = False) -> list[float]:
+        """Forced decoding of already-indexed pairs: each target's log-probability (its tokens and
+        </s>), in input order; batches of ``batch_size`` sentences (default the decode config's)."""
+        if len(src_ids) != len(tgt_ids):
+            raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets")
+        self._check_positions(src_ids, "source", "source", 0)
+        self._check_positions(tgt_ids, "target", "target", 1)
+        out = [0.0] * len(src_ids)
+        bar = tqdm(total=len(src_ids), desc="score", unit="pair", disable=not progress, leave=False)
+        self.model.eval()
+        for idx in self._batches(tgt_ids, batch_size or self.cfg.decode.batch_sentences):  # similar lengths together
+            batch = collate([src_ids[i] or [EOS] for i in idx], [tgt_ids[i] for i in idx], idx).to(self.device)
+            scores = target_log_probs(self.model, batch.src, batch.src_pad_mask, batch.tgt_in, batch.tgt_out, PAD)  # B
+            for i, value in zip(idx, scores.tolist()):
+                out[i] = value
+            bar.update(len(idx))
+        bar.close()
+        return out
+
+    def log_prob(self, sources: Sequence[str], targets: Sequence[str], *, batch_size: int | None = None,
+                 progress: bool = False) -> list[PairScore]:
+        """Forced decoding: how probable the model finds each given translation of each source,
+        e.g. to rerank another system's n-best list or to measure perplexity on a test set. The
+        target is tokenised and indexed as in training (words the vocabulary lacks become <unk>,
+        counted in :attr:`PairScore.unknown`). An empty target scores the model's probability of
+        stopping at once; an empty source is encoded as translation does."""
+        for name, texts in (("sources", sources), ("targets", targets)):
+            if isinstance(texts, str):
+                raise TypeError(f"Translator.log_prob takes lists of sentences; {name} is one string")
+        sources, targets = list(sources), list(targets)
+        if len(sources) != len(targets):
+            raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
+        _check_sentences(sources)
+        _check_sentences(targets)
+        src_ids = [self.codec.encode_src(t) if text.strip() else [] for t, text in
+                   zip(self.codec.src_tok.tokenize_many(sources), sources)]
+        tgt_ids = [self.codec.encode_tgt(t) if text.strip() else [] for t, text in
+                   zip(self.codec.tgt_tok.tokenize_many(targets), targets)]
+        scores = self.log_prob_ids(src_ids, tgt_ids, batch_size, progress)
+        return [PairScore(score, len(ids) + 1, sum(i == UNK for i in ids)) for score, ids in zip(scores, tgt_ids)]
 
     def _text(self, ids: list[int], score: float) -> Translation:
         tokens = self.codec.tgt_vocab.decode(ids)

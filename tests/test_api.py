@@ -364,3 +364,32 @@ def test_an_ensemble_of_checkpoints(run_dir, translator, tmp_path, cli):
     assert out.splitlines() == translator(sents)
     assert "BLEU" in cli("evaluate", "--checkpoint", str(run_dir / "best.pt"), str(run_dir / "epoch001.pt"),
                          "--split", "valid", "--device", "cpu").stdout
+
+
+def test_log_prob_is_forced_decoding(run_dir, translator):
+    """Translator.log_prob scores given translations: on the validation pairs its nats per token
+    are the trainer's validation loss of the same weights; it does not depend on the batch, and an
+    ensemble of a model with itself scores as the model (test_decoding: it equals search scores)."""
+    import json
+
+    from cometnmt.data.pipeline import read_split
+
+    valid = read_split(translator.cfg.data, "valid")
+    scores = translator.log_prob(valid.src[:20], valid.tgt[:20])  # the run validated on 20 pairs (tiny_train_cfg)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    val_loss = [r["val_loss"] for r in records if r["event"] == "valid"][-1]  # one epoch: best.pt's weights
+    assert -sum(s.log_prob for s in scores) / sum(s.tokens for s in scores) == pytest.approx(val_loss, rel=1e-5)
+    assert all(s.tokens >= 2 and 0 <= s.unknown < s.tokens for s in scores)
+    singly = translator.log_prob(valid.src[:20], valid.tgt[:20], batch_size=1)
+    assert [s.log_prob for s in singly] == pytest.approx([s.log_prob for s in scores], abs=1e-4)
+    twice = cometnmt.Translator.from_checkpoint([run_dir / "best.pt", run_dir / "best.pt"], device="cpu")
+    assert [s.log_prob for s in twice.log_prob(valid.src[:5], valid.tgt[:5])] == \
+           pytest.approx([s.log_prob for s in scores[:5]], abs=1e-4)
+    empty = translator.log_prob(["Ein Hund."], [""])[0]  # the probability of stopping at once
+    assert empty.tokens == 1 and empty.log_prob < 0
+    with pytest.raises(cometnmt.DataError, match="2 sources but 1 targets"):
+        translator.log_prob(["a", "b"], ["a"])
+    with pytest.raises(TypeError, match="lists of sentences; targets is one string"):
+        translator.log_prob(["Ein Hund."], "A dog.")
+    with pytest.raises(cometnmt.DataError, match=r"^target line 2: 1100 target tokens and <s>, more than the model's"):
+        translator.log_prob(["Ein Hund.", "Ein Hund."], ["A dog.", " ".join(["dog"] * 1100)])

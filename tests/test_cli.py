@@ -288,3 +288,56 @@ def test_version(cli):
     from cometnmt import __version__
 
     assert cli("--version").stdout.strip() == f"cometnmt {__version__}"
+
+
+def test_logprob_scores_translations_and_nbest_lists(trained, cli, tmp_path, data_dir):
+    """`cometnmt logprob`: a score and token count per line, totals in --json; translate --nbest
+    output rescored in place (indices and texts kept); the perplexity is that of the scores."""
+    import math
+
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    for path, name in ((src, "test_2016_flickr.de.gz"), (ref, "test_2016_flickr.en.gz")):
+        with gzip.open(data_dir / name, "rt", encoding="utf-8") as f:
+            path.write_text("".join(next(f) for _ in range(9)), encoding="utf-8")
+    ckpt = str(trained / "best.pt")
+    out, summary = tmp_path / "scores.txt", tmp_path / "scores.json"
+    proc = cli("logprob", ckpt, "-i", str(src), "-t", str(ref), "-o", str(out), "--json", str(summary), "--device", "cpu")
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 9 and all(float(r[0]) < 0 and int(r[1]) >= 2 for r in rows)
+    totals = json.loads(summary.read_text())
+    assert totals["pairs"] == 9 and totals["target_tokens"] == sum(int(r[1]) for r in rows)
+    nll = -sum(totals["log_probs"]) / totals["target_tokens"]
+    assert totals["nll_per_token"] == pytest.approx(nll) and totals["perplexity"] == pytest.approx(math.exp(nll))
+    assert f"perplexity {totals['perplexity']:.2f}" in proc.stderr
+    small = [line.split("\t") for line in cli("logprob", ckpt, "-i", str(src), "-t", str(ref), "--batch-size", "2").stdout.splitlines()]
+    assert [float(r[0]) for r in small] == pytest.approx([float(r[0]) for r in rows], abs=1e-3)  # batches of 2
+    nbest = tmp_path / "nbest.txt"
+    cli("translate", ckpt, "-i", str(src), "-o", str(nbest), "--beam", "3", "--nbest", "2")
+    rescored = cli("logprob", ckpt, "-i", str(src), "-t", str(nbest), "--nbest-input").stdout.splitlines()
+    before = [line.split("\t") for line in nbest.read_text(encoding="utf-8").splitlines()]
+    after = [line.split("\t") for line in rescored]
+    assert [(r[0], r[2]) for r in after] == [(r[0], r[2]) for r in before] and len(after) == 18
+
+
+def test_logprob_input_errors_name_the_file_and_line(trained, cli, tmp_path):
+    ckpt = str(trained / "best.pt")
+    src, tgt = tmp_path / "s.de", tmp_path / "t.en"
+    src.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
+    tgt.write_text("A dog.\n", encoding="utf-8")
+    err = _err(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), check=False))
+    assert "t.en has 1 lines but" in err and "s.de has 2" in err and "--nbest-input" in err
+    tgt.write_text("A dog.\n" + " ".join(["dog"] * 1100) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    err = _err(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), "-o", str(out), check=False))
+    assert "t.en: target line 2: 1100 target tokens and <s>" in err and "Traceback" not in err and not out.exists()
+    nbest = tmp_path / "n.txt"
+    nbest.write_text("0\t-1.0\tA dog.\n1\tTwo cats.\n", encoding="utf-8")
+    assert "n.txt, line 2: expected 'INDEX<tab>SCORE<tab>TEXT'" in _err(
+        cli("logprob", ckpt, "-i", str(src), "-t", str(nbest), "--nbest-input", check=False))
+    nbest.write_text("0\t-1.0\tA dog.\n2\t-1.0\tTwo cats.\n", encoding="utf-8")
+    assert "n.txt, line 2: source index 2, but the source has 2 lines" in _err(
+        cli("logprob", ckpt, "-i", str(src), "-t", str(nbest), "--nbest-input", check=False))
+    src.write_text("Ein Hund.\n" + " ".join(["Hund"] * 1100) + "\n", encoding="utf-8")
+    nbest.write_text("1\t-1.0\tA dog.\n", encoding="utf-8")  # row 1 is source line 2
+    assert "s.de: source line 2: 1100 source tokens" in _err(
+        cli("logprob", ckpt, "-i", str(src), "-t", str(nbest), "--nbest-input", check=False))

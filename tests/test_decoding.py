@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from cometnmt.config import DecodeConfig
-from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix, length_normalise, search
+from cometnmt.decoding import (beam_search, greedy_search, greedy_search_full_prefix, length_normalise, search,
+                               target_log_probs)
 from cometnmt.models.base import Seq2Seq, reorder_nested
 
 from test_models import CASES, make, random_batch, warm_batch_norm
@@ -112,6 +113,25 @@ def test_cached_greedy_equals_full_prefix(trained_like):
     assert [h.tokens for h in cached] == [h.tokens for h in full]
     for a, b in zip(cached, full):
         assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_forced_decoding_scores_what_search_found(trained_like):
+    """target_log_probs (Translator.log_prob's core) of the hypotheses search found, each ended by
+    </s>, is greedy search's score and beam search's with length penalty 0, in one padded batch."""
+    with torch.no_grad():  # an untrained model may emit <pad>, which a target cannot hold
+        trained_like.out_proj.bias[0] -= 1e4
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(6))
+    found = [[h] for h in greedy_search(trained_like, src, mask, BOS, EOS, 1.5, 5)]
+    found += beam_search(trained_like, src, mask, BOS, EOS, 4, 0.0, 3, 1.5, 5)
+    bound = [int(int(n) * 1.5 + 5) for n in (~mask).sum(1)]
+    rows = [(i % 4, h) for i, hyps in enumerate(found) for h in hyps if len(h.tokens) < bound[i % 4]]  # ended by </s>
+    assert len(rows) >= 4 and len({len(h.tokens) for _, h in rows}) > 1  # several, of several lengths: padding too
+    width = max(len(h.tokens) for _, h in rows) + 1
+    tgt_in = torch.tensor([[BOS] + h.tokens + [0] * (width - 1 - len(h.tokens)) for _, h in rows])  # B,T
+    tgt_out = torch.tensor([h.tokens + [EOS] + [0] * (width - 1 - len(h.tokens)) for _, h in rows])  # B,T
+    index = torch.tensor([i for i, _ in rows])
+    forced = target_log_probs(trained_like.eval(), src[index], mask[index], tgt_in, tgt_out, 0)  # B
+    assert forced.tolist() == pytest.approx([h.score for _, h in rows], abs=1e-4)
 
 
 def test_output_length_is_bounded(trained_like):
