@@ -74,14 +74,12 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
         raise ConfigError(f"split={split!r}: choose train, valid or test")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r}: a number of sentences, at least 1 (or None for all)")
-    from cometnmt.data.tokenizers import paper_tokenizer
-    from cometnmt.evaluation import score_with
+    from cometnmt.evaluation import paper_tokenizers, score_with
 
     translator = Translator.from_checkpoint(checkpoint, device)
     decode = translator._decode(None, beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1, flags=flags)
     data = translator.cfg.data
-    tgt_tok = paper_tokenizer(data.tgt_lang)  # what spaCy cannot tokenise is said now, not after decoding
-    src_tok = paper_tokenizer(data.src_lang) if tgt_tok is not None else None
+    tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # what spaCy cannot tokenise: said now, not after decoding
     out = translator.translate_split(split, decode, limit=limit, progress=progress)
     return score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
                       lowercase=data.lowercase), out

@@ -370,18 +370,18 @@ def evaluate(
     src_tokenize: Tokenizer | None = None,
     per_sentence: bool = False,
     lowercase: bool = False,
-    without_paper: str | None = None,
+    not_computed: str | None = None,
 ) -> dict:
     """Score a test set: sacreBLEU BLEU/chrF, the COMET paper's metric and, given sources, Fig. 4.
 
     :param hyps: detokenised system outputs (an empty output is allowed and scores 0).
     :param refs: detokenised references; none may be blank.
     :param tokenize: target-language tokeniser for the paper metric; None: no paper metric, no
-        BLEU by length and no ``sentence_bleu`` (``without_paper`` says why).
+        BLEU by length and no ``sentence_bleu`` (``not_computed`` says why).
     :param src: source sentences; when given (and with ``src_tokenize`` or ``tokenize``),
         ``bleu_by_length`` is added.
     :param src_tokenize: source-language tokeniser giving the lengths (defaults to ``tokenize``).
-    :param without_paper: why a part is missing (e.g. spaCy cannot tokenise the language),
+    :param not_computed: why a part is missing (e.g. spaCy cannot tokenise the language),
         kept in the result as ``not_computed`` and shown by :func:`format_table`.
     :param per_sentence: also return ``sentence_bleu``, the paper metric of every sentence.
     :param lowercase: score lowercased text (a model trained with ``data.lowercase``); the
@@ -398,8 +398,8 @@ def evaluate(
         _check_sources(src, refs)
     result = corpus_scores(hyps, refs, lowercase)
     result["n_sentences"] = len(refs)
-    if without_paper:
-        result["not_computed"] = without_paper
+    if not_computed:
+        result["not_computed"] = not_computed
     if tokenize is None:
         logger.info("BLEU %.2f, chrF %.2f on %d sentences", result["bleu"], result["chrf"], len(refs))
         return result
@@ -441,8 +441,6 @@ def score(
         result = score(["A man rides a bike."], ["A man is riding a bike."], lang="en")
         result["bleu"], result["chrf"], result["paper_bleu"]
     """
-    from cometnmt.data.tokenizers import paper_tokenizer
-
     if isinstance(hyps, str) or isinstance(refs, str) or isinstance(src, str):
         raise TypeError("score takes lists of sentences (one string per line), not one string")
     hyps, refs, src = list(hyps), list(refs), None if src is None else list(src)
@@ -451,15 +449,24 @@ def score(
         if bad is not None:
             hint = " (Translator.translate gives lists of Translation: take [0].text)" if name == "hyps" else ""
             raise TypeError(f"{name}[{bad}] is a {type(lines[bad]).__name__}, not a string{hint}")
-    tgt_tok = paper_tokenizer(lang)
-    src_tok = paper_tokenizer(src_lang) if src is not None and tgt_tok is not None else None
+    tgt_tok, src_tok = paper_tokenizers(lang, src_lang if src is not None else None)
     return score_with(hyps, refs, tgt_tok, src_tok, lang=lang, src_lang=src_lang, src=src,
                       per_sentence=per_sentence, lowercase=lowercase)
 
 
+def paper_tokenizers(lang: str, src_lang: str | None) -> tuple:
+    """The spaCy tokenizers :func:`score_with` takes: the target's, and the source's (for BLEU by
+    length) when ``src_lang`` is given and the target's exists; None where spaCy cannot tokenise
+    the language (a warning says so, before any decoding)."""
+    from cometnmt.data.tokenizers import paper_tokenizer
+
+    tgt_tok = paper_tokenizer(lang)
+    return tgt_tok, paper_tokenizer(src_lang) if src_lang is not None and tgt_tok is not None else None
+
+
 def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str, src_lang: str,
                src: list[str] | None = None, per_sentence: bool = False, lowercase: bool = False) -> dict:
-    """:func:`score` with spaCy tokenizers already built (``paper_tokenizer``), either None where
+    """:func:`score` with spaCy tokenizers already built (:func:`paper_tokenizers`), either None where
     spaCy cannot tokenise the language: without the target's, BLEU and chrF alone; without the
     source's, no BLEU by length (lengths in another language's tokens would be wrong)."""
     why = None
@@ -472,7 +479,7 @@ def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str,
         src = None
     return evaluate(hyps, refs, tokenize=tgt_tok.tokenize if tgt_tok else None, src=src,
                     src_tokenize=src_tok.tokenize if src_tok else None, per_sentence=per_sentence,
-                    lowercase=lowercase, without_paper=why)
+                    lowercase=lowercase, not_computed=why)
 
 
 def format_table(result: dict) -> str:

@@ -309,3 +309,11 @@ def test_a_sentencepiece_vocabulary_too_small_for_the_text_names_its_key():
     corpus = ParallelCorpus(["Ein Hund läuft.", "Zwei Katzen."], ["A dog runs.", "Two cats."], "a.de", "a.en", 0)
     with pytest.raises(DataError, match=r"config key 'data.sp_vocab_size' \(de\): SentencePiece training .*vocab_size=6"):
         build_codec(cfg, corpus)
+    # another SentencePiece failure is not blamed on the key (every such message holds "vocab_size=")
+    from cometnmt.data.tokenizers import VocabSizeError, _train_sentencepiece
+
+    with pytest.raises(DataError, match=r"^SentencePiece training .* failed") as info:
+        _train_sentencepiece([], 50, "unigram", 1.0, 1)
+    assert not isinstance(info.value, VocabSizeError)
+    with pytest.raises(VocabSizeError):
+        _train_sentencepiece(corpus.src, 6, "unigram", 1.0, 1)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
 from cometnmt.data.multi30k import resolve_dir, split_paths
-from cometnmt.data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_state
+from cometnmt.data.tokenizers import Tokenizer, VocabSizeError, build_tokenizer, tokenizer_from_state
 from cometnmt.data.vocab import BOS, EOS, Vocab
 from cometnmt.errors import DataError
 
@@ -115,10 +115,8 @@ def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]],
         try:
             return build_tokenizer(cfg.tokenizer, lang, texts, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size,
                                    sp_model_type=cfg.sp_model_type)
-        except DataError as exc:
-            if "vocab_size" in str(exc):  # too small for the characters of the text, say
-                raise DataError(f"config key 'data.sp_vocab_size' ({lang}): {exc}") from None
-            raise
+        except VocabSizeError as exc:  # too small for the characters of the text, say
+            raise DataError(f"config key 'data.sp_vocab_size' ({lang}): {exc}") from None
 
     src_tok, tgt_tok = fit(cfg.src_lang, train.src), fit(cfg.tgt_lang, train.tgt)
     src_tokens, tgt_tokens = src_tok.tokenize_many(train.src), tgt_tok.tokenize_many(train.tgt)

@@ -186,6 +186,10 @@ class SentencePieceTokenizer:
         }
 
 
+class VocabSizeError(DataError):
+    """SentencePiece cannot train a vocabulary of the size asked for on this text."""
+
+
 def _train_sentencepiece(
     texts: list[str], vocab_size: int, model_type: str, character_coverage: float, seed: int
 ) -> bytes:
@@ -209,7 +213,8 @@ def _train_sentencepiece(
             minloglevel=2,  # errors only: training is quiet
         )
     except RuntimeError as exc:
-        raise DataError(
+        kind = VocabSizeError if "Vocabulary size" in str(exc) else DataError  # too small for the text's characters
+        raise kind(
             f"SentencePiece training ({model_type}, vocab_size={vocab_size}) on {len(texts)} sentences "
             f"failed: {exc}"
         ) from None
