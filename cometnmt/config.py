@@ -133,10 +133,14 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the ones that replay C
 class DecodeConfig:
     """Search used by `translate`, validation BLEU and evaluation."""
 
-    method: Literal["greedy", "beam"] = "greedy"
+    method: Literal["greedy", "beam", "sample"] = "greedy"  # greedy, beam or sample (random sampling, e.g. for back-translation)
     beam_size: int = 5
     length_penalty: float = 1.0  # GNMT alpha: score / ((5 + len) / 6) ** alpha
-    nbest: int = 1
+    nbest: int = 1  # hypotheses per sentence: the beam's best, or independent samples (method sample)
+    sampling_topk: int = 0  # sample: draw from the k most probable tokens only (0: the whole vocabulary)
+    sampling_topp: float = 1.0  # sample: nucleus, the fewest tokens whose probability reaches p (after top-k; 1.0: off)
+    temperature: float = 1.0  # sample: divides the logits (below 1: sharper, above: flatter)
+    sampling_seed: Optional[int] = None  # sample: seed of the call's random generator (null: torch's global RNG)
     max_len_a: float = 1.5  # output length bound: a * source tokens (without src_sos_eos specials) + b
     max_len_b: int = 10
     batch_sentences: int = 128
@@ -426,7 +430,8 @@ def validate(cfg: Config) -> None:
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
                           f"got {cfg.data.max_vocab}")
-    if cfg.decode.nbest > cfg.decode.beam_size:
+    _check_sampling(cfg.decode)
+    if cfg.decode.method != "sample" and cfg.decode.nbest > cfg.decode.beam_size:
         raise ConfigError(f"config key 'decode.nbest': {cfg.decode.nbest} exceeds decode.beam_size={cfg.decode.beam_size}")
     if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
         check_transformer_pp(cfg.model)
@@ -434,6 +439,19 @@ def validate(cfg: Config) -> None:
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             if getattr(cfg.data, key) is None:
                 raise ConfigError(f"config key 'data.{key}': required when data.corpus is 'files'")
+
+
+def _check_sampling(decode: DecodeConfig) -> None:
+    """The sampling keys' ranges (checked whatever ``decode.method`` is, as the other keys are)."""
+    if decode.sampling_topk < 0:
+        raise ConfigError(f"config key 'decode.sampling_topk': must be at least 0 (0: the whole vocabulary), "
+                          f"got {decode.sampling_topk}")
+    if not 0.0 < decode.sampling_topp <= 1.0:
+        raise ConfigError(f"config key 'decode.sampling_topp': {decode.sampling_topp} must be in (0, 1] (1: off)")
+    if not (math.isfinite(decode.temperature) and decode.temperature > 0):
+        raise ConfigError(f"config key 'decode.temperature': must be a positive finite number, got {decode.temperature}")
+    if decode.sampling_seed is not None and decode.sampling_seed < 0:
+        raise ConfigError(f"config key 'decode.sampling_seed': must be at least 0 (or null), got {decode.sampling_seed}")
 
 
 # ---------------------------------------------------------------------------------------------

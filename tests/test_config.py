@@ -134,3 +134,28 @@ def test_yaml_readings_and_sections(tmp_path):
         load_config(child)
     with pytest.raises(ConfigError, match="'model.enc_layers': 1 is too few"):  # before any tagger runs
         load_config(REPO / "configs" / "tiny.yaml", ["model.arch=transformer_pp", "model.enc_layers=1"])
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["decode.sampling_topk=-1"], "config key 'decode.sampling_topk': must be at least 0 (0: the whole vocabulary), got -1"),
+    (["decode.sampling_topp=0"], "config key 'decode.sampling_topp': 0.0 must be in (0, 1] (1: off)"),
+    (["decode.sampling_topp=1.5"], "config key 'decode.sampling_topp': 1.5 must be in (0, 1] (1: off)"),
+    (["decode.temperature=0"], "config key 'decode.temperature': must be a positive finite number, got 0.0"),
+    (["decode.temperature=.inf"], "config key 'decode.temperature': must be a positive finite number, got inf"),
+    (["decode.sampling_seed=-3"], "config key 'decode.sampling_seed': must be at least 0 (or null), got -3"),
+    (["decode.sampling_seed=1.5"], "config key 'decode.sampling_seed': expected"),
+    (["decode.method=sampling"], "'decode.method': 'sampling' is not allowed; expected one of 'greedy', 'beam', 'sample'"),
+])
+def test_sampling_keys_are_checked(overrides, needle):
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "configs" / "tiny.yaml", overrides)
+    assert needle in str(info.value)
+
+
+def test_sampling_config_takes_more_samples_than_the_beam():
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["decode.method=sample", "decode.nbest=8", "decode.beam_size=2",
+                                                       "decode.sampling_topk=10", "decode.sampling_topp=0.9",
+                                                       "decode.temperature=0.7", "decode.sampling_seed=5"])
+    assert (cfg.decode.method, cfg.decode.nbest, cfg.decode.sampling_seed) == ("sample", 8, 5)
+    with pytest.raises(ConfigError, match="'decode.nbest': 8 exceeds decode.beam_size=2"):
+        load_config(REPO / "configs" / "tiny.yaml", ["decode.method=beam", "decode.nbest=8", "decode.beam_size=2"])
