@@ -1,6 +1,6 @@
-"""Greedy and beam search, written once against the model protocol (models/base.py).
+"""Greedy search, beam search and sampling, written once against the model protocol (models/base.py).
 
-Both are batched over sentences and use the incremental ``step``; sentences that finish leave the
+All are batched over sentences and use the incremental ``step``; sentences that finish leave the
 batch (their rows are dropped from the decoder state), so late steps cost only what is still
 being decoded. Output length is bounded per sentence by ``max_len_a * source_length + max_len_b``.
 
@@ -8,13 +8,16 @@ Greedy decoding is the COMET paper's (section 4.3): start from <s>, append the a
 stop at </s>. Beam search keeps ``beam_size`` hypotheses per sentence on tensors, finishes a
 hypothesis when it emits </s> among the top ``beam_size`` candidates, ranks finished hypotheses by
 log-probability / ((5 + length) / 6) ** length_penalty (Wu et al. 2016), and stops a sentence once
-it has ``beam_size`` finished hypotheses or reaches its length bound.
+it has ``beam_size`` finished hypotheses or reaches its length bound. Sampling (as fairseq's
+``--sampling``, e.g. for back-translation) decodes like greedy search but draws each token at
+random, with optional temperature, top-k and nucleus (top-p) truncation; ``nbest`` samples per
+sentence are ``nbest`` copies of its row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +28,7 @@ from cometnmt.models.base import Seq2Seq
 @dataclass
 class Hypothesis:
     tokens: list[int]  # without <s> and </s>
-    score: float  # length-normalised log-probability (beam) or plain log-probability (greedy)
+    score: float  # length-normalised log-probability (beam) or plain log-probability (greedy, sample)
 
 
 def max_lengths(src_pad_mask: torch.Tensor, a: float, b: float, cap: Optional[int] = None) -> torch.Tensor:
@@ -40,19 +43,33 @@ def greedy_search(
     model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float, max_len_b: float
 ) -> list[Hypothesis]:
     """Arg-max decoding with the incremental step. Returns one hypothesis per sentence, in order."""
+    return _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, 1, lambda lp: lp.argmax(dim=-1))
+
+
+def _incremental_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int,
+                        max_len_a: float, max_len_b: float, copies: int,
+                        choose: Callable[[torch.Tensor], torch.Tensor]) -> list[Hypothesis]:
+    """One token per row and step, picked by ``choose`` (log-probabilities A,V -> tokens A), for
+    ``copies`` rows per sentence (rows i*copies .. i*copies+copies-1 are sentence i's). The first
+    step runs once per sentence; its state is then duplicated. A row stops at </s> or its length
+    bound and leaves the batch. Scores are the sums of the model's log-probabilities of the tokens
+    (</s> included). Returns B*copies hypotheses, in row order."""
     B = src.size(0)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit()).repeat_interleave(copies)  # B*N
     state = model.init_state(model.encode(src, src_pad_mask))
-    out = torch.full((B, int(limits.max())), eos, dtype=torch.long, device=src.device)  # B,Tmax
-    logprob = torch.zeros(B, device=src.device)  # B
-    active = torch.arange(B, device=src.device)  # rows of the batch still decoding
-    tokens = torch.full((B,), bos, dtype=torch.long, device=src.device)  # B
+    out = torch.full((B * copies, int(limits.max())), eos, dtype=torch.long, device=src.device)  # B*N,Tmax
+    logprob = torch.zeros(B * copies, device=src.device)  # B*N
+    active = torch.arange(B * copies, device=src.device)  # rows still decoding
+    tokens = torch.full((B,), bos, dtype=torch.long, device=src.device)  # B: the first step, once per sentence
     for t in range(out.size(1)):
         logits, state = model.step(tokens, state)  # A,V
         lp = F.log_softmax(logits.float(), dim=-1)  # A,V
-        best, tokens = lp.max(dim=-1)  # A
+        if t == 0 and copies > 1:
+            rows = torch.arange(B, device=src.device).repeat_interleave(copies)  # B*N
+            lp, state = lp.index_select(0, rows), model.reorder(state, rows)  # B*N,V
+        tokens = choose(lp)  # A
         out[active, t] = tokens
-        logprob[active] += best
+        logprob[active] += lp.gather(1, tokens[:, None]).squeeze(1)  # A
         done = tokens.eq(eos) | limits[active].le(t + 1)  # A
         if bool(done.all()):
             break
@@ -61,6 +78,50 @@ def greedy_search(
             active, tokens = active[keep], tokens[keep]
             state = model.reorder(state, keep)
     return [Hypothesis(_strip(row, eos), float(s)) for row, s in zip(out.tolist(), logprob.tolist())]
+
+
+@torch.no_grad()
+def sample_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float,
+                  max_len_b: float, nbest: int = 1, topk: int = 0, topp: float = 1.0, temperature: float = 1.0,
+                  generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+    """``nbest`` independent samples per sentence, highest score first: each step draws a token
+    from the model's distribution with its logits divided by ``temperature``, cut to the ``topk``
+    most probable tokens (0: all), then to the nucleus of probability ``topp`` (1.0: off).
+
+    A sample's score is the sum of the model's own log-probabilities of its tokens, before
+    temperature and truncation (as greedy search's), so the scores of greedy and sampled
+    translations compare. Random numbers come from ``generator`` (None: torch's global RNG, on
+    the model's device); a sentence's samples depend on the rows decoded beside it (the batch),
+    so the same input, seed and batch size give the same output. Padding and <s>, never targets
+    in training, are never drawn (as fairseq never draws padding): a trained model gives them a
+    small but nonzero probability, which would surface over many samples. Otherwise a search that
+    keeps one token a step (``topk`` 1, say) is greedy search."""
+    never = torch.tensor([model.pad_id, bos], device=src.device)  # 2
+
+    def choose(lp: torch.Tensor) -> torch.Tensor:
+        return sample_tokens(lp.index_fill(1, never, float("-inf")), topk, topp, temperature, generator)
+
+    hyps = _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, nbest, choose)
+    return [sorted(hyps[i : i + nbest], key=lambda h: -h.score) for i in range(0, len(hyps), nbest)]
+
+
+def sample_tokens(lp: torch.Tensor, topk: int, topp: float, temperature: float,
+                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """One token per row of log-probabilities A,V, drawn from softmax(lp / temperature) cut to the
+    ``topk`` most probable tokens (0: all), then to the fewest of those whose renormalised
+    probability reaches ``topp`` (the token that crosses it is kept, so the most probable token
+    always survives). Returns A long."""
+    scaled = (lp - lp.amax(dim=-1, keepdim=True)) / temperature  # A,V; max 0, so a tiny temperature cannot overflow
+    V = lp.size(-1)
+    k = V if topk == 0 else min(topk, V)
+    if k == V and topp >= 1.0:
+        return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)  # A
+    top, index = scaled.topk(k, dim=-1)  # A,k, most probable first
+    probs = top.softmax(dim=-1)  # A,k
+    if topp < 1.0:
+        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= topp, 0.0)  # A,k: mass before a token reached topp
+    pick = torch.multinomial(probs, 1, generator=generator)  # A,1
+    return index.gather(1, pick).squeeze(1)  # A
 
 
 @torch.no_grad()
@@ -198,14 +259,29 @@ def _finish_rows(bucket, scores, seqs, alpha) -> None:
             bucket.append((float(length_normalise(torch.tensor(score), len(row), alpha)), row))
 
 
+def sampling_generator(cfg, device: torch.device) -> Optional[torch.Generator]:
+    """The random generator of one sampling call: seeded with ``cfg.sampling_seed`` on ``device``,
+    or None (torch's global RNG) without a seed or for another search."""
+    if cfg.method != "sample" or cfg.sampling_seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(cfg.sampling_seed)
+
+
 def search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, cfg,
-           src_specials: int = 0) -> list[list[Hypothesis]]:
-    """Dispatch on a DecodeConfig: greedy (one hypothesis each) or beam (``cfg.nbest`` each).
+           src_specials: int = 0, generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+    """Dispatch on a DecodeConfig: greedy (one hypothesis each), beam or sample (``cfg.nbest`` each).
     ``src_specials``: tokens each source carries besides its words (2 for the <s> </s> of
-    ``data.src_sos_eos``), left out of the length bound ``max_len_a * words + max_len_b``."""
+    ``data.src_sos_eos``), left out of the length bound ``max_len_a * words + max_len_b``.
+    ``generator``: sampling's random numbers, to share one generator among the batches of a call;
+    None makes one from ``cfg.sampling_seed`` (:func:`sampling_generator`)."""
     a, b = cfg.max_len_a, cfg.max_len_b - src_specials * cfg.max_len_a
     if cfg.method == "greedy":
         return [[h] for h in greedy_search(model, src, src_pad_mask, bos, eos, a, b)]
+    if cfg.method == "sample":
+        if generator is None:
+            generator = sampling_generator(cfg, src.device)
+        return sample_search(model, src, src_pad_mask, bos, eos, a, b, cfg.nbest, cfg.sampling_topk, cfg.sampling_topp,
+                             cfg.temperature, generator)
     return beam_search(model, src, src_pad_mask, bos, eos, cfg.beam_size, cfg.length_penalty, cfg.nbest, a, b)
 
 

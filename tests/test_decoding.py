@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cometnmt.config import DecodeConfig
-from cometnmt.decoding import (beam_search, greedy_search, greedy_search_full_prefix, length_normalise, search,
-                               target_log_probs)
+from cometnmt.decoding import (beam_search, greedy_search, greedy_search_full_prefix, length_normalise, sample_search,
+                               search, target_log_probs)
 from cometnmt.models.base import Seq2Seq, reorder_nested
 
 from test_models import CASES, make, random_batch, warm_batch_norm
@@ -204,6 +204,17 @@ def test_output_length_stops_at_the_position_limit(name):
     assert [len(b[0].tokens) for b in beam_search(model, src, mask, BOS, EOS, 3, 1.0, 1, 2.0, 10)] == want
 
 
+@torch.no_grad()
+def teacher_forced(model, src, mask, i: int, tokens: list[int], a: float, b: float) -> tuple[list[int], torch.Tensor]:
+    """Sentence i's hypothesis ``tokens`` with the </s> its search emitted (none when it stopped at
+    the length bound a * source length + b), and the model's log-probabilities T,V at each of its
+    positions, decoded in one teacher-forced pass (not the search's incremental steps)."""
+    limit = int(int((~mask[i]).sum()) * a + b)  # generated tokens, </s> included
+    seq = tokens + ([EOS] if len(tokens) < limit else [])  # cut at the bound: no </s>
+    row = reorder_nested(model.encode(src, mask), torch.tensor([i]))
+    return seq, model.decode(torch.tensor([[BOS] + seq[:-1]]), row)[0].float().log_softmax(-1)  # T,V
+
+
 def _peaked(name: str, seed: int):
     model = make(name, seed=seed)
     warm_batch_norm(model, torch.Generator().manual_seed(seed))
@@ -228,16 +239,165 @@ def test_an_ensemble_searches_as_one_model(names):
     beam1 = beam_search(ens, src, mask, BOS, EOS, 1, 0.0, 1, 1.5, 5)
     assert [h.tokens for h in cached] == [b[0].tokens for b in beam1]
     nbest = beam_search(ens, src, mask, BOS, EOS, 4, 0.0, 3, 1.5, 5)
-    with torch.no_grad():
-        memory = ens.encode(src, mask)
-        for i, hyps in enumerate(nbest):
-            for h in hyps:
-                limit = int(int((~mask[i]).sum()) * 1.5 + 5)  # generated tokens, </s> included
-                seq = h.tokens + ([EOS] if len(h.tokens) < limit else [])  # cut at the bound: no </s>
-                row = {"members": [reorder_nested(m, torch.tensor([i])) for m in memory["members"]]}
-                lp = ens.decode(torch.tensor([[BOS] + seq[:-1]]), row)[0].log_softmax(-1)
-                assert h.score == pytest.approx(float(lp[torch.arange(len(seq)), seq].sum()), abs=1e-4)  # alpha 0: the sum
+    for i, hyps in enumerate(nbest):
+        for h in hyps:
+            seq, lp = teacher_forced(ens, src, mask, i, h.tokens, 1.5, 5)
+            assert h.score == pytest.approx(float(lp[torch.arange(len(seq)), seq].sum()), abs=1e-4)  # alpha 0: the sum
     alone = _peaked(names[0], 3).eval()
     twice = Ensemble([alone, alone]).eval()
     assert [b[0].tokens for b in beam_search(twice, src, mask, BOS, EOS, 3, 1.0, 1, 1.5, 5)] == \
            [b[0].tokens for b in beam_search(alone, src, mask, BOS, EOS, 3, 1.0, 1, 1.5, 5)]
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+def _truncated_softmax(logprobs: list[float], topk: int, topp: float, temperature: float) -> list[float]:
+    """The distribution sampling should draw from, computed plainly: softmax(lp / temperature), the
+    topk most probable kept (0: all) and renormalised, then the most probable kept until their mass
+    reaches topp (the token that crosses it included) and renormalised."""
+    weights = [math.exp(x / temperature) for x in logprobs]
+    probs = [w / sum(weights) for w in weights]
+    order = sorted(range(len(probs)), key=lambda j: -probs[j])[: topk or len(probs)]
+    mass = sum(probs[j] for j in order)
+    kept, before = [], 0.0
+    for j in order:
+        if before >= topp:
+            break
+        kept.append(j)
+        before += probs[j] / mass
+    total = sum(probs[j] for j in kept)
+    return [probs[j] / total if j in kept else 0.0 for j in range(len(probs))]
+
+
+@pytest.mark.parametrize("topk, topp, temperature", [(0, 1.0, 1.0), (0, 1.0, 0.6), (0, 1.0, 2.5), (3, 1.0, 1.0),
+                                                      (0, 0.7, 1.0), (4, 0.8, 1.7)])
+def test_first_sampled_tokens_follow_the_truncated_softmax(topk, topp, temperature):
+    """Over n samples of one sentence, each token's count of the first position is within 5 binomial
+    standard deviations of n * its probability under the temperature, top-k and top-p cut (fixed
+    seed: the test cannot flake), and a token the cut removes is never drawn."""
+    model = Markov(n_sent=2, max_len=4, vocab=12, seed=0)
+    src, mask = torch.tensor([[1]]), torch.zeros(1, 1, dtype=torch.bool)
+    n = 6000
+    samples = sample_search(model, src, mask, BOS, EOS, 0.0, 1, nbest=n, topk=topk, topp=topp, temperature=temperature,
+                            generator=torch.Generator().manual_seed(11))[0]
+    counts = torch.bincount(torch.tensor([(h.tokens or [EOS])[0] for h in samples]), minlength=12).tolist()
+    want = _truncated_softmax(model.table[1, 0, BOS].tolist(), topk, topp, temperature)
+    assert sum(p > 0 for p in want) >= 3  # the case draws among several tokens
+    for token, (count, p) in enumerate(zip(counts, want)):
+        assert abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1e-9, (token, count, n * p)
+
+
+def test_markov_samples_are_scored_by_their_own_log_probabilities():
+    model = Markov(n_sent=3, max_len=8, vocab=9, seed=5)
+    src, mask = torch.tensor([[0], [1], [2]]), torch.zeros(3, 1, dtype=torch.bool)
+    results = sample_search(model, src, mask, BOS, EOS, 0.0, 6, nbest=20, temperature=1.5, generator=torch.Generator().manual_seed(2))
+    assert [len(r) for r in results] == [20, 20, 20]
+    for sent, hyps in enumerate(results):
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)  # best first
+        for h in hyps:
+            seq = h.tokens + ([EOS] if len(h.tokens) < 6 else [])
+            assert h.score == pytest.approx(model.logprob(sent, seq), abs=1e-4)  # untempered
+        assert len({tuple(h.tokens) for h in hyps}) > 5  # independent samples, not one copied
+
+
+def _no_specials(model):
+    """As a trained model: padding and <s> (never targets) improbable, so never greedy's choice
+    (sampling never draws them)."""
+    with torch.no_grad():
+        model.out_proj.bias[[0, BOS]] -= 100.0
+    return model
+
+
+def test_sampling_never_draws_padding_or_bos():
+    model = _peaked("transformer", 3).eval()
+    with torch.no_grad():
+        model.out_proj.bias[[0, BOS]] += 3.0  # likely: greedy search picks them
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(1))
+    assert any({0, BOS} & set(h.tokens) for h in greedy_search(model, src, mask, BOS, EOS, 1.5, 5))
+    results = sample_search(model, src, mask, BOS, EOS, 1.5, 5, nbest=8, generator=torch.Generator().manual_seed(0))
+    assert not any({0, BOS} & set(h.tokens) for hyps in results for h in hyps)
+
+
+def test_sampling_that_keeps_only_the_argmax_is_greedy(trained_like):
+    """top-k 1, a tiny temperature and a top-p below every top probability each leave one token:
+    sampling then is greedy search, tokens and scores, for every sample."""
+    _no_specials(trained_like)
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(1))
+    greedy = greedy_search(trained_like, src, mask, BOS, EOS, 1.5, 5)
+    for topk, topp, temperature in [(1, 1.0, 1.0), (0, 1.0, 1e-20), (0, 1e-6, 1.0), (1, 0.5, 3.0)]:
+        settings = {"topk": topk, "topp": topp, "temperature": temperature, "generator": torch.Generator().manual_seed(0)}
+        one = sample_search(trained_like, src, mask, BOS, EOS, 1.5, 5, nbest=1, **settings)
+        assert [r[0].tokens for r in one] == [h.tokens for h in greedy]
+        assert [r[0].score for r in one] == [h.score for h in greedy]  # the same steps: the same numbers
+        three = sample_search(trained_like, src, mask, BOS, EOS, 1.5, 5, nbest=3, **settings)
+        assert [[h.tokens for h in r] for r in three] == [[h.tokens] * 3 for h in greedy]
+        for r, h in zip(three, greedy):
+            assert [s.score for s in r] == pytest.approx([h.score] * 3, abs=1e-4)
+
+
+def test_top_k_samples_stay_in_the_k_best_and_score_their_log_probabilities(trained_like):
+    """Each sampled token is among the k most probable of its step (padding and <s> aside: never
+    drawn), and a sample's score is the sum
+    of the model's teacher-forced log-probabilities of its tokens (temperature left out)."""
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(6))
+    results = sample_search(trained_like, src, mask, BOS, EOS, 1.5, 5, nbest=4, topk=3, temperature=3.0,
+                            generator=torch.Generator().manual_seed(1))
+    outside = []
+    for i, hyps in enumerate(results):
+        assert len(hyps) == 4 and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:
+            seq, lp = teacher_forced(trained_like, src, mask, i, h.tokens, 1.5, 5)
+            assert h.score == pytest.approx(float(lp[torch.arange(len(seq)), seq].sum()), abs=1e-4)
+            drawable = lp.index_fill(1, torch.tensor([0, BOS]), float("-inf"))  # T,V: padding and <s> never drawn
+            outside += [tok for tok, top in zip(seq, drawable.topk(3, dim=-1).indices.tolist()) if tok not in top]
+    assert not outside
+    assert any(len({tuple(h.tokens) for h in hyps}) > 1 for hyps in results)  # hot enough to differ
+
+
+def test_sampling_seeds_and_the_length_bound():
+    """One seed, one output; another seed, another; no seed draws from torch's global RNG. The
+    length bound (and data.src_sos_eos's specials) is greedy search's."""
+    model = _peaked("transformer", 3).eval()
+    with torch.no_grad():
+        model.out_proj.bias[EOS] -= 2.0
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(4))
+
+    def tokens(**settings):
+        cfg = DecodeConfig(method="sample", nbest=3, temperature=2.0, max_len_a=1.5, max_len_b=5, **settings)
+        return [[h.tokens for h in r] for r in search(model, src, mask, BOS, EOS, cfg)]
+
+    assert tokens(sampling_seed=7) == tokens(sampling_seed=7)
+    assert tokens(sampling_seed=7) != tokens(sampling_seed=8)
+    torch.manual_seed(3)
+    first = tokens()
+    torch.manual_seed(3)
+    assert tokens() == first and tokens() != first
+    with torch.no_grad():
+        model.out_proj.bias[EOS] -= 100.0  # never stop by itself
+    wrapped, wrapped_mask = random_batch([6, 3], 23, torch.Generator().manual_seed(3))
+    cfg = DecodeConfig(method="sample", nbest=2, sampling_seed=1, max_len_a=2.0, max_len_b=3)
+    assert [[len(h.tokens) for h in r] for r in search(model, wrapped, wrapped_mask, BOS, EOS, cfg, src_specials=2)] == \
+           [[11, 11], [5, 5]]
+
+
+@pytest.mark.parametrize("names", [("transformer", "comet_temporal"), ("convs2s", "rnn_gru_additive")])
+def test_an_ensemble_samples_as_one_model(names):
+    """Samples of an ensemble score its teacher-forced (averaged) log-probabilities, and a model
+    ensembled with itself samples as it does alone from the same seed."""
+    from cometnmt.models.ensemble import Ensemble
+
+    ens = Ensemble([_peaked(names[0], 3), _peaked(names[1], 4)]).eval()
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(5))
+    results = sample_search(ens, src, mask, BOS, EOS, 1.5, 5, nbest=3, topp=0.9, temperature=2.0,
+                            generator=torch.Generator().manual_seed(3))
+    for i, hyps in enumerate(results):
+        for h in hyps:
+            seq, lp = teacher_forced(ens, src, mask, i, h.tokens, 1.5, 5)
+            assert h.score == pytest.approx(float(lp[torch.arange(len(seq)), seq].sum()), abs=1e-4)
+    alone = _peaked(names[0], 3).eval()
+    twice = Ensemble([alone, alone]).eval()
+    assert [[h.tokens for h in r] for r in sample_search(twice, src, mask, BOS, EOS, 1.5, 5, nbest=3, temperature=2.0,
+                                                         generator=torch.Generator().manual_seed(9))] == \
+           [[h.tokens for h in r] for r in sample_search(alone, src, mask, BOS, EOS, 1.5, 5, nbest=3, temperature=2.0,
+                                                         generator=torch.Generator().manual_seed(9))]
