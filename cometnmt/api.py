@@ -59,7 +59,9 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: int | None = None,
                         length_penalty: float | None = None, batch_size: int | None = None, device: str = "auto",
-                        limit: int | None = None, progress: bool = False, flags: bool = False) -> tuple[dict, SplitTranslation]:
+                        limit: int | None = None, progress: bool = False, flags: bool = False,
+                        sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
+                        temperature: float | None = None, seed: int | None = None) -> tuple[dict, SplitTranslation]:
     """Translate a split of the checkpoint's own data and score it, as ``cometnmt evaluate
     --checkpoint``: the search is the checkpoint's ``decode`` config with the given settings
     replaced; the scores are :func:`~cometnmt.evaluation.score`'s, with BLEU by source length (on
@@ -68,6 +70,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
     :param split: ``train``, ``valid`` or ``test``.
     :param limit: only the first ``limit`` sentences (smoke runs).
     :param flags: name bad settings as command-line flags (``--beam 0``) rather than keywords.
+    :param sampling: score one random sample per sentence (``topk``, ``topp``, ``temperature``,
+        ``seed``: :meth:`Translator.translate`'s).
     :return: (scores, the sources, references and hypotheses).
     """
     if split not in ("train", "valid", "test"):
@@ -77,7 +81,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
     from cometnmt.evaluation import paper_tokenizers, score_with
 
     translator = Translator.from_checkpoint(checkpoint, device)
-    decode = translator._decode(None, beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1, flags=flags)
+    decode = translator._decode(None, beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1, flags=flags,
+                                sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
     data = translator.cfg.data
     tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # what spaCy cannot tokenise: said now, not after decoding
     out = translator.translate_split(split, decode, limit=limit, progress=progress)

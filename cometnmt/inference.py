@@ -17,7 +17,7 @@ from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
-from cometnmt.decoding import search, target_log_probs
+from cometnmt.decoding import sampling_generator, search, target_log_probs
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.ensemble import Ensemble
@@ -55,13 +55,59 @@ def set_cuda_backends(cudnn_attention: bool = True) -> None:
 
 def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None = None,
                   length_penalty: float | None = None, batch_sentences: int | None = None,
-                  flags: bool = True) -> DecodeConfig:
+                  flags: bool = True, *, sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
+                  temperature: float | None = None, seed: int | None = None) -> DecodeConfig:
     """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
-    means beam search of that width; ``nbest`` above 1 implies beam search. Errors name the setting
-    as a command-line flag (``--beam 0``) or, with ``flags=False``, as a keyword (``beam=0``)."""
+    means beam search of that width; ``nbest`` above 1 implies beam search, unless sampling.
+    ``sampling`` True samples (``nbest`` samples a sentence), False leaves a sampling ``base`` for
+    greedy search; ``topk``, ``topp``, ``temperature`` and ``seed`` set sampling's keys and need it.
+    Errors name the setting as a command-line flag (``--beam 0``) or, with ``flags=False``, as a
+    keyword (``beam=0``)."""
     def name(option: str, value: object) -> str:
         return setting(option, value, flags)
 
+    _check_search_settings(name, beam, nbest, length_penalty, batch_sentences)
+    _check_sampling_settings(name, sampling, topk, topp, temperature, seed)
+    data = to_dict(base)
+    data["method"] = _method(base.method, beam, nbest or base.nbest, sampling, name, flags)
+    if beam is not None:
+        data["beam_size"] = beam
+    for key, value in (("nbest", nbest), ("length_penalty", length_penalty), ("batch_sentences", batch_sentences),
+                       ("sampling_topk", topk), ("sampling_topp", topp), ("temperature", temperature), ("sampling_seed", seed)):
+        if value is not None:
+            data[key] = value
+    for option, value in (("topk", topk), ("topp", topp), ("temperature", temperature), ("seed", seed)):
+        if value is not None and data["method"] != "sample":
+            raise ConfigError(f"{name(option, value)}: a sampling setting; add {_sampling_flag(flags)}")
+    if data["method"] == "beam" and data["nbest"] > data["beam_size"]:
+        raise ConfigError(f"{name('nbest', data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
+                          f"use {name('beam', data['nbest'])} or more")
+    if length_penalty is not None and data["method"] != "beam" and length_penalty != base.length_penalty:
+        log.warning("%s: %s has no length penalty; it applies with a beam of 2 or more (%s)",
+                    name("length_penalty", length_penalty), "sampling" if data["method"] == "sample" else "greedy search",
+                    name("beam", "N"))
+    return from_dict(DecodeConfig, data, "decode")
+
+
+def _sampling_flag(flags: bool) -> str:
+    return "--sampling" if flags else "sampling=True"
+
+
+def _method(method: str, beam: int | None, nbest: int, sampling: bool | None, name, flags: bool) -> str:
+    """The search a call runs: ``beam`` picks greedy or beam search, ``sampling`` True sampling
+    (not with ``beam``), False greedy search in place of the base's sampling; several hypotheses
+    of greedy search are a beam's."""
+    if sampling and beam is not None:
+        raise ConfigError(f"{_sampling_flag(flags)} and {name('beam', beam)}: choose one (sampling draws each token; "
+                          f"{name('nbest', 'N')} gives N samples)")
+    if beam is not None:
+        method = "beam" if beam > 1 else "greedy"
+    if sampling is not None:
+        method = "sample" if sampling else ("greedy" if method == "sample" else method)
+    return "beam" if method == "greedy" and nbest > 1 else method
+
+
+def _check_search_settings(name, beam, nbest, length_penalty, batch_sentences) -> None:
     for option, value in (("beam", beam), ("nbest", nbest), ("batch_size", batch_sentences)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"{name(option, repr(value))}: must be an integer")
@@ -71,27 +117,30 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
         raise ConfigError(f"{name('length_penalty', repr(length_penalty))}: must be a number")
     if length_penalty is not None and not (math.isfinite(length_penalty) and length_penalty >= 0):
         raise ConfigError(f"{name('length_penalty', length_penalty)}: must be a finite number at least 0")
-    data = to_dict(base)
-    if beam is not None:
-        data.update(method="beam" if beam > 1 else "greedy", beam_size=beam)
-    for key, value in (("nbest", nbest), ("length_penalty", length_penalty), ("batch_sentences", batch_sentences)):
-        if value is not None:
-            data[key] = value
-    if data["nbest"] > 1:
-        data["method"] = "beam"
-    if data["nbest"] > data["beam_size"]:
-        raise ConfigError(f"{name('nbest', data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
-                          f"use {name('beam', data['nbest'])} or more")
-    if length_penalty is not None and data["method"] == "greedy" and length_penalty != base.length_penalty:
-        log.warning("%s: greedy search has no length penalty; it applies with a beam of 2 or more (%s)",
-                    name("length_penalty", length_penalty), name("beam", "N"))
-    return from_dict(DecodeConfig, data, "decode")
+
+
+def _check_sampling_settings(name, sampling, topk, topp, temperature, seed) -> None:
+    if sampling is not None and not isinstance(sampling, bool):
+        raise ConfigError(f"{name('sampling', repr(sampling))}: must be true or false")
+    for option, value in (("topk", topk), ("seed", seed)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{name(option, repr(value))}: must be an integer")
+        if value is not None and value < 0:
+            raise ConfigError(f"{name(option, value)}: must be at least 0{' (0: the whole vocabulary)' if option == 'topk' else ''}")
+    for option, value in (("topp", topp), ("temperature", temperature)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{name(option, repr(value))}: must be a number")
+    if topp is not None and not 0 < topp <= 1:
+        raise ConfigError(f"{name('topp', topp)}: must be in (0, 1] (1: off)")
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(f"{name('temperature', temperature)}: must be a positive finite number")
 
 
 @dataclass
 class Translation:
     """One hypothesis: detokenised ``text``, its search ``score`` (log-probability, length-normalised
-    under beam search with a length penalty) and its target ``tokens``."""
+    under beam search with a length penalty; a sample's is the model's own, before temperature and
+    top-k/top-p) and its target ``tokens``."""
 
     text: str
     score: float
@@ -145,6 +194,7 @@ class Translator:
         translator("Ein Mann fährt Fahrrad.")                     # one sentence -> its translation
         translator(["Zwei Hunde.", "Ein Kind lacht."], beam=5)     # a list -> a list
         translator.translate(["Zwei Hunde."], beam=5, nbest=3)[0]  # n-best Translation objects
+        translator.translate(["Zwei Hunde."], sampling=True, topk=10, nbest=4, seed=1)[0]  # 4 samples
 
     Search settings not given come from the checkpoint's ``decode`` config (``self.cfg.decode``).
     """
@@ -188,21 +238,25 @@ class Translator:
         for start in range(0, len(order), size):
             yield order[start : start + size]
 
-    def _decode(self, decode_cfg: DecodeConfig | None, flags: bool = False, **settings) -> DecodeConfig:
-        return decode_config(decode_cfg or self.cfg.decode, settings.get("beam"), settings.get("nbest"),
-                             settings.get("length_penalty"), settings.get("batch_size"), flags=flags)
+    def _decode(self, decode_cfg: DecodeConfig | None, flags: bool = False, *, beam: int | None = None,
+                nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,
+                sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
+                temperature: float | None = None, seed: int | None = None) -> DecodeConfig:
+        return decode_config(decode_cfg or self.cfg.decode, beam, nbest, length_penalty, batch_size, flags=flags,
+                             sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
 
     def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order."""
         decode_cfg = decode_cfg or self.cfg.decode
         self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
+        generator = sampling_generator(decode_cfg, self.device)  # one per call: each batch draws on from the last
         bar = tqdm(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
         self.model.eval()
         for idx in self._batches(src_ids, decode_cfg.batch_sentences):
             batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
             results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
-                             src_specials=2 if self.codec.src_sos_eos else 0)  # bound on words, not <s> </s>
+                             src_specials=2 if self.codec.src_sos_eos else 0, generator=generator)  # bound on words
             for i, hyps in zip(idx, results):
                 out[i] = [self._text(h.tokens, h.score) for h in hyps]
             bar.update(len(idx))
@@ -271,7 +325,9 @@ class Translator:
 
     def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool = False, *,
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
-                  batch_size: int | None = None) -> list[list[Translation]]:
+                  batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
+                  topp: float | None = None, temperature: float | None = None,
+                  seed: int | None = None) -> list[list[Translation]]:
         """Plain-text sentences in, n-best detokenised translations out, best first, in input
         order (a blank line gives ``nbest`` blank translations).
 
@@ -279,11 +335,17 @@ class Translator:
         :param decode_cfg: search settings; default the checkpoint's ``decode`` config.
         :param beam: beam size, 1 for greedy search; ``nbest``, ``length_penalty`` (GNMT alpha)
             and ``batch_size`` (sentences per batch) likewise replace ``decode_cfg``'s.
+        :param sampling: True draws each token at random (``nbest`` independent samples per
+            sentence, highest score first), from the ``topk`` most probable tokens (0: all), then
+            the nucleus of probability ``topp``, with the logits divided by ``temperature``;
+            ``seed`` makes the call repeatable (for the same sentences and ``batch_size``: a
+            sentence's samples depend on the sentences batched with it). False: greedy search.
         :raises DataError: a sentence longer than the model's positions (before any decoding).
         """
         if isinstance(texts, str):
             raise TypeError("Translator.translate takes a list of sentences; for one sentence call translator(text)")
-        decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size)
+        decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size,
+                                  sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
         texts = list(texts)
         _check_sentences(texts)
         tokens = self.codec.src_tok.tokenize_many(texts)
@@ -293,11 +355,14 @@ class Translator:
         return [r if text.strip() else list(blank) for r, text in zip(results, texts)]
 
     def __call__(self, text: str | Sequence[str], *, beam: int | None = None, length_penalty: float | None = None,
-                 batch_size: int | None = None) -> str | list[str]:
-        """The best translation of one sentence (a string), or of each sentence of a list."""
+                 batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
+                 topp: float | None = None, temperature: float | None = None, seed: int | None = None) -> str | list[str]:
+        """The best translation of one sentence (a string), or of each sentence of a list (with
+        ``sampling``, one sample each; the settings are :meth:`translate`'s)."""
         single = isinstance(text, str)
         results = self.translate([text] if single else text, beam=beam, length_penalty=length_penalty,
-                                 batch_size=batch_size, nbest=1)
+                                 batch_size=batch_size, nbest=1, sampling=sampling, topk=topk, topp=topp,
+                                 temperature=temperature, seed=seed)
         best = [r[0].text for r in results]
         return best[0] if single else best
 

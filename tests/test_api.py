@@ -109,12 +109,60 @@ def test_translator_call_and_translate(translator):
         translator("Zwei Hunde.", length_penalty=-1.0)
 
 
+def test_translator_samples(translator):
+    """Sampling through the API: nbest samples a sentence, best score first; a seed repeats a call
+    and another seed changes it; one generator serves all of a call's batches; top-k 1 is greedy
+    search; bad settings are errors naming the keyword."""
+    sents = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", ""]
+
+    def sample(seed):
+        return translator.translate(sents, sampling=True, nbest=4, temperature=1.5, seed=seed)
+
+    first = sample(3)
+    assert [len(r) for r in first] == [4, 4, 4] and all(h.text == "" for h in first[2])
+    assert all([h.score for h in r] == sorted((h.score for h in r), reverse=True) for r in first)
+    assert sample(3) == first and sample(4) != first
+    assert len({h.text for h in first[0]}) > 1  # independent samples
+    twice = translator.translate([sents[0]] * 2, sampling=True, nbest=3, temperature=1.5, seed=1, batch_size=1)
+    assert twice[0] != twice[1]  # the second batch draws on from the first's generator, not from a fresh seed
+    assert translator(sents, sampling=True, topk=1, seed=0) == translator(sents)
+    assert translator.translate(sents[:1], sampling=True, topk=1)[0][0].score == pytest.approx(translator.translate(sents[:1])[0][0].score)
+    assert translator.cfg.decode.method == "greedy"  # per call, not kept
+    for settings, message in [({"topk": -1}, r"^topk=-1: must be at least 0 \(0: the whole vocabulary\)"),
+                              ({"topp": 0.0}, r"^topp=0.0: must be in \(0, 1\]"),
+                              ({"temperature": 0}, r"^temperature=0: must be a positive finite number"),
+                              ({"seed": -1}, r"^seed=-1: must be at least 0"),
+                              ({"seed": "1"}, r"^seed='1': must be an integer"),
+                              ({"sampling": "yes"}, r"^sampling='yes': must be true or false"),
+                              ({"sampling": True, "beam": 3}, r"^sampling=True and beam=3: choose one"),
+                              ({"sampling": None, "topk": 5}, r"^topk=5: a sampling setting; add sampling=True"),
+                              ({"sampling": False, "temperature": 0.5}, r"^temperature=0.5: a sampling setting")]:
+        with pytest.raises(cometnmt.ConfigError, match=message):
+            translator.translate(sents, **settings)
+
+
+def test_sampling_false_leaves_a_sampling_config_for_greedy_search():
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import decode_config
+
+    base = DecodeConfig(method="sample", nbest=8, beam_size=2, sampling_topk=5)
+    assert decode_config(base).method == "sample"  # nbest 8 > beam 2: samples, not a beam
+    assert decode_config(base, nbest=1, sampling=False).method == "greedy"
+    assert decode_config(base, beam=4, nbest=3).method == "beam"  # --beam picks the search
+    assert decode_config(DecodeConfig(), nbest=3, beam=3, sampling=False).method == "beam"
+    assert decode_config(DecodeConfig(), nbest=6, sampling=True, topp=0.5, seed=2) == DecodeConfig(
+        method="sample", nbest=6, sampling_topp=0.5, sampling_seed=2)
+
+
 def test_evaluate_checkpoint_and_score(run_dir, translator):
     result, out = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu")
     assert len(out.src) == len(out.refs) == len(out.hyps) == 7 == result["n_sentences"]
     assert out.hyps == translator(out.src)  # the checkpoint's own (greedy) search
     again = cometnmt.score(out.hyps, out.refs, lang="en", src=out.src, src_lang="de")
     assert again["bleu"] == result["bleu"] and again["bleu_by_length"] == result["bleu_by_length"]
+    _, sampled = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu", sampling=True,
+                                              temperature=1.5, seed=2)
+    assert sampled.hyps == translator(out.src, sampling=True, temperature=1.5, seed=2) != out.hyps  # one sample each
     with pytest.raises(cometnmt.ConfigError, match="split='dev'"):
         cometnmt.evaluate_checkpoint(run_dir / "best.pt", "dev")
     with pytest.raises(TypeError, match="lists of sentences"):
