@@ -55,7 +55,14 @@ def cmd_train(args) -> int:
 def _decode_cfg(base, args):
     from cometnmt.inference import decode_config
 
-    return decode_config(base, args.beam, args.nbest, args.length_penalty, args.batch_sentences)
+    return decode_config(base, args.beam, args.nbest, args.length_penalty, args.batch_sentences, sampling=args.sampling,
+                         topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
+
+
+def _sampling_args(args) -> dict:
+    """The sampling options, as keywords of the library's functions."""
+    return {"sampling": args.sampling, "topk": args.topk, "topp": args.topp, "temperature": args.temperature,
+            "seed": args.seed}
 
 
 def cmd_translate(args) -> int:
@@ -168,7 +175,8 @@ def cmd_evaluate(args) -> int:
         if args.nbest is not None and args.nbest != 1:
             raise CometNMTError(f"--nbest {args.nbest}: evaluate scores the best hypothesis only")
         result, out = evaluate_checkpoint(args.checkpoint, args.split, beam=args.beam, length_penalty=args.length_penalty,
-                                          batch_size=args.batch_sentences, device=args.device, progress=True, flags=True)
+                                          batch_size=args.batch_sentences, device=args.device, progress=True, flags=True,
+                                          **_sampling_args(args))
         if args.hyp_out:
             write_text_file(args.hyp_out, "".join(h + "\n" for h in out.hyps))
     else:
@@ -204,7 +212,7 @@ def cmd_serve(args) -> int:
 
     server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True)
+                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
     host, port = server.server_address[:2]
     print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, GET /health); Ctrl-C stops",
           file=sys.stderr, flush=True)
@@ -242,8 +250,20 @@ def cmd_compare(args) -> int:
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int, help="beam size (1 = greedy); default: the checkpoint's decode config")
-    p.add_argument("--nbest", type=int, help="hypotheses per sentence (beam search)")
+    p.add_argument("--nbest", type=int, help="hypotheses per sentence (beam search), or samples per sentence (--sampling)")
     p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
+    p.add_argument("--sampling", action="store_true", default=None,
+                   help="draw each token at random (e.g. for back-translation; not with --beam); scores are the model's "
+                        "log-probabilities of the samples")
+    p.add_argument("--topk", type=int, metavar="K",
+                   help="with --sampling: draw from the K most probable tokens only (0: all; default: the checkpoint's, usually 0)")
+    p.add_argument("--topp", type=float, metavar="P",
+                   help="with --sampling: nucleus, the most probable tokens up to probability P (after --topk; "
+                        "1: off; default: the checkpoint's, usually 1)")
+    p.add_argument("--temperature", type=float, metavar="T",
+                   help="with --sampling: divide the logits by T (default: the checkpoint's, usually 1)")
+    p.add_argument("--seed", type=int, metavar="S",
+                   help="with --sampling: repeatable samples (for the same input and --batch-size); default: unseeded")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 

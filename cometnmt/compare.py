@@ -115,6 +115,9 @@ def _checkpoint(args, run: Path) -> tuple[Path, list[str]]:
 def _search_label(decode: dict) -> str:
     if decode["method"] == "greedy":
         return "greedy"
+    if decode["method"] == "sample":
+        return (f"sampling (top-k {decode['sampling_topk']}, top-p {decode['sampling_topp']:g}, "
+                f"temperature {decode['temperature']:g}, seed {decode['sampling_seed']})")
     return f"beam {decode['beam_size']}, length penalty {decode['length_penalty']:g}"
 
 

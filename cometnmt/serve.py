@@ -4,13 +4,15 @@ Endpoints:
 
 * ``GET /health``: ``{"status": "ok", "arch", "src_lang", "tgt_lang", "checkpoint", "decode"}``.
 * ``POST /translate`` with ``{"text": "..."}`` (one sentence) or ``{"texts": ["...", ...]}`` and
-  optionally ``beam``, ``nbest``, ``length_penalty``: ``{"translation": "..."}`` or
-  ``{"translations": [...]}``; with ``nbest`` above 1 each translation is a list of
-  ``{"text", "score"}``, best first.
+  optionally ``beam``, ``nbest``, ``length_penalty``, ``sampling`` (true: random samples, ``nbest``
+  of them; false: greedy search), ``topk``, ``topp``, ``temperature``, ``seed``:
+  ``{"translation": "..."}`` or ``{"translations": [...]}``; with ``nbest`` above 1 each
+  translation is a list of ``{"text", "score"}``, best first.
 
 A setting given as ``null`` keeps the server's default (the checkpoint's search, or the
 command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-beam``, default 64),
-since a beam's memory grows with its width. Bad requests get status 400 (411 without a
+since a beam's (or the samples') memory grows with its width. With a seed (the request's or the
+server's) the same request gets the same samples. Bad requests get status 400 (411 without a
 Content-Length, 413 for too many sentences or too large a body, 404/405 for other paths and
 methods) and ``{"error": "..."}`` naming the field; a query string is ignored. Requests are
 handled in threads, the model one request at a time (a lock), so a long batch delays the next
@@ -34,7 +36,7 @@ from cometnmt.inference import Translator
 
 log = logging.getLogger(__name__)
 
-_SETTINGS = ("beam", "nbest", "length_penalty")
+_SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed")
 
 
 class RequestError(Exception):
@@ -208,11 +210,13 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8080, device: str = "auto", *,
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
-                max_beam: int = 64, flags: bool = False) -> TranslationServer:
+                max_beam: int = 64, flags: bool = False, sampling: bool | None = None, topk: int | None = None,
+                topp: float | None = None, temperature: float | None = None, seed: int | None = None) -> TranslationServer:
     """Load ``checkpoint`` (a list of several: an ensemble) and bind the server (``port`` 0 picks a
     free port: ``server.server_port``).
-    ``beam``, ``nbest``, ``length_penalty`` and ``batch_size`` replace the checkpoint's search
-    settings as the default of every request. Call ``serve_forever()`` on the result to serve."""
+    ``beam``, ``nbest``, ``length_penalty``, ``batch_size`` and the sampling settings (those of
+    :meth:`Translator.translate`) replace the checkpoint's search settings as the default of every
+    request. Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
     for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam)):
@@ -220,7 +224,8 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
             raise ConfigError(f"{setting(name, value, flags)}: must be at least 1")
     translator = Translator.from_checkpoint(checkpoint, device)
     translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
-                                               batch_size=batch_size)
+                                               batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
+                                               temperature=temperature, seed=seed)
     try:
         paths = [str(c) for c in ([checkpoint] if isinstance(checkpoint, (str, Path)) else checkpoint)]
         return TranslationServer((host, port), translator, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,

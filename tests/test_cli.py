@@ -56,6 +56,26 @@ def test_translate_file_and_stdin(trained, cli, tmp_path, data_dir):
     assert rows[2][2] == rows[3][2] == ""  # the blank line: blank hypotheses
 
 
+def test_translate_samples(trained, cli, tmp_path):
+    """--sampling end to end: --nbest samples a line, best score first; --seed repeats the output and
+    another seed changes it; --topk 1 is the greedy translation."""
+    src = "Ein Hund läuft im Schnee.\nZwei Männer spielen Fußball.\n"
+    ckpt = str(trained / "best.pt")
+
+    def sample(*options):
+        return cli("translate", ckpt, "--sampling", "--nbest", "4", "--temperature", "1.5", *options, input=src).stdout
+
+    out = sample("--seed", "1", "--topp", "0.95")
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert [r[0] for r in rows] == ["0"] * 4 + ["1"] * 4
+    for i in (0, 4):
+        scores = [float(r[1]) for r in rows[i : i + 4]]
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
+    assert len({r[2] for r in rows}) > 2  # samples, not one translation repeated
+    assert sample("--seed", "1", "--topp", "0.95") == out and sample("--seed", "2", "--topp", "0.95") != out
+    assert cli("translate", ckpt, "--sampling", "--topk", "1", input=src).stdout == cli("translate", ckpt, input=src).stdout
+
+
 def test_evaluate_checkpoint_on_split(trained, cli, tmp_path):
     out_json = tmp_path / "result.json"
     proc = cli("evaluate", "--checkpoint", str(trained / "best.pt"), "--split", "valid", "--json", str(out_json))
@@ -226,6 +246,15 @@ def test_translate_input_errors_name_the_line(trained, cli, tmp_path):
     (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
     (["--beam", "0"], "--beam 0: must be at least 1"),
     (["--beam", "2", "--nbest", "5"], "--nbest 5: more hypotheses than the beam keeps (2)"),
+    (["--sampling", "--topk", "-1"], "--topk -1: must be at least 0 (0: the whole vocabulary)"),
+    (["--sampling", "--topp", "0"], "--topp 0.0: must be in (0, 1] (1: off)"),
+    (["--sampling", "--topp", "1.2"], "--topp 1.2: must be in (0, 1] (1: off)"),
+    (["--sampling", "--temperature", "0"], "--temperature 0.0: must be a positive finite number"),
+    (["--sampling", "--temperature", "nan"], "--temperature nan: must be a positive finite number"),
+    (["--sampling", "--seed", "-2"], "--seed -2: must be at least 0"),
+    (["--sampling", "--beam", "4"], "--sampling and --beam 4: choose one"),
+    (["--topk", "5"], "--topk 5: a sampling setting; add --sampling"),
+    (["--seed", "5"], "--seed 5: a sampling setting; add --sampling"),
 ])
 def test_bad_decode_options(trained, cli, options, needle):
     err = _err(cli("translate", str(trained / "best.pt"), *options, input="Ein Hund.\n", check=False))

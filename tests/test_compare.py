@@ -98,3 +98,12 @@ def test_the_checkpoint_column_names_each_seeds_checkpoints_where_they_differ():
     [entry] = compare.summarise(["a"], [run(1, 45), run(2, 45)])
     assert compare._checkpoint_label(entry) == "average of 10 (epoch036.pt … epoch045.pt)"
     assert compare._checkpoint_label({"checkpoint": ["best.pt"]}) == "best.pt"  # a report.json of before
+
+
+def test_search_label_names_a_sampling_config():
+    from cometnmt.compare import _search_label
+    from cometnmt.config import DecodeConfig, to_dict
+
+    assert _search_label(to_dict(DecodeConfig(method="sample", sampling_topk=10, sampling_seed=3))) == \
+        "sampling (top-k 10, top-p 1, temperature 1, seed 3)"
+    assert _search_label(to_dict(DecodeConfig(method="beam", length_penalty=0.5))) == "beam 5, length penalty 0.5"

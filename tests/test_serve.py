@@ -56,6 +56,12 @@ def test_translations_equal_the_translators(server, checkpoint):
     expected = translator.translate([sentences[2]], beam=4, nbest=2)[0]
     assert status == 200 and [h["text"] for h in out["translation"]] == [h.text for h in expected]
     assert [h["score"] for h in out["translation"]] == pytest.approx([h.score for h in expected])
+    request = {"texts": sentences, "sampling": True, "nbest": 3, "topk": 5, "topp": 0.9, "temperature": 1.3, "seed": 4}
+    status, out = call(server, "/translate", request)
+    expected = translator.translate(sentences, sampling=True, nbest=3, topk=5, topp=0.9, temperature=1.3, seed=4)
+    assert status == 200 and [[h["text"] for h in r] for r in out["translations"]] == [[h.text for h in r] for r in expected]
+    assert [[h["score"] for h in r] for r in out["translations"]] == [pytest.approx([h.score for h in r]) for r in expected]
+    assert call(server, "/translate", request) == (200, out)  # seeded: the same request, the same samples
     status, health = call(server, "/health")
     assert status == 200 and health["status"] == "ok" and health["arch"] == "transformer"
     assert (health["src_lang"], health["tgt_lang"]) == ("de", "en") and health["decode"]["method"] == "greedy"
@@ -90,7 +96,15 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"text": "a", "beam": 0}, None, 400, "beam=0: must be at least 1"),
     ({"text": "a", "beam": "5"}, None, 400, "beam='5': must be an integer"),
     ({"text": "a", "beam": 2, "nbest": 3}, None, 400, "nbest=3: more hypotheses than the beam keeps (2)"),
-    ({"text": "a", "temperature": 1}, None, 400, "unknown field(s) temperature"),
+    ({"text": "a", "sampling_topk": 1}, None, 400, "unknown field(s) sampling_topk"),
+    ({"text": "a", "sampling": "yes"}, None, 400, "sampling='yes': must be true or false"),
+    ({"text": "a", "sampling": True, "topk": -1}, None, 400, "topk=-1: must be at least 0"),
+    ({"text": "a", "sampling": True, "topp": 0}, None, 400, "topp=0: must be in (0, 1]"),
+    ({"text": "a", "sampling": True, "temperature": -1}, None, 400, "temperature=-1: must be a positive finite number"),
+    ({"text": "a", "sampling": True, "seed": 1.5}, None, 400, "seed=1.5: must be an integer"),
+    ({"text": "a", "sampling": True, "beam": 3}, None, 400, "sampling=True and beam=3: choose one"),
+    ({"text": "a", "topk": 3}, None, 400, "topk=3: a sampling setting; add sampling=True"),
+    ({"text": "a", "sampling": True, "nbest": 65}, None, 400, "nbest=65: more than this server's limit of 64"),
     ({"text": " ".join(["Hund"] * 1100)}, None, 400, "more than the model's"),
     ({"text": "x" * 20000}, None, 413, "more than this server takes (10000)"),
     ({"text": "a", "beam": 1000000}, None, 400, "beam=1000000: more than this server's limit of 64"),
@@ -125,6 +139,9 @@ def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cometnmt", "serve", str(tmp_path / "none.pt")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "none.pt" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--sampling", "--topp", "2"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--topp 2.0: must be in (0, 1]" in bad.stderr and "Traceback" not in bad.stderr
     proc = subprocess.Popen([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "0", "--beam", "2",
                              "--device", "cpu"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     try:
