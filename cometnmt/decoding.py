@@ -3,6 +3,7 @@
 All are batched over sentences and use the incremental ``step``; sentences that finish leave the
 batch (their rows are dropped from the decoder state), so late steps cost only what is still
 being decoded. Output length is bounded per sentence by ``max_len_a * source_length + max_len_b``.
+None of them emits padding or <s> (:func:`without_specials`).
 
 Greedy decoding is the COMET paper's (section 4.3): start from <s>, append the arg-max token,
 stop at </s>. Beam search keeps ``beam_size`` hypotheses per sentence on tensors, finishes a
@@ -31,6 +32,14 @@ class Hypothesis:
     score: float  # length-normalised log-probability (beam) or plain log-probability (greedy, sample)
 
 
+def without_specials(lp: torch.Tensor, pad: int, bos: int) -> torch.Tensor:
+    """Log-probabilities A,V with padding and <s> at -inf: never targets in training, they are never
+    chosen (as fairseq never chooses padding). A trained model gives them a tiny but nonzero
+    probability, which sampling would surface; an untrained one may prefer them. Scores still come
+    from the full distribution, so they equal the teacher-forced log-probabilities."""
+    return lp.index_fill(1, torch.tensor([pad, bos], device=lp.device), float("-inf"))  # A,V
+
+
 def max_lengths(src_pad_mask: torch.Tensor, a: float, b: float, cap: Optional[int] = None) -> torch.Tensor:
     """Per-sentence bound on generated tokens (</s> included): B long. ``cap``: the model's
     position limit (``Seq2Seq.position_limit``), which the step at position t needs t < cap."""
@@ -53,7 +62,7 @@ def _incremental_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.T
     ``copies`` rows per sentence (rows i*copies .. i*copies+copies-1 are sentence i's). The first
     step runs once per sentence; its state is then duplicated. A row stops at </s> or its length
     bound and leaves the batch. Scores are the sums of the model's log-probabilities of the tokens
-    (</s> included). Returns B*copies hypotheses, in row order."""
+    (</s> included); padding and <s> are never chosen (:func:`without_specials`). Returns B*copies hypotheses, in row order."""
     B = src.size(0)
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit()).repeat_interleave(copies)  # B*N
     state = model.init_state(model.encode(src, src_pad_mask))
@@ -67,7 +76,7 @@ def _incremental_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.T
         if t == 0 and copies > 1:
             rows = torch.arange(B, device=src.device).repeat_interleave(copies)  # B*N
             lp, state = lp.index_select(0, rows), model.reorder(state, rows)  # B*N,V
-        tokens = choose(lp)  # A
+        tokens = choose(without_specials(lp, model.pad_id, bos))  # A
         out[active, t] = tokens
         logprob[active] += lp.gather(1, tokens[:, None]).squeeze(1)  # A
         done = tokens.eq(eos) | limits[active].le(t + 1)  # A
@@ -92,14 +101,11 @@ def sample_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor,
     temperature and truncation (as greedy search's), so the scores of greedy and sampled
     translations compare. Random numbers come from ``generator`` (None: torch's global RNG, on
     the model's device); a sentence's samples depend on the rows decoded beside it (the batch),
-    so the same input, seed and batch size give the same output. Padding and <s>, never targets
-    in training, are never drawn (as fairseq never draws padding): a trained model gives them a
-    small but nonzero probability, which would surface over many samples. Otherwise a search that
-    keeps one token a step (``topk`` 1, say) is greedy search."""
-    never = torch.tensor([model.pad_id, bos], device=src.device)  # 2
-
+    so the same input, seed and batch size give the same output. Padding and <s> are never
+    drawn (:func:`without_specials`), so a search that keeps one token a step (``topk`` 1, say)
+    is greedy search."""
     def choose(lp: torch.Tensor) -> torch.Tensor:
-        return sample_tokens(lp.index_fill(1, never, float("-inf")), topk, topp, temperature, generator)
+        return sample_tokens(lp, topk, topp, temperature, generator)
 
     hyps = _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, nbest, choose)
     return [sorted(hyps[i : i + nbest], key=lambda h: -h.score) for i in range(0, len(hyps), nbest)]
@@ -139,7 +145,7 @@ def greedy_search_full_prefix(
     logprob = torch.zeros(B, device=src.device)
     for t in range(int(limits.max())):
         lp = F.log_softmax(model.decode(prefix, memory)[:, -1].float(), dim=-1)  # B,V
-        best, tokens = lp.max(dim=-1)  # B
+        best, tokens = without_specials(lp, model.pad_id, bos).max(dim=-1)  # B
         tokens = tokens.masked_fill(finished, eos)
         logprob += best.masked_fill(finished, 0.0)
         prefix = torch.cat([prefix, tokens[:, None]], dim=1)  # B,t+2
@@ -191,7 +197,8 @@ def beam_search(
     for t in range(int(limits.max())):
         n, k = scores.shape
         logits, state = model.step(tokens, state)  # n*k,V
-        top_scores, src_beam, top_tok = _top_candidates(logits.float(), scores, 2 * K)  # n,2K each
+        lp = without_specials(F.log_softmax(logits.float(), dim=-1), model.pad_id, bos)  # n*k,V
+        top_scores, src_beam, top_tok = _top_candidates(lp, scores, 2 * K)  # n,2K each
         is_eos = top_tok.eq(eos)  # n,2K
         _collect_eos(finished, active, is_eos[:, :K], top_scores[:, :K], src_beam[:, :K], seqs, k, K, t, length_penalty)
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)  # n,K
@@ -219,17 +226,17 @@ def beam_search(
     return results
 
 
-def _top_candidates(logits: torch.Tensor, scores: torch.Tensor, m: int) -> tuple[torch.Tensor, ...]:
-    """The m best continuations per sentence over its k beams: logits n*k,V and cumulative scores
-    n,k -> their scores, beam (0..k-1) and token, n,m each, best first.
+def _top_candidates(lp: torch.Tensor, scores: torch.Tensor, m: int) -> tuple[torch.Tensor, ...]:
+    """The m best continuations per sentence over its k beams: log-probabilities n*k,V and
+    cumulative scores n,k -> their scores, beam (0..k-1) and token, n,m each, best first.
 
-    Continuation (beam j, token w) scores scores[j] + log_softmax(logits[j])[w]. The m best of a
+    Continuation (beam j, token w) scores scores[j] + lp[j, w]. The m best of a
     sentence are among the m best tokens of each of its beams (a beam's score is shared by its
     tokens), so the beam scores are added to k*m candidates per sentence, not to an n*k x V matrix,
     and the final top-m runs over k*m values, not k*V (bench/README.md has the measured effect)."""
     n, k = scores.shape
-    per_row = min(m, logits.size(-1))
-    top_lp, top_tok = F.log_softmax(logits, dim=-1).topk(per_row, dim=-1)  # n*k,per_row
+    per_row = min(m, lp.size(-1))
+    top_lp, top_tok = lp.topk(per_row, dim=-1)  # n*k,per_row
     cand = (top_lp + scores.view(-1, 1)).view(n, k * per_row)  # n,k*per_row
     if k * per_row < m:  # tiny vocabulary, first step: fill up with impossible candidates
         cand = F.pad(cand, (0, m - k * per_row), value=float("-inf"))

@@ -118,8 +118,6 @@ def test_cached_greedy_equals_full_prefix(trained_like):
 def test_forced_decoding_scores_what_search_found(trained_like):
     """target_log_probs (Translator.log_prob's core) of the hypotheses search found, each ended by
     </s>, is greedy search's score and beam search's with length penalty 0, in one padded batch."""
-    with torch.no_grad():  # an untrained model may emit <pad>, which a target cannot hold
-        trained_like.out_proj.bias[0] -= 1e4
     src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(6))
     found = [[h] for h in greedy_search(trained_like, src, mask, BOS, EOS, 1.5, 5)]
     found += beam_search(trained_like, src, mask, BOS, EOS, 4, 0.0, 3, 1.5, 5)
@@ -301,28 +299,30 @@ def test_markov_samples_are_scored_by_their_own_log_probabilities():
         assert len({tuple(h.tokens) for h in hyps}) > 5  # independent samples, not one copied
 
 
-def _no_specials(model):
-    """As a trained model: padding and <s> (never targets) improbable, so never greedy's choice
-    (sampling never draws them)."""
-    with torch.no_grad():
-        model.out_proj.bias[[0, BOS]] -= 100.0
-    return model
-
-
-def test_sampling_never_draws_padding_or_bos():
+def test_no_search_emits_padding_or_bos():
+    """Padding and <s> made the likeliest tokens: greedy (cached and full-prefix), beam search and
+    sampling still never emit them, and their scores stay the model's own log-probabilities."""
     model = _peaked("transformer", 3).eval()
     with torch.no_grad():
-        model.out_proj.bias[[0, BOS]] += 3.0  # likely: greedy search picks them
+        model.out_proj.bias[[0, BOS]] += 6.0
     src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(1))
-    assert any({0, BOS} & set(h.tokens) for h in greedy_search(model, src, mask, BOS, EOS, 1.5, 5))
-    results = sample_search(model, src, mask, BOS, EOS, 1.5, 5, nbest=8, generator=torch.Generator().manual_seed(0))
-    assert not any({0, BOS} & set(h.tokens) for hyps in results for h in hyps)
+    with torch.no_grad():
+        first = model.step(torch.full((4,), BOS), model.init_state(model.encode(src, mask)))[0]  # B,V
+    assert set(first.argmax(-1).tolist()) <= {0, BOS}  # an unguarded arg-max would take them
+    found = [[h] for h in greedy_search(model, src, mask, BOS, EOS, 1.5, 5)]
+    found += [[h] for h in greedy_search_full_prefix(model, src, mask, BOS, EOS, 1.5, 5)]
+    found += beam_search(model, src, mask, BOS, EOS, 4, 0.0, 4, 1.5, 5)
+    found += sample_search(model, src, mask, BOS, EOS, 1.5, 5, nbest=8, generator=torch.Generator().manual_seed(0))
+    assert not any({0, BOS} & set(h.tokens) for hyps in found for h in hyps)
+    lp = first.log_softmax(-1)  # B,V
+    for i, h in enumerate(found[:4]):
+        token = h[0].tokens[0] if h[0].tokens else EOS
+        assert h[0].score < float(lp[i, token]) + 1e-4  # the first token's full-distribution log-prob, and more
 
 
 def test_sampling_that_keeps_only_the_argmax_is_greedy(trained_like):
     """top-k 1, a tiny temperature and a top-p below every top probability each leave one token:
     sampling then is greedy search, tokens and scores, for every sample."""
-    _no_specials(trained_like)
     src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(1))
     greedy = greedy_search(trained_like, src, mask, BOS, EOS, 1.5, 5)
     for topk, topp, temperature in [(1, 1.0, 1.0), (0, 1.0, 1e-20), (0, 1e-6, 1.0), (1, 0.5, 3.0)]:
