@@ -146,8 +146,10 @@ case "$part" in
     # benchq, check, benchcg (only once check passed) and benchpp once each (markers in /tmp survive
     # between warm calls; set before starting, so a piece that fails or overruns is not retried
     # forever), then tpp until it finishes. Each piece is bounded so that the call ends before the
-    # 600 s limit of a call (tpp's training stops ~55 s before, for decoding and packing); a piece
-    # without the time it needs left waits for the next call
+    # 600 s limit of a call (tpp's training stops ~55 s before, for decoding and packing; should
+    # decoding the runs that finished at the deadline run on past 580 s, tpp is stopped there and its
+    # runs packed as they are: the next call evaluates them); a piece without the time it needs left
+    # waits for the next call
     left() { echo $((560 - SECONDS)); }
     once() {  # once PART SECONDS_NEEDED: run PART unless tried before or too little time is left
       [ -f "/tmp/cometnmt_$1.tried" ] && return 0
@@ -157,14 +159,15 @@ case "$part" in
       else echo "$1 failed or ran out of time ($1.log)"; fi
       grep -h "^ratio\|^COMET/Transformer\|: ok:\|: FAIL" "$out/$1.log" || tail -8 "$out/$1.log"
     }
-    once benchq 0 || exit 0
+    once benchq 300 || exit 0
     once check 300 || exit 0
     if [ -f /tmp/cometnmt_check.ok ]; then once benchcg 420 || exit 0; fi
     once benchpp 240 || exit 0
     if [ "$(left)" -lt 150 ]; then
       echo "no time left in this call for tpp: call next again while the machine is warm"
     else
-      DEADLINE=$((545 - SECONDS)) bash "$0" tpp
+      DEADLINE=$((545 - SECONDS)) timeout -k 10 $((580 - SECONDS)) bash "$0" tpp \
+        || { echo "tpp stopped at 580 s or failed; packing its runs as they are"; keep reports/transformer_pp_en_de_attention_dropout; }
       tail -5 "$out/tpp.log"
     fi ;;
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
