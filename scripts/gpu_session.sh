@@ -143,25 +143,26 @@ case "$part" in
       > "$out/cgrun.log" 2>&1 || true
     keep reports/gpu_cudagraphs_run ;;
   next)  # what the next session should run, in one call after another while the machine is warm:
-    # benchq, check, benchcg (only once check passed) and benchpp once each (markers in /tmp survive
-    # between warm calls; set before starting, so a piece that fails or overruns is not retried
+    # benchq, check, benchcg (only once check passed) and benchpp once each (markers in the ignored
+    # runs/gpu_session/, which a warm machine keeps between calls as it keeps runs; set before starting, so a piece that fails or overruns is not retried
     # forever), then tpp until it finishes. Each piece is bounded so that the call ends before the
     # 600 s limit of a call (tpp's training stops ~55 s before, for decoding and packing; should
     # decoding the runs that finished at the deadline run on past 580 s, tpp is stopped there and its
     # runs packed as they are: the next call evaluates them); a piece without the time it needs left
     # waits for the next call
     left() { echo $((560 - SECONDS)); }
+    mkdir -p runs/gpu_session
     once() {  # once PART SECONDS_NEEDED: run PART unless tried before or too little time is left
-      [ -f "/tmp/cometnmt_$1.tried" ] && return 0
+      [ -f "runs/gpu_session/$1.tried" ] && return 0
       if [ "$(left)" -lt "$2" ]; then echo "no time left in this call for $1: call next again"; return 1; fi
-      touch "/tmp/cometnmt_$1.tried"
-      if timeout "$(left)" bash "$0" "$1" > "$out/$1.log" 2>&1; then touch "/tmp/cometnmt_$1.ok"
+      touch "runs/gpu_session/$1.tried"
+      if timeout "$(left)" bash "$0" "$1" > "$out/$1.log" 2>&1; then touch "runs/gpu_session/$1.ok"
       else echo "$1 failed or ran out of time ($1.log)"; fi
       grep -h "^ratio\|^COMET/Transformer\|: ok:\|: FAIL" "$out/$1.log" || tail -8 "$out/$1.log"
     }
     once benchq 300 || exit 0
     once check 300 || exit 0
-    if [ -f /tmp/cometnmt_check.ok ]; then once benchcg 420 || exit 0; fi
+    if [ -f runs/gpu_session/check.ok ]; then once benchcg 420 || exit 0; fi
     once benchpp 240 || exit 0
     if [ "$(left)" -lt 150 ]; then
       echo "no time left in this call for tpp: call next again while the machine is warm"
