@@ -167,6 +167,18 @@ def cmd_evaluate(args) -> int:
     for option, path in (("--json", args.json), ("--hyp-out", args.hyp_out)):
         if path and Path(path).is_dir():  # before any work
             raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
+    # each mode's options are refused in the other, rather than silently ignored
+    file_options = {"--hyp": args.hyp, "--ref": args.ref, "--src": args.src, "--lang": args.lang,
+                    "--src-lang": args.src_lang}
+    checkpoint_options = {"--split": args.split, "--hyp-out": args.hyp_out, "--beam": args.beam, "--nbest": args.nbest,
+                          "--length-penalty": args.length_penalty, "--batch-size": args.batch_sentences,
+                          **{f"--{key}": value for key, value in _sampling_args(args).items()}}
+    given = [option for option, value in (file_options if args.checkpoint else checkpoint_options).items()
+             if value is not None]
+    if given:
+        raise CometNMTError(f"{', '.join(given)}: only without --checkpoint (to score --hyp against --ref)"
+                            if args.checkpoint else
+                            f"{', '.join(given)}: only with --checkpoint (to translate a split and score it)")
     if args.checkpoint:
         from cometnmt.api import evaluate_checkpoint
 
@@ -174,9 +186,9 @@ def cmd_evaluate(args) -> int:
             raise CometNMTError("--lowercase: with --checkpoint the model's data.lowercase decides")
         if args.nbest is not None and args.nbest != 1:
             raise CometNMTError(f"--nbest {args.nbest}: evaluate scores the best hypothesis only")
-        result, out = evaluate_checkpoint(args.checkpoint, args.split, beam=args.beam, length_penalty=args.length_penalty,
-                                          batch_size=args.batch_sentences, device=args.device, progress=True, flags=True,
-                                          **_sampling_args(args))
+        result, out = evaluate_checkpoint(args.checkpoint, args.split or "test", beam=args.beam,
+                                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
+                                          device=args.device, progress=True, flags=True, **_sampling_args(args))
         if args.hyp_out:
             write_text_file(args.hyp_out, "".join(h + "\n" for h in out.hyps))
     else:
@@ -187,7 +199,7 @@ def cmd_evaluate(args) -> int:
         for name, lines in ((args.hyp, hyps), (args.src, src)):
             if lines is not None and len(lines) != len(refs):
                 raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
-        result = score(hyps, refs, lang=args.lang, src=src, src_lang=args.src_lang, lowercase=args.lowercase)
+        result = score(hyps, refs, lang=args.lang or "en", src=src, src_lang=args.src_lang or "de", lowercase=args.lowercase)
     print(format_table(result))
     if args.json:
         write_json(result, args.json)
@@ -311,10 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hyp", help="hypothesis file")
     p.add_argument("--ref", help="reference file")
     p.add_argument("--src", help="source file (adds BLEU by source length)")
-    p.add_argument("--lang", default="en", help="target language for tokenised metrics (default en)")
-    p.add_argument("--src-lang", dest="src_lang", default="de", help="source language (default de)")
+    p.add_argument("--lang", help="with --hyp/--ref: target language for tokenised metrics (default en)")
+    p.add_argument("--src-lang", dest="src_lang", help="with --hyp/--ref/--src: source language (default de)")
     p.add_argument("--checkpoint", nargs="+", help="translate a data split with this checkpoint (several: an ensemble), then score it")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="with --checkpoint (default test)")
+    p.add_argument("--split", choices=["train", "valid", "test"], help="with --checkpoint (default test)")
     p.add_argument("--hyp-out", dest="hyp_out", help="with --checkpoint: also write the translations here")
     p.add_argument("--lowercase", action="store_true",
                    help="score lowercased text (with --checkpoint: follows the model's data.lowercase)")
@@ -361,3 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     except CometNMTError as exc:
         print(f"cometnmt: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
+        print(f"cometnmt {args.command}: interrupted", file=sys.stderr)
+        return 130

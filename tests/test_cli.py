@@ -370,3 +370,39 @@ def test_logprob_input_errors_name_the_file_and_line(trained, cli, tmp_path):
     nbest.write_text("1\t-1.0\tA dog.\n", encoding="utf-8")  # row 1 is source line 2
     assert "s.de: source line 2: 1100 source tokens" in _err(
         cli("logprob", ckpt, "-i", str(src), "-t", str(nbest), "--nbest-input", check=False))
+
+
+def test_evaluate_refuses_the_other_modes_options(cli, tmp_path):
+    """--hyp/--ref beside --checkpoint scored the checkpoint's translations and ignored the file; --beam beside
+    --hyp/--ref was ignored: each is an error naming the option, before any checkpoint is read."""
+    (tmp_path / "h").write_text("a\n", encoding="utf-8")
+    err = _err(cli("evaluate", "--checkpoint", str(tmp_path / "none.pt"), "--hyp", str(tmp_path / "h"),
+                   "--ref", str(tmp_path / "h"), check=False))
+    assert "--hyp, --ref: only without --checkpoint" in err and "not found" not in err
+    err = _err(cli("evaluate", "--checkpoint", str(tmp_path / "none.pt"), "--lang", "fr", check=False))
+    assert "--lang: only without --checkpoint" in err
+    err = _err(cli("evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "h"), "--beam", "5",
+                   "--split", "valid", check=False))
+    assert "--split, --beam: only with --checkpoint" in err and "Traceback" not in err
+
+
+def test_missing_data_file_names_the_config_key(cli, tmp_path):
+    err = _err(cli("train", "configs/tiny.yaml", "--set", "data.corpus=files", "--set", "data.train_src=nope.de",
+                   "--set", "data.train_tgt=nope.en", "--set", "data.valid_src=nope.de", "--set", "data.valid_tgt=nope.en",
+                   "--set", f"train.save_dir={tmp_path}/run", check=False))
+    assert "config key 'data.train_src': nope.de: file not found" in err and "current folder" in err
+
+
+def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
+    from cometnmt import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_translate", interrupted)
+    try:
+        code = cli.main(["translate", "x.pt"])
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped main() (a traceback on the command line)")
+    assert code == 130
+    assert capsys.readouterr().err.strip() == "cometnmt translate: interrupted"

@@ -81,7 +81,12 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
         src, tgt = getattr(cfg, f"{split}_src"), getattr(cfg, f"{split}_tgt")
         if src is None or tgt is None:
             raise DataError(f"config keys 'data.{split}_src' and 'data.{split}_tgt' must name files for the {split} split")
-        return Path(src).expanduser(), Path(tgt).expanduser()
+        paths = Path(src).expanduser(), Path(tgt).expanduser()
+        for side, path in zip(("src", "tgt"), paths):
+            if not path.exists():  # name the key, and the folder a relative path was taken from
+                where = "" if path.is_absolute() else f" (relative paths are taken from the current folder, {Path.cwd()})"
+                raise DataError(f"config key 'data.{split}_{side}': {path}: file not found{where}")
+        return paths
     name = {"train": cfg.train_split, "valid": cfg.valid_split, "test": cfg.test_split}[split]
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
     root = resolve_dir(cfg.multi30k_dir, files=files)
