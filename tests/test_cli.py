@@ -406,3 +406,14 @@ def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
         pytest.fail("KeyboardInterrupt escaped main() (a traceback on the command line)")
     assert code == 130
     assert capsys.readouterr().err.strip() == "cometnmt translate: interrupted"
+
+
+def test_a_language_spacy_lacks_names_the_config_key(cli, tmp_path):
+    (tmp_path / "a").write_text("one\ntwo\n", encoding="utf-8")
+    files = [f"data.{key}={tmp_path}/a" for key in ("train_src", "train_tgt", "valid_src", "valid_tgt")]
+    args = ["train", "configs/tiny.yaml", "--set", "data.corpus=files", "--set", "data.tgt_lang=xq",
+            "--set", f"train.save_dir={tmp_path}/run"]
+    for override in files:
+        args += ["--set", override]
+    err = _err(cli(*args, check=False))
+    assert "config key 'data.tgt_lang': spaCy has no tokenizer for language 'xq'" in err and "sentencepiece" in err

@@ -116,14 +116,19 @@ def read_split(cfg, split: str) -> ParallelCorpus:
 
 def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
     """Fit tokenizers and vocabularies on the training split; also return its tokens."""
-    def fit(lang: str, texts: list[str]):
+    def fit(key: str, lang: str, texts: list[str]):
         try:
             return build_tokenizer(cfg.tokenizer, lang, texts, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size,
                                    sp_model_type=cfg.sp_model_type)
         except VocabSizeError as exc:  # too small for the characters of the text, say
             raise DataError(f"config key 'data.sp_vocab_size' ({lang}): {exc}") from None
+        except DataError as exc:
+            if cfg.tokenizer == "spacy" and str(exc).startswith("spaCy has no tokenizer"):  # a language spaCy lacks
+                raise DataError(f"config key 'data.{key}': {exc}; data.tokenizer=sentencepiece tokenises any "
+                                "language") from None
+            raise
 
-    src_tok, tgt_tok = fit(cfg.src_lang, train.src), fit(cfg.tgt_lang, train.tgt)
+    src_tok, tgt_tok = fit("src_lang", cfg.src_lang, train.src), fit("tgt_lang", cfg.tgt_lang, train.tgt)
     src_tokens, tgt_tokens = src_tok.tokenize_many(train.src), tgt_tok.tokenize_many(train.tgt)
     min_freq = cfg.min_freq if cfg.tokenizer == "spacy" else 1
     codec = TextCodec(
