@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from cometnmt.config import Config, apply_overrides, load_config
+from cometnmt.config import Config, apply_overrides, load_config, to_dict
 from cometnmt.errors import CheckpointError, ConfigError, setting
 from cometnmt.inference import SplitTranslation, Translator
 
@@ -57,7 +57,7 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
         torch.set_num_threads(threads)  # train.num_threads is the run's, not the caller's, setting
 
 
-def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: int | None = None,
+def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: str = "test", *, beam: int | None = None,
                         length_penalty: float | None = None, batch_size: int | None = None, device: str = "auto",
                         limit: int | None = None, progress: bool = False, flags: bool = False,
                         sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
@@ -72,7 +72,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
     :param flags: name bad settings as command-line flags (``--beam 0``) rather than keywords.
     :param sampling: score one random sample per sentence (``topk``, ``topp``, ``temperature``,
         ``seed``: :meth:`Translator.translate`'s).
-    :return: (scores, the sources, references and hypotheses).
+    :return: (scores, with the ``checkpoints``, ``split``, ``limit`` and ``decode`` settings that
+        made them; the sources, references and hypotheses).
     """
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r}: choose train, valid or test")
@@ -86,8 +87,11 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: in
     data = translator.cfg.data
     tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # what spaCy cannot tokenise: said now, not after decoding
     out = translator.translate_split(split, decode, limit=limit, progress=progress)
-    return score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
-                      lowercase=data.lowercase), out
+    result = score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
+                        lowercase=data.lowercase)
+    paths = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+    result.update(checkpoints=[str(p) for p in paths], split=split, limit=limit, decode=to_dict(decode))  # what was scored
+    return result, out
 
 
 def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = False) -> list[Path]:

@@ -46,7 +46,8 @@ def cmd_train(args) -> int:
     best = summary["best"]
     if not main_rank:
         return 0
-    print(f"trained {summary['steps']} steps, {summary['epochs']} epochs; best validation "
+    steps, epochs = summary["steps"], summary["epochs"]
+    print(f"trained {steps} step{'s' * (steps != 1)}, {epochs} epoch{'s' * (epochs != 1)}; best validation "
           f"{'BLEU' if cfg.train.stopping == 'bleu_patience' else 'loss'} {best if best is None else round(best, 4)}; "
           f"checkpoints in {summary['save_dir']}")
     return 0
@@ -199,6 +200,9 @@ def cmd_evaluate(args) -> int:
         for name, lines in ((args.hyp, hyps), (args.src, src)):
             if lines is not None and len(lines) != len(refs):
                 raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
+        if args.lang is None:
+            log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules: give --lang for another "
+                     "target language")
         result = score(hyps, refs, lang=args.lang or "en", src=src, src_lang=args.src_lang or "de", lowercase=args.lowercase)
     print(format_table(result))
     if args.json:

@@ -27,3 +27,9 @@ def setting(name: str, value: object, flags: bool, flag: str | None = None) -> s
     """How an error names a setting and its value: as the command line's flag (``--batch-size 0``;
     ``flag`` when it is not the keyword with dashes) or as the Python keyword (``batch_size=0``)."""
     return f"{flag or '--' + name.replace('_', '-')} {value}" if flags else f"{name}={value}"
+
+
+def a_type(value: object) -> str:
+    """'an int', 'a list': the type of ``value`` with its article, for messages."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"

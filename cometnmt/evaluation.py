@@ -27,7 +27,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
-from cometnmt.errors import DataError
+from cometnmt.errors import DataError, a_type
 
 logger = logging.getLogger(__name__)
 
@@ -448,7 +448,7 @@ def score(
         bad = next((i for i, x in enumerate(lines) if not isinstance(x, str)), None)
         if bad is not None:
             hint = " (Translator.translate gives lists of Translation: take [0].text)" if name == "hyps" else ""
-            raise TypeError(f"{name}[{bad}] is a {type(lines[bad]).__name__}, not a string{hint}")
+            raise TypeError(f"{name}[{bad}] is {a_type(lines[bad])}, not a string{hint}")
     tgt_tok, src_tok = paper_tokenizers(lang, src_lang if src is not None else None)
     return score_with(hyps, refs, tgt_tok, src_tok, lang=lang, src_lang=src_lang, src=src,
                       per_sentence=per_sentence, lowercase=lowercase)

@@ -16,7 +16,7 @@ from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, t
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
-from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
+from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
 from cometnmt.decoding import sampling_generator, search, target_log_probs
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
@@ -176,7 +176,7 @@ def _check_sentences(texts: list) -> None:
     text, as in training (files are split on newlines only; the tokenizers take it as a space)."""
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise TypeError(f"sentence {i + 1} is a {type(text).__name__}, not a string")
+            raise TypeError(f"sentence {i + 1} is {a_type(text)}, not a string")
         if "\n" in text:
             raise DataError(f"sentence {i + 1} holds a newline; give one sentence per string")
         try:
@@ -300,7 +300,8 @@ class Translator:
         e.g. to rerank another system's n-best list or to measure perplexity on a test set. The
         target is tokenised and indexed as in training (words the vocabulary lacks become <unk>,
         counted in :attr:`PairScore.unknown`). An empty target scores the model's probability of
-        stopping at once; an empty source is encoded as translation does."""
+        stopping at once; an empty source is scored as the source ``</s>`` alone (where
+        :meth:`translate` writes a blank line without decoding, with score 0)."""
         for name, texts in (("sources", sources), ("targets", targets)):
             if isinstance(texts, str):
                 raise TypeError(f"Translator.log_prob takes lists of sentences; {name} is one string")

@@ -158,6 +158,8 @@ def test_evaluate_checkpoint_and_score(run_dir, translator):
     result, out = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu")
     assert len(out.src) == len(out.refs) == len(out.hyps) == 7 == result["n_sentences"]
     assert out.hyps == translator(out.src)  # the checkpoint's own (greedy) search
+    assert result["checkpoints"] == [str(run_dir / "best.pt")] and result["split"] == "valid" and result["limit"] == 7
+    assert result["decode"]["method"] == "greedy"  # what was scored, kept with the scores (evaluate --json)
     again = cometnmt.score(out.hyps, out.refs, lang="en", src=out.src, src_lang="de")
     assert again["bleu"] == result["bleu"] and again["bleu_by_length"] == result["bleu_by_length"]
     _, sampled = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu", sampling=True,
@@ -360,7 +362,7 @@ def test_a_length_penalty_under_greedy_search_is_warned_about(translator, caplog
 
 
 def test_translator_checks_each_sentence(translator):
-    with pytest.raises(TypeError, match="sentence 2 is a int, not a string"):
+    with pytest.raises(TypeError, match="sentence 2 is an int, not a string"):
         translator(["Ein Hund.", 3])
     with pytest.raises(cometnmt.DataError, match="sentence 1 holds a newline"):
         translator("Ein Hund.\nZwei Katzen.")
