@@ -33,11 +33,14 @@ class Hypothesis:
 
 
 def without_specials(lp: torch.Tensor, pad: int, bos: int) -> torch.Tensor:
-    """Log-probabilities A,V with padding and <s> at -inf: never targets in training, they are never
-    chosen (as fairseq never chooses padding). A trained model gives them a tiny but nonzero
-    probability, which sampling would surface; an untrained one may prefer them. Scores still come
-    from the full distribution, so they equal the teacher-forced log-probabilities."""
-    return lp.index_fill(1, torch.tensor([pad, bos], device=lp.device), float("-inf"))  # A,V
+    """Log-probabilities A,V with padding and <s> set to -inf, in place (``lp`` is a step's own
+    fresh tensor; no copy, no index tensor sent to the device): never targets in training, they
+    are never chosen (as fairseq never chooses padding). A trained model gives them a tiny but
+    nonzero probability, which sampling would surface; an untrained one may prefer them. The other
+    tokens keep their full-distribution log-probabilities, so scores equal the teacher-forced ones."""
+    lp[:, pad] = float("-inf")
+    lp[:, bos] = float("-inf")
+    return lp
 
 
 def max_lengths(src_pad_mask: torch.Tensor, a: float, b: float, cap: Optional[int] = None) -> torch.Tensor:
