@@ -94,9 +94,18 @@ def test_attention_dropout_is_checked_and_named():
     (["model.comet.dilations=[1]"], "'model.comet.dilations': one dilation of at least 1 per layer"),
     (["model.comet.kernel_size=0"], "'model.comet.kernel_size': must be at least 1"),
     (["model.comet.bn_length_bounds=[5, 3]"], "'model.comet.bn_length_bounds': ascending positive"),
+    (["decode.sampling_topk=-1"], "config key 'decode.sampling_topk': must be at least 0 (0: the whole vocabulary), got -1"),
+    (["decode.sampling_topp=0"], "config key 'decode.sampling_topp': 0.0 must be in (0, 1] (1: off)"),
+    (["decode.sampling_topp=1.5"], "config key 'decode.sampling_topp': 1.5 must be in (0, 1] (1: off)"),
+    (["decode.temperature=0"], "config key 'decode.temperature': must be a positive finite number, got 0.0"),
+    (["decode.temperature=.inf"], "config key 'decode.temperature': must be a positive finite number, got inf"),
+    (["decode.sampling_seed=-3"], "config key 'decode.sampling_seed': must be at least 0 (or null), got -3"),
+    (["decode.sampling_seed=1.5"], "config key 'decode.sampling_seed': expected"),
+    (["decode.method=sampling"], "'decode.method': 'sampling' is not allowed; expected one of 'greedy', 'beam', 'sample'"),
 ])
 def test_values_that_used_to_fail_mid_run_are_config_errors(overrides, needle):
-    """Each of these trained until a traceback after an epoch, or (warmup 0) silently at lr 0."""
+    """Each of these trained until a traceback after an epoch, or (warmup 0) silently at lr 0; the
+    sampling keys' ranges are checked as they load too."""
     with pytest.raises(ConfigError) as info:
         load_config(REPO / "configs" / "tiny.yaml", overrides)
     assert needle in str(info.value)
@@ -134,22 +143,6 @@ def test_yaml_readings_and_sections(tmp_path):
         load_config(child)
     with pytest.raises(ConfigError, match="'model.enc_layers': 1 is too few"):  # before any tagger runs
         load_config(REPO / "configs" / "tiny.yaml", ["model.arch=transformer_pp", "model.enc_layers=1"])
-
-
-@pytest.mark.parametrize("overrides, needle", [
-    (["decode.sampling_topk=-1"], "config key 'decode.sampling_topk': must be at least 0 (0: the whole vocabulary), got -1"),
-    (["decode.sampling_topp=0"], "config key 'decode.sampling_topp': 0.0 must be in (0, 1] (1: off)"),
-    (["decode.sampling_topp=1.5"], "config key 'decode.sampling_topp': 1.5 must be in (0, 1] (1: off)"),
-    (["decode.temperature=0"], "config key 'decode.temperature': must be a positive finite number, got 0.0"),
-    (["decode.temperature=.inf"], "config key 'decode.temperature': must be a positive finite number, got inf"),
-    (["decode.sampling_seed=-3"], "config key 'decode.sampling_seed': must be at least 0 (or null), got -3"),
-    (["decode.sampling_seed=1.5"], "config key 'decode.sampling_seed': expected"),
-    (["decode.method=sampling"], "'decode.method': 'sampling' is not allowed; expected one of 'greedy', 'beam', 'sample'"),
-])
-def test_sampling_keys_are_checked(overrides, needle):
-    with pytest.raises(ConfigError) as info:
-        load_config(REPO / "configs" / "tiny.yaml", overrides)
-    assert needle in str(info.value)
 
 
 def test_sampling_config_takes_more_samples_than_the_beam():
