@@ -13,7 +13,8 @@ from pathlib import Path
 
 from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
 from cometnmt.data.multi30k import resolve_dir, split_paths
-from cometnmt.data.tokenizers import Tokenizer, VocabSizeError, build_tokenizer, tokenizer_from_state
+from cometnmt.data.tokenizers import (Tokenizer, UnknownLanguageError, VocabSizeError, build_tokenizer,
+                                       tokenizer_from_state)
 from cometnmt.data.vocab import BOS, EOS, Vocab
 from cometnmt.errors import DataError
 
@@ -122,11 +123,8 @@ def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]],
                                    sp_model_type=cfg.sp_model_type)
         except VocabSizeError as exc:  # too small for the characters of the text, say
             raise DataError(f"config key 'data.sp_vocab_size' ({lang}): {exc}") from None
-        except DataError as exc:
-            if cfg.tokenizer == "spacy" and str(exc).startswith("spaCy has no tokenizer"):  # a language spaCy lacks
-                raise DataError(f"config key 'data.{key}': {exc}; data.tokenizer=sentencepiece tokenises any "
-                                "language") from None
-            raise
+        except UnknownLanguageError as exc:  # a language spaCy lacks
+            raise DataError(f"config key 'data.{key}': {exc}; data.tokenizer=sentencepiece tokenises any language") from None
 
     src_tok, tgt_tok = fit("src_lang", cfg.src_lang, train.src), fit("tgt_lang", cfg.tgt_lang, train.tgt)
     src_tokens, tgt_tokens = src_tok.tokenize_many(train.src), tgt_tok.tokenize_many(train.tgt)

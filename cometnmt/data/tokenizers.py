@@ -47,6 +47,14 @@ def join_clitics(tokens: list[str], lang: str) -> list[str]:
     return out
 
 
+class UnknownLanguageError(DataError):
+    """spaCy has no tokenizer for the language asked for."""
+
+
+class VocabSizeError(DataError):
+    """SentencePiece cannot train a vocabulary of the size asked for on this text."""
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """Text <-> token strings; ``state_dict`` is plain Python so it pickles into a checkpoint."""
@@ -67,7 +75,7 @@ def _blank_tokenizer(lang: str) -> spacy.tokenizer.Tokenizer:
     try:
         return spacy.blank(lang).tokenizer
     except (ImportError, KeyError, ValueError) as exc:
-        raise DataError(f"spaCy has no tokenizer for language {lang!r} ({exc})") from None
+        raise UnknownLanguageError(f"spaCy has no tokenizer for language {lang!r} ({exc})") from None
 
 
 def _doc_tokens(doc: spacy.tokens.Doc) -> list[str]:
@@ -186,8 +194,6 @@ class SentencePieceTokenizer:
         }
 
 
-class VocabSizeError(DataError):
-    """SentencePiece cannot train a vocabulary of the size asked for on this text."""
 
 
 def _train_sentencepiece(
