@@ -90,7 +90,8 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     result = score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
                         lowercase=data.lowercase)
     paths = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
-    result.update(checkpoints=[str(p) for p in paths], split=split, limit=limit, decode=to_dict(decode))  # what was scored
+    result.update(checkpoints=[str(Path(p).resolve()) for p in paths], split=split, limit=limit,
+                  decode=to_dict(decode))  # what was scored
     return result, out
 
 
