@@ -233,7 +233,8 @@ def test_a_checkpoint_finds_its_relative_data_paths_from_anywhere(tmp_path, data
     assert there == here and len(out.refs) == 12
     avg = cometnmt.average_checkpoints([work / "run" / "best.pt"], tmp_path / "avg.pt")
     averaged = cometnmt.evaluate_checkpoint(avg, "test", device="cpu")[0]  # averaging keeps the anchor
-    assert averaged.pop("checkpoints") == [str(avg.resolve())] and here.pop("checkpoints") == [str((work / "run" / "best.pt").resolve())]
+    assert averaged.pop("checkpoints") == [str(avg.resolve())]
+    assert here.pop("checkpoints") == [str((work / "run" / "best.pt").resolve())]
     assert averaged == here
 
 
