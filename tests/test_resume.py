@@ -5,6 +5,7 @@ COMET its source mask only where a batch has padding."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -148,7 +149,7 @@ def test_a_resume_on_changed_data_files_is_refused(tmp_path, data_dir):
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2
 
 
-def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, monkeypatch):
+def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, monkeypatch, caplog):
     """train --init-from: a new run (fresh optimizer, schedule and step count) starts from another
     run's weights and vocabularies, here on other sentences; keys that would not fit are errors
     naming them, before anything is written to the new folder."""
@@ -166,8 +167,12 @@ def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, mon
         return original(self)
 
     monkeypatch.setattr(Trainer, "fit", fit_from_the_start)
-    run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *other), init_from=tmp_path / "base" / "best.pt")
+    with caplog.at_level(logging.INFO, logger="cometnmt"):
+        run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *other), init_from=tmp_path / "base" / "best.pt")
     monkeypatch.setattr(Trainer, "fit", original)
+    shares = re.search(r"tokens the checkpoint's vocabularies lack \(<unk>\): training ([\d.]+)% of source, ([\d.]+)% of "
+                       r"target", caplog.text)  # the new data's words the old vocabularies lack: said, not silent
+    assert shares and 0 < float(shares.group(1)) < 100 and 0 < float(shares.group(2)) < 100
     assert seen["step"] == 0 and seen["history"] == []
     for key, value in base["model"].items():
         assert torch.equal(seen["weights"][key], value), key

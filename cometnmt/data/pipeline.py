@@ -15,7 +15,7 @@ from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
 from cometnmt.data.multi30k import resolve_dir, split_paths
 from cometnmt.data.tokenizers import (Tokenizer, UnknownLanguageError, VocabSizeError, build_tokenizer,
                                        tokenizer_from_state)
-from cometnmt.data.vocab import BOS, EOS, Vocab
+from cometnmt.data.vocab import BOS, EOS, UNK, Vocab
 from cometnmt.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,12 @@ def encode_pairs(
     if dropped:
         log.info("%s: dropped %d pairs longer than data.max_len=%d tokens", corpus.src_path, dropped, max_len)
     return out
+
+
+def unknown_share(ids: list[list[int]]) -> float:
+    """The share of tokens a vocabulary lacks (``<unk>``) in indexed sentences, 0 for none."""
+    total = sum(len(row) for row in ids)
+    return sum(row.count(UNK) for row in ids) / total if total else 0.0
 
 
 def read_text_file(path: str | Path) -> list[str]:

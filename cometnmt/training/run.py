@@ -12,7 +12,7 @@ import yaml
 
 from cometnmt.config import Config, config_from_dict, to_dict
 from cometnmt.data.corpus import write_text_file
-from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split
+from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, ConfigError, DataError
@@ -210,6 +210,9 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         codec, train_data = training_examples(cfg, train_corpus, codec)
         valid_data = encode_pairs(codec, valid_corpus, None)
         log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
+        log.info("tokens %s vocabularies lack (<unk>): training %.2f%% of source, %.2f%% of target; validation %.2f%%, "
+                 "%.2f%%", "the checkpoint's" if source is not None else "the", *(100 * unknown_share(ids) for ids in (
+                     train_data.src_ids, train_data.tgt_ids, valid_data.src_ids, valid_data.tgt_ids)))
         if not len(train_data):
             raise DataError(f"{train_corpus.src_path}: no training pairs left of {len(train_corpus.src) + train_corpus.skipped} "
                             f"read (data.max_train_pairs={cfg.data.max_train_pairs}, data.max_len={cfg.data.max_len}; "
