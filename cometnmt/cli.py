@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("average", help="average the weights of several checkpoints")
-    p.add_argument("checkpoints", nargs="*")
+    p.add_argument("checkpoints", nargs="*", help="checkpoints of one run to average (or --dir and --last)")
     p.add_argument("--dir", help="run folder holding epochNNN.pt files")
     p.add_argument("--last", type=int, help="average the last N epoch checkpoints of --dir")
     p.add_argument("-o", "--output", required=True)

@@ -313,8 +313,8 @@ def paired_bootstrap_runs(
         raise ValueError(f'metric must be "bleu" or "paper", got {metric!r}')
 
     p_value = float(np.mean(samples_b >= samples_a))
-    logger.info("paired bootstrap (%s, %d + %d runs, %d samples): A=%.2f B=%.2f p=%.4f",
-                metric, len(runs_a), len(runs_b), n_samples, full_a, full_b, p_value)
+    logger.info("paired bootstrap (%s, %d + %d runs, %d samples): A=%.2f B=%.2f p%s", metric, len(runs_a), len(runs_b),
+                n_samples, full_a, full_b, f" < {1 / n_samples:g}" if p_value == 0 else f"={p_value:.4f}")  # as fmt_p
     return {
         "metric": metric,
         "label": label,
