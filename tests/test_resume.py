@@ -188,3 +188,15 @@ def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, mon
         assert not (tmp_path / "bad").exists()  # refused before the folder was made
     with pytest.raises(ConfigError, match="give one of them"):
         run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *other), resume=True, init_from=tmp_path / "base" / "best.pt")
+
+
+def test_resuming_a_finished_run_says_so(tmp_path, data_dir, caplog):
+    """--resume on a run that reached train.max_epochs trains nothing and says why (it logged
+    'resumed from step N' as if training went on)."""
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir)
+    first = run_module.train(cfg)
+    with caplog.at_level(logging.INFO, logger="cometnmt"):
+        again = run_module.train(tiny_train_cfg(tmp_path / "run", data_dir), resume=True)
+    assert again["steps"] == first["steps"] and again["epochs"] == first["epochs"] == 1
+    assert f"the run had already finished at step {first['steps']}, epoch 1 (train.max_epochs): nothing to train" in caplog.text
+    assert "resumed from step" not in caplog.text

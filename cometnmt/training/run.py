@@ -233,7 +233,11 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             trainer.init_from = str(init_from)
         if payload is not None:
             trainer.load_state_dict(payload)
-            log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
+            if trainer.finished or trainer.epoch >= cfg.train.max_epochs:
+                log.info("the run had already finished at step %d, epoch %d (%s): nothing to train",
+                         trainer.step, trainer.epoch, "its stopping rule" if trainer.finished else "train.max_epochs")
+            else:
+                log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
         if dist.is_main:  # on --resume too: train keys (max_epochs, say) may have changed
             write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return trainer.fit()
