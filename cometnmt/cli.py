@@ -109,18 +109,10 @@ def _read_nbest(path: str, n_sources: int) -> tuple[list[int], list[str]]:
     return index, texts
 
 
-def cmd_logprob(args) -> int:
-    import math
+def _logprob_pairs(args) -> tuple[list[str], list[str], list[int]]:
+    """The sources, targets and each target's source line (0-based) that ``logprob`` scores."""
+    from cometnmt.data.corpus import read_lines
 
-    from cometnmt.data.corpus import read_lines, write_text_file
-    from cometnmt.evaluation import write_json
-    from cometnmt.inference import Translator
-
-    for option, path in (("-o", args.output), ("--json", args.json)):
-        if path and Path(path).is_dir():  # before any work
-            raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
-    if args.batch_sentences is not None and args.batch_sentences < 1:
-        raise CometNMTError(f"--batch-size {args.batch_sentences}: must be at least 1")
     sources = read_lines(args.input)
     if args.nbest_input:
         index, targets = _read_nbest(args.target, len(sources))
@@ -130,15 +122,37 @@ def cmd_logprob(args) -> int:
             raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; "
                             "they must be line-aligned (or give --nbest-input for translate --nbest output)")
         index = list(range(len(sources)))
+    return [sources[i] for i in index], targets, index
+
+
+def _name_the_file(args, index: list[int], exc: DataError) -> DataError:
+    """"source line 3: ..." or "target line 3: ..." from Translator.log_prob, with the file it is
+    in (and, for an n-best row, the line of its source)."""
+    message = str(exc)
+    if message.startswith("source line ") and args.nbest_input:
+        row = int(message.split()[2].rstrip(":"))
+        message = f"source line {index[row - 1] + 1}:" + message.split(":", 1)[1]
+    return DataError(f"{args.target if message.startswith('target line') else args.input}: {message}")
+
+
+def cmd_logprob(args) -> int:
+    import math
+
+    from cometnmt.data.corpus import write_text_file
+    from cometnmt.evaluation import write_json
+    from cometnmt.inference import Translator
+
+    for option, path in (("-o", args.output), ("--json", args.json)):
+        if path and Path(path).is_dir():  # before any work
+            raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
+    if args.batch_sentences is not None and args.batch_sentences < 1:
+        raise CometNMTError(f"--batch-size {args.batch_sentences}: must be at least 1")
+    sources, targets, index = _logprob_pairs(args)
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     try:
-        scores = translator.log_prob([sources[i] for i in index], targets, batch_size=args.batch_sentences, progress=True)
-    except DataError as exc:  # "target line 3: ..." alone names no file
-        message = str(exc)
-        if message.startswith("source line ") and args.nbest_input:  # row n of the n-best list -> its source's line
-            row = int(message.split()[2].rstrip(":"))
-            message = f"source line {index[row - 1] + 1}:" + message.split(":", 1)[1]
-        raise DataError(f"{args.target if message.startswith('target line') else args.input}: {message}") from None
+        scores = translator.log_prob(sources, targets, batch_size=args.batch_sentences, progress=True)
+    except DataError as exc:
+        raise _name_the_file(args, index, exc) from None
     if args.nbest_input:
         lines = [f"{i}\t{s.log_prob:.4f}\t{text}" for i, s, text in zip(index, scores, targets)]
     else:
