@@ -72,24 +72,52 @@ def cmd_translate(args) -> int:
 
     if args.output and Path(args.output).is_dir():  # before any work
         raise CometNMTError(f"-o {args.output}: is a directory, expected a file name to write")
+    interactive = args.interactive or (args.input is None and sys.stdin.isatty())
+    if interactive and (args.input or args.output):
+        raise CometNMTError("--interactive reads standard input and writes standard output: leave out -i and -o")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     decode = _decode_cfg(translator.cfg.decode, args)
+    if interactive:
+        return _translate_interactively(translator, decode)
     texts = read_lines(args.input) if args.input else read_stdin_lines()
     try:
         results = translator.translate(texts, decode, progress=args.input is not None)
     except DataError as exc:  # name the input
         raise DataError(f"{args.input or '<stdin>'}: {exc}") from None
-    lines = []
-    for i, hyps in enumerate(results):
-        if decode.nbest > 1:
-            lines += [f"{i}\t{h.score:.4f}\t{h.text}" for h in hyps]
-        else:
-            lines.append(hyps[0].text)
-    text = "".join(line + "\n" for line in lines)
+    text = "".join(_output_lines(i, hyps, decode.nbest) for i, hyps in enumerate(results))
     if args.output:
         write_text_file(args.output, text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _output_lines(index: int, hyps, nbest: int) -> str:
+    """translate's output for source line ``index`` (0-based): its best translation, or with
+    ``nbest`` above 1 a line per hypothesis: the index, the score and the text, tab-separated."""
+    if nbest > 1:
+        return "".join(f"{index}\t{h.score:.4f}\t{h.text}\n" for h in hyps)
+    return hyps[0].text + "\n"
+
+
+def _translate_interactively(translator, decode) -> int:
+    """A line in, its translation out at once (standard input a terminal, or --interactive): a
+    line that cannot be translated gets its error on stderr and the session goes on; Ctrl-D ends."""
+    from cometnmt.data.corpus import decode_lines
+
+    if sys.stdin.isatty():
+        print("type a sentence and press Enter; Ctrl-D ends", file=sys.stderr, flush=True)
+    number = 0
+    while raw := sys.stdin.buffer.readline():
+        number += 1
+        try:
+            line = (decode_lines(raw, "<stdin>") or [""])[0]
+            out = _output_lines(number - 1, translator.translate([line], decode)[0], decode.nbest)
+        except DataError as exc:  # "<stdin>:1: ..." or "input line 1: ...": say which line of the session
+            print(f"cometnmt: error: line {number}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
+            continue
+        sys.stdout.write(out)
+        sys.stdout.flush()
     return 0
 
 
@@ -319,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble (their probabilities averaged)")
     p.add_argument("-i", "--input", help="source file (plain or gzip); default stdin")
     p.add_argument("-o", "--output", help="output file; default stdout")
+    p.add_argument("--interactive", action="store_true",
+                   help="translate each line of standard input as it comes (the default when it is a terminal)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_translate)
 

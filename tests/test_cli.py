@@ -417,3 +417,43 @@ def test_a_language_spacy_lacks_names_the_config_key(cli, tmp_path):
         args += ["--set", override]
     err = _err(cli(*args, check=False))
     assert "config key 'data.tgt_lang': spaCy has no tokenizer for language 'xq'" in err and "sentencepiece" in err
+
+
+def test_translate_interactively_answers_each_line_as_it_comes(trained, data_dir):
+    """--interactive (the default on a terminal): each line's translation is written before the next
+    line is read, a line that cannot be translated gets its error and the session goes on, and the
+    translations are those of the file mode."""
+    import os
+    import select
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cometnmt", "translate", str(trained / "best.pt"), "--interactive"],
+                            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def answer(line: bytes) -> str:
+        proc.stdin.write(line)
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 300)
+        assert ready, "no translation came back before the next line was sent"
+        return proc.stdout.readline().decode("utf-8")
+
+    try:
+        first = answer("Ein Hund läuft.\n".encode())
+        proc.stdin.write(("Hund " * 1100 + "\n").encode() + b"Zwei \xff Katzen.\n")  # too long; not UTF-8
+        second = answer("Zwei Kinder spielen.\n".encode())
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode("utf-8")
+    assert "line 2: 1100 source tokens" in err and "line 3: not valid UTF-8" in err and "Traceback" not in err
+    batch = subprocess.run([sys.executable, "-m", "cometnmt", "translate", str(trained / "best.pt")], cwd=REPO, env=env,
+                           input="Ein Hund läuft.\nZwei Kinder spielen.\n", capture_output=True, text=True, check=True)
+    assert [first, second] == [line + "\n" for line in batch.stdout.splitlines()]
+    refused = subprocess.run([sys.executable, "-m", "cometnmt", "translate", str(trained / "best.pt"), "--interactive",
+                              "-o", "x.txt"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "leave out -i and -o" in refused.stderr
