@@ -56,8 +56,9 @@ def cli(data_dir, tmp_path):
 
     def run(*args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         env = {**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}  # never the terminal
         proc = subprocess.run(
-            [sys.executable, "-m", "cometnmt", *args], cwd=REPO, env=env, input=input, capture_output=True, text=True, timeout=600
+            [sys.executable, "-m", "cometnmt", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, **stdin
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"cometnmt {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
