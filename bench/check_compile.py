@@ -11,7 +11,9 @@ every buffer (batch-norm running statistics) must agree to a relative tolerance 
 difference over the norm of the eager value); then the eager trainer takes its optimizer step,
 at a constant ``--lr``. Weights change every step, so a replay that returned a stale result would
 fail. Dropout is off
-in both models (a compiled model draws its own random numbers).
+in both models (a compiled model draws its own random numbers). ``--dropout`` checks those instead:
+with dropout on, a compiled step taken twice from the same weights and seed repeats exactly, and
+another seed changes it (``check_dropout``).
 
     python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 \\
         --configs configs/multi30k/transformer.yaml configs/multi30k/comet_bn_length.yaml \\
@@ -53,13 +55,69 @@ def relative_error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) ->
     return diff / scale if scale > 0 else diff
 
 
-def build(cfg: Config, codec, data, device: torch.device) -> Trainer:
+def build(cfg: Config, codec, data, device: torch.device, dropout: bool = False) -> Trainer:
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
     for m in model.modules():  # no dropout anywhere (attention probabilities' included: a Dropout module too)
-        if isinstance(m, torch.nn.Dropout):
+        if isinstance(m, torch.nn.Dropout) and not dropout:
             m.p = 0.0
     return Trainer(cfg, model, codec, data, Examples([], [], [], []), device)
+
+
+def _state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in [*trainer.model.named_parameters(), *trainer.model.named_buffers()]}
+
+
+def _backward_from(trainer: Trainer, state: dict, group, n_tokens: int) -> tuple[torch.Tensor, dict]:
+    """The trainer's loss and gradients on ``group`` from the weights and buffers ``state`` (copied
+    in place, so CUDA graphs' addresses stay valid)."""
+    with torch.no_grad():
+        for name, t in [*trainer.model.named_parameters(), *trainer.model.named_buffers()]:
+            t.copy_(state[name])
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss = trainer.backward(group, n_tokens).detach().clone()
+    grads = {name: p.grad.detach().clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss, grads
+
+
+def check_dropout(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print, lr: float = 3e-3) -> dict:
+    """Compiled training with dropout on draws its masks from the trainer's per-micro-batch seed:
+    the same step taken twice from the same weights gives the same loss and gradients (with CUDA
+    graphs: a replay reads the generator's seed and offset, which ``torch.manual_seed`` resets),
+    and the step under another ``train.seed`` gives another loss (the masks follow the seed, not
+    the recording). Eager masks differ from compiled ones by design, so this compares compiled
+    with compiled."""
+    tol = TOLERANCE["bf16" if cfg.train.precision != "fp32" else "fp32"]
+    codec, data = training_examples(cfg, read_split(cfg.data, "train"))
+    cfg = copy.deepcopy(cfg)
+    cfg.train.schedule, cfg.train.lr = "constant", lr
+    trainer = build(cfg, codec, data, device, dropout=True)
+    groups = trainer.epoch_batches(0)[: n_groups * cfg.train.accum_steps]
+    groups = [groups[i : i + cfg.train.accum_steps] for i in range(0, len(groups), cfg.train.accum_steps)]
+    worst, ok, steps, start = 0.0, True, 0, time.perf_counter()
+    for p in range(passes):
+        for g, group in enumerate(groups):
+            n_tokens = sum(len(data.tgt_ids[i]) + 1 for idx in group for i in idx)
+            state = _state(trainer)
+            loss, grads = _backward_from(trainer, state, group, n_tokens)
+            again, grads_again = _backward_from(trainer, state, group, n_tokens)
+            trainer.tc.seed += 1
+            other, _ = _backward_from(trainer, state, group, n_tokens)
+            trainer.tc.seed -= 1
+            floor = FLOOR * torch.linalg.vector_norm(torch.stack([t.double().norm() for t in grads.values()])).item()
+            errors = {"loss": relative_error(again, loss)}
+            errors.update({f"grad {name}": relative_error(grads_again[name], grad, floor) for name, grad in grads.items()})
+            key = max(errors, key=errors.get)
+            worst = max(worst, errors[key])
+            same_masks = bool(torch.equal(other, loss))  # another seed, the same loss: the masks ignore the seed
+            bad = errors[key] > tol or same_masks
+            ok &= not bad
+            steps += 1
+            log(f"  pass {p + 1} step {g + 1}: loss {loss.item():.4f} twice, worst relative error {errors[key]:.2e} ({key}); "
+                f"another seed {other.item():.4f}" + ("  FAIL" + (" (the seed changes nothing)" if same_masks else "") if bad else ""))
+            _backward_from(trainer, state, group, n_tokens)
+            trainer.update()  # the weights move, so a stale replay would show
+    return {"ok": ok, "worst": worst, "tolerance": tol, "steps": steps, "seconds": time.perf_counter() - start}
 
 
 def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print, lr: float = 3e-3) -> dict:
@@ -126,6 +184,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-pairs", type=int, default=2000, help="training pairs to read")
     p.add_argument("--lr", type=float, default=3e-3, help="constant learning rate of both trainers")
     p.add_argument("--set", action="append", default=[], help="config override for every config")
+    p.add_argument("--dropout", action="store_true",
+                   help="instead: with dropout on, compiled training repeats a step exactly from the same weights and "
+                        "seed, and another seed changes it (the per-micro-batch seeds reach the compiled masks)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     device = torch.device(args.device)
@@ -135,15 +196,18 @@ def main(argv=None) -> int:
     for path in args.configs:
         cfg = load_config(path, [f"data.max_train_pairs={args.max_pairs}", f"train.precision={args.precision}",
                                  "train.compile=true", f"train.compile_mode={args.mode}", "train.progress=false", *args.set])
-        print(f"{path.name}: eager against compile_mode={args.mode} on {device}, {args.precision}", flush=True)
-        result = check(cfg, device, args.groups, args.passes, log=lambda line: print(line, flush=True), lr=args.lr)
+        what = "with dropout, compiled twice" if args.dropout else "eager against"
+        print(f"{path.name}: {what} compile_mode={args.mode} on {device}, {args.precision}", flush=True)
+        run = check_dropout if args.dropout else check
+        result = run(cfg, device, args.groups, args.passes, log=lambda line: print(line, flush=True), lr=args.lr)
         verdict = "ok" if result["ok"] else "FAIL"
         print(f"{path.name}: {verdict}: worst relative error {result['worst']:.2e} (tolerance {result['tolerance']:.0e}) "
               f"over {result['steps']} steps, {result['seconds']:.0f} s", flush=True)
         if not result["ok"]:
             failed.append(path.name)
     if failed:
-        print(f"compiled training differs from eager: {', '.join(failed)}", file=sys.stderr)
+        print(f"compiled training {'with dropout does not repeat' if args.dropout else 'differs from eager'}: "
+              f"{', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 

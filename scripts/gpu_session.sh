@@ -20,7 +20,9 @@
 #   check    (~3-5 min, estimate) bench/check_compile.py: torch.compile with CUDA graphs
 #            (train.compile_mode reduce-overhead) and bf16 computes the eager loss, gradients and
 #            batch-norm statistics, step by step over repeated batch shapes (comet_bn_length,
-#            transformer_pp_en_de). Never run on a GPU; on the CPU (default mode) it passes
+#            transformer_pp_en_de); then, with dropout on, that a replayed step repeats from the same
+#            weights and per-micro-batch seed and another seed changes it (--dropout, comet_bn_length).
+#            Never run on a GPU; on the CPU (default mode) both pass
 #   benchcg  (~5-7 min, estimate) only after check passed: bench.py's rounds and
 #            bench_transformer_pp.py with --compile reduce-overhead. The GPU steps are launch-bound
 #            (MFU < 1%) and CUDA graphs replay a whole step's kernels in one launch, so this is the
@@ -175,7 +177,11 @@ case "$part" in
     # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
     # benchcg's timings mean something only if this passes
     python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 --groups 2 --passes 3 \
-      --configs configs/multi30k/comet_bn_length.yaml configs/multi30k/transformer_pp_en_de.yaml ;;
+      --configs configs/multi30k/comet_bn_length.yaml configs/multi30k/transformer_pp_en_de.yaml
+    # and with dropout on: a replayed step repeats from the same weights and per-micro-batch seed, and
+    # another seed changes it (the trainer's torch.manual_seed reaches the graphs' RNG)
+    python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 --groups 2 --passes 3 \
+      --dropout --configs configs/multi30k/comet_bn_length.yaml ;;
   benchcg)  # the speed ratios with CUDA graphs: torch.compile mode reduce-overhead replays one graph per
     # batch shape (Multi30k's 2,048-token batches have 141 shapes, all of them in every epoch, so a run
     # records them in epoch 1 and replays them after). Issue 3's ratio in rounds, then issue 4's

@@ -99,6 +99,19 @@ def test_compiled_comet_computes_the_eager_gradients(data_dir, monkeypatch, pair
     assert masks and all((mask is not None) == padded for mask in masks)
 
 
+def test_compiled_dropout_follows_the_micro_batch_seed(data_dir, monkeypatch):
+    """bench/check_compile.py --dropout (run by scripts/gpu_session.sh check with CUDA graphs): with
+    dropout on, a compiled step repeats exactly from the same weights and seed, and another seed
+    changes it. On the CPU (inductor) here; it fails when the trainer stops seeding each
+    micro-batch (tried: the second pass then drew other masks, gradients 0.67 apart)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import check_compile
+
+    cfg = tiny_train_cfg("unused", data_dir, "train.compile=true", "model.dropout=0.3")  # the tiny Transformer
+    result = check_compile.check_dropout(cfg, torch.device("cpu"), n_groups=1, passes=2, log=lambda line: None)
+    assert result["ok"] and result["steps"] == 2, result
+
+
 GRAPH_PRESETS = ["transformer", "comet", "comet_bn_length", "comet_temporal_conv", "comet_ffn1", "transformer_pp_en_de",
                  "convs2s", "comet_bn_length:conv1d"]  # each a different code path (the other Table 1 rows reuse these modules)
 
