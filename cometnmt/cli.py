@@ -272,7 +272,7 @@ def cmd_serve(args) -> int:
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
                          max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
     host, port = server.server_address[:2]
-    print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, GET /health); Ctrl-C stops",
+    print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); Ctrl-C stops",
           file=sys.stderr, flush=True)
     try:
         server.serve_forever()
@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_average)
 
-    p = sub.add_parser("serve", help="serve a checkpoint over HTTP: POST /translate with JSON")
+    p = sub.add_parser("serve", help="serve a checkpoint over HTTP: POST /translate (and /logprob) with JSON")
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")

@@ -8,6 +8,10 @@ Endpoints:
   of them; false: greedy search), ``topk``, ``topp``, ``temperature``, ``seed``:
   ``{"translation": "..."}`` or ``{"translations": [...]}``; with ``nbest`` above 1 each
   translation is a list of ``{"text", "score"}``, best first.
+* ``POST /logprob`` with ``{"source": "...", "target": "..."}`` or ``{"sources": [...], "targets":
+  [...]}``: forced decoding (:meth:`Translator.log_prob`), ``{"log_prob", "tokens", "unknown"}`` or
+  ``{"scores": [...]}`` of them: each target's log-probability given its source (natural log, over
+  its tokens and ``</s>``), e.g. to rerank another system's outputs.
 
 A setting given as ``null`` keeps the server's default (the checkpoint's search, or the
 command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-beam``, default 64),
@@ -37,6 +41,7 @@ from cometnmt.inference import Translator
 log = logging.getLogger(__name__)
 
 _SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed")
+_POST = {"/translate": "translate", "/logprob": "log_prob"}  # route -> TranslationServer method
 
 
 class RequestError(Exception):
@@ -69,6 +74,36 @@ def _request_texts(body: dict, max_sentences: int) -> tuple[list[str], bool]:
             where = '"text"' if single else f'"texts"[{i}]'
             raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} holds a newline; send one sentence per string")
     return texts, single
+
+
+def _request_pairs(body: dict, max_sentences: int) -> tuple[list[str], list[str], bool]:
+    """The (source, target) pairs of a /logprob request and whether it sent one (``source`` and
+    ``target``) rather than lists (``sources`` and ``targets``)."""
+    unknown = sorted(set(body) - {"source", "target", "sources", "targets"})
+    one, many = {"source", "target"} & set(body), {"sources", "targets"} & set(body)
+    if unknown or not ((len(one) == 2 and not many) or (len(many) == 2 and not one)):
+        extra = f"; unknown field(s) {', '.join(unknown)}" if unknown else ""
+        raise RequestError(HTTPStatus.BAD_REQUEST, 'send "source" and "target" (strings), or "sources" and "targets" '
+                                                   f"(lists of strings, one target per source){extra}")
+    single = len(one) == 2
+    pairs = {}
+    for key in ("source", "target"):
+        field = key if single else key + "s"
+        value = [body[field]] if single else body[field]
+        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+            raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be {"a string" if single else "a list of strings"}')
+        for i, text in enumerate(value):
+            if "\n" in text:
+                raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}"{"" if single else f"[{i}]"} holds a newline; '
+                                                           "send one sentence per string")
+        pairs[key] = value
+    if len(pairs["source"]) != len(pairs["target"]):
+        raise RequestError(HTTPStatus.BAD_REQUEST, f'"sources" has {len(pairs["source"])} sentences but "targets" has '
+                                                   f'{len(pairs["target"])}; send one target per source')
+    if len(pairs["source"]) > max_sentences:
+        raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f'"sources" has {len(pairs["source"])} sentences, more '
+                                                                f"than this server takes at once ({max_sentences})")
+    return pairs["source"], pairs["target"], single
 
 
 class TranslationServer(ThreadingHTTPServer):
@@ -110,6 +145,19 @@ class TranslationServer(ThreadingHTTPServer):
         out = [[{"text": h.text, "score": h.score} for h in hyps] if nbest else hyps[0].text for hyps in results]
         return {"translation": out[0]} if single else {"translations": out}
 
+    def log_prob(self, body: object) -> dict:
+        """Forced decoding (:meth:`Translator.log_prob`): each target's log-probability given its source."""
+        if not isinstance(body, dict):
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {type(body).__name__}")
+        sources, targets, single = _request_pairs(body, self.max_sentences)
+        try:
+            with self.lock:
+                scores = self.translator.log_prob(sources, targets)
+        except CometNMTError as exc:  # a sentence longer than the model's positions, say
+            raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
+        out = [{"log_prob": s.log_prob, "tokens": s.tokens, "unknown": s.unknown} for s in scores]
+        return out[0] if single else {"scores": out}
+
 
 class _Handler(BaseHTTPRequestHandler):
     """One connection. A request whose body is not read in full (an error before reading it, a
@@ -142,10 +190,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         if self._route() == "/health":
             self._send(HTTPStatus.OK, self.server.health())
-        elif self._route() == "/translate":  # an endpoint, with another method
+        elif self._route() in _POST:  # an endpoint, with another method
             self._not_allowed()
         else:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self._route()}; use GET /health or POST /translate"})
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self._route()}; use GET /health, POST /translate "
+                                                       "or POST /logprob"})
 
     def _read_body(self) -> bytes:
         if "Transfer-Encoding" in self.headers:
@@ -173,10 +222,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self._route() == "/health":  # an endpoint, with another method
                 return self._not_allowed()
-            if self._route() != "/translate":
+            if self._route() not in _POST:
                 if self._has_body():
                     self.close_connection = True
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {self._route()}; use POST /translate")
+                raise RequestError(HTTPStatus.NOT_FOUND,
+                                   f"no such endpoint {self._route()}; use POST /translate or POST /logprob")
             raw = self._read_body()
             try:
                 body = json.loads(raw.decode("utf-8"))
@@ -186,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}") from None
             except RecursionError:
                 raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None
-            self._send(HTTPStatus.OK, self.server.translate(body))
+            self._send(HTTPStatus.OK, getattr(self.server, _POST[self._route()])(body))
         except RequestError as exc:
             self._send(exc.status, {"error": str(exc)})
         except Exception:  # a bug must cost one request an answer of 500, not the connection
@@ -197,7 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _not_allowed(self) -> None:
         if self._has_body():
             self.close_connection = True
-        allowed = {"/health": "GET", "/translate": "POST"}.get(self._route(), "GET /health or POST /translate")
+        allowed = {"/health": "GET", **{route: "POST" for route in _POST}}.get(self._route(),
+                                                                               "GET /health or POST /translate or /logprob")
         self._send(HTTPStatus.METHOD_NOT_ALLOWED,
                    None if self.command == "HEAD" else {"error": f"{self.command} is not supported; use {allowed}"})
 

@@ -217,3 +217,28 @@ def test_an_ensemble_is_served(checkpoint):
         assert one.health()["checkpoint"] == str(checkpoint) and one.health()["arch"] == "transformer"
     finally:
         one.server_close()
+
+
+def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
+    """POST /logprob: forced decoding as Translator.log_prob, one pair or lists; bad requests name
+    the field; GET is 405."""
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    sources, targets = ["Ein Mann fährt Fahrrad.", "Zwei Hunde."], ["A man rides a bike.", "Two dogs."]
+    expected = translator.log_prob(sources, targets)
+    status, out = call(server, "/logprob", {"sources": sources, "targets": targets})
+    assert status == 200 and [s["log_prob"] for s in out["scores"]] == pytest.approx([s.log_prob for s in expected])
+    assert [(s["tokens"], s["unknown"]) for s in out["scores"]] == [(s.tokens, s.unknown) for s in expected]
+    status, one = call(server, "/logprob", {"source": sources[1], "target": targets[1]})
+    assert status == 200 and one["log_prob"] == pytest.approx(expected[1].log_prob) and one["tokens"] == expected[1].tokens
+    for body, needle in (({"source": "a"}, 'send "source" and "target"'),
+                         ({"source": "a", "targets": ["b"]}, 'send "source" and "target"'),
+                         ({"source": "a", "target": "b", "beam": 2}, "unknown field(s) beam"),
+                         ({"sources": ["a", "b"], "targets": ["c"]}, '"sources" has 2 sentences but "targets" has 1'),
+                         ({"sources": "a", "targets": ["b"]}, '"sources" must be a list of strings'),
+                         ({"source": "a\nb", "target": "c"}, '"source" holds a newline'),
+                         ({"source": " ".join(["Hund"] * 1100), "target": "a"}, "source line 1: 1100 source tokens")):
+        status, err = call(server, "/logprob", body)
+        assert status == 400 and needle in err["error"], (body, err)
+    assert call(server, "/logprob", {"sources": ["a"] * 4, "targets": ["b"] * 4})[0] == 413  # max_sentences 3
+    status, err = call(server, "/logprob")
+    assert status == 405 and err["error"] == "GET is not supported; use POST"
