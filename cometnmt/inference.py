@@ -263,6 +263,11 @@ class Translator:
         bar.close()
         return out
 
+    @staticmethod
+    def _ids(texts: list[str], tokenizer, encode) -> list[list[int]]:
+        """Sentences tokenised and indexed as in training; a blank one has no ids."""
+        return [encode(tokens) if text.strip() else [] for tokens, text in zip(tokenizer.tokenize_many(texts), texts)]
+
     def _check_positions(self, ids: list[list[int]], where: str, side: str, extra: int) -> None:
         """Before any decoding, so the whole input fails or none of it: each sequence plus ``extra``
         positions (a target's <s>) must fit the model's position tables."""
@@ -310,10 +315,8 @@ class Translator:
             raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
         _check_sentences(sources)
         _check_sentences(targets)
-        src_ids = [self.codec.encode_src(t) if text.strip() else [] for t, text in
-                   zip(self.codec.src_tok.tokenize_many(sources), sources)]
-        tgt_ids = [self.codec.encode_tgt(t) if text.strip() else [] for t, text in
-                   zip(self.codec.tgt_tok.tokenize_many(targets), targets)]
+        src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
+        tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
         scores = self.log_prob_ids(src_ids, tgt_ids, batch_size, progress)
         return [PairScore(score, len(ids) + 1, sum(i == UNK for i in ids)) for score, ids in zip(scores, tgt_ids)]
 
@@ -349,8 +352,7 @@ class Translator:
                                   sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
         texts = list(texts)
         _check_sentences(texts)
-        tokens = self.codec.src_tok.tokenize_many(texts)
-        ids = [self.codec.encode_src(t) if text.strip() else [] for t, text in zip(tokens, texts)]
+        ids = self._ids(texts, self.codec.src_tok, self.codec.encode_src)
         results = self.translate_ids(ids, decode_cfg, progress)
         blank = [Translation("", 0.0, []) for _ in range(decode_cfg.nbest)]  # as many rows as any other sentence
         return [r if text.strip() else list(blank) for r, text in zip(results, texts)]
