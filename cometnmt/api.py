@@ -24,7 +24,7 @@ from typing import Sequence
 
 from cometnmt.config import Config, apply_overrides, load_config, to_dict
 from cometnmt.errors import CheckpointError, ConfigError, setting
-from cometnmt.inference import SplitTranslation, Translator
+from cometnmt.inference import SplitTranslation, Translator, checkpoint_list
 
 
 def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume: bool = False,
@@ -89,9 +89,8 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     out = translator.translate_split(split, decode, limit=limit, progress=progress)
     result = score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
                         lowercase=data.lowercase)
-    paths = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
-    result.update(checkpoints=[str(Path(p).resolve()) for p in paths], split=split, limit=limit,
-                  decode=to_dict(decode))  # what was scored
+    paths = [str(Path(p).resolve()) for p in checkpoint_list(checkpoint)]
+    result.update(checkpoints=paths, split=split, limit=limit, decode=to_dict(decode))  # what was scored
     return result, out
 
 

@@ -27,6 +27,11 @@ from cometnmt.training.host_memory import keep_freed_memory
 log = logging.getLogger(__name__)
 
 
+def checkpoint_list(path: str | Path | Sequence[str | Path]) -> list:
+    """One checkpoint, or several (an ensemble), as a list of what was given."""
+    return [path] if isinstance(path, (str, Path)) else list(path)
+
+
 def resolve_device(name: str, key: str = "device") -> torch.device:
     """``auto`` (a GPU when there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; a device
     this machine does not have is a :class:`ConfigError` naming ``key``."""
@@ -214,7 +219,7 @@ class Translator:
         their probabilities are averaged at every step. They must share the vocabularies and
         tokenizers (e.g. seeds or epochs of one config; architectures may differ); the search
         settings, data config and folder come from the first."""
-        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        paths = checkpoint_list(path)
         if not paths:
             raise CheckpointError("no checkpoint given")
         first = load_checkpoint(paths[0])

@@ -31,12 +31,11 @@ import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
 from cometnmt.errors import CometNMTError, ConfigError, setting
-from cometnmt.inference import Translator
+from cometnmt.inference import Translator, checkpoint_list
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +277,7 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
                                                batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
                                                temperature=temperature, seed=seed)
     try:
-        paths = [str(c) for c in ([checkpoint] if isinstance(checkpoint, (str, Path)) else checkpoint)]
+        paths = [str(c) for c in checkpoint_list(checkpoint)]
         return TranslationServer((host, port), translator, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
                                  max_body_bytes=max_body_bytes, max_beam=max_beam)
     except OSError as exc:

@@ -310,13 +310,19 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
+    @property
+    def done(self) -> bool:
+        """The stopping rule fired or train.max_epochs epochs are trained (max_steps stops an epoch
+        early, but a resume with a larger one goes on)."""
+        return self.finished or self.epoch >= self.tc.max_epochs
+
     def fit(self) -> dict:
         """Train until the stopping rule, max_epochs or max_steps. Ctrl-C/SIGTERM saves `last.pt`."""
         self.save_dir.mkdir(parents=True, exist_ok=True)
         if self.cuda_graphs and self._compiled:
             self._expect_graph_per_shape()
         try:
-            while not self.finished and self.epoch < self.tc.max_epochs:
+            while not self.done:
                 if not self.run_epoch():
                     break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
                 self.end_epoch()
