@@ -1,7 +1,8 @@
 """Data parallelism through the real CLI: two CPU ranks (torchrun, gloo) that each take one
 micro-batch per step end with the weights of one process that accumulates the same two
 micro-batches per step (train.accum_steps=2), log the same losses, and leave a checkpoint that a
-single process resumes. Compiled ranks that accumulate (``no_sync``) end as one eager process does,
+single process resumes; every other architecture does too, its buffers (COMET's batch-norm running
+statistics) and logged auxiliary losses included. Compiled ranks that accumulate (``no_sync``) end as one eager process does,
 and accumulating ranks all-reduce once per step, not once per micro-batch.
 
 The first two tests train with dropout: a micro-batch draws its masks from a seed of its own
@@ -61,9 +62,9 @@ def torchrun(data_dir, save_dir, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def train_losses(save_dir) -> list[float]:
+def train_losses(save_dir, key: str = "loss") -> list[float]:
     lines = (save_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [r["loss"] for r in map(json.loads, lines) if r["event"] == "train"]
+    return [r[key] for r in map(json.loads, lines) if r["event"] == "train"]
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -121,6 +122,52 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
     assert ddp["epoch"] == one["epoch"] == 1 and ddp["step"] == one["step"] == 5  # 2 + 3 steps, the last short
     assert ddp["trainer"]["history"][0]["val_loss"] == pytest.approx(one["trainer"]["history"][0]["val_loss"], rel=1e-5)
     assert_same_weights(ddp["model"], one["model"])
+
+
+# every registered architecture but the Transformer of the tests above, at test size
+ARCHITECTURES = {
+    "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked
+    "comet_temporal_conv_bn_length": ["model.arch=comet", "model.comet.decoder=temporal_conv",
+                                      "model.comet.bn_length_bounds=[8,12]"],  # decoder batch norm; per-length rows
+    "convs2s": ["model.arch=convs2s", "model.convs2s.embed_dim=32", "model.convs2s.enc_layers=[[32,3,2]]",
+                "model.convs2s.dec_layers=[[32,3,2]]", "model.convs2s.out_embed_dim=32"],
+    "rnn": ["model.arch=rnn", "model.rnn.cell=lstm", "model.rnn.embed_dim=32", "model.rnn.hidden_size=32",
+            "model.rnn.attention=additive"],
+    "transformer_pp": ["model.arch=transformer_pp", "data.src_lang=en", "data.tgt_lang=de", "model.enc_layers=3"],
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_every_architecture_trains_on_two_ranks_as_one_process(arch, tmp_path, data_dir):
+    """One epoch of 7 micro-batches with dropout: two ranks (steps [0,1], [2,3], [4,5], [6] with
+    rank 1 zero-weighted) against one process accumulating two. Everything the checkpoint keeps is
+    compared, buffers included: COMET's batch-norm running statistics (and per-length counts) equal
+    one process's because each rank records its micro-batches' statistics and all ranks replay them
+    in order (distributed.SyncedRunningStatistics); broadcasting rank 0's, as DDP does by default,
+    would leave rank 1's micro-batches out. Transformer++ adds its POS/NER tag losses."""
+    extra = [*ARCHITECTURES[arch], "train.batch_tokens=1000", "train.max_epochs=1", DROPOUT]
+    if arch == "transformer_pp":
+        from test_transformer_pp import english_pipeline_or_skip
+
+        english_pipeline_or_skip()
+        extra.append(f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}")  # atomic writes: shared safely
+    proc = torchrun(data_dir, tmp_path / "ddp", "train.accum_steps=1", *extra)
+    try:
+        one = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=2", *extra)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    ddp = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    assert ddp["step"] == one["step"] == 4 and ddp["epoch"] == one["epoch"] == 1  # 7 micro-batches: 3 steps of 2 and 1
+    assert_same_weights(ddp["model"], one["model"])
+    assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
+    stats = [key for key in one["model"] if key.endswith("running_var")]
+    assert bool(stats) == arch.startswith("comet")
+    assert all(not torch.equal(one["model"][key], torch.ones_like(one["model"][key])) for key in stats)  # they moved
+    if arch == "transformer_pp":  # the tag losses are logged as the window's means over all ranks' micro-batches
+        assert train_losses(tmp_path / "ddp", "loss_pos") == pytest.approx(train_losses(tmp_path / "one", "loss_pos"), rel=1e-5)
+        assert train_losses(tmp_path / "ddp", "loss_ner") == pytest.approx(train_losses(tmp_path / "one", "loss_ner"), rel=1e-5)
 
 
 def test_compiled_accumulating_ranks_equal_one_eager_process(tmp_path, data_dir):

@@ -112,6 +112,12 @@ class MaskedBatchNorm(nn.Module):
             self.register_buffer("bucket_batches", torch.zeros(len(self.length_bounds) + 2, dtype=torch.long))
         self.momentum = momentum
         self.eps = eps
+        # Set under DDP (cometnmt.training.distributed.SyncedRunningStatistics): a training forward
+        # leaves its batch's (mean, unbiased variance, mean length) in ``recorded`` instead of moving
+        # the running statistics, and :meth:`replay` applies every rank's records in the global order
+        # of the micro-batches, so that all ranks keep the statistics one process would.
+        self.defer_running = False
+        self.register_buffer("recorded", torch.zeros(2 * channels + 1), persistent=False)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """x B,L,C; pad_mask B,L (True = padding) or None -> B,L,C, zero at padding."""
@@ -155,7 +161,7 @@ class MaskedBatchNorm(nn.Module):
     def _native(self, x: torch.Tensor, dims, length: int) -> torch.Tensor:
         """``F.batch_norm`` of x, channels in dim 1, statistics over ``dims``, in training mode;
         every sentence of the batch is ``length`` long (for the per-length statistics)."""
-        if not self.length_bounds:  # PyTorch's running update: momentum, unbiased variance, as ours
+        if not self.length_bounds and not self.defer_running:  # PyTorch's running update: momentum, unbiased variance, as ours
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
         y = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         with torch.no_grad():
@@ -167,7 +173,22 @@ class MaskedBatchNorm(nn.Module):
         """Move the running statistics towards a training batch's (mean, unbiased variance); with
         length buckets, the row of the batch's mean real sentence length and the pooled row. The
         length is a tensor where it is only known on the device (a padded batch: no sync), a number
-        where the host knows it (an unpadded batch: rows picked on the host, fewer operators)."""
+        where the host knows it (an unpadded batch: rows picked on the host, fewer operators).
+        With ``defer_running`` it only records them, for :meth:`replay`."""
+        if self.defer_running:
+            if not isinstance(mean_length, torch.Tensor):  # a fill: no host-to-device copy
+                mean_length = mean.new_full((), mean_length)
+            self.recorded.copy_(torch.cat([mean.detach().float(), unbiased.detach().float(), mean_length.detach().float().view(1)]))
+            return
+        self._apply_running(mean, unbiased, mean_length)
+
+    def replay(self, record: torch.Tensor) -> None:
+        """Move the running statistics as a training batch whose ``recorded`` was ``record`` did
+        (this rank's or another's micro-batch; a 0-dim length picks the rows on the device)."""
+        C = self.weight.shape[0]
+        self._apply_running(record[:C], record[C : 2 * C], record[2 * C])
+
+    def _apply_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor | float) -> None:
         if not self.length_bounds:
             self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
             self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)

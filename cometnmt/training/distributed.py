@@ -4,6 +4,7 @@ Without those variables everything runs as a single process."""
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -49,6 +50,74 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+class SyncedRunningStatistics:
+    """Running statistics of training batches (COMET's batch norm) that are the same on every rank
+    and equal those of one process training the step's micro-batches in turn.
+
+    Under DDP each rank's batch norms would follow their own micro-batches; PyTorch's answer,
+    broadcasting rank 0's buffers before each forward, keeps rank 0's alone. Here every module that
+    keeps such statistics (any with ``defer_running``, ``recorded`` and ``replay``, e.g.
+    :class:`cometnmt.models.comet.MaskedBatchNorm`) only records each training batch's statistics;
+    after the step's micro-batches the ranks all-gather the records (one collective a step, a few
+    hundred floats a micro-batch) and each rank replays them all, rank 0's micro-batches first as
+    they come first in the step, so the running statistics, per-length buckets and their counts
+    included, equal a single process's (``tests/test_distributed.py``). Records stay on the device:
+    no host sync. In a single process (or a model without such modules) it does nothing."""
+
+    def __init__(self, model: torch.nn.Module, info: DistInfo) -> None:
+        self.info = info
+        self.modules = [m for m in model.modules() if hasattr(m, "defer_running")] if info.enabled else []
+        for m in self.modules:
+            m.defer_running = True
+        self.rows: list[torch.Tensor] = []
+
+    def owns_every_changing_buffer(self, model: torch.nn.Module) -> bool:
+        """True if every persistent buffer of ``model`` belongs to a module synchronised here (the
+        non-persistent ones are constants, such as positional tables): then DDP need not broadcast
+        buffers before each forward."""
+        mine = {id(b) for m in self.modules for b in m.buffers()}
+        persistent = model.state_dict(keep_vars=True)
+        return all(id(b) in mine for name, b in model.named_buffers() if name in persistent)
+
+    def start_step(self) -> None:
+        self.rows = []
+
+    def record(self) -> None:
+        """After a micro-batch's forward (not a zero-weighted one): keep its records."""
+        if self.modules:
+            self.rows.append(torch.cat([m.recorded for m in self.modules]))
+
+    def end_step(self, counts: list[int]) -> None:
+        """``counts[r]``: the micro-batches rank r trained this step (0 for a rank that joined with a
+        zero-weighted one); the same list on every rank."""
+        if not self.modules:
+            return
+        if len(self.rows) != counts[self.info.rank]:
+            raise RuntimeError(f"rank {self.info.rank} recorded {len(self.rows)} micro-batches, expected {counts[self.info.rank]}")
+        first = self.modules[0].recorded
+        local = first.new_zeros(max(counts), sum(m.recorded.numel() for m in self.modules))
+        if self.rows:
+            local[: len(self.rows)] = torch.stack(self.rows)
+        gathered = [torch.empty_like(local) for _ in range(self.info.world_size)]
+        dist.all_gather(gathered, local)
+        with torch.no_grad():
+            for records, n in zip(gathered, counts):
+                for row in records[:n]:
+                    offset = 0
+                    for m in self.modules:
+                        size = m.recorded.numel()
+                        m.replay(row[offset : offset + size])
+                        offset += size
+        self.rows = []
+
+
+def ddp_buffer_sync(sync: bool) -> dict:
+    """DistributedDataParallel's keyword for broadcasting buffers before each forward
+    (``forward_sync_buffers`` where torch has it, ``broadcast_buffers``, now deprecated, before)."""
+    params = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": sync} if "forward_sync_buffers" in params else {"broadcast_buffers": sync}
 
 
 def shutdown(info: DistInfo) -> None:

@@ -11,7 +11,8 @@ the epoch), so a micro-batch gets the same masks whichever rank trains it: two r
 train as one process that accumulates their micro-batches does. Resuming therefore continues
 exactly where the run stopped, also with a different number of ranks (the rest of the epoch's
 micro-batches is re-split among the new ranks; a rank a step leaves without one joins the
-gradient all-reduce with a zero-weighted micro-batch).
+gradient all-reduce with a zero-weighted micro-batch). Batch-norm running statistics follow every
+rank's micro-batches in that order too (``distributed.SyncedRunningStatistics``).
 
 Stopping (section 4.2 of the COMET paper): ``loss_rise`` stops once the validation loss has risen
 ``loss_rise_epochs`` epochs in a row and keeps the lowest-loss checkpoint as ``best.pt``;
@@ -46,7 +47,7 @@ from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import save_checkpoint
-from cometnmt.training.distributed import DistInfo, all_reduce_sum
+from cometnmt.training.distributed import DistInfo, SyncedRunningStatistics, all_reduce_sum, ddp_buffer_sync
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
@@ -117,6 +118,7 @@ class Trainer:
         self._state_buffers = set(model.state_dict(keep_vars=True))
         # reduce-overhead and max-autotune replay CUDA graphs; each micro-batch starts a new replay
         self.cuda_graphs = self.tc.compile and self.tc.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
+        self.running_stats = SyncedRunningStatistics(model, dist)  # before compiling: it sets defer_running
         self.net = self._wrap(model)
         self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
         self.history: list[dict] = []
@@ -124,6 +126,7 @@ class Trainer:
         self.stale = 0  # epochs of rising loss (loss_rise) or without better BLEU (bleu_patience)
         self.finished = False
         self._step_rng: Optional[dict] = None
+        self.step_extra: dict[str, torch.Tensor] = {}  # set by backward
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
         # spaCy's tokenizer of the target language for the paper metric in validation; None (BLEU and
@@ -136,7 +139,10 @@ class Trainer:
         net: torch.nn.Module = model
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+            # buffers stay equal across ranks without DDP's broadcast before each forward when the
+            # only ones training changes are synchronised by self.running_stats
+            sync = not self.running_stats.owns_every_changing_buffer(model)
+            net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_buffer_sync(sync))
         self._eager_net = net
         if self.tc.compile:
             try:
@@ -227,6 +233,8 @@ class Trainer:
         (this rank's summed loss, target tokens of the whole global step)."""
         n_tokens = sum(sum(len(self.train_data.tgt_ids[i]) + 1 for i in idx) for idx in group)
         total = self._compiled_backward(group, n_tokens) if self._compiled else self.backward(group, n_tokens)
+        A = self.tc.accum_steps
+        self.running_stats.end_step([len(group[r * A : (r + 1) * A]) for r in range(self.dist.world_size)])
         self.update()
         return total, n_tokens
 
@@ -273,6 +281,8 @@ class Trainer:
         if not mine:  # a short last step (or a resume at another world size) left this rank nothing:
             mine, share = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
         total = torch.zeros((), device=self.device)
+        self.step_extra: dict[str, torch.Tensor] = {}  # auxiliary losses x target tokens, summed (for the log)
+        self.running_stats.start_step()
         for i, idx in enumerate(mine):
             torch.manual_seed(micro_batch_seed(self.tc.seed, self.epoch, first + i))  # the same masks on any rank
             batch = self.collate(idx)
@@ -284,9 +294,13 @@ class Trainer:
                 logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V
                 loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
                 objective = loss / n_tokens
-                for value, weight in self.model.extra_losses().values():
+                for name, (value, weight) in self.model.extra_losses().items():
                     objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
+                    weighted = value.detach().float() * (batch.n_tgt_tokens * share)
+                    self.step_extra[name] = self.step_extra[name] + weighted if name in self.step_extra else weighted
             self.scaler.scale(objective * (self.dist.world_size * share)).backward()  # DDP averages over ranks
+            if share:  # a zero-weighted micro-batch leaves the batch-norm statistics alone
+                self.running_stats.record()
             total += loss.detach() * share
             if i == 0 and len(mine) > 1 and self.cuda_graphs and self._compiled:
                 self._grads_out_of_graph_pool()
@@ -361,6 +375,7 @@ class Trainer:
         bar = tqdm(total=n_steps, initial=self.consumed // G, desc=f"epoch {self.epoch + 1}", unit="step",
                    disable=not (self.tc.progress and self.dist.is_main), dynamic_ncols=True)
         window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+        window_extra: dict[str, torch.Tensor] = {}
         while self.consumed < len(batches):
             if not self._steps_left():
                 bar.close()
@@ -375,20 +390,26 @@ class Trainer:
             self._step_rng = None
             window_loss += loss
             window_tokens += n_tokens
+            for name, value in self.step_extra.items():
+                window_extra[name] = window_extra[name] + value if name in window_extra else value
             bar.update(1)
             if self.step % self.tc.log_every == 0 or self.consumed >= len(batches):
                 seconds = time.perf_counter() - window_start
-                all_reduce_sum(window_loss, self.dist)  # every rank logs at the same steps
+                # the window's loss and auxiliary losses (Transformer++'s tag losses), summed over
+                # ranks in one all-reduce (every rank logs at the same steps) and read in one host sync
+                sums = all_reduce_sum(torch.stack([window_loss.float(), *window_extra.values()]), self.dist).tolist()
                 record = {
                     "event": "train", "step": self.step, "epoch": self.epoch + 1,
-                    "loss": window_loss.item() / max(window_tokens, 1),  # the only host sync of the loop
+                    "loss": sums[0] / max(window_tokens, 1),
                     "lr": self.scheduler.get_last_lr()[0],
                     "tgt_tokens_per_s": window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
                 }
-                record.update({f"loss_{k}": float(v.detach()) for k, (v, _) in self.model.extra_losses().items()})
+                # per target token, weighted as the objective weights them: the window's mean, not its last micro-batch's
+                record.update({f"loss_{k}": v / max(window_tokens, 1) for k, v in zip(window_extra, sums[1:])})
                 self.log_metrics(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}")
                 window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+                window_extra = {}
             if self.tc.save_every and self.step % self.tc.save_every == 0:
                 self.save("last.pt")
         bar.close()
