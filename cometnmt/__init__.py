@@ -24,6 +24,7 @@ _EXPORTS = {
     "Translation": "cometnmt.inference",
     "SplitTranslation": "cometnmt.inference",
     "PairScore": "cometnmt.inference",
+    "AttentionMap": "cometnmt.inference",
     "make_server": "cometnmt.serve",
     "score": "cometnmt.evaluation",
     "evaluate": "cometnmt.evaluation",

@@ -202,6 +202,66 @@ def cmd_logprob(args) -> int:
     return 0
 
 
+def plot_attention(amap, path: Path, title: str) -> None:
+    """One pair's attention as a heatmap PNG: source tokens across, target tokens down."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols, rows = len(amap.source), len(amap.target)
+    fig, ax = plt.subplots(figsize=(min(2 + 0.45 * cols, 30), min(1.5 + 0.4 * rows, 30)))
+    image = ax.imshow(amap.weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(cols), amap.source, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(rows), amap.target, fontsize=8)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_attention(args) -> int:
+    import json
+
+    from tqdm import tqdm
+
+    from cometnmt.data.corpus import read_lines, write_text_file
+    from cometnmt.errors import ConfigError
+    from cometnmt.inference import Translator
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CometNMTError(f"--out {out}: is a file, expected a folder to write into")
+    for option, value in (("--plots", args.plots), ("--batch-size", args.batch_sentences)):
+        if value is not None and value < (0 if option == "--plots" else 1):
+            raise CometNMTError(f"{option} {value}: must be at least {0 if option == '--plots' else 1}")
+    sources = read_lines(args.input)
+    targets = read_lines(args.target) if args.target else None
+    if targets is not None and len(targets) != len(sources):
+        raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; they must be line-aligned")
+    translator = Translator.from_checkpoint(args.checkpoint, args.device)
+    try:
+        maps = translator.attention(sources, targets, layer=args.layer, batch_size=args.batch_sentences, progress=True)
+    except DataError as exc:
+        message = str(exc)
+        raise DataError(f"{args.target if message.startswith('target line') else args.input}: {message}") from None
+    except ConfigError as exc:
+        raise CometNMTError(f"--{exc}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    records = [{"line": i + 1, "layer": m.layer, "source": m.source, "target": m.target,
+                "weights": [[round(w, 4) for w in row] for row in m.weights]} for i, m in enumerate(maps)]
+    write_text_file(out / "attention.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    shown = maps[: args.plots]
+    for i, amap in enumerate(tqdm(shown, desc="plots", unit="png", disable=len(shown) < 2, leave=False)):
+        plot_attention(amap, out / f"line_{i + 1:04d}.png", f"{Path(args.input).name}, line {i + 1}; decoder layer {amap.layer + 1} of "
+                       f"{len(translator.model.cross_attention_modules())}, heads averaged")
+    print(f"{len(maps)} pairs: {out / 'attention.jsonl'}; {len(shown)} heatmaps {out}/line_*.png", file=sys.stderr)
+    return 0
+
+
 def cmd_evaluate(args) -> int:
     from cometnmt.data.corpus import read_lines, write_text_file
     from cometnmt.data.pipeline import read_text_file
@@ -366,6 +426,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.set_defaults(func=cmd_logprob)
+
+    p = sub.add_parser("attention", help="where each target token looks in the source: attention weights as "
+                                         "JSON lines and heatmap PNGs")
+    p.add_argument("checkpoint", help="a checkpoint")
+    p.add_argument("-i", "--input", required=True, help="source file (plain or gzip), one sentence per line")
+    p.add_argument("-t", "--target", help="line-aligned translations to attend with (default: the model's own, "
+                   "with its checkpoint's search)")
+    p.add_argument("--out", required=True, help="folder for attention.jsonl and line_NNNN.png")
+    p.add_argument("--layer", type=int, default=-1, help="decoder layer, 0-based (default -1, the last)")
+    p.add_argument("--plots", type=int, default=20, help="heatmaps for the first N lines (default 20; 0: none)")
+    p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.set_defaults(func=cmd_attention)
 
     p = sub.add_parser("evaluate", help="score translations (sacreBLEU BLEU/chrF and the COMET paper's metric)")
     p.add_argument("--hyp", help="hypothesis file")

@@ -164,6 +164,19 @@ class PairScore:
 
 
 @dataclass
+class AttentionMap:
+    """One sentence pair's attention of the target over the source (:meth:`Translator.attention`):
+    ``weights[t][s]`` is how much target token t (``</s>`` last) attends to source token s, as the
+    model sees them (subwords; ``<s>``/``</s>`` where the model wraps the source), head-averaged;
+    each row sums to 1."""
+
+    source: list[str]
+    target: list[str]
+    weights: list[list[float]]
+    layer: int  # the decoder layer, 0-based
+
+
+@dataclass
 class SplitTranslation:
     """A data split's sources, references and the best hypothesis for each, line-aligned."""
 
@@ -324,6 +337,48 @@ class Translator:
         tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
         scores = self.log_prob_ids(src_ids, tgt_ids, batch_size, progress)
         return [PairScore(score, len(ids) + 1, sum(i == UNK for i in ids)) for score, ids in zip(scores, tgt_ids)]
+
+    def attention(self, sources: Sequence[str], targets: Sequence[str] | None = None, *, layer: int = -1,
+                  batch_size: int | None = None, progress: bool = False) -> list[AttentionMap]:
+        """Where each target token looks in the source: the attention weights of decoder layer
+        ``layer`` (default the last; negative counts from the end) over the source, averaged over
+        heads, teacher-forced on ``targets`` (default: this model's own translations, with its
+        checkpoint's search). For plots such as ``cometnmt attention`` draws; not an ensemble's."""
+        if isinstance(self.model, Ensemble):
+            raise CheckpointError("attention: give one checkpoint; an ensemble's members attend each in their own way")
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise TypeError("Translator.attention takes lists of sentences")
+        sources = list(sources)
+        _check_sentences(sources)
+        layers = len(self.model.cross_attention_modules())
+        if not -layers <= layer < layers:
+            raise ConfigError(f"layer {layer}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
+        src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
+        if targets is None:  # the model's own best translation, as ids (no detokenise/tokenise round trip)
+            tgt_ids = [self.codec.tgt_vocab.encode(hyps[0].tokens) for hyps in self.translate_ids(src_ids, progress=progress)]
+        else:
+            targets = list(targets)
+            if len(targets) != len(sources):
+                raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
+            _check_sentences(targets)
+            tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
+        self._check_positions(src_ids, "source", "source", 0)
+        self._check_positions(tgt_ids, "target", "target", 1)
+        out: list[AttentionMap | None] = [None] * len(sources)
+        src_vocab, tgt_vocab = self.codec.src_vocab.itos, self.codec.tgt_vocab.itos
+        bar = tqdm(total=len(sources), desc="attention", unit="pair", disable=not progress, leave=False)
+        self.model.eval()
+        for idx in self._batches(tgt_ids, batch_size or self.cfg.decode.batch_sentences):
+            srcs = [src_ids[i] or [EOS] for i in idx]
+            batch = collate(srcs, [tgt_ids[i] for i in idx], idx).to(self.device)
+            weights = self.model.cross_attention(batch.src, batch.src_pad_mask, batch.tgt_in)[layer].mean(1)  # B,T,S
+            for row, (i, src) in enumerate(zip(idx, srcs)):
+                tgt = tgt_ids[i] + [EOS]
+                out[i] = AttentionMap([src_vocab[j] for j in src], [tgt_vocab[j] for j in tgt],
+                                      weights[row, : len(tgt), : len(src)].tolist(), layer % layers)
+            bar.update(len(idx))
+        bar.close()
+        return out
 
     def _text(self, ids: list[int], score: float) -> Translation:
         tokens = self.codec.tgt_vocab.decode(ids)

@@ -372,6 +372,37 @@ def test_logprob_input_errors_name_the_file_and_line(trained, cli, tmp_path):
         cli("logprob", ckpt, "-i", str(src), "-t", str(nbest), "--nbest-input", check=False))
 
 
+def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):
+    """`cometnmt attention`: one JSON line per pair (source and target tokens, </s> last; rows of
+    weights summing to 1), the model's own translations by default, heatmaps for the first --plots
+    lines; bad options and misaligned files are errors naming them."""
+    ckpt = str(trained / "best.pt")
+    src, tgt = tmp_path / "s.de", tmp_path / "t.en"
+    src.write_text("Ein Hund läuft.\nZwei Männer sitzen auf einer Bank.\nEin Kind.\n", encoding="utf-8")
+    tgt.write_text("A dog runs.\nTwo men sit on a bench.\nA child.\n", encoding="utf-8")
+    out = tmp_path / "att"
+    cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(out), "--plots", "2", "--device", "cpu")
+    records = [json.loads(line) for line in (out / "attention.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3] and records[1]["source"][:2] == ["Zwei", "Männer"]
+    for r in records:
+        assert r["target"][-1] == "</s>" and len(r["weights"]) == len(r["target"])
+        assert all(len(row) == len(r["source"]) and abs(sum(row) - 1) < 1e-3 for row in r["weights"])
+    assert len(records[0]["target"]) == 5 and all(t in (w, "<unk>") for t, w in zip(records[0]["target"], ["A", "dog", "runs", "."]))
+    assert sorted(p.name for p in out.glob("*.png")) == ["line_0001.png", "line_0002.png"]
+    own = tmp_path / "own"
+    cli("attention", ckpt, "-i", str(src), "--out", str(own), "--plots", "0", "--layer", "0")
+    records = [json.loads(line) for line in (own / "attention.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert all(r["layer"] == 0 for r in records) and not list(own.glob("*.png"))
+    from cometnmt.inference import Translator
+
+    translator = Translator.from_checkpoint(ckpt, device="cpu")
+    sentences = src.read_text(encoding="utf-8").splitlines()
+    assert [r["target"][:-1] for r in records] == [hyps[0].tokens for hyps in translator.translate(sentences)]  # its own best
+    assert "--layer 9: the decoder has 2 layers" in _err(cli("attention", ckpt, "-i", str(src), "--out", str(own), "--layer", "9", check=False))
+    tgt.write_text("A dog.\n", encoding="utf-8")
+    assert "t.en has 1 lines but" in _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(own), check=False))
+
+
 def test_evaluate_refuses_the_other_modes_options(cli, tmp_path):
     """--hyp/--ref beside --checkpoint scored the checkpoint's translations and ignored the file; --beam beside
     --hyp/--ref was ignored: each is an error naming the option, before any checkpoint is read."""

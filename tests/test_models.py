@@ -242,3 +242,35 @@ def test_attention_dropout_acts_in_training_only(name):
         c = plain(src, mask, tgt)
     assert not torch.allclose(a, b)  # a different draw, different outputs
     assert not torch.allclose(a, c)  # and not the model without attention dropout
+
+
+def test_cross_attention_weights(name):
+    """``cross_attention``: per decoder layer, B,H,T,S weights whose rows sum to 1 over the real
+    source positions and are 0 at padding; a sentence's weights are the same alone as in a padded
+    batch; keeping them (the weights written out where SDPA would fuse them) leaves the logits as
+    they are; afterwards the modules keep nothing."""
+    model = make(name)
+    gen = torch.Generator().manual_seed(5)
+    warm_batch_norm(model, gen)
+    src, mask = random_batch([6, 3, 8], V_SRC, gen)
+    tgt, _ = random_batch([5, 7, 4], V_TGT, gen)
+    layers = model.cross_attention(src, mask, tgt)
+    modules = model.cross_attention_modules()
+    assert len(layers) == len(modules) >= 1
+    for w in layers:
+        assert w.shape[0] == 3 and w.shape[2:] == (7, 8) and w.dtype == torch.float32
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:3]))
+        assert w.masked_select(mask[:, None, None, :]).abs().max() == 0  # padded sources get nothing
+    alone = model.cross_attention(src[1:2, :3], mask[1:2, :3], tgt[1:2])
+    for w_batch, w_alone in zip(layers, alone):
+        torch.testing.assert_close(w_alone[0], w_batch[1, :, :, :3], rtol=1e-5, atol=1e-6)
+    assert all("keep_weights" not in vars(m) and not m.keep_weights for m in modules)  # back to keeping nothing
+    plain = model(src, mask, tgt)
+    for m in modules:
+        m.keep_weights, m.kept = True, []
+    try:
+        kept = model(src, mask, tgt)
+    finally:
+        for m in modules:
+            del m.keep_weights, m.kept
+    torch.testing.assert_close(kept, plain, rtol=1e-5, atol=1e-5)

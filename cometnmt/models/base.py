@@ -99,5 +99,26 @@ class Seq2Seq(nn.Module):
             return None
         return batch.src_pad_mask
 
+    def cross_attention_modules(self) -> list[nn.Module]:
+        """The decoder's attention over the source, one module per decoder layer in order (modules
+        with :class:`cometnmt.modules.attention.KeepsWeights`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its attention over the source")
+
+    @torch.no_grad()
+    def cross_attention(self, src: torch.Tensor, src_pad_mask: torch.Tensor, tgt_in: torch.Tensor) -> list[torch.Tensor]:
+        """Teacher-forced attention of each target position over the source, per decoder layer:
+        B,H,T,S weights (H heads; 1 for the RNN and ConvS2S), rows summing to 1 over the real
+        source positions (0 at padding). Run it in eval mode; the forward is the model's own, with
+        the attention weights written out where a fused kernel would not form them."""
+        modules = self.cross_attention_modules()
+        for m in modules:
+            m.keep_weights, m.kept = True, []
+        try:
+            self.decode(tgt_in, self.encode(src, src_pad_mask))
+            return [torch.cat(m.kept, dim=2) for m in modules]  # the RNN keeps one position per call
+        finally:
+            for m in modules:
+                del m.keep_weights, m.kept  # back to the class default: keep nothing
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -50,6 +50,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from cometnmt.errors import ConfigError
 from cometnmt.models.base import Seq2Seq, State, reorder_nested
+from cometnmt.modules.attention import KeepsWeights
 from cometnmt.modules.dropout import Dropout
 
 SQRT_HALF = math.sqrt(0.5)
@@ -208,7 +209,7 @@ class EncoderLayer(nn.Module):
         return (h + residual) * SQRT_HALF
 
 
-class MultiStepAttention(nn.Module):
+class MultiStepAttention(KeepsWeights, nn.Module):
     """One decoder layer's attention over the encoder (section 3.3); B,T,C -> B,T,C.
 
     ``mem`` holds keys B,S,E, values B,S,E, ``bias`` B,1,S (0 or -inf at padding) and ``scale``
@@ -226,6 +227,8 @@ class MultiStepAttention(nn.Module):
         query = (F.linear(h, w_embed, self.to_embed.bias) + target_embed) * SQRT_HALF  # B,T,E
         scores = torch.baddbmm(mem["bias"], query, mem["keys"].transpose(1, 2))  # B,T,S
         attn = torch.softmax(scores.float(), dim=-1).type_as(scores)  # B,T,S
+        if self.keep_weights:
+            self.keep(attn[:, None])  # B,1,T,S
         context = torch.bmm(attn, mem["values"]) * mem["scale"]  # B,T,E
         return (F.linear(context, w_conv, self.to_conv.bias) + h) * SQRT_HALF  # B,T,C
 
@@ -326,6 +329,9 @@ class ConvS2S(Seq2Seq):
         bias = keys.new_zeros(pad_mask.shape).masked_fill(pad_mask, float("-inf")).unsqueeze(1)  # B,1,S
         s = (~pad_mask).sum(dim=1).float().clamp(min=1.0)[:, None, None]  # B,1,1 (float32: exact lengths)
         return {"keys": keys, "values": memory["values"], "bias": bias, "scale": (s * s.rsqrt()).to(keys.dtype)}
+
+    def cross_attention_modules(self) -> list[nn.Module]:
+        return [layer.attention for layer in self.decoder]
 
     def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         mem = self.attention_memory(memory)

@@ -35,6 +35,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from cometnmt.errors import ConfigError
 from cometnmt.models.base import Seq2Seq, State
+from cometnmt.modules.attention import KeepsWeights
 from cometnmt.modules.dropout import Dropout
 from cometnmt.modules.output import VocabProjection
 
@@ -93,7 +94,7 @@ class Encoder(nn.Module):
         return x, join(h), (join(c) if c is not None else None)
 
 
-class Attention(nn.Module):
+class Attention(KeepsWeights, nn.Module):
     """score(s, h_j) of one kind, softmax over real source positions, context B,H.
 
     Keys are prepared once per sentence (``prepare_keys``): h_j for dot and scaled_dot, W_a h_j for
@@ -122,6 +123,8 @@ class Attention(nn.Module):
         else:
             scores = torch.bmm(keys, query.unsqueeze(-1)).squeeze(-1) * self.scale  # B,S
         alpha = torch.softmax((scores + bias).float(), dim=-1).type_as(scores)  # B,S
+        if self.keep_weights:
+            self.keep(alpha[:, None, None, :])  # B,1,1,S: one target position per call
         return torch.bmm(alpha.unsqueeze(1), values).squeeze(1)  # B,H
 
 
@@ -215,6 +218,9 @@ class RNNSeq2Seq(Seq2Seq):
         if self.is_lstm:
             new["cell"] = torch.stack(cells, dim=1)  # B,L,H
         return att, new
+
+    def cross_attention_modules(self) -> list[nn.Module]:
+        return [self.attention]  # one attention, after the top layer
 
     def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         state = self.init_state(memory)

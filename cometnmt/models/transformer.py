@@ -133,6 +133,9 @@ class Transformer(Seq2Seq):
             x = unit(x, src_pad_mask)  # B,S,D
         return {"out": x, "pad_mask": src_pad_mask}
 
+    def cross_attention_modules(self) -> list[nn.Module]:
+        return [unit.cross_attn for unit in self.decoder]
+
     def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         tgt_pad_mask = tgt_in.eq(self.pad_id)  # B,T
         x = self.tgt_embed(tgt_in)  # B,T,D

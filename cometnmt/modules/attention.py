@@ -18,7 +18,19 @@ def key_mask(pad_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return (~pad_mask)[:, None, None, :]  # B,1,1,S
 
 
-class MultiHeadAttention(nn.Module):
+class KeepsWeights:
+    """An attention module that can keep its attention weights (``Seq2Seq.cross_attention``): while
+    ``keep_weights`` is set, each forward calls :meth:`keep` with its weights B,H,Lq,Lk (float32
+    in ``kept``; H = 1 where there are no heads). Off (the class default) the forward is unchanged."""
+
+    keep_weights = False
+    kept: list
+
+    def keep(self, weights: torch.Tensor) -> None:
+        self.kept.append(weights.detach().float())
+
+
+class MultiHeadAttention(KeepsWeights, nn.Module):
     """h heads of scaled dot-product attention; W_q, W_k, W_v and W_o are affine (section 3.2)."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
@@ -76,10 +88,26 @@ class MultiHeadAttention(nn.Module):
     def attend_heads(self, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
         """qh, k, v B,H,L,D/H (projected) -> B,Lq,D."""
         B, _, Lq, _ = qh.shape
-        out = F.scaled_dot_product_attention(
-            qh, k, v, attn_mask=mask, dropout_p=self.attn_dropout.p if self.training else 0.0, is_causal=causal
-        )  # B,H,Lq,D/H
+        if self.keep_weights:  # the weights themselves, which the fused kernel never forms (eval only)
+            out = self._attend_keeping(qh, k, v, mask, causal)
+        else:
+            out = F.scaled_dot_product_attention(
+                qh, k, v, attn_mask=mask, dropout_p=self.attn_dropout.p if self.training else 0.0, is_causal=causal
+            )  # B,H,Lq,D/H
         return self.out_proj(out.transpose(1, 2).reshape(B, Lq, -1))  # B,Lq,D
+
+    def _attend_keeping(self, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                        causal: bool) -> torch.Tensor:
+        """What SDPA computes (without dropout), written out so the weights can be kept: B,H,Lq,D/H."""
+        scores = torch.matmul(qh.float(), k.float().transpose(-1, -2)) * qh.size(-1) ** -0.5  # B,H,Lq,Lk
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        if causal:
+            Lq, Lk = scores.shape[-2:]
+            scores = scores.masked_fill(torch.ones(Lq, Lk, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        self.keep(weights)  # B,H,Lq,Lk
+        return torch.matmul(weights, v.float()).to(v.dtype)
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, pad_mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
         """Full attention: q B,Lq,D over kv B,Lk,D; pad_mask B,Lk marks padded keys."""
