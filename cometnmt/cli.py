@@ -202,27 +202,6 @@ def cmd_logprob(args) -> int:
     return 0
 
 
-def plot_attention(amap, path: Path, title: str) -> None:
-    """One pair's attention as a heatmap PNG: source tokens across, target tokens down."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols, rows = len(amap.source), len(amap.target)
-    fig, ax = plt.subplots(figsize=(min(2 + 0.45 * cols, 30), min(1.5 + 0.4 * rows, 30)))
-    image = ax.imshow(amap.weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(cols), amap.source, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(rows), amap.target, fontsize=8)
-    ax.set_xlabel("source")
-    ax.set_ylabel("target")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def cmd_attention(args) -> int:
     import json
 
@@ -231,6 +210,7 @@ def cmd_attention(args) -> int:
     from cometnmt.data.corpus import read_lines, write_text_file
     from cometnmt.errors import ConfigError
     from cometnmt.inference import Translator
+    from cometnmt.plots import plot_attention
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -118,6 +118,9 @@ class TrainConfig:
     patience: int = 5  # bleu_patience: epochs without a better validation BLEU
     valid_bleu: bool = True  # greedy-decode the validation set every epoch
     valid_bleu_max_sentences: Optional[int] = None
+    # at each validation, heatmaps of the first N validation sentences' attention (last decoder layer,
+    # heads averaged, on the model's greedy translation) in save_dir/attention/; 0: none
+    attention_plots: int = 0
     log_every: int = 50  # optimizer steps between metrics-log lines
     save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps
     keep_checkpoints: int = 0  # keep the last N epoch checkpoints for averaging
@@ -405,7 +408,7 @@ def validate(cfg: Config) -> None:
     if cfg.train.log_every < 1:
         raise ConfigError(f"config key 'train.log_every': must be at least 1, got {cfg.train.log_every}")
     at_least = {"train.loss_rise_epochs": (cfg.train.loss_rise_epochs, 1), "train.patience": (cfg.train.patience, 1),
-                "train.keep_checkpoints": (cfg.train.keep_checkpoints, 0)}
+                "train.keep_checkpoints": (cfg.train.keep_checkpoints, 0), "train.attention_plots": (cfg.train.attention_plots, 0)}
     optional = {"train.valid_bleu_max_sentences": cfg.train.valid_bleu_max_sentences, "train.save_every": cfg.train.save_every,
                 "train.max_steps": cfg.train.max_steps}
     at_least.update({key: (value, 1) for key, value in optional.items() if value is not None})

@@ -344,29 +344,35 @@ class Translator:
         ``layer`` (default the last; negative counts from the end) over the source, averaged over
         heads, teacher-forced on ``targets`` (default: this model's own translations, with its
         checkpoint's search). For plots such as ``cometnmt attention`` draws; not an ensemble's."""
-        if isinstance(self.model, Ensemble):
-            raise CheckpointError("attention: give one checkpoint; an ensemble's members attend each in their own way")
         if isinstance(sources, str) or isinstance(targets, str):
             raise TypeError("Translator.attention takes lists of sentences")
         sources = list(sources)
         _check_sentences(sources)
-        layers = len(self.model.cross_attention_modules())
-        if not -layers <= layer < layers:
-            raise ConfigError(f"layer {layer}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
-        if targets is None:  # the model's own best translation, as ids (no detokenise/tokenise round trip)
-            tgt_ids = [self.codec.tgt_vocab.encode(hyps[0].tokens) for hyps in self.translate_ids(src_ids, progress=progress)]
-        else:
+        tgt_ids = None
+        if targets is not None:
             targets = list(targets)
             if len(targets) != len(sources):
                 raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
             _check_sentences(targets)
             tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
+        return self.attention_ids(src_ids, tgt_ids, layer=layer, batch_size=batch_size, progress=progress)
+
+    def attention_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]] | None = None, *, layer: int = -1,
+                      batch_size: int | None = None, progress: bool = False) -> list[AttentionMap]:
+        """:meth:`attention` of already-indexed sentences (targets: None for the model's own)."""
+        if isinstance(self.model, Ensemble):
+            raise CheckpointError("attention: give one checkpoint; an ensemble's members attend each in their own way")
+        layers = len(self.model.cross_attention_modules())
+        if not -layers <= layer < layers:
+            raise ConfigError(f"layer {layer}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
+        if tgt_ids is None:  # the model's own best translation, as ids (no detokenise/tokenise round trip)
+            tgt_ids = [self.codec.tgt_vocab.encode(hyps[0].tokens) for hyps in self.translate_ids(src_ids, progress=progress)]
         self._check_positions(src_ids, "source", "source", 0)
         self._check_positions(tgt_ids, "target", "target", 1)
-        out: list[AttentionMap | None] = [None] * len(sources)
+        out: list[AttentionMap | None] = [None] * len(src_ids)
         src_vocab, tgt_vocab = self.codec.src_vocab.itos, self.codec.tgt_vocab.itos
-        bar = tqdm(total=len(sources), desc="attention", unit="pair", disable=not progress, leave=False)
+        bar = tqdm(total=len(src_ids), desc="attention", unit="pair", disable=not progress, leave=False)
         self.model.eval()
         for idx in self._batches(tgt_ids, batch_size or self.cfg.decode.batch_sentences):
             srcs = [src_ids[i] or [EOS] for i in idx]

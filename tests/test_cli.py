@@ -11,7 +11,7 @@ import sacrebleu
 import torch
 
 TINY = ["configs/tiny.yaml", "--set", "data.max_train_pairs=600", "--set", "data.max_valid_pairs=40",
-        "--set", "train.max_epochs=1", "--set", "train.progress=false"]
+        "--set", "train.max_epochs=1", "--set", "train.progress=false", "--set", "train.attention_plots=2"]
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,8 @@ def trained(tmp_path_factory, data_dir):
 def test_train_writes_run_folder(trained):
     for name in ("best.pt", "last.pt", "metrics.jsonl", "config.yaml", "train.log"):
         assert (trained / name).exists(), name
+    # train.attention_plots=2: two heatmaps per validation (one epoch)
+    assert sorted(p.name for p in (trained / "attention").iterdir()) == ["epoch_001_line_0001.png", "epoch_001_line_0002.png"]
     records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in records if r["event"] == "valid"]
     assert valid and {"val_loss", "val_loss_per_100_tokens", "val_bleu", "val_chrf", "val_paper_bleu"} <= set(valid[0])

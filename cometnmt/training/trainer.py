@@ -475,7 +475,24 @@ class Trainer:
         out = {"val_loss": total / tokens, "val_loss_per_100_tokens": 100.0 * total / tokens}
         if self.tc.valid_bleu:
             out.update(self.validation_bleu())
+        if self.tc.attention_plots and self.dist.is_main:
+            self.plot_validation_attention()
         return out
+
+    def plot_validation_attention(self) -> None:
+        """``train.attention_plots``: heatmaps of the first N validation sentences' attention (last
+        decoder layer, heads averaged) on the model's greedy translations, so one can watch the
+        alignment form epoch by epoch: save_dir/attention/epoch_EEE_line_NNNN.png."""
+        from cometnmt.plots import plot_attention
+
+        n = min(self.tc.attention_plots, len(self.valid_data))
+        greedy = dataclasses.replace(self.cfg.decode, method="greedy")
+        translator = Translator(self.model, self.codec, dataclasses.replace(self.cfg, decode=greedy), self.device)
+        folder = self.save_dir / "attention"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, amap in enumerate(translator.attention_ids(self.valid_data.src_ids[:n]), 1):
+            plot_attention(amap, folder / f"epoch_{self.epoch + 1:03d}_line_{i:04d}.png",
+                           f"validation line {i}, epoch {self.epoch + 1}; last decoder layer, heads averaged")
 
     def validation_bleu(self) -> dict:
         d = self.valid_data

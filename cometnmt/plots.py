@@ -1,0 +1,26 @@
+"""Plots shared by the CLI and the trainer (matplotlib, drawn off-screen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_attention(amap, path: Path, title: str) -> None:
+    """One pair's attention as a heatmap PNG: source tokens across, target tokens down."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols, rows = len(amap.source), len(amap.target)
+    fig, ax = plt.subplots(figsize=(min(2 + 0.45 * cols, 30), min(1.5 + 0.4 * rows, 30)))
+    image = ax.imshow(amap.weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(cols), amap.source, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(rows), amap.target, fontsize=8)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
