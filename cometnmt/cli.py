@@ -215,9 +215,9 @@ def cmd_attention(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CometNMTError(f"--out {out}: is a file, expected a folder to write into")
-    for option, value in (("--plots", args.plots), ("--batch-size", args.batch_sentences)):
-        if value is not None and value < (0 if option == "--plots" else 1):
-            raise CometNMTError(f"{option} {value}: must be at least {0 if option == '--plots' else 1}")
+    for option, value, low in (("--plots", args.plots, 0), ("--batch-size", args.batch_sentences, 1)):
+        if value is not None and value < low:
+            raise CometNMTError(f"{option} {value}: must be at least {low}")
     sources = read_lines(args.input)
     targets = read_lines(args.target) if args.target else None
     if targets is not None and len(targets) != len(sources):
