@@ -160,7 +160,7 @@ def run_reproduce(args) -> int:
 def summarise(rows: list[str], records: list[dict]) -> list[dict]:
     table = []
     for row in rows:
-        recs = [r for r in records if r["row"] == row]
+        recs = sorted((r for r in records if r["row"] == row), key=lambda r: r["seed"])  # not in merge order
         entry = {"row": row, "label": ROWS[row].label, "paper_dev": ROWS[row].paper_dev,
                  "paper_test": ROWS[row].paper_test, "seeds": [r["seed"] for r in recs]}
         for split in ("valid", "test"):

@@ -118,6 +118,19 @@ def test_the_examples_say_which_seed_they_come_from(monkeypatch):
     assert "Seed 2's runs; sentence BLEU is the paper's metric" in reproduce._markdown(args, report)
 
 
+def test_the_table_lists_seeds_in_order_whatever_order_the_runs_came_in():
+    """Runs merged from an earlier report (--merge-report) came after the new ones, and the table
+    listed seeds as [3, 1, 2]."""
+    from cometnmt import reproduce
+
+    def run(seed, bleu):
+        split = {"paper_bleu": bleu, "bleu": bleu, "chrf": bleu}
+        return {"row": "comet", "seed": seed, "valid": split, "test": split, "epochs": 10}
+
+    [entry] = reproduce.summarise(["comet"], [run(3, 30.0), run(1, 31.0), run(2, 32.0)])
+    assert entry["seeds"] == [1, 2, 3]
+
+
 def test_the_examples_are_sentences_where_the_models_differ(monkeypatch):
     """With fewer differing sentences than 2 x --examples (a short --eval-limit, or models that
     mostly agree), the two lists overlapped: a sentence COMET wins showed up again among those it
