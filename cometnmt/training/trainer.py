@@ -281,7 +281,7 @@ class Trainer:
         if not mine:  # a short last step (or a resume at another world size) left this rank nothing:
             mine, share = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
         total = torch.zeros((), device=self.device)
-        self.step_extra: dict[str, torch.Tensor] = {}  # auxiliary losses x target tokens, summed (for the log)
+        self.step_extra = {}  # auxiliary losses x target tokens, summed (for the log)
         self.running_stats.start_step()
         for i, idx in enumerate(mine):
             torch.manual_seed(micro_batch_seed(self.tc.seed, self.epoch, first + i))  # the same masks on any rank
@@ -486,19 +486,21 @@ class Trainer:
         from cometnmt.plots import plot_attention
 
         n = min(self.tc.attention_plots, len(self.valid_data))
-        greedy = dataclasses.replace(self.cfg.decode, method="greedy")
-        translator = Translator(self.model, self.codec, dataclasses.replace(self.cfg, decode=greedy), self.device)
         folder = self.save_dir / "attention"
         folder.mkdir(parents=True, exist_ok=True)
-        for i, amap in enumerate(translator.attention_ids(self.valid_data.src_ids[:n]), 1):
+        for i, amap in enumerate(self._greedy_translator().attention_ids(self.valid_data.src_ids[:n]), 1):
             plot_attention(amap, folder / f"epoch_{self.epoch + 1:03d}_line_{i:04d}.png",
                            f"validation line {i}, epoch {self.epoch + 1}; last decoder layer, heads averaged")
+
+    def _greedy_translator(self) -> Translator:
+        """The model in training, as a Translator whose search is greedy (validation's)."""
+        greedy = dataclasses.replace(self.cfg.decode, method="greedy")
+        return Translator(self.model, self.codec, dataclasses.replace(self.cfg, decode=greedy), self.device)
 
     def validation_bleu(self) -> dict:
         d = self.valid_data
         n = len(d) if self.tc.valid_bleu_max_sentences is None else min(len(d), self.tc.valid_bleu_max_sentences)
-        greedy = dataclasses.replace(self.cfg.decode, method="greedy")
-        hyps = [h[0].text for h in Translator(self.model, self.codec, self.cfg, self.device).translate_ids(d.src_ids[:n], greedy)]
+        hyps = [h[0].text for h in self._greedy_translator().translate_ids(d.src_ids[:n])]
         scores = corpus_scores(hyps, d.tgt_text[:n], lowercase=self.cfg.data.lowercase)  # a lowercased model: lowercased refs
         out = {"val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
                "val_bleu_sentences": n}  # train.valid_bleu_max_sentences may cut the set
