@@ -29,6 +29,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -118,6 +119,31 @@ class TranslationServer(ThreadingHTTPServer):
         self.translator, self.checkpoint = translator, checkpoint
         self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
         self.lock = threading.Lock()
+        self._handlers: set[threading.Thread] = set()  # request threads still running
+        self._handlers_lock = threading.Lock()
+
+    def process_request_thread(self, request, client_address) -> None:
+        with self._handlers_lock:
+            self._handlers.add(threading.current_thread())
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._handlers_lock:
+                self._handlers.discard(threading.current_thread())
+
+    def server_close(self, wait: float = 5.0) -> None:
+        """Close the socket, then give the request threads still running up to ``wait`` seconds.
+        They are daemons, so an idle keep-alive connection does not hold up Ctrl-C; but one still
+        finishing a response when the interpreter shuts down is stopped inside C code, which aborted
+        the process ("terminate called without an active exception"; 1 to 4 Ctrl-Cs in 20 right
+        after a request, on a loaded machine; 0 in 30 with this wait). An idle keep-alive connection's
+        thread uses up the wait, then stays blocked in its read, where shutting down does not trip it."""
+        super().server_close()
+        deadline = time.monotonic() + wait
+        with self._handlers_lock:
+            running = list(self._handlers)
+        for thread in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def health(self) -> dict:
         cfg = self.translator.cfg

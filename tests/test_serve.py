@@ -242,3 +242,38 @@ def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
     assert call(server, "/logprob", {"sources": ["a"] * 4, "targets": ["b"] * 4})[0] == 413  # max_sentences 3
     status, err = call(server, "/logprob")
     assert status == 405 and err["error"] == "GET is not supported; use POST"
+
+
+def test_closing_lets_a_request_being_answered_finish(checkpoint, monkeypatch):
+    """Ctrl-C right after a request sometimes aborted the process ("terminate called without an
+    active exception"): its daemon thread was still finishing the response when the interpreter shut
+    down. server_close now waits (boundedly) for the request threads still running."""
+    import time
+
+    from cometnmt.serve import TranslationServer
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    answered = threading.Event()
+    health = TranslationServer.health
+
+    def slow_health(self):
+        time.sleep(1.0)  # the response is still being made when the server closes
+        answered.set()
+        return health(self)
+
+    monkeypatch.setattr(TranslationServer, "health", slow_health)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    client = threading.Thread(target=call, args=(srv, "/health"), daemon=True)
+    client.start()
+    for _ in range(200):  # until the request thread is running
+        if srv._handlers:
+            break
+        time.sleep(0.01)
+    assert srv._handlers
+    srv.shutdown()
+    srv.server_close()
+    assert answered.is_set() and not srv._handlers  # it finished before server_close returned
+    started = time.monotonic()
+    srv.server_close(wait=0.2)  # idempotent, and bounded when nothing runs
+    assert time.monotonic() - started < 1.0
