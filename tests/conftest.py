@@ -65,3 +65,17 @@ def cli(data_dir, tmp_path):
         return proc
 
     return run
+
+
+@pytest.fixture
+def sigint_handled():
+    """Python's own SIGINT handler in this process and in the children it starts, whatever the
+    launching shell did: a shell ignores SIGINT for a command it runs in the background (``cmd &``),
+    and then interrupt_main() does nothing and children inherit the ignored signal."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

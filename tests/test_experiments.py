@@ -200,7 +200,7 @@ def test_a_report_keeps_the_search_and_checkpoint_its_runs_were_evaluated_with(t
     assert len(reports) == 2
 
 
-def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, monkeypatch):
+def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, monkeypatch, sigint_handled):
     """Before, Ctrl-C let the thread pool start every queued run and train it to the end."""
     import _thread
     import threading
