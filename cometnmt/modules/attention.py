@@ -98,13 +98,13 @@ class MultiHeadAttention(KeepsWeights, nn.Module):
 
     def _attend_keeping(self, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                         causal: bool) -> torch.Tensor:
-        """What SDPA computes (without dropout), written out so the weights can be kept: B,H,Lq,D/H."""
+        """What SDPA computes (without dropout), written out so the weights can be kept: B,H,Lq,D/H.
+        Only attention over the source keeps its weights (``Seq2Seq.cross_attention``), never causal."""
+        if causal:
+            raise ValueError("attention weights are kept for attention over the source only, not causal self-attention")
         scores = torch.matmul(qh.float(), k.float().transpose(-1, -2)) * qh.size(-1) ** -0.5  # B,H,Lq,Lk
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        if causal:
-            Lq, Lk = scores.shape[-2:]
-            scores = scores.masked_fill(torch.ones(Lq, Lk, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         self.keep(weights)  # B,H,Lq,Lk
         return torch.matmul(weights, v.float()).to(v.dtype)

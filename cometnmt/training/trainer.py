@@ -297,7 +297,7 @@ class Trainer:
                 for name, (value, weight) in self.model.extra_losses().items():
                     objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
                     weighted = value.detach().float() * (batch.n_tgt_tokens * share)
-                    self.step_extra[name] = self.step_extra[name] + weighted if name in self.step_extra else weighted
+                    self.step_extra[name] = self.step_extra.get(name, 0.0) + weighted
             self.scaler.scale(objective * (self.dist.world_size * share)).backward()  # DDP averages over ranks
             if share:  # a zero-weighted micro-batch leaves the batch-norm statistics alone
                 self.running_stats.record()
@@ -391,7 +391,7 @@ class Trainer:
             window_loss += loss
             window_tokens += n_tokens
             for name, value in self.step_extra.items():
-                window_extra[name] = window_extra[name] + value if name in window_extra else value
+                window_extra[name] = window_extra.get(name, 0.0) + value
             bar.update(1)
             if self.step % self.tc.log_every == 0 or self.consumed >= len(batches):
                 seconds = time.perf_counter() - window_start
