@@ -138,9 +138,9 @@ def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: st
     failed: list[str] = []
     _stopping.clear()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, tqdm(total=len(specs), desc="runs", unit="run") as bar:
-        futures = {pool.submit(train_run, s, overrides=overrides, device=device, stop_at=stop_at, evaluate=evaluate): s
-                   for s in specs}
-        try:
+        try:  # submitting is inside: the first runs start while later ones are still being queued
+            futures = {pool.submit(train_run, s, overrides=overrides, device=device, stop_at=stop_at,
+                                   evaluate=evaluate): s for s in specs}
             for fut, spec in futures.items():
                 try:
                     fut.result()

@@ -237,6 +237,52 @@ def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, m
     assert not any((s.run_dir / "done.json").exists() for s in specs)
 
 
+def test_an_interrupt_while_runs_are_still_being_queued_stops_the_started_ones(tmp_path, monkeypatch, sigint_handled):
+    """Ctrl-C that reached the command while it was still queueing runs (a loaded machine can let two
+    runs start before the third is queued) left the running training going to its end and then
+    started the third: the submissions were outside the interrupt handler."""
+    import _thread
+    import threading
+
+    started, terminated, interrupted = [], threading.Event(), threading.Event()
+
+    class FakeProcess:
+        def __init__(self, cmd, **kwargs):
+            started.append(self)
+            if len(started) == 2:  # Ctrl-C while the third run is being queued (below)
+                _thread.interrupt_main()
+                interrupted.set()
+
+        def wait(self, timeout=None):
+            if not terminated.wait(10):
+                return 0  # trained to the end: the failure this test catches
+            return -15
+
+        def poll(self):
+            return None if not terminated.is_set() else -15
+
+        def terminate(self):
+            terminated.set()
+
+    queued = []
+
+    class SlowQueue(experiments.ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            if len(queued) == 2:  # the third: the interrupt arrives while it is queued
+                assert interrupted.wait(10)
+            queued.append(args)
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(experiments, "ThreadPoolExecutor", SlowQueue)
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    specs = [RunSpec("comet", Path("configs/multi30k/comet.yaml"), s, tmp_path / f"seed{s}") for s in (1, 2, 3)]
+    with pytest.raises(KeyboardInterrupt):
+        experiments.run_all(specs, jobs=2, overrides=[], device="cpu", stop_at=None, evaluate=lambda run: {})
+    assert len(started) == 2 and terminated.is_set()
+    assert not any((s.run_dir / "done.json").exists() for s in specs)
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--seeds", "1", "1"], "--seeds: 1 given twice"),
     (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--beam", "0"], "--beam 0: must be at least 1"),
