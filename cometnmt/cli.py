@@ -208,7 +208,6 @@ def cmd_attention(args) -> int:
     from tqdm import tqdm
 
     from cometnmt.data.corpus import read_lines, write_text_file
-    from cometnmt.errors import ConfigError
     from cometnmt.inference import Translator
     from cometnmt.plots import plot_attention
 
@@ -224,12 +223,11 @@ def cmd_attention(args) -> int:
         raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; they must be line-aligned")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     try:
-        maps = translator.attention(sources, targets, layer=args.layer, batch_size=args.batch_sentences, progress=True)
+        maps = translator.attention(sources, targets, layer=args.layer, batch_size=args.batch_sentences, progress=True,
+                                    flags=True)
     except DataError as exc:
         message = str(exc)
         raise DataError(f"{args.target if message.startswith('target line') else args.input}: {message}") from None
-    except ConfigError as exc:
-        raise CometNMTError(f"--{exc}") from None
     out.mkdir(parents=True, exist_ok=True)
     records = [{"line": i + 1, "layer": m.layer, "source": m.source, "target": m.target,
                 "weights": [[round(w, 4) for w in row] for row in m.weights]} for i, m in enumerate(maps)]

@@ -232,10 +232,9 @@ def build_report(args, names: list[str], records: list[dict], missing: list[str]
 
 
 def _curves(out: Path, names: list[str], records: list[dict]) -> None:
-    import matplotlib
+    from cometnmt.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     has_aux = any(r.get("aux_losses") for r in records)
     fig, axes = plt.subplots(1, 3 if has_aux else 2, figsize=(16 if has_aux else 11, 4))

@@ -339,11 +339,12 @@ class Translator:
         return [PairScore(score, len(ids) + 1, sum(i == UNK for i in ids)) for score, ids in zip(scores, tgt_ids)]
 
     def attention(self, sources: Sequence[str], targets: Sequence[str] | None = None, *, layer: int = -1,
-                  batch_size: int | None = None, progress: bool = False) -> list[AttentionMap]:
+                  batch_size: int | None = None, progress: bool = False, flags: bool = False) -> list[AttentionMap]:
         """Where each target token looks in the source: the attention weights of decoder layer
         ``layer`` (default the last; negative counts from the end) over the source, averaged over
         heads, teacher-forced on ``targets`` (default: this model's own translations, with its
-        checkpoint's search). For plots such as ``cometnmt attention`` draws; not an ensemble's."""
+        checkpoint's search). For plots such as ``cometnmt attention`` draws; not an ensemble's.
+        An error names ``layer`` as the keyword, or with ``flags`` as ``--layer``."""
         if isinstance(sources, str) or isinstance(targets, str):
             raise TypeError("Translator.attention takes lists of sentences")
         sources = list(sources)
@@ -356,16 +357,16 @@ class Translator:
                 raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
             _check_sentences(targets)
             tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
-        return self.attention_ids(src_ids, tgt_ids, layer=layer, batch_size=batch_size, progress=progress)
+        return self.attention_ids(src_ids, tgt_ids, layer=layer, batch_size=batch_size, progress=progress, flags=flags)
 
     def attention_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]] | None = None, *, layer: int = -1,
-                      batch_size: int | None = None, progress: bool = False) -> list[AttentionMap]:
+                      batch_size: int | None = None, progress: bool = False, flags: bool = False) -> list[AttentionMap]:
         """:meth:`attention` of already-indexed sentences (targets: None for the model's own)."""
         if isinstance(self.model, Ensemble):
             raise CheckpointError("attention: give one checkpoint; an ensemble's members attend each in their own way")
         layers = len(self.model.cross_attention_modules())
         if not -layers <= layer < layers:
-            raise ConfigError(f"layer {layer}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
+            raise ConfigError(f"{setting('layer', layer, flags)}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
         if tgt_ids is None:  # the model's own best translation, as ids (no detokenise/tokenise round trip)
             tgt_ids = [self.codec.tgt_vocab.encode(hyps[0].tokens) for hyps in self.translate_ids(src_ids, progress=progress)]
         self._check_positions(src_ids, "source", "source", 0)

@@ -5,12 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_attention(amap, path: Path, title: str) -> None:
-    """One pair's attention as a heatmap PNG: source tokens across, target tokens down."""
+def pyplot():
+    """``matplotlib.pyplot`` drawing off-screen (the Agg backend: no display needed), imported
+    only when a plot is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_attention(amap, path: Path, title: str) -> None:
+    """One pair's attention as a heatmap PNG: source tokens across, target tokens down."""
+    plt = pyplot()
 
     cols, rows = len(amap.source), len(amap.target)
     fig, ax = plt.subplots(figsize=(min(2 + 0.45 * cols, 30), min(1.5 + 0.4 * rows, 30)))

@@ -285,10 +285,9 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
 
 def _figure4(out: Path, records: list[dict], cand: str) -> list[dict]:
     """Mean (over seed pairs) paper BLEU difference candidate (COMET) - Transformer per source length."""
-    import matplotlib
+    from cometnmt.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     diffs: dict[int, list[float]] = {}
     for comet, trans in _paired_runs(records, cand):
@@ -331,10 +330,9 @@ def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> li
 
 
 def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
-    import matplotlib
+    from cometnmt.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for i, row in enumerate(rows):

@@ -446,3 +446,18 @@ def test_log_prob_is_forced_decoding(run_dir, translator):
         translator.log_prob(["Ein Hund."], "A dog.")
     with pytest.raises(cometnmt.DataError, match=r"^target line 2: 1100 target tokens and <s>, more than the model's"):
         translator.log_prob(["Ein Hund.", "Ein Hund."], ["A dog.", " ".join(["dog"] * 1100)])
+
+
+def test_attention_through_the_api(translator):
+    """Translator.attention: one map per pair, rows summing to 1 over the source tokens, teacher-forced
+    on given targets or on the model's own greedy translation; a wrong layer is named as the keyword."""
+    sources = ["Ein Hund läuft.", "Zwei Männer stehen am Strand."]
+    given = translator.attention(sources, ["A dog runs.", "Two men stand on the beach."])
+    assert [len(m.weights) for m in given] == [len(m.target) for m in given]
+    for amap in given:
+        assert amap.target[-1] == "</s>"
+        assert all(len(row) == len(amap.source) and sum(row) == pytest.approx(1.0, abs=1e-5) for row in amap.weights)
+    own = translator.attention(sources[:1])
+    assert translator.codec.tgt_tok.detokenize(own[0].target[:-1]) == translator(sources[0])  # its greedy translation
+    with pytest.raises(cometnmt.ConfigError, match=r"^layer=9: the decoder has"):
+        translator.attention(sources, layer=9)
