@@ -205,7 +205,7 @@ def cmd_logprob(args) -> int:
 def cmd_attention(args) -> int:
     import json
 
-    from tqdm import tqdm
+    from cometnmt.progress import progress_bar
 
     from cometnmt.data.corpus import read_lines, write_text_file
     from cometnmt.inference import Translator
@@ -233,7 +233,7 @@ def cmd_attention(args) -> int:
                 "weights": [[round(w, 4) for w in row] for row in m.weights]} for i, m in enumerate(maps)]
     write_text_file(out / "attention.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     shown = maps[: args.plots]
-    for i, amap in enumerate(tqdm(shown, desc="plots", unit="png", disable=len(shown) < 2, leave=False)):
+    for i, amap in enumerate(progress_bar(shown, desc="plots", unit="png", disable=len(shown) < 2, leave=False)):
         plot_attention(amap, out / f"line_{i + 1:04d}.png", f"{Path(args.input).name}, line {i + 1}; decoder layer {amap.layer + 1} of "
                        f"{len(translator.model.cross_attention_modules())}, heads averaged")
     print(f"{len(maps)} pairs: {out / 'attention.jsonl'}; {len(shown)} heatmaps {out}/line_*.png", file=sys.stderr)

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from tqdm import tqdm
-
 from cometnmt.errors import CometNMTError
+from cometnmt.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: st
     (each failure is logged; the others go on)."""
     failed: list[str] = []
     _stopping.clear()
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, tqdm(total=len(specs), desc="runs", unit="run") as bar:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, progress_bar(total=len(specs), desc="runs", unit="run") as bar:
         try:  # submitting is inside: the first runs start while later ones are still being queued
             futures = {pool.submit(train_run, s, overrides=overrides, device=device, stop_at=stop_at,
                                    evaluate=evaluate): s for s in specs}

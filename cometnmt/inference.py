@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
-from tqdm import tqdm
 
 from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, to_dict
 from cometnmt.data.batching import collate
@@ -21,6 +20,7 @@ from cometnmt.decoding import sampling_generator, search, target_log_probs
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.ensemble import Ensemble
+from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import load_checkpoint
 from cometnmt.training.host_memory import keep_freed_memory
 
@@ -269,7 +269,7 @@ class Translator:
         self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
         generator = sampling_generator(decode_cfg, self.device)  # one per call: each batch draws on from the last
-        bar = tqdm(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
+        bar = progress_bar(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
         self.model.eval()
         for idx in self._batches(src_ids, decode_cfg.batch_sentences):
             batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
@@ -306,7 +306,7 @@ class Translator:
         self._check_positions(src_ids, "source", "source", 0)
         self._check_positions(tgt_ids, "target", "target", 1)
         out = [0.0] * len(src_ids)
-        bar = tqdm(total=len(src_ids), desc="score", unit="pair", disable=not progress, leave=False)
+        bar = progress_bar(total=len(src_ids), desc="score", unit="pair", disable=not progress, leave=False)
         self.model.eval()
         for idx in self._batches(tgt_ids, batch_size or self.cfg.decode.batch_sentences):  # similar lengths together
             batch = collate([src_ids[i] or [EOS] for i in idx], [tgt_ids[i] for i in idx], idx).to(self.device)
@@ -373,7 +373,7 @@ class Translator:
         self._check_positions(tgt_ids, "target", "target", 1)
         out: list[AttentionMap | None] = [None] * len(src_ids)
         src_vocab, tgt_vocab = self.codec.src_vocab.itos, self.codec.tgt_vocab.itos
-        bar = tqdm(total=len(src_ids), desc="attention", unit="pair", disable=not progress, leave=False)
+        bar = progress_bar(total=len(src_ids), desc="attention", unit="pair", disable=not progress, leave=False)
         self.model.eval()
         for idx in self._batches(tgt_ids, batch_size or self.cfg.decode.batch_sentences):
             srcs = [src_ids[i] or [EOS] for i in idx]

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from tqdm import tqdm
 
 from cometnmt.atomic import atomic_write
 from cometnmt.errors import DataError
+from cometnmt.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _stream_to(url: str, out: BinaryIO, name: str) -> str:
     with resp:
         length = resp.headers.get("Content-Length")
         total = int(length) if length and length.isdigit() else None
-        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=name, file=sys.stderr) as bar:
+        with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=name, file=sys.stderr) as bar:
             while True:
                 try:
                     chunk = resp.read(_CHUNK)

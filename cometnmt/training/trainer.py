@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from tqdm import tqdm
 
 from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
@@ -46,6 +45,7 @@ from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
 from cometnmt.models.base import Seq2Seq
+from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import save_checkpoint
 from cometnmt.training.distributed import DistInfo, SyncedRunningStatistics, all_reduce_sum, ddp_buffer_sync
 from cometnmt.training.host_memory import keep_freed_memory
@@ -372,7 +372,7 @@ class Trainer:
         batches = self.epoch_batches(self.epoch)
         G = self.tc.accum_steps * self.dist.world_size
         n_steps = math.ceil(len(batches) / G)
-        bar = tqdm(total=n_steps, initial=self.consumed // G, desc=f"epoch {self.epoch + 1}", unit="step",
+        bar = progress_bar(total=n_steps, initial=self.consumed // G, desc=f"epoch {self.epoch + 1}", unit="step",
                    disable=not (self.tc.progress and self.dist.is_main), dynamic_ncols=True)
         window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
         window_extra: dict[str, torch.Tensor] = {}
