@@ -77,14 +77,15 @@ def cmd_translate(args) -> int:
         raise CometNMTError("--interactive reads standard input and writes standard output: leave out -i and -o")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     decode = _decode_cfg(translator.cfg.decode, args)
+    columns = args.nbest is not None or decode.nbest > 1  # an explicit --nbest 1 too, as logprob --nbest-input reads
     if interactive:
-        return _translate_interactively(translator, decode)
+        return _translate_interactively(translator, decode, columns)
     texts = read_lines(args.input) if args.input else read_stdin_lines()
     try:
         results = translator.translate(texts, decode, progress=args.input is not None)
     except DataError as exc:  # name the input
         raise DataError(f"{args.input or '<stdin>'}: {exc}") from None
-    text = "".join(_output_lines(i, hyps, decode.nbest) for i, hyps in enumerate(results))
+    text = "".join(_output_lines(i, hyps, columns) for i, hyps in enumerate(results))
     if args.output:
         write_text_file(args.output, text)
     else:
@@ -92,15 +93,15 @@ def cmd_translate(args) -> int:
     return 0
 
 
-def _output_lines(index: int, hyps, nbest: int) -> str:
-    """translate's output for source line ``index`` (0-based): its best translation, or with
-    ``nbest`` above 1 a line per hypothesis: the index, the score and the text, tab-separated."""
-    if nbest > 1:
+def _output_lines(index: int, hyps, columns: bool) -> str:
+    """translate's output for source line ``index`` (0-based): its best translation, or in
+    ``columns`` (n-best lists) a line per hypothesis: the index, the score and the text, tab-separated."""
+    if columns:
         return "".join(f"{index}\t{h.score:.4f}\t{h.text}\n" for h in hyps)
     return hyps[0].text + "\n"
 
 
-def _translate_interactively(translator, decode) -> int:
+def _translate_interactively(translator, decode, columns: bool) -> int:
     """A line in, its translation out at once (standard input a terminal, or --interactive): a
     line that cannot be translated gets its error on stderr and the session goes on; Ctrl-D ends."""
     from cometnmt.data.corpus import decode_lines
@@ -112,7 +113,7 @@ def _translate_interactively(translator, decode) -> int:
         number += 1
         try:
             line = (decode_lines(raw, "<stdin>") or [""])[0]
-            out = _output_lines(number - 1, translator.translate([line], decode)[0], decode.nbest)
+            out = _output_lines(number - 1, translator.translate([line], decode)[0], columns)
         except DataError as exc:  # "<stdin>:1: ..." or "input line 1: ...": say which line of the session
             print(f"cometnmt: error: line {number}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
             continue
@@ -176,6 +177,8 @@ def cmd_logprob(args) -> int:
     if args.batch_sentences is not None and args.batch_sentences < 1:
         raise CometNMTError(f"--batch-size {args.batch_sentences}: must be at least 1")
     sources, targets, index = _logprob_pairs(args)
+    if not sources:  # 0 nats over 0 tokens would print as perplexity 1.00
+        raise DataError(f"{args.target if args.nbest_input else args.input}: no lines to score")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     try:
         scores = translator.log_prob(sources, targets, batch_size=args.batch_sentences, progress=True)

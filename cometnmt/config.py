@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -268,6 +269,25 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-3`` and ``5E4`` as numbers (YAML 1.2 does; PyYAML follows
+    YAML 1.1, where a float needs a dot and a signed exponent, so ``lr: 1e-3`` was the string
+    "1e-3" and failed as "expected a number")."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(stream) -> Any:
+    """A YAML document (text or an open file) with :class:`_Loader`: configs, overrides and a
+    run's saved ``config.yaml`` read alike."""
+    return yaml.load(stream, Loader=_Loader)
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``train.lr=3e-4`` -> ("train.lr", 0.0003); the value is parsed as YAML."""
     if "=" not in text:
@@ -276,7 +296,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override '{text}' has no key")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml_load(raw) if raw.strip() else ""
     if isinstance(value, str):
         # YAML 1.1 reads "3e-4" as a string; accept scientific notation as a number.
         try:
@@ -323,20 +343,25 @@ def _merge(base: dict, override: dict) -> dict:
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """Read one preset. A top-level ``base: other.yaml`` (relative to this file) is read first and
     this file's keys are merged over it, section by section."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, expected a YAML config file" + (f" (the base of {seen[-1]})" if seen else ""))
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}" + (f" (the base of {seen[-1]})" if seen else ""))
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
     try:
         with open(path, encoding="utf-8") as f:  # a stream, so YAML's error marks name the file
-            loaded = yaml.safe_load(f)
+            loaded = yaml_load(f)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if loaded is not None and not isinstance(loaded, dict):
+    if loaded is None:  # nothing but comments: a mistake, not "train everything with the defaults"
+        raise ConfigError(f"{path}: empty; a config sets at least one section (or 'base: other.yaml'); "
+                          "configs/reference.yaml lists every key")
+    if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    data = loaded or {}
+    data = loaded
     base = data.pop("base", None)
     if base is None:
         return data

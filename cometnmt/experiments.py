@@ -274,12 +274,10 @@ def test_hyps(out: Path, rec: dict) -> Optional[list[str]]:
 def run_test_split(run: Path, limit: Optional[int]):
     """(sources, references, config) of the test split a finished run was evaluated on, read
     through this machine's data location (the run may come from another machine)."""
-    import yaml
-
-    from cometnmt.config import config_from_dict
+    from cometnmt.config import config_from_dict, yaml_load
     from cometnmt.data.pipeline import read_split
 
-    saved = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    saved = yaml_load((run / "config.yaml").read_text(encoding="utf-8"))
     cfg = config_from_dict({**saved, "data": {**saved["data"], "multi30k_dir": None}})
     corpus = read_split(cfg.data, "test")
     return corpus.src[:limit], corpus.tgt[:limit], cfg

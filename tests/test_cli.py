@@ -56,6 +56,9 @@ def test_translate_file_and_stdin(trained, cli, tmp_path, data_dir):
     rows = [line.split("\t") for line in nbest.stdout.splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"] and all(len(r) == 3 for r in rows)  # 2 rows a line
     assert rows[2][2] == rows[3][2] == ""  # the blank line: blank hypotheses
+    one = cli("translate", str(trained / "best.pt"), "--nbest", "1", input=src.read_text(encoding="utf-8"))
+    rows = [line.split("\t") for line in one.stdout.splitlines()]  # asked for: the columns logprob --nbest-input reads
+    assert [r[0] for r in rows] == [str(i) for i in range(12)] and [r[2] for r in rows] == lines
 
 
 def test_translate_samples(trained, cli, tmp_path):
@@ -180,6 +183,10 @@ def test_missing_and_corrupt_checkpoint(cli, tmp_path):
     bad.write_bytes(b"\x80\x02garbage" * 100)
     err = _err(cli("translate", str(bad), input="x\n", check=False))
     assert "bad.pt" in err and "Traceback" not in err
+    text = tmp_path / "notes.pt"  # was "corrupt or truncated? KeyError: 101"
+    text.write_text("epoch 3 was best\n", encoding="utf-8")
+    err = _err(cli("translate", str(text), input="x\n", check=False))
+    assert "notes.pt: not a checkpoint; a PyTorch checkpoint is a zip archive, this file begins with b'epoc'" in err
 
 
 def test_truncated_checkpoint(trained, cli, tmp_path):
@@ -372,6 +379,9 @@ def test_logprob_input_errors_name_the_file_and_line(trained, cli, tmp_path):
     nbest.write_text("1\t-1.0\tA dog.\n", encoding="utf-8")  # row 1 is source line 2
     assert "s.de: source line 2: 1100 source tokens" in _err(
         cli("logprob", ckpt, "-i", str(src), "-t", str(nbest), "--nbest-input", check=False))
+    src.write_text("", encoding="utf-8")
+    tgt.write_text("", encoding="utf-8")  # was "0 pairs ... perplexity 1.00", exit 0
+    assert "s.de: no lines to score" in _err(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), check=False))
 
 
 def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):

@@ -122,6 +122,24 @@ def test_config_files_that_cannot_be_read_are_named(tmp_path):
         load_config(broken)
     assert str(info.value).startswith(f"{broken}: not valid YAML") and "<unicode string>" not in str(info.value)
     assert "\n" not in str(info.value)  # one line
+    blank = tmp_path / "blank.yaml"  # was read as "all defaults" and trained a full Multi30k model
+    blank.write_text("# nothing yet\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"blank.yaml: empty; a config sets at least one section"):
+        load_config(blank)
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=r"configs: is a folder, expected a YAML config file"):
+        load_config(folder)
+
+
+def test_numbers_in_scientific_notation_are_numbers_in_files_as_in_overrides(tmp_path):
+    """PyYAML (YAML 1.1) read lr: 1e-3 as the string '1e-3', refused as 'expected a number'."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\ntrain:\n  lr: 1e-3\n  weight_decay: 5E-5\n", encoding="utf-8")
+    cfg = load_config(mine)
+    assert (cfg.train.lr, cfg.train.weight_decay) == (0.001, 0.00005)
+    assert load_config(mine, ["train.lr=2.5e-4"]).train.lr == 0.00025
+    assert load_config(mine, ["data.src_lang=e5"]).data.src_lang == "e5"  # not a number: stays text
 
 
 def test_yaml_readings_and_sections(tmp_path):

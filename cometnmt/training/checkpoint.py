@@ -29,6 +29,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: is a folder, not a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive, or a legacy pickle
+        shown = "is empty" if not head else f"begins with {head!r}"
+        raise CheckpointError(f"{path}: not a checkpoint; a PyTorch checkpoint is a zip archive, this file {shown}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for truncated/garbled files
