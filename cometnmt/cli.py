@@ -208,11 +208,10 @@ def cmd_logprob(args) -> int:
 def cmd_attention(args) -> int:
     import json
 
-    from cometnmt.progress import progress_bar
-
     from cometnmt.data.corpus import read_lines, write_text_file
     from cometnmt.inference import Translator
     from cometnmt.plots import plot_attention
+    from cometnmt.progress import progress_bar
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -298,7 +298,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{text}' has no key")
     value = yaml_load(raw) if raw.strip() else ""
     if isinstance(value, str):
-        # YAML 1.1 reads "3e-4" as a string; accept scientific notation as a number.
+        # a string Python reads as a number ("inf", say) is one; 3e-4 is one already (_Loader)
         try:
             value = float(value)
         except ValueError:

@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 # Seconds between redraws where stderr is not a terminal (a log file, CI, `nohup`): tqdm's 0.1 s
-# default writes up to ten frames a second into the log, tens of megabytes over a long training.
+# default writes up to ten frames a second into the log, megabytes over a long training.
 LOG_FILE_INTERVAL = 30.0
 
 

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-
 from cometnmt.atomic import atomic_write
 from cometnmt.errors import DataError
 from cometnmt.progress import progress_bar
