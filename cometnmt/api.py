@@ -52,7 +52,7 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
         raise ConfigError(f"train needs a Config or the path of a YAML config, got {type(config).__name__}")
     threads = torch.get_num_threads()
     try:
-        return run_training(cfg, resume=resume, init_from=init_from)
+        return run_training(cfg, resume=resume, init_from=init_from, flags=False)
     finally:
         torch.set_num_threads(threads)  # train.num_threads is the run's, not the caller's, setting
 

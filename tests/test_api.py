@@ -82,8 +82,10 @@ def test_train_takes_a_path_or_a_config_and_checks_it(tmp_path, data_dir):
 def test_train_resume_and_refusal(run_dir, data_dir, tmp_path):
     shutil.copytree(run_dir, tmp_path / "run")
     cfg = tiny_train_cfg(tmp_path / "run", data_dir, "train.keep_checkpoints=1", "train.num_threads=1")
-    with pytest.raises(cometnmt.ConfigError, match="already holds a run"):
-        cometnmt.train(cfg)
+    with pytest.raises(cometnmt.ConfigError, match=r"already holds a run .*; pass resume=True to continue it"):
+        cometnmt.train(cfg)  # the API's keyword, not the CLI's --resume
+    with pytest.raises(cometnmt.ConfigError, match=r"^init_from starts a new run .*; resume=True continues"):
+        cometnmt.train(cfg, resume=True, init_from=run_dir / "best.pt")
     more = cometnmt.train(cfg, ["train.max_epochs=2"], resume=True)
     assert more["epochs"] == 2 and (tmp_path / "run" / "epoch002.pt").exists()
     assert "max_epochs: 2" in (tmp_path / "run" / "config.yaml").read_text(encoding="utf-8")  # the config it went on with

@@ -15,7 +15,7 @@ from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags
 from cometnmt.data.vocab import PAD
-from cometnmt.errors import CheckpointError, ConfigError, DataError
+from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
 from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
@@ -31,12 +31,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
+def _resume_option(flags: bool) -> str:
+    """How errors name resuming: the CLI's flag, or :func:`cometnmt.train`'s keyword."""
+    return "--resume" if flags else "resume=True"
+
+
+def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | None:
     """Never overwrite a run by accident; on --resume, return the last checkpoint."""
     last = Path(cfg.train.save_dir) / "last.pt"
+    option = _resume_option(flags)
     if resume:
         if not last.exists():
-            raise CheckpointError(f"--resume: no checkpoint at {last} (train.save_dir={cfg.train.save_dir})")
+            raise CheckpointError(f"{option}: no checkpoint at {last} (train.save_dir={cfg.train.save_dir})")
         payload = load_checkpoint(last)
         saved = config_from_dict(payload["config"])
         changed = [
@@ -45,7 +51,7 @@ def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
             for key, old, new in _changed(to_dict(getattr(saved, section)), to_dict(getattr(cfg, section)))
         ]
         if changed:
-            raise ConfigError(f"--resume: the config differs from the run in {last} in {', '.join(changed)}; "
+            raise ConfigError(f"{option}: the config differs from the run in {last} in {', '.join(changed)}; "
                               "resume with the same model and data config")
         return payload
     save_dir = Path(cfg.train.save_dir)
@@ -53,7 +59,7 @@ def _check_save_dir(cfg: Config, resume: bool) -> dict | None:
     found += sorted(p.name for p in save_dir.glob("epoch*.pt"))
     if found:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        hint = "pass --resume to continue it" if last.exists() else f"it has no last.pt to resume from ({shown} would be mixed with the new run's)"
+        hint = f"pass {option} to continue it" if last.exists() else f"it has no last.pt to resume from ({shown} would be mixed with the new run's)"
         raise ConfigError(
             f"train.save_dir={cfg.train.save_dir} already holds a run ({shown}); {hint}; "
             "set train.save_dir to a new folder, or move the old run away"
@@ -69,7 +75,7 @@ def corpus_digest(corpus) -> str:
     return h.hexdigest()
 
 
-def _check_same_data(payload: dict, digests: dict[str, str], corpora: dict, last: Path) -> None:
+def _check_same_data(payload: dict, digests: dict[str, str], corpora: dict, last: Path, flags: bool = True) -> None:
     """--resume continues exactly only on the sentences the run started with: a split whose text
     changed since (the files, not the config) is an error naming its files. Checkpoints written
     before digests were recorded are not checked."""
@@ -77,9 +83,10 @@ def _check_same_data(payload: dict, digests: dict[str, str], corpora: dict, last
         old = payload.get("data_digests", {}).get(split)
         if old is not None and old != digest:
             c = corpora[split]
-            raise DataError(f"--resume: {c.src_path} / {c.tgt_path}: the {split} sentences differ from those the run in "
-                            f"{last} was trained on, so it would not continue exactly; restore those files, or start a "
-                            f"new run in another train.save_dir (--init-from {last} starts it from these weights)")
+            raise DataError(f"{_resume_option(flags)}: {c.src_path} / {c.tgt_path}: the {split} sentences differ from "
+                            f"those the run in {last} was trained on, so it would not continue exactly; restore those "
+                            f"files, or start a new run in another train.save_dir ({setting('init_from', last, flags)} "
+                            "starts it from these weights)")
 
 
 # data keys the vocabularies and tokenizers were built with: a run started from another's weights
@@ -88,7 +95,7 @@ CODEC_KEYS = ("src_lang", "tgt_lang", "tokenizer", "lowercase", "min_freq", "max
               "src_sos_eos")
 
 
-def _load_init(cfg: Config, init_from: str | Path) -> tuple[dict, Seq2Seq]:
+def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[dict, Seq2Seq]:
     """The checkpoint a new run starts from (``--init-from``) and the config's model with its
     weights: its codec is used, so the config's codec keys must equal the checkpoint's; model keys
     may differ only where the weights still fit (dropout, say). Both are checked before any data
@@ -98,7 +105,7 @@ def _load_init(cfg: Config, init_from: str | Path) -> tuple[dict, Seq2Seq]:
     changed = [f"data.{key} ({getattr(saved.data, key)!r} in the checkpoint, {getattr(cfg.data, key)!r} now)"
                for key in CODEC_KEYS if getattr(saved.data, key) != getattr(cfg.data, key)]
     if changed:
-        raise ConfigError(f"--init-from {init_from}: the vocabularies and tokenizers come from the checkpoint, but the "
+        raise ConfigError(f"{setting('init_from', init_from, flags)}: the vocabularies and tokenizers come from the checkpoint, but the "
                           f"config differs from it in {', '.join(changed)}; set them as the checkpoint has them")
     changed = [f"model.{key} ({old!r} -> {new!r})" for key, old, new in _changed(to_dict(saved.model), to_dict(cfg.model))]
     codec = TextCodec.from_state(payload["codec"])
@@ -108,7 +115,7 @@ def _load_init(cfg: Config, init_from: str | Path) -> tuple[dict, Seq2Seq]:
     except RuntimeError as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines()]
         detail = lines[1] if len(lines) > 1 else lines[0]  # the first mismatch, not "Error(s) in loading ..."
-        raise ConfigError(f"--init-from {init_from}: its weights do not fit this model ({detail[:200]}); the config's "
+        raise ConfigError(f"{setting('init_from', init_from, flags)}: its weights do not fit this model ({detail[:200]}); the config's "
                           f"model differs from the checkpoint's in {', '.join(changed) or 'no key (another code version?)'}"
                           ) from None
     if changed:
@@ -166,12 +173,13 @@ def _log_file(path: Path) -> logging.Handler:
     return handler
 
 
-def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None) -> dict:
+def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None, flags: bool = True) -> dict:
     """Train (or continue training) the run described by ``cfg``; returns the trainer's summary.
 
     ``init_from``: start a new run from a trained checkpoint's weights and vocabularies (fine-tuning,
     on other data say) with a fresh optimizer, schedule and step count; ``--resume`` of such a run
-    continues from its own ``last.pt``.
+    continues from its own ``last.pt``. Errors name these as the CLI's flags, or with ``flags=False``
+    as the keywords (``resume=True``) of :func:`cometnmt.train`.
 
     Rank 0 also writes the log lines to ``train.save_dir/train.log``: those the logging
     configuration lets through (``cometnmt train`` logs at INFO; a Python caller sets its own,
@@ -190,10 +198,10 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
     handler = None
     try:
         if resume and init_from is not None:
-            raise ConfigError("--init-from starts a new run from a checkpoint's weights; --resume continues the run in "
-                              "train.save_dir; give one of them")
-        payload = _check_save_dir(cfg, resume)  # before anything is written to the folder
-        init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from)
+            raise ConfigError(f"{'--init-from' if flags else 'init_from'} starts a new run from a checkpoint's weights; "
+                              f"{_resume_option(flags)} continues the run in train.save_dir; give one of them")
+        payload = _check_save_dir(cfg, resume, flags)  # before anything is written to the folder
+        init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
         if dist.is_main:
             Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
             handler = _log_file(Path(cfg.train.save_dir) / "train.log")
@@ -204,7 +212,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         corpora = {"train": train_corpus, "valid": valid_corpus}
         digests = {split: corpus_digest(c) for split, c in corpora.items()}
         if payload is not None:
-            _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / "last.pt")
+            _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / "last.pt", flags)
         source = payload if payload is not None else init
         codec = None if source is None else TextCodec.from_state(source["codec"])
         codec, train_data = training_examples(cfg, train_corpus, codec)
