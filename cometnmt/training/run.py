@@ -100,12 +100,13 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
     weights: its codec is used, so the config's codec keys must equal the checkpoint's; model keys
     may differ only where the weights still fit (dropout, say). Both are checked before any data
     is read or anything written."""
+    option = setting("init_from", init_from, flags)  # --init-from PATH, or init_from=PATH from cometnmt.train
     payload = load_checkpoint(init_from)
     saved = config_from_dict(payload["config"])
     changed = [f"data.{key} ({getattr(saved.data, key)!r} in the checkpoint, {getattr(cfg.data, key)!r} now)"
                for key in CODEC_KEYS if getattr(saved.data, key) != getattr(cfg.data, key)]
     if changed:
-        raise ConfigError(f"{setting('init_from', init_from, flags)}: the vocabularies and tokenizers come from the checkpoint, but the "
+        raise ConfigError(f"{option}: the vocabularies and tokenizers come from the checkpoint, but the "
                           f"config differs from it in {', '.join(changed)}; set them as the checkpoint has them")
     changed = [f"model.{key} ({old!r} -> {new!r})" for key, old, new in _changed(to_dict(saved.model), to_dict(cfg.model))]
     codec = TextCodec.from_state(payload["codec"])
@@ -115,7 +116,7 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
     except RuntimeError as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines()]
         detail = lines[1] if len(lines) > 1 else lines[0]  # the first mismatch, not "Error(s) in loading ..."
-        raise ConfigError(f"{setting('init_from', init_from, flags)}: its weights do not fit this model ({detail[:200]}); the config's "
+        raise ConfigError(f"{option}: its weights do not fit this model ({detail[:200]}); the config's "
                           f"model differs from the checkpoint's in {', '.join(changed) or 'no key (another code version?)'}"
                           ) from None
     if changed:
