@@ -186,6 +186,7 @@ class SplitTranslation:
 
 
 _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
+_SPACES = re.compile(" {2,}")
 
 
 def _check_sentences(texts: list) -> None:
@@ -391,8 +392,10 @@ class Translator:
         tokens = self.codec.tgt_vocab.decode(ids)
         text = self.codec.tgt_tok.detokenize(tokens)
         # one translation, one line: a line separator a model learned from its training text
-        # (a SentencePiece piece holding "\r", say) would split it wherever outputs are read back
-        return Translation(_LINE_BREAKS.sub(" ", text), score, tokens)
+        # (a SentencePiece piece holding "\r", say) would split it wherever outputs are read back;
+        # and single spaces: an undertrained SentencePiece model may emit a lone "▁" piece before a
+        # word ("▁", "▁dog": two spaces), or one at either end
+        return Translation(_SPACES.sub(" ", _LINE_BREAKS.sub(" ", text)).strip(" "), score, tokens)
 
     def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool = False, *,
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,

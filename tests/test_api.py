@@ -198,6 +198,13 @@ def test_a_translation_is_one_line(translator, monkeypatch):
     assert translator("Ein Hund.") == "A dog runs ."
 
 
+def test_a_translation_has_single_spaces(translator, monkeypatch):
+    """A lone "▁" piece next to a word (an undertrained SentencePiece model emits them) decoded to
+    two spaces, or one at the start; a non-breaking space (French before "?") stays."""
+    monkeypatch.setattr(type(translator.codec.tgt_tok), "detokenize", lambda self, tokens: " A  dog\u00a0?   runs. ")
+    assert translator("Ein Hund.") == "A dog\u00a0? runs."
+
+
 def test_average_checkpoints(run_dir, tmp_path):
     paths = cometnmt.last_epoch_checkpoints(run_dir, 1)
     assert [p.name for p in paths] == ["epoch001.pt"]
@@ -463,3 +470,26 @@ def test_attention_through_the_api(translator):
     assert translator.codec.tgt_tok.detokenize(own[0].target[:-1]) == translator(sources[0])  # its greedy translation
     with pytest.raises(cometnmt.ConfigError, match=r"^layer=9: the decoder has"):
         translator.attention(sources, layer=9)
+
+
+def test_a_failed_run_says_why_in_its_train_log(tmp_path, data_dir, monkeypatch):
+    """train.log of a run that stopped on an error held only the lines before it (nothing at all
+    when the data were refused): it now ends with the error, and with the traceback of anything
+    that is not a usage error."""
+    from cometnmt.errors import DataError
+    from cometnmt.training import trainer
+
+    with pytest.raises(DataError, match="no training pairs left"):
+        cometnmt.train(tiny_train_cfg(tmp_path / "a", data_dir, "data.max_len=1"))
+    log = (tmp_path / "a" / "train.log").read_text(encoding="utf-8")
+    assert "ERROR cometnmt.training.run: the run stopped: " in log and "no training pairs left" in log
+    assert "Traceback" not in log
+
+    def boom(self):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(trainer.Trainer, "fit", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        cometnmt.train(tiny_train_cfg(tmp_path / "b", data_dir, "train.num_threads=1"))
+    log = (tmp_path / "b" / "train.log").read_text(encoding="utf-8")
+    assert "the run stopped: boom" in log and "Traceback" in log and log.rstrip().endswith("RuntimeError: boom")

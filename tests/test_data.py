@@ -317,3 +317,14 @@ def test_a_sentencepiece_vocabulary_too_small_for_the_text_names_its_key():
     assert not isinstance(info.value, VocabSizeError)
     with pytest.raises(VocabSizeError):
         _train_sentencepiece(corpus.src, 6, "unigram", 1.0, 1)
+
+
+def test_a_folder_as_a_data_file_names_the_config_key(tmp_path: Path) -> None:
+    """data.train_tgt=/some/folder said only '<folder>: is a directory', without the key."""
+    from cometnmt.config import DataConfig
+    from cometnmt.data.pipeline import read_split
+
+    (tmp_path / "t.de").write_text("Ein Hund.\n", encoding="utf-8")
+    cfg = DataConfig(corpus="files", train_src=str(tmp_path / "t.de"), train_tgt=str(tmp_path))
+    with pytest.raises(DataError, match=rf"^config key 'data.train_tgt': {tmp_path}: is a folder, expected a text file$"):
+        read_split(cfg, "train")

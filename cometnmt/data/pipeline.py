@@ -87,6 +87,8 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
             if not path.exists():  # name the key, and the folder a relative path was taken from
                 where = "" if path.is_absolute() else f" (relative paths are taken from the current folder, {Path.cwd()})"
                 raise DataError(f"config key 'data.{split}_{side}': {path}: file not found{where}")
+            if path.is_dir():
+                raise DataError(f"config key 'data.{split}_{side}': {path}: is a folder, expected a text file")
         return paths
     name = {"train": cfg.train_split, "valid": cfg.valid_split, "test": cfg.test_split}[split]
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]

@@ -120,6 +120,15 @@ def ddp_buffer_sync(sync: bool) -> dict:
     return {"forward_sync_buffers": sync} if "forward_sync_buffers" in params else {"broadcast_buffers": sync}
 
 
-def shutdown(info: DistInfo) -> None:
+def shutdown(info: DistInfo, clean: bool = True) -> None:
+    """Leave the process group. After a clean finish each rank first waits for the others (a
+    barrier), so that none tears down its gloo/NCCL connections and threads while a peer is still
+    writing checkpoints or talking to it; a rank that finished first and left alone could abort at
+    exit ("terminate called without an active exception"). After an error (``clean=False``) it
+    leaves at once: a barrier would wait for a rank that may have died."""
     if info.enabled and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            if clean:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()

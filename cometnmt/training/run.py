@@ -15,7 +15,7 @@ from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags
 from cometnmt.data.vocab import PAD
-from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
+from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
 from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
@@ -174,6 +174,16 @@ def _log_file(path: Path) -> logging.Handler:
     return handler
 
 
+def _log_failure(handler: logging.Handler, exc: Exception) -> None:
+    """Write the error that stopped a run to its ``train.log`` only (the console gets it once, from
+    the CLI or the caller): the message of a usage error, the traceback of anything else."""
+    record = logging.makeLogRecord({
+        "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR", "msg": "the run stopped: %s", "args": (exc,),
+        "exc_info": None if isinstance(exc, CometNMTError) else (type(exc), exc, exc.__traceback__),
+    })
+    handler.handle(record)
+
+
 def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None, flags: bool = True) -> dict:
     """Train (or continue training) the run described by ``cfg``; returns the trainer's summary.
 
@@ -196,7 +206,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         torch.set_num_threads(cfg.train.num_threads)
     if device.type == "cuda":
         set_cuda_backends(cfg.train.cudnn_attention)
-    handler = None
+    handler, clean, trainer, model, init_model = None, False, None, None, None
     try:
         if resume and init_from is not None:
             raise ConfigError(f"{'--init-from' if flags else 'init_from'} starts a new run from a checkpoint's weights; "
@@ -249,9 +259,18 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
                 log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
         if dist.is_main:  # on --resume too: train keys (max_epochs, say) may have changed
             write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        return trainer.fit()
+        summary = trainer.fit()
+        clean = True
+        return summary
+    except Exception as exc:
+        if handler is not None:  # train.log says why the run stopped; the caller shows the error itself
+            _log_failure(handler, exc)
+        raise
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
-        shutdown(dist)
+        # DistributedDataParallel's reducer holds the process group: let it go first, so that the
+        # group's threads end in shutdown and not whenever the last reference to the model does
+        trainer = model = init_model = None  # noqa: F841
+        shutdown(dist, clean)
