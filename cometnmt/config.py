@@ -75,6 +75,7 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0  # on attention probabilities (transformer, comet); 0 as in both papers
     max_positions: int = 1024
+    tie_embeddings: bool = False  # one matrix for target embeddings and output projection (Press & Wolf 2017): transformer, comet, transformer_pp
     comet: CometConfig = field(default_factory=CometConfig)
     convs2s: ConvS2SConfig = field(default_factory=ConvS2SConfig)
     rnn: RNNConfig = field(default_factory=RNNConfig)
@@ -131,6 +132,7 @@ class TrainConfig:
 
 COMPILE_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])  # train.compile_mode's choices
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the ones that replay CUDA graphs (on CUDA)
+TIED_ARCHS = ("transformer", "comet", "transformer_pp")  # those with model.tie_embeddings
 
 
 @dataclass
@@ -411,6 +413,9 @@ def validate(cfg: Config) -> None:
         hint = "; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else ""
         raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures, "
                           f"not {cfg.model.arch!r}{hint}")
+    if cfg.model.tie_embeddings and cfg.model.arch not in TIED_ARCHS:
+        raise ConfigError(f"config key 'model.tie_embeddings': applies to the {', '.join(TIED_ARCHS)} architectures, "
+                          f"not {cfg.model.arch!r}")
     if cfg.train.compile_mode != "default" and not cfg.train.compile:
         raise ConfigError(f"config key 'train.compile_mode': {cfg.train.compile_mode!r} needs train.compile: true")
     if len(cfg.train.betas) != 2:

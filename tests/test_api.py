@@ -493,3 +493,28 @@ def test_a_failed_run_says_why_in_its_train_log(tmp_path, data_dir, monkeypatch)
         cometnmt.train(tiny_train_cfg(tmp_path / "b", data_dir, "train.num_threads=1"))
     log = (tmp_path / "b" / "train.log").read_text(encoding="utf-8")
     assert "the run stopped: boom" in log and "Traceback" in log and log.rstrip().endswith("RuntimeError: boom")
+
+
+def test_tied_embeddings_train_resume_translate_and_average(tmp_path, data_dir):
+    """model.tie_embeddings end to end: the checkpoint's model is tied again when loaded (for
+    decoding, --resume and averaging), and a resumed run goes on exactly as an uninterrupted one."""
+    import torch
+
+    from cometnmt.training.checkpoint import load_checkpoint
+
+    tied = ("model.tie_embeddings=true", "train.num_threads=1", "train.keep_checkpoints=2")
+    full = cometnmt.train(tiny_train_cfg(tmp_path / "full", data_dir, *tied, "train.max_epochs=2"))
+    cometnmt.train(tiny_train_cfg(tmp_path / "part", data_dir, *tied, "train.max_epochs=1"))
+    cometnmt.train(tiny_train_cfg(tmp_path / "part", data_dir, *tied, "train.max_epochs=2"), resume=True)
+    a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(tmp_path / "part" / "last.pt")
+    assert full["steps"] == a["step"] == b["step"]
+    for key in a["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=0, atol=0, msg=key)
+    assert torch.equal(a["model"]["out_proj.weight"], a["model"]["tgt_embed.embed.weight"])
+
+    model = cometnmt.Translator.from_checkpoint(tmp_path / "full" / "last.pt", device="cpu").model
+    assert model.out_proj.weight is model.tgt_embed.embed.weight
+    avg = cometnmt.average_checkpoints(cometnmt.last_epoch_checkpoints(tmp_path / "full", 2), tmp_path / "avg.pt")
+    translator = cometnmt.Translator.from_checkpoint(avg, device="cpu")
+    assert translator.model.out_proj.weight is translator.model.tgt_embed.embed.weight
+    assert translator("Zwei Hunde.")

@@ -81,6 +81,9 @@ def test_attention_dropout_is_checked_and_named():
 
 @pytest.mark.parametrize("overrides, needle", [
     (["train.log_every=0"], "'train.log_every': must be at least 1"),
+    (["model.arch=rnn", "model.tie_embeddings=true"], "'model.tie_embeddings': applies to the transformer, comet, "
+                                                      "transformer_pp architectures, not 'rnn'"),
+    (["model.arch=convs2s", "model.tie_embeddings=true"], "'model.tie_embeddings': applies to the transformer"),
     (["train.stopping=bleu_patience", "train.valid_bleu=false"], "needs train.valid_bleu: true"),
     (["train.valid_bleu_max_sentences=0"], "'train.valid_bleu_max_sentences': must be at least 1 (or null)"),
     (["train.schedule=inverse_sqrt", "train.warmup_steps=0"], "'train.warmup_steps': must be at least 1 with"),

@@ -127,8 +127,9 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
 # every registered architecture but the Transformer of the tests above, at test size
 ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked
-    "comet_temporal_conv_bn_length": ["model.arch=comet", "model.comet.decoder=temporal_conv",
-                                      "model.comet.bn_length_bounds=[8,12]"],  # decoder batch norm; per-length rows
+    "comet_temporal_conv_bn_length_tied": ["model.arch=comet", "model.comet.decoder=temporal_conv",  # decoder batch norm
+                                           "model.comet.bn_length_bounds=[8,12]",  # per-length rows
+                                           "model.tie_embeddings=true"],  # a parameter two modules use
     "convs2s": ["model.arch=convs2s", "model.convs2s.embed_dim=32", "model.convs2s.enc_layers=[[32,3,2]]",
                 "model.convs2s.dec_layers=[[32,3,2]]", "model.convs2s.out_embed_dim=32"],
     "rnn": ["model.arch=rnn", "model.rnn.cell=lstm", "model.rnn.embed_dim=32", "model.rnn.hidden_size=32",

@@ -33,6 +33,9 @@ CASES = {
     "rnn_lstm_scaled_dot_no_feed": {"arch": "rnn", "rnn": {"cell": "lstm", "embed_dim": 16, "hidden_size": 32, "attention": "scaled_dot", "input_feeding": False, "bridge": False}},
     "transformer_pp": {"arch": "transformer_pp", "transformer_pp": {"kernel_sizes": [3, 5], "dilations": [1, 2], "tasks": []}},
     "transformer_pp_all_conv": {"arch": "transformer_pp", "transformer_pp": {"kernel_sizes": [5, 3], "dilations": [1, 1], "conv_heads": 4, "tasks": []}},
+    "transformer_tied": {"arch": "transformer", "tie_embeddings": True},
+    "comet_tied": {"arch": "comet", "tie_embeddings": True},
+    "transformer_pp_tied": {"arch": "transformer_pp", "tie_embeddings": True, "transformer_pp": {"kernel_sizes": [3, 5], "dilations": [1, 2], "tasks": []}},
 }
 
 
@@ -274,3 +277,33 @@ def test_cross_attention_weights(name):
         for m in modules:
             del m.keep_weights, m.kept
     torch.testing.assert_close(kept, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["transformer", "comet", "transformer_pp"])
+def test_tied_embeddings_share_one_matrix(name):
+    """model.tie_embeddings: the output projection's weight is the target embedding matrix (one
+    parameter, counted once), and its gradient sums the two uses."""
+    untied, tied = make(name), make(f"{name}_tied")
+    assert tied.out_proj.weight is tied.tgt_embed.embed.weight
+    assert untied.out_proj.weight is not untied.tgt_embed.embed.weight
+    assert untied.num_parameters() - tied.num_parameters() == V_TGT * SMALL["d_model"]
+    assert len(tied.state_dict()) == len(untied.state_dict())  # both keys saved, as PyTorch does
+
+    gen = torch.Generator().manual_seed(1)
+    src, mask = random_batch([5, 3], V_SRC, gen)
+    tgt, _ = random_batch([4, 6], V_TGT, gen)
+    tied.eval()
+    tied(src, mask, tgt).logsumexp(-1).sum().backward()
+    shared = tied.tgt_embed.embed.weight.grad.clone()
+    tied.zero_grad()
+    # the output side's gradient alone: the same logits through a detached copy of the matrix
+    weight = tied.out_proj.weight.detach().clone().requires_grad_()
+    hidden = {}
+    handle = tied.out_proj.register_forward_hook(lambda m, inp, out: hidden.setdefault("x", inp[0].detach()))
+    tied(src, mask, tgt)
+    handle.remove()
+    torch.nn.functional.linear(hidden["x"], weight, tied.out_proj.bias.detach()).logsumexp(-1).sum().backward()
+    rows = set(tgt[tgt != PAD].tolist())
+    unused = [r for r in range(V_TGT) if r not in rows]  # rows no input token looks up: output gradient only
+    torch.testing.assert_close(shared[unused], weight.grad[unused])
+    assert not torch.allclose(shared[sorted(rows)], weight.grad[sorted(rows)])  # the looked-up rows get both

@@ -25,4 +25,7 @@ REGISTRY: dict[str, Builder] = {
 
 def build_model(model_cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Seq2Seq:
     """Build the architecture named by ``model_cfg.arch`` (validated by the config loader)."""
-    return REGISTRY[model_cfg.arch](model_cfg, src_vocab_size, tgt_vocab_size, pad_id)
+    model = REGISTRY[model_cfg.arch](model_cfg, src_vocab_size, tgt_vocab_size, pad_id)
+    if model_cfg.tie_embeddings:
+        model.tie_embeddings()
+    return model

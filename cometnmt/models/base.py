@@ -121,4 +121,9 @@ class Seq2Seq(nn.Module):
                 del m.keep_weights, m.kept  # back to the class default: keep nothing
 
     def num_parameters(self) -> int:
+        """Trainable numbers; a matrix two modules share (``tie_embeddings``) counts once."""
         return sum(p.numel() for p in self.parameters())
+
+    def tie_embeddings(self) -> None:
+        """Make the output projection use the target embedding matrix (``model.tie_embeddings``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tied target embeddings")

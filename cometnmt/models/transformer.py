@@ -160,6 +160,12 @@ class Transformer(Seq2Seq):
         state = {**state, "units": units, "pos": state["pos"] + 1}
         return self.out_proj(x[:, 0]), state  # B,V
 
+    def tie_embeddings(self) -> None:
+        """One V,D matrix for the target embeddings and the output projection's weight (its bias
+        stays its own). The matrix keeps the embedding's initialisation, N(0, 1/d_model), under which
+        the embedding's sqrt(d_model) scale gives unit-variance inputs (Vaswani et al. 2017, 3.4)."""
+        self.out_proj.weight = self.tgt_embed.embed.weight
+
     def reorder(self, state: State, index: torch.Tensor) -> State:
         """Keep/duplicate batch rows.
 
