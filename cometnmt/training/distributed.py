@@ -123,9 +123,10 @@ def ddp_buffer_sync(sync: bool) -> dict:
 def shutdown(info: DistInfo, clean: bool = True) -> None:
     """Leave the process group. After a clean finish each rank first waits for the others (a
     barrier), so that none tears down its gloo/NCCL connections and threads while a peer is still
-    writing checkpoints or talking to it; a rank that finished first and left alone could abort at
-    exit ("terminate called without an active exception"). After an error (``clean=False``) it
-    leaves at once: a barrier would wait for a rank that may have died."""
+    writing checkpoints or talking to it. (A rank once aborted at exit in the test suite with
+    "terminate called without an active exception", a C++ thread left running; this and freeing
+    the DDP model first, in ``run.train``, are the likely remedies, not a proven cause.) After an
+    error (``clean=False``) it leaves at once: a barrier would wait for a rank that may have died."""
     if info.enabled and dist.is_initialized():
         try:
             if clean:
