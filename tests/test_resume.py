@@ -200,3 +200,28 @@ def test_resuming_a_finished_run_says_so(tmp_path, data_dir, caplog):
     assert again["steps"] == first["steps"] and again["epochs"] == first["epochs"] == 1
     assert f"the run had already finished at step {first['steps']}, epoch 1 (train.max_epochs): nothing to train" in caplog.text
     assert "resumed from step" not in caplog.text
+
+
+def test_a_resume_refuses_train_keys_the_checkpoint_fixes(tmp_path, data_dir):
+    """--resume --set train.lr=10 trained on at the run's rate (the optimizer's state holds it)
+    while config.yaml recorded 10; a new seed or batch size would silently reshuffle the epoch the
+    run stopped in. Such keys are refused by name; max_epochs, say, may still change. A resume with
+    nothing to train leaves config.yaml as it was (it recorded max_epochs: 1 for a 2-epoch run)."""
+    from cometnmt.errors import ConfigError
+
+    run_dir = tmp_path / "run"
+    run_module.train(tiny_train_cfg(run_dir, data_dir, "train.max_epochs=1"))
+    for override, shown in [("train.lr=10.0", "train.lr (0.001 in the run, 10.0 now)"),
+                            ("train.seed=7", "train.seed (1 in the run, 7 now)"),
+                            ("train.batch_tokens=900", "train.batch_tokens (600 in the run, 900 now)"),
+                            ("train.schedule=inverse_sqrt", "train.schedule ('constant' in the run, 'inverse_sqrt' now)")]:
+        with pytest.raises(ConfigError, match=re.escape(shown)):
+            run_module.train(tiny_train_cfg(run_dir, data_dir, "train.max_epochs=2", override), resume=True)
+    with pytest.raises(ConfigError, match="start a new run from its weights with init_from"):
+        run_module.train(tiny_train_cfg(run_dir, data_dir, "train.lr=10.0"), resume=True, flags=False)
+
+    run_module.train(tiny_train_cfg(run_dir, data_dir, "train.max_epochs=2", "train.clip_norm=0.5"), resume=True)
+    saved = (run_dir / "config.yaml").read_text(encoding="utf-8")
+    assert "max_epochs: 2" in saved and "clip_norm: 0.5" in saved
+    run_module.train(tiny_train_cfg(run_dir, data_dir, "train.max_epochs=1"), resume=True)  # nothing to train
+    assert (run_dir / "config.yaml").read_text(encoding="utf-8") == saved

@@ -36,6 +36,16 @@ def _resume_option(flags: bool) -> str:
     return "--resume" if flags else "resume=True"
 
 
+# Train keys a resumed run cannot change: the optimizer's state and the scheduler's base rate come
+# from the checkpoint (a new lr, betas, eps or weight_decay was silently ignored while config.yaml
+# recorded it; a new schedule or warmup would bend the old curve), and the epochs' batches, which
+# the run's position points into, are made from the seed and batch sizes. The others (max_epochs,
+# stopping rule, clip_norm, label smoothing, accum_steps for another number of ranks, precision,
+# device, ...) may change and are recorded in config.yaml.
+RESUME_FIXED_TRAIN_KEYS = ("lr", "betas", "eps", "weight_decay", "schedule", "warmup_steps", "seed", "batch_tokens",
+                           "batch_sentences", "bucket_width")
+
+
 def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | None:
     """Never overwrite a run by accident; on --resume, return the last checkpoint."""
     last = Path(cfg.train.save_dir) / "last.pt"
@@ -53,6 +63,15 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
         if changed:
             raise ConfigError(f"{option}: the config differs from the run in {last} in {', '.join(changed)}; "
                               "resume with the same model and data config")
+        saved_train, train = to_dict(saved.train), to_dict(cfg.train)
+        changed = [f"train.{key} ({saved_train[key]!r} in the run, {train[key]!r} now)"
+                   for key in RESUME_FIXED_TRAIN_KEYS if saved_train[key] != train[key]]
+        if changed:
+            restart = "--init-from" if flags else "init_from"
+            raise ConfigError(f"{option}: the config differs from the run in {last} in {', '.join(changed)}; the "
+                              "optimizer, its schedule and the order of the epochs' batches continue from the "
+                              f"checkpoint, so these keys must keep the run's values (to change them, start a new "
+                              f"run from its weights with {restart})")
         return payload
     save_dir = Path(cfg.train.save_dir)
     found = [p.name for p in (last, save_dir / "best.pt", save_dir / "metrics.jsonl") if p.exists()]
@@ -257,7 +276,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
                          trainer.step, trainer.epoch, "its stopping rule" if trainer.finished else "train.max_epochs")
             else:
                 log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
-        if dist.is_main:  # on --resume too: train keys (max_epochs, say) may have changed
+        if dist.is_main and not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
             write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         summary = trainer.fit()
         clean = True
