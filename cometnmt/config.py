@@ -132,6 +132,7 @@ class TrainConfig:
 
 COMPILE_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])  # train.compile_mode's choices
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the ones that replay CUDA graphs (on CUDA)
+SEED_LIMIT = 2**63  # seeds are 63-bit: torch.manual_seed refuses 2**64 and above
 TIED_ARCHS = ("transformer", "comet", "transformer_pp")  # those with model.tie_embeddings
 
 
@@ -445,6 +446,8 @@ def validate(cfg: Config) -> None:
     for key, (value, low) in at_least.items():
         if value < low:
             raise ConfigError(f"config key '{key}': must be at least {low}{' (or null)' if key in optional else ''}, got {value}")
+    if not 0 <= cfg.train.seed < SEED_LIMIT:
+        raise ConfigError(f"config key 'train.seed': must be in [0, 2**63), got {cfg.train.seed}")
     if cfg.train.schedule == "inverse_sqrt" and cfg.train.warmup_steps < 1:
         raise ConfigError(f"config key 'train.warmup_steps': must be at least 1 with train.schedule=inverse_sqrt "
                           f"(its learning rate is 0 without warmup), got {cfg.train.warmup_steps}")
@@ -483,8 +486,8 @@ def _check_sampling(decode: DecodeConfig) -> None:
         raise ConfigError(f"config key 'decode.sampling_topp': {decode.sampling_topp} must be in (0, 1] (1: off)")
     if not (math.isfinite(decode.temperature) and decode.temperature > 0):
         raise ConfigError(f"config key 'decode.temperature': must be a positive finite number, got {decode.temperature}")
-    if decode.sampling_seed is not None and decode.sampling_seed < 0:
-        raise ConfigError(f"config key 'decode.sampling_seed': must be at least 0 (or null), got {decode.sampling_seed}")
+    if decode.sampling_seed is not None and not 0 <= decode.sampling_seed < SEED_LIMIT:
+        raise ConfigError(f"config key 'decode.sampling_seed': must be in [0, 2**63) (or null), got {decode.sampling_seed}")
 
 
 # ---------------------------------------------------------------------------------------------

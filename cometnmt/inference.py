@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from cometnmt.config import Config, DecodeConfig, config_from_dict, from_dict, to_dict
+from cometnmt.config import SEED_LIMIT, Config, DecodeConfig, config_from_dict, from_dict, to_dict
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
@@ -132,6 +132,8 @@ def _check_sampling_settings(name, sampling, topk, topp, temperature, seed) -> N
             raise ConfigError(f"{name(option, repr(value))}: must be an integer")
         if value is not None and value < 0:
             raise ConfigError(f"{name(option, value)}: must be at least 0{' (0: the whole vocabulary)' if option == 'topk' else ''}")
+        if option == "seed" and value is not None and value >= SEED_LIMIT:
+            raise ConfigError(f"{name(option, value)}: must be below 2**63")
     for option, value in (("topp", topp), ("temperature", temperature)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ConfigError(f"{name(option, repr(value))}: must be a number")

@@ -134,6 +134,7 @@ def test_translator_samples(translator):
                               ({"topp": 0.0}, r"^topp=0.0: must be in \(0, 1\]"),
                               ({"temperature": 0}, r"^temperature=0: must be a positive finite number"),
                               ({"seed": -1}, r"^seed=-1: must be at least 0"),
+                              ({"seed": 2**64}, r"^seed=18446744073709551616: must be below 2\*\*63"),  # torch's overflow
                               ({"seed": "1"}, r"^seed='1': must be an integer"),
                               ({"sampling": "yes"}, r"^sampling='yes': must be true or false"),
                               ({"sampling": True, "beam": 3}, r"^sampling=True and beam=3: choose one"),

@@ -81,6 +81,9 @@ def test_attention_dropout_is_checked_and_named():
 
 @pytest.mark.parametrize("overrides, needle", [
     (["train.log_every=0"], "'train.log_every': must be at least 1"),
+    (["train.seed=99999999999999999999999"], "'train.seed': must be in [0, 2**63), got 99999999999999999999999"),
+    (["train.seed=-1"], "'train.seed': must be in [0, 2**63), got -1"),
+    (["decode.sampling_seed=9223372036854775808"], "'decode.sampling_seed': must be in [0, 2**63) (or null)"),
     (["model.arch=rnn", "model.tie_embeddings=true"], "'model.tie_embeddings': applies to the transformer, comet, "
                                                       "transformer_pp architectures, not 'rnn'"),
     (["model.arch=convs2s", "model.tie_embeddings=true"], "'model.tie_embeddings': applies to the transformer"),
@@ -102,7 +105,7 @@ def test_attention_dropout_is_checked_and_named():
     (["decode.sampling_topp=1.5"], "config key 'decode.sampling_topp': 1.5 must be in (0, 1] (1: off)"),
     (["decode.temperature=0"], "config key 'decode.temperature': must be a positive finite number, got 0.0"),
     (["decode.temperature=.inf"], "config key 'decode.temperature': must be a positive finite number, got inf"),
-    (["decode.sampling_seed=-3"], "config key 'decode.sampling_seed': must be at least 0 (or null), got -3"),
+    (["decode.sampling_seed=-3"], "config key 'decode.sampling_seed': must be in [0, 2**63) (or null), got -3"),
     (["decode.sampling_seed=1.5"], "config key 'decode.sampling_seed': expected"),
     (["decode.method=sampling"], "'decode.method': 'sampling' is not allowed; expected one of 'greedy', 'beam', 'sample'"),
 ])
