@@ -245,7 +245,7 @@ def cmd_attention(args) -> int:
 def cmd_evaluate(args) -> int:
     from cometnmt.data.corpus import read_lines, write_text_file
     from cometnmt.data.pipeline import read_text_file
-    from cometnmt.evaluation import format_table, score, write_json
+    from cometnmt.evaluation import format_table, language_code, score, write_json
 
     for option, path in (("--json", args.json), ("--hyp-out", args.hyp_out)):
         if path and Path(path).is_dir():  # before any work
@@ -277,6 +277,8 @@ def cmd_evaluate(args) -> int:
     else:
         if not (args.hyp and args.ref):
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
+        lang = "en" if args.lang is None else language_code(args.lang, "lang", "--lang")
+        src_lang = "de" if args.src_lang is None else language_code(args.src_lang, "src_lang", "--src-lang")
         hyps, refs = read_lines(args.hyp), read_text_file(args.ref)  # an empty hypothesis scores zero
         src = read_text_file(args.src) if args.src else None
         for name, lines in ((args.hyp, hyps), (args.src, src)):
@@ -285,7 +287,7 @@ def cmd_evaluate(args) -> int:
         if args.lang is None:
             log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules: give --lang for another "
                      "target language")
-        result = score(hyps, refs, lang=args.lang or "en", src=src, src_lang=args.src_lang or "de", lowercase=args.lowercase)
+        result = score(hyps, refs, lang=lang, src=src, src_lang=src_lang, lowercase=args.lowercase)
     print(format_table(result))
     if args.json:
         write_json(result, args.json)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Literal, Sequence
@@ -27,7 +28,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
-from cometnmt.errors import DataError, a_type
+from cometnmt.errors import ConfigError, DataError, a_type
 
 logger = logging.getLogger(__name__)
 
@@ -441,6 +442,7 @@ def score(
         result = score(["A man rides a bike."], ["A man is riding a bike."], lang="en")
         result["bleu"], result["chrf"], result["paper_bleu"]
     """
+    lang, src_lang = language_code(lang, "lang"), language_code(src_lang, "src_lang")
     if isinstance(hyps, str) or isinstance(refs, str) or isinstance(src, str):
         raise TypeError("score takes lists of sentences (one string per line), not one string")
     hyps, refs, src = list(hyps), list(refs), None if src is None else list(src)
@@ -452,6 +454,16 @@ def score(
     tgt_tok, src_tok = paper_tokenizers(lang, src_lang if src is not None else None)
     return score_with(hyps, refs, tgt_tok, src_tok, lang=lang, src_lang=src_lang, src=src,
                       per_sentence=per_sentence, lowercase=lowercase)
+
+
+def language_code(value: object, name: str, flag: str | None = None) -> str:
+    """``value`` as a language code, lower-cased ('EN' -> 'en'). Anything but two or three letters
+    ('en_US', '', 5) is a ConfigError naming the keyword ``name`` (or the CLI's ``flag``): before, it
+    was taken as a language spaCy lacks, and the paper's metric was left out with a warning only."""
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z]{2,3}", value):
+        shown = f"{flag} {value!r}" if flag else f"{name}={value!r}"
+        raise ConfigError(f"{shown}: not a language code (two or three letters, such as en, de, fr)")
+    return value.lower()
 
 
 def paper_tokenizers(lang: str, src_lang: str | None) -> tuple:
@@ -477,9 +489,10 @@ def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str,
     if src is not None and src_tok is None:
         _check_sources(src, refs)
         src = None
-    return evaluate(hyps, refs, tokenize=tgt_tok.tokenize if tgt_tok else None, src=src,
-                    src_tokenize=src_tok.tokenize if src_tok else None, per_sentence=per_sentence,
-                    lowercase=lowercase, not_computed=why)
+    result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize if tgt_tok else None, src=src,
+                      src_tokenize=src_tok.tokenize if src_tok else None, per_sentence=per_sentence,
+                      lowercase=lowercase, not_computed=why)
+    return {**result, "lang": lang, **({"src_lang": src_lang} if src is not None else {})}
 
 
 def format_table(result: dict) -> str:

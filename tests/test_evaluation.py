@@ -6,6 +6,7 @@ import gzip
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,24 @@ def test_lowercase_scores_a_lowercased_model_fairly() -> None:
     for metric in ("bleu", "paper"):
         res = paired_bootstrap(hyps, refs, refs, n_samples=50, metric=metric, tokenize=tok, lowercase=True)
         assert res["delta"] == pytest.approx(0.0)  # lowercase output is as good as the cased refs
+
+
+def test_language_codes_are_checked_and_recorded(cli, tmp_path):
+    """--lang EN (a case slip), en_US or '' was taken as a language spaCy lacks: exit 0, the
+    paper's metric left out with a warning only, and the JSON did not say which language scored it.
+    Case is normalised, non-codes are refused by name, and the result records the language."""
+    from cometnmt.errors import ConfigError
+    from cometnmt.evaluation import score
+
+    result = score(["A man rides a bike."], ["A man is riding a bike."], lang="EN")
+    assert result["lang"] == "en" and "paper_bleu" in result and "src_lang" not in result
+    assert score(["Ein Mann."], ["Ein Mann."], lang="de", src=["A man."], src_lang="EN")["src_lang"] == "en"
+    for bad, shown in [("en_US", "lang='en_US'"), ("", "lang=''"), (5, "lang=5")]:
+        with pytest.raises(ConfigError, match=f"^{re.escape(shown)}: not a language code"):
+            score(["a"], ["a"], lang=bad)
+    (tmp_path / "h.txt").write_text("A man rides a bike.\n", encoding="utf-8")
+    proc = cli("evaluate", "--hyp", str(tmp_path / "h.txt"), "--ref", str(tmp_path / "h.txt"), "--lang", "en_US", check=False)
+    assert proc.returncode == 2 and "--lang 'en_US': not a language code (two or three letters" in proc.stderr
+    proc = cli("evaluate", "--hyp", str(tmp_path / "h.txt"), "--ref", str(tmp_path / "h.txt"), "--lang", "EN",
+               "--json", str(tmp_path / "s.json"))
+    assert json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))["lang"] == "en"
