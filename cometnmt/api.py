@@ -98,7 +98,8 @@ def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = Fals
     """The ``last`` newest ``epochNNN.pt`` files of a run folder, oldest first (errors name the
     arguments as keywords, or with ``flags`` as ``cometnmt average``'s ``--dir``/``--last``)."""
     if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-        raise CheckpointError(f"{setting('last', last, flags)}: must be an integer at least 1")
+        raise CheckpointError(f"{setting('last', last if isinstance(last, int) else repr(last), flags)}: "
+                              "must be an integer at least 1")
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"{setting('run_dir', run_dir, flags, flag='--dir')}: not a folder")
     found = sorted(Path(run_dir).glob("epoch*.pt"))

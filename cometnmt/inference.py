@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -28,8 +29,35 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_list(path: str | Path | Sequence[str | Path]) -> list:
-    """One checkpoint, or several (an ensemble), as a list of what was given."""
-    return [path] if isinstance(path, (str, Path)) else list(path)
+    """One checkpoint, or several (an ensemble), as a list of what was given. Anything but a path
+    (str or os.PathLike) or a list of them is a TypeError that says what it got: None and 5 said
+    "not iterable", and bytes were taken as a list of numbers."""
+    def is_path(value) -> bool:
+        return isinstance(value, (str, os.PathLike))
+
+    if is_path(path):
+        return [path]
+    bad = path
+    if not isinstance(path, (bytes, bytearray)) and isinstance(path, Iterable):
+        items = list(path)
+        wrong = [p for p in items if not is_path(p)]
+        if not wrong:
+            return items
+        bad = wrong[0]
+    got = "None" if bad is None else a_type(bad) + (f" ({bad!r})" if isinstance(bad, (bytes, int, float)) else "")
+    raise TypeError(f"a checkpoint is a path (str or pathlib.Path), or a list of paths for an ensemble; got {got}")
+
+
+def _sentence_list(texts, name: str, method: str) -> list:
+    """``texts`` (any iterable of sentences but one string) as a list; bytes or a non-iterable
+    (None, 5) is a TypeError naming ``name``, not "'NoneType' object is not iterable" or, for
+    bytes, "sentence 1 is an int"."""
+    if isinstance(texts, (bytes, bytearray)):
+        raise TypeError(f"{method}: {name} is bytes; decode it (data.decode('utf-8')) into a list of strings")
+    try:
+        return list(texts)
+    except TypeError:
+        raise TypeError(f"{method}: {name} must be a list of sentences, got {a_type(texts)}") from None
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
@@ -331,7 +359,8 @@ class Translator:
         for name, texts in (("sources", sources), ("targets", targets)):
             if isinstance(texts, str):
                 raise TypeError(f"Translator.log_prob takes lists of sentences; {name} is one string")
-        sources, targets = list(sources), list(targets)
+        sources = _sentence_list(sources, "sources", "Translator.log_prob")
+        targets = _sentence_list(targets, "targets", "Translator.log_prob")
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
         _check_sentences(sources)
@@ -350,12 +379,12 @@ class Translator:
         An error names ``layer`` as the keyword, or with ``flags`` as ``--layer``."""
         if isinstance(sources, str) or isinstance(targets, str):
             raise TypeError("Translator.attention takes lists of sentences")
-        sources = list(sources)
+        sources = _sentence_list(sources, "sources", "Translator.attention")
         _check_sentences(sources)
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
         tgt_ids = None
         if targets is not None:
-            targets = list(targets)
+            targets = _sentence_list(targets, "targets", "Translator.attention")
             if len(targets) != len(sources):
                 raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
             _check_sentences(targets)
@@ -422,7 +451,7 @@ class Translator:
             raise TypeError("Translator.translate takes a list of sentences; for one sentence call translator(text)")
         decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size,
                                   sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
-        texts = list(texts)
+        texts = _sentence_list(texts, "texts", "Translator.translate")
         _check_sentences(texts)
         ids = self._ids(texts, self.codec.src_tok, self.codec.encode_src)
         results = self.translate_ids(ids, decode_cfg, progress)

@@ -377,6 +377,15 @@ def test_a_length_penalty_under_greedy_search_is_warned_about(translator, caplog
 def test_translator_checks_each_sentence(translator):
     with pytest.raises(TypeError, match="sentence 2 is an int, not a string"):
         translator(["Ein Hund.", 3])
+    # bytes were iterated as numbers ("sentence 1 is an int"); None was "not iterable"
+    with pytest.raises(TypeError, match=r"^Translator.translate: texts is bytes; decode it"):
+        translator(b"Ein Hund.")
+    with pytest.raises(TypeError, match=r"^Translator.translate: texts must be a list of sentences, got a NoneType"):
+        translator.translate(None)
+    with pytest.raises(TypeError, match=r"^Translator.log_prob: targets must be a list of sentences, got an int"):
+        translator.log_prob(["Ein Hund."], 5)
+    with pytest.raises(TypeError, match=r"^Translator.attention: sources is bytes"):
+        translator.attention(b"Ein Hund.")
     with pytest.raises(cometnmt.DataError, match="sentence 1 holds a newline"):
         translator("Ein Hund.\nZwei Katzen.")
     with pytest.raises(cometnmt.DataError, match="lone surrogate at column 3"):
@@ -519,3 +528,16 @@ def test_tied_embeddings_train_resume_translate_and_average(tmp_path, data_dir):
     translator = cometnmt.Translator.from_checkpoint(avg, device="cpu")
     assert translator.model.out_proj.weight is translator.model.tgt_embed.embed.weight
     assert translator("Zwei Hunde.")
+
+
+def test_checkpoint_arguments_of_the_wrong_type_say_what_they_got(run_dir):
+    """from_checkpoint(None) or (5) said "'NoneType' object is not iterable"; bytes were taken as
+    a list of numbers; last_epoch_checkpoints(dir, "2") showed last=2, as if it were the number."""
+    for bad, got in [(None, "got None$"), (5, r"got an int \(5\)$"), (str(run_dir / "best.pt").encode(), "got a bytes"),
+                     ([run_dir / "best.pt", None], "got None$")]:
+        with pytest.raises(TypeError, match=f"^a checkpoint is a path \\(str or pathlib.Path\\), or a list of paths for an ensemble; {got}"):
+            cometnmt.Translator.from_checkpoint(bad, device="cpu")
+    ensemble = cometnmt.Translator.from_checkpoint(iter([run_dir / "best.pt", run_dir / "last.pt"]), device="cpu")
+    assert type(ensemble.model).__name__ == "Ensemble"  # any iterable of paths still works
+    with pytest.raises(cometnmt.CheckpointError, match=r"^last='2': must be an integer at least 1"):
+        cometnmt.last_epoch_checkpoints(run_dir, "2")
