@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import shlex
+import re
 import signal
 import sys
 from pathlib import Path
@@ -235,6 +236,11 @@ def cmd_attention(args) -> int:
                 "weights": [[round(w, 4) for w in row] for row in m.weights]} for i, m in enumerate(maps)]
     write_text_file(out / "attention.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     shown = maps[: args.plots]
+    stale = [p for p in out.glob("line_*.png") if re.fullmatch(r"line_\d{4,}\.png", p.name)]
+    for path in stale:  # an earlier run's heatmaps would stand beside this run's attention.jsonl
+        path.unlink()
+    if stale:
+        log.info("removed %d heatmaps of an earlier run from %s", len(stale), out)
     for i, amap in enumerate(progress_bar(shown, desc="plots", unit="png", disable=len(shown) < 2, leave=False)):
         plot_attention(amap, out / f"line_{i + 1:04d}.png", f"{Path(args.input).name}, line {i + 1}; decoder layer {amap.layer + 1} of "
                        f"{len(translator.model.cross_attention_modules())}, heads averaged")

@@ -382,8 +382,10 @@ class Translator:
         sources = _sentence_list(sources, "sources", "Translator.attention")
         _check_sentences(sources)
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
-        tgt_ids = None
-        if targets is not None:
+        self._check_attention_layer(layer, flags)
+        if targets is None:  # a blank line's translation is empty, as translate() leaves it, not decoded
+            tgt_ids = self._best_ids(src_ids, progress, skip=[not text.strip() for text in sources])
+        else:
             targets = _sentence_list(targets, "targets", "Translator.attention")
             if len(targets) != len(sources):
                 raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
@@ -391,16 +393,28 @@ class Translator:
             tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
         return self.attention_ids(src_ids, tgt_ids, layer=layer, batch_size=batch_size, progress=progress, flags=flags)
 
-    def attention_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]] | None = None, *, layer: int = -1,
-                      batch_size: int | None = None, progress: bool = False, flags: bool = False) -> list[AttentionMap]:
-        """:meth:`attention` of already-indexed sentences (targets: None for the model's own)."""
+    def _check_attention_layer(self, layer: int, flags: bool) -> int:
+        """The decoder's number of layers, once ``layer`` is known to be one of them (before any decoding)."""
         if isinstance(self.model, Ensemble):
             raise CheckpointError("attention: give one checkpoint; an ensemble's members attend each in their own way")
         layers = len(self.model.cross_attention_modules())
         if not -layers <= layer < layers:
             raise ConfigError(f"{setting('layer', layer, flags)}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
-        if tgt_ids is None:  # the model's own best translation, as ids (no detokenise/tokenise round trip)
-            tgt_ids = [self.codec.tgt_vocab.encode(hyps[0].tokens) for hyps in self.translate_ids(src_ids, progress=progress)]
+        return layers
+
+    def _best_ids(self, src_ids: list[list[int]], progress: bool, skip: list[bool] | None = None) -> list[list[int]]:
+        """The model's best translation of each source, as ids (no detokenise/tokenise round trip);
+        empty, without decoding, where ``skip`` says so."""
+        skip = skip or [False] * len(src_ids)
+        found = iter(self.translate_ids([ids for ids, s in zip(src_ids, skip) if not s], progress=progress))
+        return [[] if s else self.codec.tgt_vocab.encode(next(found)[0].tokens) for s in skip]
+
+    def attention_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]] | None = None, *, layer: int = -1,
+                      batch_size: int | None = None, progress: bool = False, flags: bool = False) -> list[AttentionMap]:
+        """:meth:`attention` of already-indexed sentences (targets: None for the model's own)."""
+        layers = self._check_attention_layer(layer, flags)
+        if tgt_ids is None:
+            tgt_ids = self._best_ids(src_ids, progress)
         self._check_positions(src_ids, "source", "source", 0)
         self._check_positions(tgt_ids, "target", "target", 1)
         out: list[AttentionMap | None] = [None] * len(src_ids)

@@ -415,6 +415,22 @@ def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):
     assert "t.en has 1 lines but" in _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(own), check=False))
 
 
+def test_attention_of_blank_lines_and_a_rerun_into_the_same_folder(trained, cli, tmp_path):
+    """Without -t, a blank or whitespace-only line was decoded ('<unk>' x 11 where translate leaves
+    it blank); its translation is now empty (</s> alone). A rerun into the same --out with fewer
+    plots left the earlier run's line_*.png beside the new attention.jsonl."""
+    ckpt, out = str(trained / "best.pt"), tmp_path / "att"
+    src = tmp_path / "s.de"
+    src.write_text("Ein Hund läuft.\n\n   \nEin Kind.\n", encoding="utf-8")
+    cli("attention", ckpt, "-i", str(src), "--out", str(out), "--plots", "4", "--device", "cpu")
+    records = [json.loads(line) for line in (out / "attention.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["target"] for r in records[1:3]] == [["</s>"], ["</s>"]] and len(records[0]["target"]) > 1
+    assert len(list(out.glob("line_*.png"))) == 4
+    (out / "notes.png").write_bytes(b"mine")
+    cli("attention", ckpt, "-i", str(src), "--out", str(out), "--plots", "1", "--device", "cpu")
+    assert sorted(p.name for p in out.glob("*.png")) == ["line_0001.png", "notes.png"]  # only its own names go
+
+
 def test_evaluate_refuses_the_other_modes_options(cli, tmp_path):
     """--hyp/--ref beside --checkpoint scored the checkpoint's translations and ignored the file; --beam beside
     --hyp/--ref was ignored: each is an error naming the option, before any checkpoint is read."""
