@@ -477,6 +477,40 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(f"config key 'data.{key}': required when data.corpus is 'files'")
 
 
+_SHARED_MODEL_KEYS = ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "dropout", "attention_dropout",
+                      "max_positions", "tie_embeddings")  # the Transformer family's; ConvS2S and the RNN read none
+
+
+def positions_key(model: ModelConfig) -> str:
+    """The key that sizes ``model.arch``'s position tables, for messages."""
+    return "model.convs2s.max_positions" if model.arch == "convs2s" else "model.max_positions"
+
+
+def unused_model_keys(model: ModelConfig) -> list[str]:
+    """``model.KEY=value`` for each key the architecture ``model.arch`` does not read but that is set
+    away from its default: the shared Transformer sizes for convs2s and rnn, and every other
+    architecture's section. A run with such keys trains without them, which is worth a warning
+    (``model.d_model=512`` beside ``arch: convs2s`` changes nothing)."""
+    default = ModelConfig()
+    keys = [] if model.arch in TIED_ARCHS else list(_SHARED_MODEL_KEYS)
+    found = [f"model.{key}={getattr(model, key)!r}" for key in keys if getattr(model, key) != getattr(default, key)]
+    for section in ("comet", "convs2s", "rnn", "transformer_pp"):
+        if section != model.arch:
+            found += [f"model.{section}.{key}={new!r}" for key, old, new in changed_keys(to_dict(getattr(default, section)),
+                                                                                          to_dict(getattr(model, section)))]
+    return found
+
+
+def changed_keys(old: dict, new: dict, prefix: str = ""):
+    """(dotted key, old value, new value) for every leaf where two nested config dicts differ."""
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            yield from changed_keys(a, b, f"{prefix}{key}.")
+        elif a != b:
+            yield f"{prefix}{key}", a, b
+
+
 def _check_sampling(decode: DecodeConfig) -> None:
     """The sampling keys' ranges (checked whatever ``decode.method`` is, as the other keys are)."""
     if decode.sampling_topk < 0:

@@ -12,7 +12,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from cometnmt.config import SEED_LIMIT, Config, DecodeConfig, config_from_dict, from_dict, to_dict
+from cometnmt.config import SEED_LIMIT, Config, DecodeConfig, config_from_dict, from_dict, positions_key, to_dict
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
@@ -326,7 +326,7 @@ class Translator:
             i = too_long[0]
             more = f", as are {len(too_long) - 1} more lines" if len(too_long) > 1 else ""
             raise DataError(f"{where} line {i + 1}: {len(ids[i])} {side} tokens{' and <s>' if extra else ''}, more than the "
-                            f"model's {limit} positions (model.max_positions){more}; split or shorten it")
+                            f"model's {limit} positions ({positions_key(self.cfg.model)}){more}; split or shorten it")
 
     def log_prob_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]], batch_size: int | None = None,
                      progress: bool = False) -> list[float]:

@@ -176,3 +176,20 @@ def test_sampling_config_takes_more_samples_than_the_beam():
     assert (cfg.decode.method, cfg.decode.nbest, cfg.decode.sampling_seed) == ("sample", 8, 5)
     with pytest.raises(ConfigError, match="'decode.nbest': 8 exceeds decode.beam_size=2"):
         load_config(REPO / "configs" / "tiny.yaml", ["decode.method=beam", "decode.nbest=8", "decode.beam_size=2"])
+
+
+def test_keys_the_architecture_does_not_read_are_listed():
+    """model.d_model or model.rnn.hidden_size beside arch: convs2s trained silently without them;
+    train now warns with this list (values away from their defaults only), and the position limit
+    is named by the key that sets it."""
+    from cometnmt.config import positions_key, unused_model_keys
+
+    cfg = load_config(None, ["model.arch=convs2s", "model.d_model=32", "model.rnn.hidden_size=1024",
+                             "model.comet.kernel_size=4", "model.convs2s.embed_dim=64"])
+    assert unused_model_keys(cfg.model) == ["model.d_model=32", "model.comet.kernel_size=4", "model.rnn.hidden_size=1024"]
+    assert positions_key(cfg.model) == "model.convs2s.max_positions"
+    cfg = load_config(None, ["model.arch=comet", "model.d_model=32", "model.comet.kernel_size=5", "model.rnn.cell=lstm"])
+    assert unused_model_keys(cfg.model) == ["model.rnn.cell='lstm'"] and positions_key(cfg.model) == "model.max_positions"
+    for path in sorted((REPO / "configs").rglob("*.yaml")):  # no preset sets a key its architecture ignores
+        if "iwslt" not in path.parts and path.name != "reference.yaml":
+            assert unused_model_keys(load_config(path).model) == [], path

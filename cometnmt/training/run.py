@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from cometnmt.config import Config, config_from_dict, to_dict
+from cometnmt.config import Config, changed_keys, config_from_dict, positions_key, to_dict, unused_model_keys
 from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags
@@ -58,7 +58,7 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
         changed = [
             f"{section}.{key} ({old!r} in the run, {new!r} now)"
             for section in ("model", "data")
-            for key, old, new in _changed(to_dict(getattr(saved, section)), to_dict(getattr(cfg, section)))
+            for key, old, new in changed_keys(to_dict(getattr(saved, section)), to_dict(getattr(cfg, section)))
         ]
         if changed:
             raise ConfigError(f"{option}: the config differs from the run in {last} in {', '.join(changed)}; "
@@ -127,7 +127,7 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
     if changed:
         raise ConfigError(f"{option}: the vocabularies and tokenizers come from the checkpoint, but the "
                           f"config differs from it in {', '.join(changed)}; set them as the checkpoint has them")
-    changed = [f"model.{key} ({old!r} -> {new!r})" for key, old, new in _changed(to_dict(saved.model), to_dict(cfg.model))]
+    changed = [f"model.{key} ({old!r} -> {new!r})" for key, old, new in changed_keys(to_dict(saved.model), to_dict(cfg.model))]
     codec = TextCodec.from_state(payload["codec"])
     model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
     try:
@@ -141,16 +141,6 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
     if changed:
         log.info("--init-from: model keys changed from the checkpoint's: %s", ", ".join(changed))
     return payload, model
-
-
-def _changed(old: dict, new: dict, prefix: str = ""):
-    """(dotted key, old value, new value) for every leaf where two nested config dicts differ."""
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            yield from _changed(a, b, f"{prefix}{key}.")
-        elif a != b:
-            yield f"{prefix}{key}", a, b
 
 
 def training_examples(cfg: Config, corpus, codec: TextCodec | None = None):
@@ -176,12 +166,12 @@ def check_positions(cfg: Config, limit: int | None, valid_corpus, valid_data) ->
     if cfg.data.max_len + max(src_extra, 1) > limit:
         raise ConfigError(f"config key 'data.max_len': {cfg.data.max_len} tokens (+{max(src_extra, 1)} for "
                           f"{'<s> </s> around sources' if src_extra else 'the target BOS'}) exceed the model's {limit} "
-                          "positions (model.max_positions, or model.convs2s.max_positions); lower data.max_len or raise the positions")
+                          f"positions ({positions_key(cfg.model)}); lower data.max_len or raise the positions")
     for i, (src, tgt) in enumerate(zip(valid_data.src_ids, valid_data.tgt_ids)):
         if len(src) > limit or len(tgt) + 1 > limit:
             path = valid_corpus.src_path if len(src) > limit else valid_corpus.tgt_path
             raise DataError(f"{path}:{i + 1}: {max(len(src), len(tgt) + 1)} positions, more than the model's {limit} "
-                            "(model.max_positions); shorten the validation sentence or raise the positions")
+                            f"({positions_key(cfg.model)}); shorten the validation sentence or raise the positions")
 
 
 def _log_file(path: Path) -> logging.Handler:
@@ -235,6 +225,10 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if dist.is_main:
             Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
             handler = _log_file(Path(cfg.train.save_dir) / "train.log")
+        unused = unused_model_keys(cfg.model)
+        if unused:
+            log.warning("model.arch=%s does not use %s (set away from their defaults; trained without them: check "
+                        "model.arch)", cfg.model.arch, ", ".join(unused))
         seed_everything(cfg.train.seed)
 
         train_corpus = read_split(cfg.data, "train")
