@@ -19,9 +19,11 @@ Errors are :class:`~cometnmt.errors.CometNMTError` subclasses (``ConfigError``, 
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Sequence
 
+from cometnmt.atomic import refuse_overwrite, same_file
 from cometnmt.config import Config, apply_overrides, load_config, to_dict
 from cometnmt.errors import CheckpointError, ConfigError, setting
 from cometnmt.inference import SplitTranslation, Translator, checkpoint_list
@@ -109,9 +111,13 @@ def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = Fals
     return found[-last:]
 
 
-def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> Path:
+def average_checkpoints(paths: Sequence[str | Path], output: str | Path, *, flags: bool = False) -> Path:
     """Average the weights of checkpoints of one run (e.g. :func:`last_epoch_checkpoints`) into
-    ``output``, a checkpoint that ``Translator.from_checkpoint`` loads; written atomically."""
+    ``output``, a checkpoint that ``Translator.from_checkpoint`` loads; written atomically.
+    ``output`` may be in the run folder under a name of its own (``avg.pt``), not one of ``paths``
+    nor a name the trainer gives its checkpoints there (``best.pt``, ``last.pt``, ``epoch*.pt``,
+    which ``last_epoch_checkpoints`` would pick up). Errors name the arguments as keywords, or with
+    ``flags`` as ``cometnmt average``'s ``-o``."""
     from cometnmt.training.checkpoint import average_checkpoints as average, save_checkpoint
 
     if isinstance(paths, (str, Path)):
@@ -122,5 +128,16 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> Path
         raise CheckpointError(f"{', '.join(twice)}: given twice; each checkpoint would weigh double in the average")
     if Path(output).is_dir():  # before loading anything
         raise CheckpointError(f"{output}: is a directory, expected a file name to write")
+    refuse_overwrite([("-o" if flags else "output", output)],
+                     [("checkpoint" if flags else f"paths[{i}]", p) for i, p in enumerate(paths)], flags=flags,
+                     error=CheckpointError)
+    name = Path(output).name
+    if name in ("best.pt", "last.pt") or fnmatch(name, "epoch*.pt"):
+        run = next((p for p in paths if same_file(Path(p).parent, Path(output).parent)), None)
+        if run is not None:
+            raise CheckpointError(f"{setting('output', output, flags, flag='-o')}: a name the trainer gives the run's own "
+                                  f"checkpoints, in the folder of {run}; the average would replace one of them or be "
+                                  "taken for one (by a resumed training, or an average of the last epochs): give it a "
+                                  "name of its own such as avg.pt")
     save_checkpoint(average(list(paths)), output)
     return Path(output)

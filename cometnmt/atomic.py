@@ -1,6 +1,7 @@
 """One way to write a file whole or not at all: a temporary file beside it, flushed and fsync'd,
 then renamed over it (``os.replace``). Checkpoints, outputs, JSON results, tag caches and
-downloads all go through ``atomic_write``, so an interrupted write never leaves a torn file."""
+downloads all go through ``atomic_write``, so an interrupted write never leaves a torn file; and
+``refuse_overwrite``, the commands' check that no output is one of their inputs or outputs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
+
+from cometnmt.errors import CometNMTError, setting
 
 
 @contextmanager
@@ -29,3 +32,43 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: ``os.path.samefile`` when both exist (a symlink, a hard
+    link, ``./a.txt`` and ``a.txt``), else the resolved paths compared."""
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        try:
+            return os.path.samefile(a, b)
+        except OSError:
+            pass
+    return a.resolve() == b.resolve()
+
+
+def refuse_overwrite(outputs: Iterable[tuple[str, str | Path | None]], inputs: Iterable[tuple[str, str | Path | None]] = (),
+                     *, flags: bool = True, error: type | None = None) -> None:
+    """Before anything is read or written: a :class:`~cometnmt.errors.CometNMTError` when an output
+    path is one of the command's inputs (writing would destroy it) or another of its outputs (one
+    would replace the other). ``outputs`` and ``inputs`` are (name, path) pairs: the name is the
+    flag (``-o``), or without ``flags`` the keyword (``output``); the message names both settings
+    and the path; ``error`` is the exception's class (default ``CometNMTError``). A path not given
+    (None: standard input or output) never clashes."""
+    error = error or CometNMTError
+
+    def given(pairs):
+        return [(name, path) for name, path in pairs if path is not None]
+
+    def named(name, path):
+        return setting(name, path, flags, flag=name if flags else None)
+
+    outputs, inputs = given(outputs), given(inputs)
+    for i, (out_name, out) in enumerate(outputs):
+        for in_name, path in inputs:
+            if same_file(out, path):
+                raise error(f"{named(out_name, out)} and {named(in_name, path)}: the same file; writing the output "
+                            "would destroy the input (give the output another name)")
+        for other_name, other in outputs[:i]:
+            if same_file(out, other):
+                raise error(f"{named(other_name, other)} and {named(out_name, out)}: the same file; one output "
+                            "would replace the other (give each its own name)")

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shlex
 import re
 import signal
 import sys
 from pathlib import Path
 
+from cometnmt.atomic import refuse_overwrite
 from cometnmt.errors import CometNMTError, DataError
 
 log = logging.getLogger("cometnmt")
@@ -67,12 +69,18 @@ def _sampling_args(args) -> dict:
             "seed": args.seed}
 
 
+def _checkpoints(paths) -> list[tuple[str, str]]:
+    """The checkpoint arguments (one, or an ensemble's) as refuse_overwrite's inputs."""
+    return [("checkpoint", path) for path in paths or ()]
+
+
 def cmd_translate(args) -> int:
     from cometnmt.data.corpus import read_lines, read_stdin_lines, write_text_file
     from cometnmt.inference import Translator
 
     if args.output and Path(args.output).is_dir():  # before any work
         raise CometNMTError(f"-o {args.output}: is a directory, expected a file name to write")
+    refuse_overwrite([("-o", args.output)], [("-i", args.input), *_checkpoints(args.checkpoint)])
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
     if interactive and (args.input or args.output):
         raise CometNMTError("--interactive reads standard input and writes standard output: leave out -i and -o")
@@ -175,6 +183,8 @@ def cmd_logprob(args) -> int:
     for option, path in (("-o", args.output), ("--json", args.json)):
         if path and Path(path).is_dir():  # before any work
             raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
+    refuse_overwrite([("-o", args.output), ("--json", args.json)],
+                     [("-i", args.input), ("-t", args.target), *_checkpoints(args.checkpoint)])
     if args.batch_sentences is not None and args.batch_sentences < 1:
         raise CometNMTError(f"--batch-size {args.batch_sentences}: must be at least 1")
     sources, targets, index = _logprob_pairs(args)
@@ -217,6 +227,10 @@ def cmd_attention(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CometNMTError(f"--out {out}: is a file, expected a folder to write into")
+    inputs = [("-i", args.input), ("-t", args.target), *_checkpoints([args.checkpoint])]
+    # what it writes in --out: attention.jsonl and line_0001.png on (only the names an input has are compared)
+    written = {"attention.jsonl"} | {Path(p).name for _, p in inputs if p and re.fullmatch(r"line_\d{4,}\.png", Path(p).name)}
+    refuse_overwrite([("--out", out / name) for name in sorted(written)], inputs)
     for option, value, low in (("--plots", args.plots, 0), ("--batch-size", args.batch_sentences, 1)):
         if value is not None and value < low:
             raise CometNMTError(f"{option} {value}: must be at least {low}")
@@ -268,6 +282,9 @@ def cmd_evaluate(args) -> int:
         raise CometNMTError(f"{', '.join(given)}: only without --checkpoint (to score --hyp against --ref)"
                             if args.checkpoint else
                             f"{', '.join(given)}: only with --checkpoint (to translate a split and score it)")
+    refuse_overwrite([("--json", args.json), ("--hyp-out", args.hyp_out)],
+                     [("--hyp", args.hyp), ("--ref", args.ref), ("--src", args.src),
+                      *(("--checkpoint", path) for path in args.checkpoint or ())])
     if args.checkpoint:
         from cometnmt.api import evaluate_checkpoint
 
@@ -308,7 +325,7 @@ def cmd_average(args) -> int:
         raise CometNMTError("--dir and --last go together: --dir RUN_FOLDER --last N averages its last N epoch checkpoints")
     if args.last is not None:
         paths += last_epoch_checkpoints(args.dir, args.last, flags=True)
-    average_checkpoints(paths, args.output)
+    average_checkpoints(paths, args.output, flags=True)
     print(f"averaged {len(paths)} checkpoints into {args.output}")
     return 0
 

@@ -296,6 +296,28 @@ def test_averaging_into_a_folder_is_refused_first(run_dir, tmp_path):
         cometnmt.average_checkpoints([run_dir / "best.pt"], tmp_path)
 
 
+def test_averaging_over_an_input_is_refused(tmp_path):
+    """average_checkpoints(paths, out) with out one of paths (or a link to one) replaced that
+    checkpoint; a trainer's name in the run's folder (best.pt, epochNNN.pt) replaced or joined the
+    run's own checkpoints. Refused naming the keywords, before anything is loaded."""
+    run = tmp_path / "run"
+    run.mkdir()
+    paths = [run / "epoch001.pt", run / "epoch002.pt"]
+    for p in [*paths, run / "best.pt"]:
+        p.write_bytes(b"PK\x03\x04 dummy")
+    (tmp_path / "link.pt").symlink_to(paths[1])
+    with pytest.raises(cometnmt.CheckpointError, match=r"^output=\S+epoch002.pt and paths\[1\]=\S+epoch002.pt: the same file"):
+        cometnmt.average_checkpoints(paths, str(run / "." / "epoch002.pt"))
+    with pytest.raises(cometnmt.CheckpointError, match=r"^output=\S+link.pt and paths\[1\]=\S+: the same file"):
+        cometnmt.average_checkpoints(paths, tmp_path / "link.pt")
+    for name in ("best.pt", "last.pt", "epoch003.pt"):
+        with pytest.raises(cometnmt.CheckpointError, match=rf"^output=\S+{name}: a name the trainer gives the run's own"):
+            cometnmt.average_checkpoints(paths, run / name)
+    assert all(p.read_bytes() == b"PK\x03\x04 dummy" for p in [*paths, run / "best.pt"])
+    with pytest.raises(cometnmt.CheckpointError, match="not a readable cometnmt checkpoint"):  # avg.pt: its own name
+        cometnmt.average_checkpoints(paths, run / "avg.pt")
+
+
 def test_sentencepiece_models_of_languages_spacy_cannot_tokenise(tmp_path, data_dir, monkeypatch, caplog):
     """The paper metric needs spaCy's tokenizer of the target language; a SentencePiece model of
     another language trains and validates on BLEU and chrF (before: an error at start), and

@@ -445,6 +445,78 @@ def test_evaluate_refuses_the_other_modes_options(cli, tmp_path):
     assert "--split, --beam: only with --checkpoint" in err and "Traceback" not in err
 
 
+@pytest.fixture
+def clash_files(tmp_path, monkeypatch):
+    """A folder of inputs for the output-clash tests (run in-process from it): dummy checkpoints
+    (refused before any is loaded) and one-line text files."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "att").mkdir()
+    for name in ("copy.pt", "other.pt", "run/epoch001.pt", "run/epoch002.pt", "run/best.pt"):
+        (tmp_path / name).write_bytes(b"PK\x03\x04 a dummy checkpoint " + name.encode())
+    for name in ("src.txt", "s2.txt", "ref.txt", "r2.txt", "hyp.txt", "att/attention.jsonl", "att/line_0001.png"):
+        (tmp_path / name).write_text(f"{name}\n", encoding="utf-8")
+    (tmp_path / "link.pt").symlink_to("other.pt")
+    return tmp_path
+
+
+def _main(capsys, *args: str) -> tuple[int, str]:
+    from cometnmt import cli
+
+    code = cli.main(list(args))
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["translate", "copy.pt", "-i", "src.txt", "-o", "copy.pt"], "-o copy.pt and checkpoint copy.pt: the same file"),
+    (["translate", "copy.pt", "-i", "s2.txt", "-o", "./s2.txt"], "-o ./s2.txt and -i s2.txt: the same file"),
+    (["translate", "copy.pt", "other.pt", "-i", "src.txt", "-o", "link.pt"],  # a symlink to the ensemble's second
+     "-o link.pt and checkpoint other.pt: the same file"),
+    (["evaluate", "--checkpoint", "copy.pt", "--split", "valid", "--hyp-out", "copy.pt"],
+     "--hyp-out copy.pt and --checkpoint copy.pt: the same file"),
+    (["evaluate", "--hyp", "hyp.txt", "--ref", "r2.txt", "--json", "r2.txt"], "--json r2.txt and --ref r2.txt: the same file"),
+    (["evaluate", "--hyp", "hyp.txt", "--ref", "ref.txt", "--src", "s2.txt", "--json", "s2.txt"],
+     "--json s2.txt and --src s2.txt: the same file"),
+    (["evaluate", "--checkpoint", "copy.pt", "--json", "same.out", "--hyp-out", "same.out"],
+     "--json same.out and --hyp-out same.out: the same file; one output would replace the other"),
+    (["logprob", "copy.pt", "-i", "src.txt", "-t", "ref.txt", "--json", "copy.pt"],
+     "--json copy.pt and checkpoint copy.pt: the same file"),
+    (["logprob", "copy.pt", "-i", "src.txt", "-t", "ref.txt", "-o", "ref.txt"], "-o ref.txt and -t ref.txt: the same file"),
+    (["logprob", "copy.pt", "-i", "src.txt", "-t", "ref.txt", "-o", "same.out", "--json", "./same.out"],
+     "-o same.out and --json ./same.out: the same file; one output would replace the other"),
+    (["attention", "copy.pt", "-i", "src.txt", "-t", "att/attention.jsonl", "--out", "att"],
+     "--out att/attention.jsonl and -t att/attention.jsonl: the same file"),
+    (["attention", "copy.pt", "-i", "att/line_0001.png", "--out", "att"],
+     "--out att/line_0001.png and -i att/line_0001.png: the same file"),
+    (["average", "run/epoch001.pt", "run/epoch002.pt", "-o", "run/epoch002.pt"],
+     "-o run/epoch002.pt and checkpoint run/epoch002.pt: the same file"),
+    (["average", "--dir", "run", "--last", "2", "-o", "run/epoch001.pt"], "-o run/epoch001.pt and checkpoint run/epoch001.pt"),
+    (["average", "run/epoch001.pt", "run/epoch002.pt", "-o", "run/best.pt"],
+     "-o run/best.pt: a name the trainer gives the run's own checkpoints"),
+    (["average", "run/epoch001.pt", "run/epoch002.pt", "-o", "run/epoch003.pt"],  # --dir run --last 2 would take it
+     "-o run/epoch003.pt: a name the trainer gives the run's own checkpoints"),
+])
+def test_an_output_that_is_an_input_or_another_output_is_refused(clash_files, capsys, args, needle):
+    """Each wrote over its input (the checkpoint, the source, the reference) or one output over
+    the other, and exited 0: now exit 2 naming both options and the path, before anything is read."""
+    before = {p: p.read_bytes() for p in clash_files.rglob("*") if p.is_file()}
+    code, err = _main(capsys, *args)
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in clash_files.rglob("*") if p.is_file()} == before  # nothing written
+
+
+def test_outputs_of_their_own_are_not_clashes(clash_files, capsys):
+    """A new name in the run folder (the README's avg.pt), or distinct outputs, pass the check
+    (and reach the dummy checkpoint)."""
+    for args in (["average", "--dir", "run", "--last", "2", "-o", "run/avg.pt"],
+                 ["translate", "copy.pt", "-i", "src.txt", "-o", "out.txt"],
+                 ["logprob", "copy.pt", "-i", "src.txt", "-t", "ref.txt", "-o", "scores.txt", "--json", "scores.json"],
+                 ["evaluate", "--checkpoint", "copy.pt", "--json", "r.json", "--hyp-out", "hyp.out"],
+                 ["attention", "copy.pt", "-i", "src.txt", "-t", "ref.txt", "--out", "att"]):
+        code, err = _main(capsys, *args)
+        assert code == 2 and "not a readable cometnmt checkpoint" in err and "the same file" not in err, (args, err)
+
+
 def test_missing_data_file_names_the_config_key(cli, tmp_path):
     err = _err(cli("train", "configs/tiny.yaml", "--set", "data.corpus=files", "--set", "data.train_src=nope.de",
                    "--set", "data.train_tgt=nope.en", "--set", "data.valid_src=nope.de", "--set", "data.valid_tgt=nope.en",
