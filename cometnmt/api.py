@@ -122,8 +122,8 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path, *, flag
 
     if isinstance(paths, (str, Path)):
         raise CheckpointError("average_checkpoints takes a list of checkpoint paths")
-    seen = [Path(p).resolve() for p in paths]
-    twice = sorted({str(p) for p in paths if seen.count(Path(p).resolve()) > 1})
+    paths = list(paths)  # a generator is read once (it averaged nothing: "no checkpoints to average")
+    twice = sorted({str(p) for i, p in enumerate(paths) if any(same_file(p, q) for j, q in enumerate(paths) if j != i)})
     if twice:
         raise CheckpointError(f"{', '.join(twice)}: given twice; each checkpoint would weigh double in the average")
     if Path(output).is_dir():  # before loading anything

@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import shlex
-import re
 import signal
 import sys
 from pathlib import Path
@@ -326,7 +325,7 @@ def cmd_average(args) -> int:
     if args.last is not None:
         paths += last_epoch_checkpoints(args.dir, args.last, flags=True)
     average_checkpoints(paths, args.output, flags=True)
-    print(f"averaged {len(paths)} checkpoints into {args.output}")
+    print(f"averaged {len(paths)} checkpoint{'s' * (len(paths) != 1)} into {args.output}")
     return 0
 
 

@@ -432,6 +432,12 @@ def test_api_arguments_python_callers_pass(run_dir, tmp_path, data_dir):
         cometnmt.score([[1]], ["a"])
     with pytest.raises(cometnmt.CheckpointError, match="given twice"):
         cometnmt.average_checkpoints([run_dir / "best.pt", str(run_dir / "best.pt")], tmp_path / "avg.pt")
+    os.link(run_dir / "best.pt", tmp_path / "hard.pt")  # another name of the same file
+    with pytest.raises(cometnmt.CheckpointError, match="given twice"):
+        cometnmt.average_checkpoints([run_dir / "best.pt", tmp_path / "hard.pt"], tmp_path / "avg.pt")
+    # a generator was read up by the duplicate check, leaving nothing to average
+    out = cometnmt.average_checkpoints((p for p in [run_dir / "best.pt", run_dir / "last.pt"]), tmp_path / "avg.pt")
+    assert cometnmt.Translator.from_checkpoint(out, device="cpu")("Zwei Hunde.")
 
 
 def test_an_ensemble_of_checkpoints(run_dir, translator, tmp_path, cli):
