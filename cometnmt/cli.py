@@ -330,21 +330,34 @@ def cmd_average(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    """Ctrl-C or SIGTERM (what systemd, Docker and Kubernetes send to stop it) stops the server:
+    it accepts no more connections, gives the requests being answered up to 5 seconds to finish
+    (TranslationServer.server_close), says so and exits 0, since stopping is how a server ends,
+    not work cut short (train and translate exit 130/143: their work is unfinished; systemd counts
+    143 as a failure). Left to SIGTERM's default, the process died at once (143, no message) with
+    answers half sent, bypassing the close that keeps a response thread from aborting the process.
+    While the model is still loading, either signal is an interruption: 130 (Ctrl-C) or 143."""
     from cometnmt.serve import make_server
 
-    server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
-                         length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
-    host, port = server.server_address[:2]
-    print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); Ctrl-C stops",
-          file=sys.stderr, flush=True)
+    previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
+                             length_penalty=args.length_penalty, batch_size=args.batch_sentences,
+                             max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
+        host, port = server.server_address[:2]
+        print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
+              "Ctrl-C stops", file=sys.stderr, flush=True)
+        how = "shut down"
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt as exc:
+            how = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C"
+        finally:
+            server.server_close()
+        print(f"cometnmt serve: stopped ({how})", file=sys.stderr, flush=True)
+        return 0
     finally:
-        server.server_close()
-    return 0
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _runs_interruptibly(run, args) -> int:
@@ -498,6 +511,6 @@ def main(argv: list[str] | None = None) -> int:
     except CometNMTError as exc:
         print(f"cometnmt: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
+    except KeyboardInterrupt as exc:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
         print(f"cometnmt {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, _Terminated) else 130  # SIGTERM where a command handles it (serve's start-up)

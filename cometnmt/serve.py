@@ -2,7 +2,8 @@
 
 Endpoints:
 
-* ``GET /health``: ``{"status": "ok", "arch", "src_lang", "tgt_lang", "checkpoint", "decode"}``.
+* ``GET /health``: ``{"status": "ok", "arch", "src_lang", "tgt_lang", "checkpoint", "decode"}``;
+  ``HEAD`` answers as ``GET`` without the body (health checkers use it).
 * ``POST /translate`` with ``{"text": "..."}`` (one sentence) or ``{"texts": ["...", ...]}`` and
   optionally ``beam``, ``nbest``, ``length_penalty``, ``sampling`` (true: random samples, ``nbest``
   of them; false: greedy search), ``topk``, ``topp``, ``temperature``, ``seed``:
@@ -18,7 +19,10 @@ command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-be
 since a beam's (or the samples') memory grows with its width. With a seed (the request's or the
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
 Content-Length, 413 for too many sentences or too large a body, 404/405 for other paths and
-methods) and ``{"error": "..."}`` naming the field; a query string is ignored. Requests are
+methods) and ``{"error": "..."}`` naming the field; a query string is ignored. A request whose
+length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
+line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
+be taken for the next request (request smuggling). Requests are
 handled in threads, the model one request at a time (a lock), so a long batch delays the next
 request rather than racing it.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -115,12 +120,15 @@ class TranslationServer(ThreadingHTTPServer):
                  max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64) -> None:
         if ":" in address[0]:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        # before binding: when the bind fails (port in use, unknown host) socketserver calls
+        # server_close(), which needs these, and the caller gets the OSError rather than an AttributeError
+        self._handlers: set[threading.Thread] = set()  # request threads still running
+        self._handlers_lock = threading.Lock()
+        self.closing = False  # set by server_close: answers say Connection: close
         self.translator, self.checkpoint = translator, checkpoint
         self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
         self.lock = threading.Lock()
-        self._handlers: set[threading.Thread] = set()  # request threads still running
-        self._handlers_lock = threading.Lock()
+        super().__init__(address, _Handler)
 
     def process_request_thread(self, request, client_address) -> None:
         with self._handlers_lock:
@@ -137,7 +145,9 @@ class TranslationServer(ThreadingHTTPServer):
         finishing a response when the interpreter shuts down is stopped inside C code, which aborted
         the process ("terminate called without an active exception"; 1 to 4 Ctrl-Cs in 20 right
         after a request, on a loaded machine; 0 in 30 with this wait). An idle keep-alive connection's
-        thread uses up the wait, then stays blocked in its read, where shutting down does not trip it."""
+        thread uses up the wait, then stays blocked in its read, where shutting down does not trip it.
+        A request answered from now on closes its connection, so its thread ends with the answer."""
+        self.closing = True
         super().server_close()
         deadline = time.monotonic() + wait
         with self._handlers_lock:
@@ -184,6 +194,9 @@ class TranslationServer(ThreadingHTTPServer):
         return out[0] if single else {"scores": out}
 
 
+_ALLOW = {"/health": "GET, HEAD", **{route: "POST" for route in _POST}}  # route -> its methods (Allow header)
+
+
 class _Handler(BaseHTTPRequestHandler):
     """One connection. A request whose body is not read in full (an error before reading it, a
     GET with a body, chunked transfer) closes the connection after its answer, so the rest of the
@@ -192,25 +205,54 @@ class _Handler(BaseHTTPRequestHandler):
     server: TranslationServer
     protocol_version = "HTTP/1.1"
     timeout = 60
+    _length: int | None = None  # the request's Content-Length, checked by parse_request
 
-    def _send(self, status: HTTPStatus, payload: dict | None) -> None:
+    def parse_request(self) -> bool:
+        """http.server's parsing, then a 400 (and the connection closed) for a request whose end
+        is ambiguous: http.server takes the first of two Content-Length headers, int() reads
+        "1_2" or "+12", and a header line such as "Content-Length : 12" silently ends the headers.
+        A proxy in front that reads such a request otherwise would pass its rest on as another
+        request on the same connection (request smuggling)."""
+        if not super().parse_request():
+            return False
+        problem = None
+        lengths = self.headers.get_all("Content-Length") or []
+        if self.headers.defects:  # a line that is not "Name: value" ends the headers there
+            line = str(self.headers.get_payload()).splitlines()[:1] or [""]
+            problem = f"malformed header line {line[0][:100]!r}; send Name: value lines"
+        elif len(lengths) > 1:
+            problem = f"{len(lengths)} Content-Length headers ({', '.join(map(repr, lengths))}); send one"
+        elif lengths and not re.fullmatch(r"[0-9]+", lengths[0].strip(" \t")):
+            problem = f"Content-Length {lengths[0]!r} is invalid: send the body's size in bytes, digits only"
+        if problem:
+            self.close_connection = True
+            self._send(HTTPStatus.BAD_REQUEST, {"error": problem})
+            return False
+        self._length = int(lengths[0]) if lengths else None
+        return True
+
+    def _send(self, status: HTTPStatus, payload: dict | None, headers: dict[str, str] | None = None) -> None:
         data = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        if self.server.closing:  # the server is stopping: no further requests on this connection
+            self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        if self.command != "HEAD":
+        if self.command != "HEAD":  # HEAD: GET's status and headers, Content-Length included, no body
             self.wfile.write(data)
 
     def _route(self) -> str:
         return urlsplit(self.path).path  # a query string is ignored
 
     def _has_body(self) -> bool:
-        return "Transfer-Encoding" in self.headers or self.headers.get("Content-Length", "0").strip() not in ("", "0")
+        return "Transfer-Encoding" in self.headers or bool(self._length)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming); also HEAD
         if self._has_body():
             self.close_connection = True
         if self._route() == "/health":
@@ -225,14 +267,10 @@ class _Handler(BaseHTTPRequestHandler):
         if "Transfer-Encoding" in self.headers:
             self.close_connection = True
             raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length header, not chunked")
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
+        length = self._length  # one, and digits only: parse_request answered 400 otherwise
+        if length is None:
             self.close_connection = True
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send a Content-Length header") from None
-        if length < 0:
-            self.close_connection = True
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"Content-Length {length}: must not be negative")
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send a Content-Length header")
         if length > self.server.max_body_bytes:
             self.close_connection = True
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -272,12 +310,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _not_allowed(self) -> None:
         if self._has_body():
             self.close_connection = True
-        allowed = {"/health": "GET", **{route: "POST" for route in _POST}}.get(self._route(),
-                                                                               "GET /health or POST /translate or /logprob")
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED,
-                   None if self.command == "HEAD" else {"error": f"{self.command} is not supported; use {allowed}"})
+        route = self._route()
+        allowed = {"/health": "GET"}.get(route, _ALLOW.get(route, "GET /health or POST /translate or /logprob"))
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"{self.command} is not supported; use {allowed}"},
+                   {"Allow": _ALLOW[route]} if route in _ALLOW else None)
 
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
+    do_HEAD = do_GET
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
     def log_message(self, format: str, *args) -> None:  # through logging, not straight to stderr
         log.info("%s %s", self.address_string(), format % args)

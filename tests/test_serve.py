@@ -154,6 +154,7 @@ def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path, sigint_
     finally:
         proc.send_signal(__import__("signal").SIGINT)
         assert proc.wait(timeout=60) == 0
+        assert "cometnmt serve: stopped (Ctrl-C)" in proc.stderr.read()
         proc.stderr.close()
 
 
@@ -277,3 +278,141 @@ def test_closing_lets_a_request_being_answered_finish(checkpoint, monkeypatch):
     started = time.monotonic()
     srv.server_close(wait=0.2)  # idempotent, and bounded when nothing runs
     assert time.monotonic() - started < 1.0
+
+
+def serve_command(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "cometnmt", "serve", *args, "--device", "cpu"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_port_in_use_or_an_unknown_host_is_one_line(checkpoint):
+    """A failed bind made socketserver call server_close() before __init__ had set what it uses:
+    an AttributeError traceback (exit 1) instead of 'cannot listen on' (exit 2)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        bad = serve_command(str(checkpoint), "--port", str(port))
+    assert bad.returncode == 2 and f"cannot listen on 127.0.0.1:{port}: " in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+    bad = serve_command(str(checkpoint), "--host", "nosuchhost.invalid", "--port", "0")
+    assert bad.returncode == 2 and "cannot listen on nosuchhost.invalid:0: " in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def answer_then_close(server, request: bytes) -> tuple[int, str | None, dict]:
+    """(status, Connection header, JSON body) of the one answer to ``request``; fails unless the
+    server then closes the connection (a server that waits for more times out)."""
+    import http.client
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=60) as sock:
+        sock.sendall(request)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        out = (resp.status, resp.getheader("Connection"), json.loads(resp.read()))
+        sock.settimeout(10)
+        assert sock.recv(1000) == b"", "the connection stayed open"  # nothing taken as a next request
+    return out
+
+
+@pytest.mark.parametrize("headers, needle", [
+    (b"Content-Length: 5\r\nContent-Length: 12", "2 Content-Length headers ('5', '12'); send one"),
+    (b"Content-Length: 12\r\nContent-Length: 12", "2 Content-Length headers"),
+    (b"Content-Length: abc", "Content-Length 'abc' is invalid"),
+    (b"Content-Length: -1", "Content-Length '-1' is invalid"),
+    (b"Content-Length: 1_2", "Content-Length '1_2' is invalid"),  # int() reads 12
+    (b"Content-Length: +12", "Content-Length '+12' is invalid"),
+    (b"Content-Length : 12", "malformed header line 'Content-Length : 12'"),  # it ended the headers
+])
+@pytest.mark.parametrize("method, path", [("POST", "/translate"), ("GET", "/health")])
+def test_an_ambiguous_length_is_400_and_closes(server, headers, needle, method, path):
+    """Request smuggling: a request whose end a proxy may see elsewhere (http.server took the first
+    of two Content-Length headers and read the rest of the body as the next request) is refused."""
+    body = b'{"text":"a"}'
+    request = b"%s %s HTTP/1.1\r\nHost: x\r\n%s\r\n\r\n%s" % (method.encode(), path.encode(), headers, body)
+    status, connection, out = answer_then_close(server, request)
+    assert (status, connection) == (400, "close") and needle in out["error"], out
+    assert call(server, "/translate", {"text": "a"})[0] == 200  # and the server still answers
+
+
+def test_head_answers_as_get_without_a_body(server):
+    """Health checkers often send HEAD /health: GET's status and headers, no body, and the
+    connection stays usable. 405s name the methods allowed (Allow)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=60)
+    try:
+        conn.request("GET", "/health")
+        get = conn.getresponse()
+        body = get.read()
+        conn.request("HEAD", "/health")
+        head = conn.getresponse()
+        assert head.status == 200 and head.read() == b"" and head.getheader("Connection") is None
+        assert head.getheader("Content-Length") == str(len(body)) == get.getheader("Content-Length")
+        assert head.getheader("Content-Type") == get.getheader("Content-Type")
+        for path, status, allow in (("/translate", 405, "POST"), ("/logprob", 405, "POST"), ("/nope", 404, None)):
+            conn.request("HEAD", path)
+            resp = conn.getresponse()
+            assert (resp.status, resp.read(), resp.getheader("Allow")) == (status, b"", allow), path
+        conn.request("GET", "/health")  # the same connection: no stray bytes were left on it
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["status"] == "ok"
+        conn.request("PUT", "/health", body=b"{}")
+        resp = conn.getresponse()
+        assert resp.status == 405 and resp.getheader("Allow") == "GET, HEAD"
+        resp.read()
+    finally:
+        conn.close()
+
+
+def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
+    """SIGTERM (systemd, Docker, Kubernetes) killed the server outright (exit 143, no message); now
+    it stops as Ctrl-C does: no new connections, the request being answered gets its answer, one
+    line on stderr, exit 0."""
+    import http.client
+    import signal
+    import socket
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "0", "--device", "cpu"],
+                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "serving" in line, line
+        port = int(line.split("http://127.0.0.1:")[1].split()[0])
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # answered: a thread serves this connection
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert resp.status == 200
+        resp.read()
+        body = b'{"text": "Ein Hund."}'
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:5]))
+        proc.send_signal(signal.SIGTERM)  # with that request in flight
+        for _ in range(600):  # until the server stops accepting connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the server still accepts connections after SIGTERM")
+        sock.sendall(body[5:])
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert resp.status == 200 and resp.getheader("Connection") == "close"
+        assert "translation" in json.loads(resp.read())
+        sock.close()
+        assert proc.wait(timeout=60) == 0
+        rest = proc.stderr.read()
+        assert "cometnmt serve: stopped (SIGTERM)" in rest and "Traceback" not in rest, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
