@@ -346,7 +346,7 @@ def cmd_serve(args) -> int:
                              max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
         host, port = server.server_address[:2]
         print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
-              "Ctrl-C stops", file=sys.stderr, flush=True)
+              "Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
         how = "shut down"
         try:
             server.serve_forever()

@@ -116,7 +116,7 @@ class TranslationServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], translator: Translator, checkpoint: str | list[str], *,
+    def __init__(self, address: tuple[str, int], translator: Translator | None, checkpoint: str | list[str], *,
                  max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64) -> None:
         if ":" in address[0]:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
@@ -337,13 +337,20 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{setting(name, value, flags)}: must be at least 1")
-    translator = Translator.from_checkpoint(checkpoint, device)
-    translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
-                                               batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
-                                               temperature=temperature, seed=seed)
-    try:
-        paths = [str(c) for c in checkpoint_list(checkpoint)]
-        return TranslationServer((host, port), translator, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
-                                 max_body_bytes=max_body_bytes, max_beam=max_beam)
+    paths = [str(c) for c in checkpoint_list(checkpoint)]
+    try:  # bind first: a port in use is reported at once, not after loading the model (connections wait in
+        # the listen queue until serve_forever)
+        server = TranslationServer((host, port), None, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
+                                   max_body_bytes=max_body_bytes, max_beam=max_beam)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        translator = Translator.from_checkpoint(checkpoint, device)
+        translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
+                                                   batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
+                                                   temperature=temperature, seed=seed)
+    except BaseException:
+        server.server_close()
+        raise
+    server.translator = translator
+    return server

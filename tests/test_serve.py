@@ -303,6 +303,29 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line(checkpoint):
     assert "Traceback" not in bad.stderr
 
 
+def test_the_port_is_taken_before_the_model_loads_and_given_back_if_it_fails(checkpoint, tmp_path, monkeypatch):
+    """A port in use was reported only after the whole model had loaded; and a model that fails
+    to load leaves the port free for the next try."""
+    import socket
+
+    from cometnmt.errors import CheckpointError, CometNMTError
+    from cometnmt.inference import Translator
+    from cometnmt.serve import make_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with monkeypatch.context() as m:
+            m.setattr(Translator, "from_checkpoint", lambda *a, **k: pytest.fail("loaded the model before binding"))
+            with pytest.raises(CometNMTError, match=f"cannot listen on 127.0.0.1:{port}"):
+                make_server(str(checkpoint), port=port)
+    with pytest.raises(CheckpointError):
+        make_server(str(tmp_path / "missing.pt"), port=port)
+    with socket.socket() as again:  # the failed server closed its socket
+        again.bind(("127.0.0.1", port))
+
+
 def answer_then_close(server, request: bytes) -> tuple[int, str | None, dict]:
     """(status, Connection header, JSON body) of the one answer to ``request``; fails unless the
     server then closes the connection (a server that waits for more times out)."""
