@@ -139,5 +139,5 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path, *, flag
                                   f"checkpoints, in the folder of {run}; the average would replace one of them or be "
                                   "taken for one (by a resumed training, or an average of the last epochs): give it a "
                                   "name of its own such as avg.pt")
-    save_checkpoint(average(list(paths)), output)
+    save_checkpoint(average(paths), output)
     return Path(output)

@@ -215,6 +215,9 @@ def cmd_logprob(args) -> int:
     return 0
 
 
+_HEATMAP = re.compile(r"line_\d{4,}\.png")  # the names cmd_attention gives its plots
+
+
 def cmd_attention(args) -> int:
     import json
 
@@ -228,7 +231,7 @@ def cmd_attention(args) -> int:
         raise CometNMTError(f"--out {out}: is a file, expected a folder to write into")
     inputs = [("-i", args.input), ("-t", args.target), *_checkpoints([args.checkpoint])]
     # what it writes in --out: attention.jsonl and line_0001.png on (only the names an input has are compared)
-    written = {"attention.jsonl"} | {Path(p).name for _, p in inputs if p and re.fullmatch(r"line_\d{4,}\.png", Path(p).name)}
+    written = {"attention.jsonl"} | {Path(p).name for _, p in inputs if p and _HEATMAP.fullmatch(Path(p).name)}
     refuse_overwrite([("--out", out / name) for name in sorted(written)], inputs)
     for option, value, low in (("--plots", args.plots, 0), ("--batch-size", args.batch_sentences, 1)):
         if value is not None and value < low:
@@ -249,7 +252,7 @@ def cmd_attention(args) -> int:
                 "weights": [[round(w, 4) for w in row] for row in m.weights]} for i, m in enumerate(maps)]
     write_text_file(out / "attention.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     shown = maps[: args.plots]
-    stale = [p for p in out.glob("line_*.png") if re.fullmatch(r"line_\d{4,}\.png", p.name)]
+    stale = [p for p in out.glob("line_*.png") if _HEATMAP.fullmatch(p.name)]
     for path in stale:  # an earlier run's heatmaps would stand beside this run's attention.jsonl
         path.unlink()
     if stale:

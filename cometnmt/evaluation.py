@@ -28,7 +28,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
-from cometnmt.errors import ConfigError, DataError, a_type
+from cometnmt.errors import ConfigError, DataError, a_type, setting
 
 logger = logging.getLogger(__name__)
 
@@ -461,8 +461,8 @@ def language_code(value: object, name: str, flag: str | None = None) -> str:
     ('en_US', '', 5) is a ConfigError naming the keyword ``name`` (or the CLI's ``flag``): before, it
     was taken as a language spaCy lacks, and the paper's metric was left out with a warning only."""
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z]{2,3}", value):
-        shown = f"{flag} {value!r}" if flag else f"{name}={value!r}"
-        raise ConfigError(f"{shown}: not a language code (two or three letters, such as en, de, fr)")
+        raise ConfigError(f"{setting(name, repr(value), flag is not None, flag)}: not a language code (two or three "
+                          "letters, such as en, de, fr)")
     return value.lower()
 
 
