@@ -13,6 +13,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from cometnmt.atomic import refuse_overwrite
@@ -34,7 +35,6 @@ def cmd_train(args) -> int:
     from cometnmt.training.run import train
 
     cfg = load_config(args.config, args.set)
-    signal.signal(signal.SIGTERM, _sigterm)
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
     try:
         summary = train(cfg, resume=args.resume, init_from=args.init_from)
@@ -342,31 +342,26 @@ def cmd_serve(args) -> int:
     While the model is still loading, either signal is an interruption: 130 (Ctrl-C) or 143."""
     from cometnmt.serve import make_server
 
-    previous = signal.signal(signal.SIGTERM, _sigterm)
+    server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
+                         length_penalty=args.length_penalty, batch_size=args.batch_sentences,
+                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
+    host, port = server.server_address[:2]
+    print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
+          "Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
+    how = "shut down"
     try:
-        server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
-                             length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                             max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
-        host, port = server.server_address[:2]
-        print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
-              "Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
-        how = "shut down"
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt as exc:
-            how = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C"
-        finally:
-            server.server_close()
-        print(f"cometnmt serve: stopped ({how})", file=sys.stderr, flush=True)
-        return 0
+        server.serve_forever()
+    except KeyboardInterrupt as exc:
+        how = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C"
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        server.server_close()
+    print(f"cometnmt serve: stopped ({how})", file=sys.stderr, flush=True)
+    return 0
 
 
 def _runs_interruptibly(run, args) -> int:
     """reproduce/compare: Ctrl-C or SIGTERM stops the running trainings (each saves last.pt) and
     starts no other; the same command later resumes them."""
-    signal.signal(signal.SIGTERM, _sigterm)
     try:
         return run(args)  # says whether it wrote OUT/report.md
     except KeyboardInterrupt as exc:
@@ -506,9 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. SIGTERM is Ctrl-C for every command (exit 143, not 130): train saves
+    last.pt, serve stops cleanly, and any command's half-written output file is removed
+    (``atomic_write``) rather than left as a temporary file, as a process killed outright would."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _sigterm) if in_main_thread else None
     try:
         return args.func(args)
     except CometNMTError as exc:
@@ -516,4 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
         print(f"cometnmt {args.command}: interrupted", file=sys.stderr)
-        return 143 if isinstance(exc, _Terminated) else 130  # SIGTERM where a command handles it (serve's start-up)
+        return 143 if isinstance(exc, _Terminated) else 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)

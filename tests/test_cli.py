@@ -550,6 +550,33 @@ def test_a_language_spacy_lacks_names_the_config_key(cli, tmp_path):
     assert "config key 'data.tgt_lang': spaCy has no tokenizer for language 'xq'" in err and "sentencepiece" in err
 
 
+def test_sigterm_is_ctrl_c_for_every_command(trained, data_dir):
+    """SIGTERM killed translate (and the other commands but train, reproduce, compare and serve)
+    outright: no message, and a half-written output's temporary file left behind. It now ends a
+    command as Ctrl-C does, with exit 143."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cometnmt", "translate", str(trained / "best.pt"), "--interactive"],
+                            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write("Ein Hund läuft.\n".encode())
+        proc.stdin.flush()
+        assert select.select([proc.stdout], [], [], 300)[0] and proc.stdout.readline()  # loaded and answering
+        proc.send_signal(signal.SIGTERM)  # while it waits for the next line
+        assert proc.wait(timeout=60) == 143
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode("utf-8")
+    assert err.rstrip().endswith("cometnmt translate: interrupted") and "Traceback" not in err
+
+
 def test_translate_interactively_answers_each_line_as_it_comes(trained, data_dir):
     """--interactive (the default on a terminal): each line's translation is written before the next
     line is read, a line that cannot be translated gets its error and the session goes on, and the
