@@ -154,11 +154,14 @@ def paper_bleu(hyps: list[str], refs: list[str], tokenize: Tokenizer) -> float:
     return float(_sentence_scores(hyps, refs, tokenize).mean())
 
 
+BY_LENGTH_MIN_COUNT = 3  # bleu_by_length's default: fewer sentences of a length are too noisy to plot
+
+
 def bleu_by_length(
     src_lengths: list[int],
     hyps_tokens: list[list[str]],
     refs_tokens: list[list[str]],
-    min_count: int = 3,
+    min_count: int = BY_LENGTH_MIN_COUNT,
 ) -> list[dict]:
     """Mean sentence BLEU per source length, as in the COMET paper's Figure 4.
 
@@ -513,9 +516,13 @@ def format_table(result: dict) -> str:
     score_w = max(len(r[1]) for r in rows)
     lines = [f"{name:<{name_w}}  {score:>{score_w}}  {note}".rstrip() for name, score, note in rows]
     by_length = result.get("bleu_by_length")
-    if by_length:
-        lines += ["", "paper BLEU by source length", f"{'length':>6}  {'count':>5}  {'BLEU':>6}"]
-        lines += [f"{r['length']:>6}  {r['count']:>5}  {r['paper_bleu']:>6.2f}" for r in by_length]
+    if by_length is not None:  # asked for (a source was given); lengths with fewer sentences are too noisy
+        lines += ["", f"paper BLEU by source length (lengths with at least {BY_LENGTH_MIN_COUNT} sentences)"]
+        if not by_length:  # it was silently left out of the table
+            lines += ["  none: no source length has that many sentences"]
+        else:
+            lines += [f"{'length':>6}  {'count':>5}  {'BLEU':>6}"]
+            lines += [f"{r['length']:>6}  {r['count']:>5}  {r['paper_bleu']:>6.2f}" for r in by_length]
     return "\n".join(lines)
 
 

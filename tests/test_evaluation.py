@@ -292,3 +292,19 @@ def test_language_codes_are_checked_and_recorded(cli, tmp_path):
     proc = cli("evaluate", "--hyp", str(tmp_path / "h.txt"), "--ref", str(tmp_path / "h.txt"), "--lang", "EN",
                "--json", str(tmp_path / "s.json"))
     assert json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))["lang"] == "en"
+
+
+def test_the_table_says_when_no_length_has_enough_sentences():
+    """With a source, a table whose every length had fewer than 3 sentences showed no by-length
+    section at all, as if none had been asked for."""
+    from cometnmt.evaluation import format_table, score
+
+    few = score(["A dog runs.", "Two cats."], ["A dog runs.", "Two cats sleep."], lang="en",
+                src=["Ein Hund läuft.", "Zwei Katzen."], src_lang="de")
+    assert few["bleu_by_length"] == []
+    assert "no source length has that many sentences" in format_table(few)
+    three = score(["A dog."] * 3, ["A dog."] * 3, lang="en", src=["Ein Hund."] * 3, src_lang="de")
+    table = format_table(three)
+    assert "(lengths with at least 3 sentences)" in table and "none:" not in table
+    assert re.search(r"^ +3 +3 +[0-9.]+$", table, re.M)  # length 3 (tokens), 3 sentences
+    assert "by source length" not in format_table(score(["A dog."], ["A dog."], lang="en"))  # not asked for
