@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,6 +79,102 @@ def test_an_interrupt_during_validation_resumes_exactly(tmp_path, data_dir, monk
     for key, value in reference["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
     assert load_checkpoint(tmp_path / "cut" / "best.pt")["step"] == load_checkpoint(tmp_path / "full" / "best.pt")["step"]
+
+
+class _Term(KeyboardInterrupt):
+    """What the CLI's SIGTERM handler raises (cli._Terminated), without importing the CLI."""
+
+
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM raises _Term, as under the CLI (left at its default, it would end pytest)."""
+    def handler(signum, frame):
+        raise _Term
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("where", ["backward", "update"])
+def test_a_signal_inside_a_step_stops_after_it_and_resumes_exactly(tmp_path, data_dir, monkeypatch, where):
+    """A real Ctrl-C lands between any two bytecodes. After COMET's forward (its batch norms'
+    running statistics updated) or after the optimizer step, the step used to be cut there and
+    last.pt held half of it (the resume redid the step: statistics counted twice, or the weights
+    updated twice). Now the step runs to its end and the run stops after it."""
+    run_module.train(tiny_cfg(tmp_path / "full", data_dir, "comet"))
+    reference = load_checkpoint(tmp_path / "full" / "last.pt")
+    calls = {"n": 0}
+    original = getattr(Trainer, where)
+
+    def signalled(self, *args):
+        out = original(self, *args)
+        calls["n"] += 1
+        if calls["n"] == 7:  # the 2nd step of epoch 2
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(Trainer, where, signalled)
+    cfg = tiny_cfg(tmp_path / "cut", data_dir, "comet")
+    with pytest.raises(KeyboardInterrupt):
+        run_module.train(cfg)
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert saved["step"] == 7 and saved["trainer"]["consumed"] == 4  # the 7th step, whole
+    monkeypatch.setattr(Trainer, where, original)
+    run_module.train(cfg, resume=True)
+    resumed = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert resumed["step"] == reference["step"]
+    for key, value in reference["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+
+
+def test_a_second_signal_does_not_abort_the_interrupt_save(tmp_path, data_dir, monkeypatch, sigterm_raises, caplog):
+    """`reproduce` sends SIGTERM to its trainings when Ctrl-C reaches it, and the terminal's SIGINT
+    has usually reached them too: the SIGTERM landed inside the save of last.pt that the SIGINT
+    had started, aborted the (atomic) write, and the run resumed from an older checkpoint."""
+    from cometnmt.training import trainer as trainer_module
+
+    calls = {"n": 0}
+    original_step, original_save = Trainer.train_step, trainer_module.save_checkpoint
+
+    def interrupt_on_seventh(self, group):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+        return original_step(self, group)
+
+    def save(payload, path):
+        if calls["n"] == 7:  # the interrupt's save: a second signal arrives while it writes
+            os.kill(os.getpid(), signal.SIGTERM)
+        original_save(payload, path)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupt_on_seventh)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save)
+    with caplog.at_level(logging.WARNING, logger="cometnmt"), pytest.raises(KeyboardInterrupt):
+        run_module.train(tiny_cfg(tmp_path / "cut", data_dir))
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["step"] == 6  # before: 5, epoch 1's end
+    assert "a further interrupt arrived" in caplog.text
+
+
+def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_path, data_dir, monkeypatch):
+    """Ctrl-C while best.pt was written at an epoch's end: last.pt already said that epoch was
+    the best, but best.pt was never written (the run resumed without it). Now the epoch's
+    checkpoints are written together and the interrupt is taken after them."""
+    from cometnmt.training import trainer as trainer_module
+
+    original_save = trainer_module.save_checkpoint
+
+    def save(payload, path):
+        if Path(path).name == "best.pt" and payload["epoch"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        original_save(payload, path)
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.train(tiny_cfg(tmp_path / "cut", data_dir))
+    last, best = load_checkpoint(tmp_path / "cut" / "last.pt"), load_checkpoint(tmp_path / "cut" / "best.pt")
+    assert last["epoch"] == best["epoch"] == 1 and last["step"] == best["step"] == 5
+    assert [h["epoch"] for h in last["trainer"]["history"]] == [1]
 
 
 def test_trainer_drops_the_source_mask_exactly_for_unpadded_batches(tmp_path, data_dir, monkeypatch):

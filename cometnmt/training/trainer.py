@@ -44,6 +44,7 @@ from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
+from cometnmt.interrupts import deferred
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import save_checkpoint
@@ -198,7 +199,8 @@ class Trainer:
 
     def save(self, name: str) -> None:
         if self.dist.is_main:
-            save_checkpoint(self.state_dict(), self.save_dir / name)
+            with deferred():  # an interrupt would abort the write (it is atomic: the old file stays)
+                save_checkpoint(self.state_dict(), self.save_dir / name)
 
     def log_metrics(self, record: dict) -> None:
         if self.dist.is_main:
@@ -342,9 +344,26 @@ class Trainer:
                 self.end_epoch()
         except KeyboardInterrupt:
             log.warning("interrupted at step %d; saving %s", self.step, self.save_dir / "last.pt")
-            self.save("last.pt")
+            self._save_interrupted()
             raise
         return self.summary()
+
+    def _save_interrupted(self) -> None:
+        """Save ``last.pt`` after an interrupt; a second Ctrl-C, or the SIGTERM `reproduce` sends
+        its trainings after the terminal's SIGINT reached them, is ignored until the file is
+        written (it aborted the write, and the run resumed from an older checkpoint). A second
+        signal already pending when the first was raised lands before the guard is up: save again."""
+        for attempt in range(3):
+            try:
+                with deferred(redeliver=False) as noted:
+                    if self.dist.is_main:
+                        save_checkpoint(self.state_dict(), self.save_dir / "last.pt")
+                if noted:
+                    log.warning("a further interrupt arrived while %s was saved; ignored", self.save_dir / "last.pt")
+                return
+            except KeyboardInterrupt:
+                if attempt == 2:
+                    raise
 
     def batch_shapes(self, batches: list[list[int]]) -> set[tuple[int, int, int]]:
         """The distinct (sentences, longest source, longest target) of ``batches``: one per tensor shape."""
@@ -381,13 +400,14 @@ class Trainer:
                 bar.close()
                 self.save("last.pt")
                 return False
-            self._step_rng = rng_state()
             group = batches[self.consumed : self.consumed + G]
             self.net.train()
-            loss, n_tokens = self.train_step(group)
-            self.step += 1
-            self.consumed += len(group)
-            self._step_rng = None
+            with deferred():  # a step is whole or not begun: Ctrl-C/SIGTERM waits for its end
+                self._step_rng = rng_state()
+                loss, n_tokens = self.train_step(group)
+                self.step += 1
+                self.consumed += len(group)
+                self._step_rng = None
             window_loss += loss
             window_tokens += n_tokens
             for name, value in self.step_extra.items():
@@ -420,19 +440,22 @@ class Trainer:
         as done only after its validation: a run interrupted while validating saves the epoch with
         every batch consumed, and its resume validates it then."""
         metrics = {"event": "valid", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
-        self.epoch += 1
-        self.consumed = 0
-        self.history.append(metrics)
-        self.log_metrics(metrics)
-        improved = self.update_stopping(metrics)
-        self.save("last.pt")
-        if improved:
-            self.save("best.pt")
-        if self.tc.keep_checkpoints:
-            self.save(f"epoch{self.epoch:03d}.pt")
-            old = self.save_dir / f"epoch{self.epoch - self.tc.keep_checkpoints:03d}.pt"
-            if self.dist.is_main and old.exists():
-                old.unlink()
+        # the epoch's record, stopping rule and checkpoints, all or none: an interrupt among them
+        # left best.pt behind the state's best, or an epoch counted whose record was lost
+        with deferred():
+            self.epoch += 1
+            self.consumed = 0
+            self.history.append(metrics)
+            self.log_metrics(metrics)
+            improved = self.update_stopping(metrics)
+            self.save("last.pt")
+            if improved:
+                self.save("best.pt")
+            if self.tc.keep_checkpoints:
+                self.save(f"epoch{self.epoch:03d}.pt")
+                old = self.save_dir / f"epoch{self.epoch - self.tc.keep_checkpoints:03d}.pt"
+                if self.dist.is_main and old.exists():
+                    old.unlink()
         log.info(
             "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
             self.epoch, metrics["val_loss"], metrics["val_loss_per_100_tokens"],

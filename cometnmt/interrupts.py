@@ -1,0 +1,51 @@
+"""Holding Ctrl-C and SIGTERM off while something must not be cut in two.
+
+An interrupt lands between any two bytecodes. Inside a training step that is between the batch
+norms' running statistics being updated (in the forward) and the weights (in the optimizer), or
+between the step counter and the count of consumed batches; the checkpoint saved on the way out
+then holds half a step, and the resume is not exact. Inside a checkpoint's write it aborts the
+write. :func:`deferred` runs a block to its end and delivers the interrupt after it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def deferred(redeliver: bool = True) -> Iterator[list[int]]:
+    """Within the block, SIGINT and SIGTERM are only noted; the block runs to its end. On leaving
+    it, the first one noted is delivered to the handler that was in place before (Ctrl-C's
+    KeyboardInterrupt, the CLI's SIGTERM), unless ``redeliver`` is False: the block is the clean-up
+    of an interrupt already being handled, and a second signal (a second Ctrl-C, or the SIGTERM
+    that `reproduce` sends its trainings after the terminal's SIGINT) must not abort it.
+
+    Nested blocks note into the outer one. Yields the list of signals noted. Outside the main
+    thread, where Python delivers no signal, it does nothing."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {}
+    try:
+        for signum in SIGNALS:
+            previous[signum] = signal.signal(signum, lambda s, frame: noted.append(s))
+        yield noted
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if noted and redeliver:
+        _deliver(noted[0], previous[noted[0]])
+
+
+def _deliver(signum: int, handler) -> None:
+    """Do what ``handler`` (as ``signal.signal`` returned it) would have done with ``signum``."""
+    if callable(handler):
+        handler(signum, None)  # KeyboardInterrupt, the CLI's SIGTERM, or an outer block noting it
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)  # SIGTERM's default: the process ends, as it would have
