@@ -34,7 +34,8 @@ def deferred(redeliver: bool = True) -> Iterator[list[int]]:
     previous = {}
     try:
         for signum in SIGNALS:
-            previous[signum] = signal.signal(signum, lambda s, frame: noted.append(s))
+            if signal.getsignal(signum) is not None:  # None: a handler set outside Python, left alone
+                previous[signum] = signal.signal(signum, lambda s, frame: noted.append(s))
         yield noted
     finally:
         for signum, handler in previous.items():

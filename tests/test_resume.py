@@ -324,3 +324,22 @@ def test_a_resume_refuses_train_keys_the_checkpoint_fixes(tmp_path, data_dir):
     assert "max_epochs: 2" in saved and "clip_norm: 0.5" in saved
     run_module.train(tiny_train_cfg(run_dir, data_dir, "train.max_epochs=1"), resume=True)  # nothing to train
     assert (run_dir / "config.yaml").read_text(encoding="utf-8") == saved
+
+
+def test_deferred_delivers_the_first_signal_after_the_block_and_nests():
+    """cometnmt.interrupts.deferred: the block runs to its end, then the interrupt is raised; a
+    nested block hands its signal to the outer one; redeliver=False drops it; handlers come back."""
+    from cometnmt.interrupts import deferred
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with deferred():
+            with deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                done.append("inner")
+            done.append("outer")
+    assert done == ["inner", "outer"] and signal.getsignal(signal.SIGINT) is before
+    with deferred(redeliver=False) as noted:
+        os.kill(os.getpid(), signal.SIGINT)
+    assert noted == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is before
