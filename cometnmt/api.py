@@ -63,7 +63,8 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
                         length_penalty: float | None = None, batch_size: int | None = None, device: str = "auto",
                         limit: int | None = None, progress: bool = False, flags: bool = False,
                         sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
-                        temperature: float | None = None, seed: int | None = None) -> tuple[dict, SplitTranslation]:
+                        temperature: float | None = None, seed: int | None = None, hyp_out: str | Path | None = None,
+                        json_out: str | Path | None = None) -> tuple[dict, SplitTranslation]:
     """Translate a split of the checkpoint's own data and score it, as ``cometnmt evaluate
     --checkpoint``: the search is the checkpoint's ``decode`` config with the given settings
     replaced; the scores are :func:`~cometnmt.evaluation.score`'s, with BLEU by source length (on
@@ -74,6 +75,9 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     :param flags: name bad settings as command-line flags (``--beam 0``) rather than keywords.
     :param sampling: score one random sample per sentence (``topk``, ``topp``, ``temperature``,
         ``seed``: :meth:`Translator.translate`'s).
+    :param hyp_out: also write the hypotheses there, a line each; ``json_out``: the scores, as
+        :func:`~cometnmt.evaluation.write_json`. Neither may be the split's source or reference
+        file nor a checkpoint (refused before anything is translated).
     :return: (scores, with the ``checkpoints``, ``split``, ``limit`` and ``decode`` settings that
         made them; the sources, references and hypotheses).
     """
@@ -88,12 +92,30 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
                                 sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
     data = translator.cfg.data
     tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # what spaCy cannot tokenise: said now, not after decoding
+    if hyp_out is not None or json_out is not None:
+        src_file, ref_file = translator.split_files(split)
+        refuse_overwrite([(_name("hyp_out", flags), hyp_out), (_name("json_out", flags, "--json"), json_out)],
+                         [(f"the {split} split's source", src_file), (f"the {split} split's reference", ref_file),
+                          *((_name("checkpoint", flags), path) for path in checkpoint_list(checkpoint))], flags=flags)
     out = translator.translate_split(split, decode, limit=limit, progress=progress)
     result = score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
                         lowercase=data.lowercase)
     paths = [str(Path(p).resolve()) for p in checkpoint_list(checkpoint)]
     result.update(checkpoints=paths, split=split, limit=limit, decode=to_dict(decode))  # what was scored
+    if hyp_out is not None:
+        from cometnmt.data.corpus import write_text_file
+
+        write_text_file(hyp_out, "".join(h + "\n" for h in out.hyps))
+    if json_out is not None:
+        from cometnmt.evaluation import write_json
+
+        write_json(result, json_out)
     return result, out
+
+
+def _name(keyword: str, flags: bool, flag: str | None = None) -> str:
+    """A setting's name as refuse_overwrite shows it: the flag (``--hyp-out``) or the keyword."""
+    return (flag or "--" + keyword.replace("_", "-")) if flags else keyword
 
 
 def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = False) -> list[Path]:

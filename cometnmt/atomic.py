@@ -59,8 +59,8 @@ def refuse_overwrite(outputs: Iterable[tuple[str, str | Path | None]], inputs: I
     def given(pairs):
         return [(name, path) for name, path in pairs if path is not None]
 
-    def named(name, path):
-        return setting(name, path, flags, flag=name if flags else None)
+    def named(name, path):  # a description ("the test split's reference") is followed by the path
+        return f"{name} {path}" if " " in name else setting(name, path, flags, flag=name if flags else None)
 
     outputs, inputs = given(outputs), given(inputs)
     for i, (out_name, out) in enumerate(outputs):

@@ -265,7 +265,7 @@ def cmd_attention(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from cometnmt.data.corpus import read_lines, write_text_file
+    from cometnmt.data.corpus import read_lines
     from cometnmt.data.pipeline import read_text_file
     from cometnmt.evaluation import format_table, language_code, score, write_json
 
@@ -294,11 +294,12 @@ def cmd_evaluate(args) -> int:
             raise CometNMTError("--lowercase: with --checkpoint the model's data.lowercase decides")
         if args.nbest is not None and args.nbest != 1:
             raise CometNMTError(f"--nbest {args.nbest}: evaluate scores the best hypothesis only")
-        result, out = evaluate_checkpoint(args.checkpoint, args.split or "test", beam=args.beam,
-                                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                                          device=args.device, progress=True, flags=True, **_sampling_args(args))
-        if args.hyp_out:
-            write_text_file(args.hyp_out, "".join(h + "\n" for h in out.hyps))
+        result, _ = evaluate_checkpoint(args.checkpoint, args.split or "test", beam=args.beam,
+                                        length_penalty=args.length_penalty, batch_size=args.batch_sentences,
+                                        device=args.device, progress=True, flags=True, hyp_out=args.hyp_out,
+                                        json_out=args.json, **_sampling_args(args))
+        print(format_table(result))
+        return 0
     else:
         if not (args.hyp and args.ref):
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")

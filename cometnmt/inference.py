@@ -14,7 +14,7 @@ import torch
 
 from cometnmt.config import SEED_LIMIT, Config, DecodeConfig, config_from_dict, from_dict, positions_key, to_dict
 from cometnmt.data.batching import collate
-from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split
+from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
 from cometnmt.decoding import sampling_generator, search, target_log_probs
@@ -483,6 +483,11 @@ class Translator:
                                  temperature=temperature, seed=seed)
         best = [r[0].text for r in results]
         return best[0] if single else best
+
+    def split_files(self, split: str = "test") -> tuple[Path, Path]:
+        """The source and reference files of a split of the model's own data (as
+        :meth:`translate_split` reads them)."""
+        return split_files(anchor_paths(self.cfg.data, self.workdir), split)
 
     def translate_split(self, split: str = "test", decode_cfg: DecodeConfig | None = None, *, limit: int | None = None,
                         progress: bool = False) -> SplitTranslation:

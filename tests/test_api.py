@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -246,6 +247,18 @@ def test_a_checkpoint_finds_its_relative_data_paths_from_anywhere(tmp_path, data
     assert averaged.pop("checkpoints") == [str(avg.resolve())]
     assert here.pop("checkpoints") == [str((work / "run" / "best.pt").resolve())]
     assert averaged == here
+
+    # hyp_out/json_out onto the split's own files: before, --hyp-out wrote over the reference
+    reference = (work / "data" / "test.en").read_bytes()
+    for kwargs, needle in (({"hyp_out": work / "data" / "test.en"}, "hyp_out=.*test.en and the test split's reference "),
+                           ({"json_out": work / "data" / "test.de"}, "json_out=.*test.de and the test split's source "),
+                           ({"hyp_out": avg}, "hyp_out=.*avg.pt and checkpoint=.*avg.pt: the same file")):
+        with pytest.raises(cometnmt.CometNMTError, match=needle):
+            cometnmt.evaluate_checkpoint(avg, "test", device="cpu", **kwargs)
+    assert (work / "data" / "test.en").read_bytes() == reference
+    result, out = cometnmt.evaluate_checkpoint(avg, "test", device="cpu", hyp_out=tmp_path / "h.txt", json_out=tmp_path / "r.json")
+    assert (tmp_path / "h.txt").read_text(encoding="utf-8") == "".join(h + "\n" for h in out.hyps)
+    assert json.loads((tmp_path / "r.json").read_text())["bleu"] == result["bleu"]
 
 
 def _files(tmp_path, data_dir, n_train=60, n_valid=6):
