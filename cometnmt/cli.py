@@ -73,10 +73,19 @@ def _checkpoints(paths) -> list[tuple[str, str]]:
     return [("checkpoint", path) for path in paths or ()]
 
 
+def _dash_is_std(args, *names: str) -> None:
+    """``-`` for a file option is standard input or output, as for most Unix tools (it was read
+    or written as a file named '-')."""
+    for name in names:
+        if getattr(args, name) == "-":
+            setattr(args, name, None)
+
+
 def cmd_translate(args) -> int:
     from cometnmt.data.corpus import read_lines, read_stdin_lines, write_text_file
     from cometnmt.inference import Translator
 
+    _dash_is_std(args, "input", "output")
     if args.output and Path(args.output).is_dir():  # before any work
         raise CometNMTError(f"-o {args.output}: is a directory, expected a file name to write")
     refuse_overwrite([("-o", args.output)], [("-i", args.input), *_checkpoints(args.checkpoint)])
@@ -179,6 +188,7 @@ def cmd_logprob(args) -> int:
     from cometnmt.evaluation import write_json
     from cometnmt.inference import Translator
 
+    _dash_is_std(args, "output")
     for option, path in (("-o", args.output), ("--json", args.json)):
         if path and Path(path).is_dir():  # before any work
             raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
@@ -265,10 +275,11 @@ def cmd_attention(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from cometnmt.data.corpus import read_lines
+    from cometnmt.data.corpus import read_lines, read_stdin_lines
     from cometnmt.data.pipeline import read_text_file
     from cometnmt.evaluation import format_table, language_code, score, write_json
 
+    hyp_stdin = args.hyp == "-"
     for option, path in (("--json", args.json), ("--hyp-out", args.hyp_out)):
         if path and Path(path).is_dir():  # before any work
             raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
@@ -285,7 +296,7 @@ def cmd_evaluate(args) -> int:
                             if args.checkpoint else
                             f"{', '.join(given)}: only with --checkpoint (to translate a split and score it)")
     refuse_overwrite([("--json", args.json), ("--hyp-out", args.hyp_out)],
-                     [("--hyp", args.hyp), ("--ref", args.ref), ("--src", args.src),
+                     [("--hyp", None if hyp_stdin else args.hyp), ("--ref", args.ref), ("--src", args.src),
                       *(("--checkpoint", path) for path in args.checkpoint or ())])
     if args.checkpoint:
         from cometnmt.api import evaluate_checkpoint
@@ -297,26 +308,25 @@ def cmd_evaluate(args) -> int:
         result, _ = evaluate_checkpoint(args.checkpoint, args.split or "test", beam=args.beam,
                                         length_penalty=args.length_penalty, batch_size=args.batch_sentences,
                                         device=args.device, progress=True, flags=True, hyp_out=args.hyp_out,
-                                        json_out=args.json, **_sampling_args(args))
-        print(format_table(result))
-        return 0
+                                        json_out=args.json, **_sampling_args(args))  # it writes both
     else:
         if not (args.hyp and args.ref):
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
         lang = "en" if args.lang is None else language_code(args.lang, "lang", "--lang")
         src_lang = "de" if args.src_lang is None else language_code(args.src_lang, "src_lang", "--src-lang")
-        hyps, refs = read_lines(args.hyp), read_text_file(args.ref)  # an empty hypothesis scores zero
+        refs = read_text_file(args.ref)  # an empty hypothesis scores zero
+        hyps = read_stdin_lines() if hyp_stdin else read_lines(args.hyp)
         src = read_text_file(args.src) if args.src else None
-        for name, lines in ((args.hyp, hyps), (args.src, src)):
+        for name, lines in (("<stdin>" if hyp_stdin else args.hyp, hyps), (args.src, src)):
             if lines is not None and len(lines) != len(refs):
                 raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
         if args.lang is None:
             log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules: give --lang for another "
                      "target language")
         result = score(hyps, refs, lang=lang, src=src, src_lang=src_lang, lowercase=args.lowercase)
+        if args.json:
+            write_json(result, args.json)
     print(format_table(result))
-    if args.json:
-        write_json(result, args.json)
     return 0
 
 
@@ -421,8 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("translate", help="translate text with a checkpoint (stdin -> stdout by default)")
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble (their probabilities averaged)")
-    p.add_argument("-i", "--input", help="source file (plain or gzip); default stdin")
-    p.add_argument("-o", "--output", help="output file; default stdout")
+    p.add_argument("-i", "--input", help="source file (plain or gzip); default (or -) stdin")
+    p.add_argument("-o", "--output", help="output file; default (or -) stdout")
     p.add_argument("--interactive", action="store_true",
                    help="translate each line of standard input as it comes (the default when it is a terminal)")
     _add_decode_args(p)
@@ -436,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target file: one translation per source line, or translate --nbest output with --nbest-input")
     p.add_argument("--nbest-input", dest="nbest_input", action="store_true",
                    help="the target file is translate --nbest output (INDEX, SCORE, TEXT); written back with new scores")
-    p.add_argument("-o", "--output", help="output file (default stdout): per line the log-probability (natural log, "
+    p.add_argument("-o", "--output", help="output file (default, or -: stdout): per line the log-probability (natural log, "
                    "summed over the target's tokens and </s>) and the token count, tab-separated")
     p.add_argument("--json", help="also write the totals (tokens, nats per token, perplexity) and every score here")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
@@ -457,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_attention)
 
     p = sub.add_parser("evaluate", help="score translations (sacreBLEU BLEU/chrF and the COMET paper's metric)")
-    p.add_argument("--hyp", help="hypothesis file")
+    p.add_argument("--hyp", help="hypothesis file (-: standard input, e.g. piped from translate)")
     p.add_argument("--ref", help="reference file")
     p.add_argument("--src", help="source file (adds BLEU by source length)")
     p.add_argument("--lang", help="with --hyp/--ref: target language for tokenised metrics (default en)")

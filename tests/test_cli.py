@@ -52,6 +52,18 @@ def test_translate_file_and_stdin(trained, cli, tmp_path, data_dir):
     assert len(lines) == 12
     proc = cli("translate", str(trained / "best.pt"), input=src.read_text(encoding="utf-8"))
     assert proc.stdout.splitlines() == lines  # same checkpoint, same greedy search
+    # '-' is standard input/output (it was a file named '-'), and evaluate --hyp - reads a pipe
+    dash = cli("translate", str(trained / "best.pt"), "-i", "-", "-o", "-", input=src.read_text(encoding="utf-8"))
+    assert dash.stdout.splitlines() == lines and not (tmp_path / "-").exists()
+    ref = tmp_path / "ref.en"
+    with gzip.open(data_dir / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        ref.write_text("".join(next(f) for _ in range(12)), encoding="utf-8")
+    piped = cli("evaluate", "--hyp", "-", "--ref", str(ref), "--json", str(tmp_path / "piped.json"), input=dash.stdout)
+    cli("evaluate", "--hyp", str(out), "--ref", str(ref), "--json", str(tmp_path / "file.json"))
+    assert json.loads((tmp_path / "piped.json").read_text()) == json.loads((tmp_path / "file.json").read_text())
+    assert "BLEU" in piped.stdout
+    short = cli("evaluate", "--hyp", "-", "--ref", str(ref), input="one line\n", check=False)
+    assert short.returncode != 0 and "<stdin> has 1 lines but" in short.stderr
     nbest = cli("translate", str(trained / "best.pt"), "--beam", "3", "--nbest", "2", input="Ein Hund läuft.\n\nZwei.\n")
     rows = [line.split("\t") for line in nbest.stdout.splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"] and all(len(r) == 3 for r in rows)  # 2 rows a line
