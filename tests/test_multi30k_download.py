@@ -165,5 +165,17 @@ def test_local_dir_with_wrong_or_missing_file(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv(ENV_VAR, str(local))
     with pytest.raises(DataError, match=rf"{local / 'val.fr.gz'}: file not found"):
         resolve_dir(files=["val.en.gz", "val.fr.gz"])
-    with pytest.raises(DataError, match="Multi30k directory not found"):
+    with pytest.raises(DataError, match=r"Multi30k directory not found \(given by local_dir\)"):
         resolve_dir(str(tmp_path / "missing"))
+    with pytest.raises(DataError, match=rf"given by \${ENV_VAR} must hold"):
+        resolve_dir(files=["val.fr.gz"])
+
+
+def test_a_config_names_its_multi30k_dir_key(tmp_path: Path) -> None:
+    """Before: 'given by data.multi30k_dir (local_dir)' from the config and the API alike."""
+    from cometnmt.config import load_config
+    from cometnmt.data.pipeline import split_files
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", [f"data.multi30k_dir={tmp_path / 'missing'}"])
+    with pytest.raises(DataError, match=r"not found \(given by config key 'data.multi30k_dir'\)$"):
+        split_files(cfg.data, "valid")

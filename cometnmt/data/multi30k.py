@@ -195,16 +195,17 @@ def resolve_dir(
     base_url: str = DEFAULT_URL,
     files: Iterable[str] | None = None,
     verify: bool = True,
+    key: str = "local_dir",
 ) -> Path:
     """Return a folder holding the needed Multi30k files (default: all 9), verified by SHA-256.
 
     ``local_dir``, else ``$COMETNMT_MULTI30K_DIR`` ("~" is the home folder), is used as is (never
-    downloads into it).
+    downloads into it); errors name it as ``key`` (the config reader passes ``data.multi30k_dir``).
     Otherwise missing files are downloaded from ``base_url`` into ``cache_dir``.
     """
     names = _needed_files(files, verify)
     if local_dir:
-        return _use_local(Path(local_dir).expanduser(), names, verify, "data.multi30k_dir (local_dir)")
+        return _use_local(Path(local_dir).expanduser(), names, verify, key)
     env_dir = os.environ.get(ENV_VAR)
     if env_dir:
         return _use_local(Path(env_dir).expanduser(), names, verify, f"${ENV_VAR}")

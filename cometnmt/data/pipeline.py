@@ -92,7 +92,7 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
         return paths
     name = {"train": cfg.train_split, "valid": cfg.valid_split, "test": cfg.test_split}[split]
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
-    root = resolve_dir(cfg.multi30k_dir, files=files)
+    root = resolve_dir(cfg.multi30k_dir, files=files, key="config key 'data.multi30k_dir'")
     return split_paths(root, name, cfg.src_lang, cfg.tgt_lang)
 
 
