@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run, e.g. train.max_epochs=5")
     p.add_argument("--device", default="auto", help="device for training and decoding (auto = GPU if present)")
     p.add_argument("--average-last", dest="average_last", type=int, default=0, metavar="N",
-                   help="evaluate the average of each run's last N epoch checkpoints (train.keep_checkpoints >= N); "
+                   help="evaluate the average of each run's last N epoch checkpoints (train.keep_checkpoints and train.max_epochs >= N); "
                         "default 0: the best checkpoint")
     p.add_argument("--beam", type=int, help="beam size for every system (1 = greedy); default: each config's search")
     p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT alpha for every system; default: each config's")
@@ -74,6 +74,7 @@ def _systems(args) -> list[tuple[str, Path]]:
     if args.average_last < 0:
         raise CometNMTError(f"--average-last must be >= 0, got {args.average_last}")
     configs = [load_config(path, args.set) for path in args.configs]
+    _check_average_last(args, configs)
     if "paper" in args.metrics:  # the paper metric needs spaCy's tokenizer: fail now, not after training
         from cometnmt.data.tokenizers import SpacyTokenizer
 
@@ -91,6 +92,28 @@ def _systems(args) -> list[tuple[str, Path]]:
     return systems
 
 
+def _check_average_last(args, configs) -> None:
+    """``--average-last N`` averages each run's last N epoch checkpoints: every config, with this
+    call's --set overrides, must keep N of them (``train.keep_checkpoints``) and train at least N
+    epochs (``train.max_epochs``). Checked before any run trains: a run trained without them has no
+    epoch checkpoints to average, and keeping them afterwards does not make them."""
+    n = args.average_last
+    if not n:
+        return
+    problems, keys = [], []
+    for path, cfg in zip(args.configs, configs):
+        short = [(f"train.{key}", value) for key, value in (("keep_checkpoints", cfg.train.keep_checkpoints),
+                                                             ("max_epochs", cfg.train.max_epochs)) if value < n]
+        if short:
+            problems.append(f"{path} has {' and '.join(f'{key}={value}' for key, value in short)}")
+            keys += [key for key, _ in short if key not in keys]
+    if problems:
+        where = " (with this call's --set overrides)" if args.set else ""
+        raise CometNMTError(f"--average-last {n} averages each run's last {n} epoch checkpoints, but {'; '.join(problems)}"
+                            f"{where}; set {' and '.join(keys)} to at least {n} in each config (or for every run: "
+                            f"{' '.join(f'--set {key}={n}' for key in keys)}), or lower --average-last")
+
+
 def _specs(args, systems: list[tuple[str, Path]]) -> list[RunSpec]:
     """Seed by seed, every system of a seed together, so that paired runs finish together."""
     return [RunSpec(name, path, seed, run_dir(Path(args.out), name, seed)) for seed in args.seeds for name, path in systems]
@@ -103,13 +126,28 @@ def _checkpoint(args, run: Path) -> tuple[Path, list[str]]:
     if not args.average_last:
         return run / "best.pt", ["best.pt"]
     found = sorted(run.glob("epoch*.pt"))
-    if not found:
-        raise CometNMTError(f"{run}: no epochNNN.pt checkpoints to average; set train.keep_checkpoints >= {args.average_last}")
+    if not found:  # a run trained by an earlier call, or by code without the check of _check_average_last
+        raise CometNMTError(f"--average-last {args.average_last}: {run} has no epochNNN.pt checkpoints to average (trained "
+                            f"with train.keep_checkpoints={_kept(run)}); they are written only while it trains: move the "
+                            f"folder away to train it again with train.keep_checkpoints >= {args.average_last}, or leave out "
+                            "--average-last")
     use = found[-args.average_last :]
     if len(use) < args.average_last:
         log.warning("%s: only %d epoch checkpoints to average (asked for %d)", run, len(use), args.average_last)
     save_checkpoint(average_checkpoints(use), run / "avg.pt")
     return run / "avg.pt", [p.name for p in use]
+
+
+def _kept(run: Path) -> str:
+    """The run's train.keep_checkpoints as its config.yaml records it ('?' when unreadable)."""
+    import yaml
+
+    from cometnmt.config import yaml_load
+
+    try:
+        return str(yaml_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["keep_checkpoints"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return "?"
 
 
 def _search_label(decode: dict) -> str:

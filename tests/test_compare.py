@@ -107,3 +107,35 @@ def test_search_label_names_a_sampling_config():
     assert _search_label(to_dict(DecodeConfig(method="sample", sampling_topk=10, sampling_seed=3))) == \
         "sampling (top-k 10, top-p 1, temperature 1, seed 3)"
     assert _search_label(to_dict(DecodeConfig(method="beam", length_penalty=0.5))) == "beam 5, length penalty 0.5"
+
+
+def test_average_last_needs_the_epoch_checkpoints_before_anything_trains(cli, tmp_path):
+    """--average-last N over configs that keep fewer than N epoch checkpoints (train.keep_checkpoints)
+    or train fewer than N epochs (train.max_epochs): every run trained to the end, then failed at its
+    evaluation; the hinted train.keep_checkpoints failed again, since the finished runs had none.
+    (--deadline 0: a regression starts no training here.)"""
+    out = tmp_path / "avg"
+    proc = cli("compare", *PRESETS, "--average-last", "11", "--out", str(out), "--deadline", "0", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"--average-last 11 averages each run's last 11 epoch checkpoints, but {PRESETS[0]} has "
+            f"train.keep_checkpoints=10; {PRESETS[1]} has train.keep_checkpoints=10;") in proc.stderr
+    assert "--set train.keep_checkpoints=11" in proc.stderr
+    proc = cli("compare", *PRESETS, "--average-last", "3", "--out", str(out), "--deadline", "0", *_tiny(tmp_path), check=False)
+    assert proc.returncode == 2  # the --set overrides count: train.keep_checkpoints=2, train.max_epochs=2
+    assert (f"{PRESETS[1]} has train.keep_checkpoints=2 and train.max_epochs=2 (with this call's --set overrides); "
+            "set train.keep_checkpoints and train.max_epochs to at least 3") in proc.stderr
+    assert not out.exists()  # refused before any run started
+
+
+def test_a_run_without_epoch_checkpoints_says_how_to_get_them(tmp_path):
+    import argparse
+
+    from cometnmt import compare
+    from cometnmt.errors import CometNMTError
+
+    run = tmp_path / "seed1"
+    run.mkdir()
+    (run / "config.yaml").write_text("train:\n  keep_checkpoints: 0\n")
+    with pytest.raises(CometNMTError, match="has no epochNNN.pt checkpoints to average \\(trained with "
+                                            "train.keep_checkpoints=0\\); they are written only while it trains"):
+        compare._checkpoint(argparse.Namespace(average_last=2), run)
