@@ -75,6 +75,13 @@ def _systems(args) -> list[tuple[str, Path]]:
         raise CometNMTError(f"--average-last must be >= 0, got {args.average_last}")
     configs = [load_config(path, args.set) for path in args.configs]
     _check_average_last(args, configs)
+    from cometnmt.data.tagging import check_training_tags
+
+    for path, cfg in zip(args.configs, configs):  # Transformer++'s tag cache: not after the other runs trained
+        try:
+            check_training_tags(cfg)
+        except CometNMTError as exc:
+            raise CometNMTError(f"{path}: {exc}") from None
     if "paper" in args.metrics:  # the paper metric needs spaCy's tokenizer: fail now, not after training
         from cometnmt.data.tokenizers import SpacyTokenizer
 

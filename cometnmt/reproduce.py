@@ -146,9 +146,15 @@ def run_reproduce(args) -> int:
     if missing:
         raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
     from cometnmt.config import load_config
+    from cometnmt.data.tagging import check_training_tags
 
     for row in rows:  # every preset with the --set overrides, checked before any run starts (as compare does)
-        load_config(Path(args.config_dir) / ROWS[row].preset, args.set)
+        path = Path(args.config_dir) / ROWS[row].preset
+        cfg = load_config(path, args.set)
+        try:
+            check_training_tags(cfg)  # Transformer++'s tag cache (with --set model.arch=transformer_pp)
+        except CometNMTError as exc:
+            raise CometNMTError(f"{path}: {exc}") from None
     prev = _previous_report(args)  # read (and checked) before any training, and before OUT/report.json is rewritten
     return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run),
                           lambda records, missing, seconds: build_report(args, rows, records, missing, seconds, prev))

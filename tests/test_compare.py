@@ -66,6 +66,11 @@ def test_compare_rejects_bad_invocations(cli, tmp_path):
     assert proc.returncode == 2 and "share the name 'transformer_pp_en_de'" in proc.stderr
     proc = cli("compare", *PRESETS, "--out", out, "--set", "train.max_epoch=3", check=False)
     assert proc.returncode == 2 and "train.max_epoch" in proc.stderr
+    (tmp_path / "tags").write_text("")  # a file where Transformer++'s tag cache folder should be
+    proc = cli("compare", *PRESETS, "--out", out, "--set", f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}",
+               "--deadline", "0", check=False)
+    assert proc.returncode == 2 and (f"{PRESETS[0]}: config key 'model.transformer_pp.tag_cache_dir': {tmp_path / 'tags'} "
+                                     "is a file, not a folder") in proc.stderr
     assert not (tmp_path / "bad" / "runs").exists()  # nothing trained
 
 

@@ -157,6 +157,51 @@ def test_training_without_tags_is_an_error_not_a_silent_skip():
         build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 6}, "model"), 11, 11, PAD)
 
 
+def test_a_tag_cache_dir_that_is_a_file_is_refused_before_any_tagging(data_dir, tmp_path, monkeypatch, caplog):
+    """model.transformer_pp.tag_cache_dir naming a regular file: the corpus was tagged, then writing
+    the cache raised FileExistsError with a traceback (exit 1)."""
+    import cometnmt
+    from cometnmt.data import tagging
+    from conftest import tiny_train_cfg
+
+    class Tagger(CountingAnnotator):
+        name, tasks = "fake@2", ("pos", "ner")
+
+        def annotate(self, texts):
+            calls.append(len(texts))
+            return {"pos": [[(0, len(t), "NOUN")] for t in texts], "ner": [[(0, len(t), "O")] for t in texts]}
+
+    calls = []
+    monkeypatch.setattr(tagging, "build_annotators", lambda c, lang: [Tagger()])
+    taken = tmp_path / "tags.json"
+    taken.write_text("{}")
+    for folder, said in ((taken, f"{taken} is a file, not a folder;"),
+                         (taken / "sub", f"{taken} is a file, not a folder, so {taken / 'sub'} cannot be a folder;")):
+        cfg = tiny_train_cfg(tmp_path / "run", data_dir, "model.arch=transformer_pp", "model.enc_layers=3",
+                             "model.transformer_pp.conv_heads=2", f"model.transformer_pp.tag_cache_dir={folder}")
+        with pytest.raises(ConfigError) as err:
+            cometnmt.train(cfg)
+        assert str(err.value).startswith("config key 'model.transformer_pp.tag_cache_dir': ") and said in str(err.value)
+    assert calls == [] and not (tmp_path / "run").exists()  # nothing tagged, no run folder begun
+    assert taken.read_text() == "{}"
+
+    c = cfg.model.transformer_pp
+    monkeypatch.setattr(tagging.os, "access", lambda path, mode: False)  # a parent that cannot be written to
+    c.tag_cache_dir = str(tmp_path / "new" / "tags")
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'new' / 'tags'} cannot be created: {tmp_path} is not writable"):
+        tagging.check_cache_dir(c)
+    c.tag_cache_dir = str(tmp_path)  # an existing folder: a read-only cache may hold every annotation needed
+    assert tagging.check_cache_dir(c) == tmp_path
+
+    def unwritable(path, mode="w"):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tagging, "atomic_write", unwritable)  # a cache miss there: tags all the same, with a warning
+    with caplog.at_level(logging.WARNING):
+        assert annotate_cached(CountingAnnotator(), ["Hund"], tmp_path) == {"pos": [[(0, 4, "NOUN")]]}
+    assert "cannot write the cache file" in caplog.text and "Permission denied" in caplog.text
+
+
 # -- learning ------------------------------------------------------------------------------------
 
 

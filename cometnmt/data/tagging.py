@@ -243,6 +243,29 @@ def cache_dir(configured: Optional[str]) -> Path:
     return Path(root) / "tags" if root else Path.home() / ".cache" / "cometnmt" / "tags"
 
 
+def check_cache_dir(c) -> Path:
+    """The tag cache folder of ``model.transformer_pp`` section ``c``, checked before anything is
+    tagged: a path that is a file, or lies under one, and a folder that cannot be created (its
+    nearest existing parent is not writable) are a ConfigError naming the key and the path (the
+    annotations were computed first, then writing them failed with a traceback)."""
+    folder = cache_dir(c.tag_cache_dir)
+    key = ("config key 'model.transformer_pp.tag_cache_dir'" if c.tag_cache_dir else
+           "the tag cache (model.transformer_pp.tag_cache_dir: null, so $COMETNMT_CACHE/tags or ~/.cache/cometnmt/tags)")
+    fix = "name a folder for the tag cache" if c.tag_cache_dir else "set model.transformer_pp.tag_cache_dir to a folder"
+    for part in (folder, *folder.parents):
+        if part.is_symlink() and not part.exists():
+            raise ConfigError(f"{key}: {part} is a broken symbolic link; {fix}")
+        if not part.exists():
+            continue
+        if not part.is_dir():
+            inside = "" if part == folder else f", so {folder} cannot be a folder"
+            raise ConfigError(f"{key}: {part} is a file, not a folder{inside}; {fix}")
+        if part != folder and not os.access(part, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}: {folder} cannot be created: {part} is not writable; {fix} you can write to")
+        break
+    return folder
+
+
 def corpus_key(texts: list[str], annotator_name: str) -> str:
     h = hashlib.sha256()
     h.update(annotator_name.encode("utf-8") + b"\n")
@@ -277,8 +300,11 @@ def annotate_cached(annotator: Annotator, texts: list[str], folder: Path) -> dic
             return cached
     log.info("tags: annotating %d sentences with %s (once; cached in %s)", len(texts), annotator.name, folder)
     spans = annotator.annotate(texts)
-    with atomic_write(path) as f:
-        json.dump({"annotator": annotator.name, "n": len(texts), "spans": spans}, f)
+    try:
+        with atomic_write(path) as f:
+            json.dump({"annotator": annotator.name, "n": len(texts), "spans": spans}, f)
+    except OSError as exc:  # a read-only cache of other corpora, say: the tags are here all the same
+        log.warning("tags: cannot write the cache file %s (%s); the annotations are not cached", path, exc.strerror or exc)
     return spans
 
 
@@ -361,7 +387,7 @@ def annotate_examples(c, lang: str, codec, examples) -> dict[str, list[list[int]
     """Tag ids of ``examples`` (source side) for every task in ``c.tasks``, aligned with src_ids."""
     tokens = codec.src_tok.tokenize_many(examples.src_text)
     lowercase = bool(getattr(codec.src_tok, "lowercase", False))
-    folder = cache_dir(c.tag_cache_dir)
+    folder = check_cache_dir(c)
     result: dict[str, list[list[int]]] = {}
     for annotator in build_annotators(c, lang):
         spans = annotate_cached(annotator, examples.src_text, folder)
@@ -377,6 +403,13 @@ def annotate_examples(c, lang: str, codec, examples) -> dict[str, list[list[int]
             if len(row) != len(src):
                 raise DataError(f"tags ({task}): sentence {i} has {len(row)} tags for {len(src)} source tokens: {examples.src_text[i]!r}")
     return result
+
+
+def check_training_tags(cfg) -> None:
+    """What :func:`attach_training_tags` will need, checked before any data is read or tagged: the
+    tag cache folder of a Transformer++ run with tagging tasks."""
+    if cfg.model.arch == "transformer_pp" and cfg.model.transformer_pp.tasks:
+        check_cache_dir(cfg.model.transformer_pp)
 
 
 def attach_training_tags(cfg, codec, examples) -> None:

@@ -13,7 +13,7 @@ import yaml
 from cometnmt.config import Config, changed_keys, config_from_dict, positions_key, to_dict, unused_model_keys
 from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
-from cometnmt.data.tagging import attach_training_tags
+from cometnmt.data.tagging import attach_training_tags, check_training_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
 from cometnmt.inference import resolve_device, set_cuda_backends
@@ -221,6 +221,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             raise ConfigError(f"{'--init-from' if flags else 'init_from'} starts a new run from a checkpoint's weights; "
                               f"{_resume_option(flags)} continues the run in train.save_dir; give one of them")
         payload = _check_save_dir(cfg, resume, flags)  # before anything is written to the folder
+        check_training_tags(cfg)  # Transformer++'s tag cache: before the corpus is read and tagged
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
         if dist.is_main:
             Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
