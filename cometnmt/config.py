@@ -471,10 +471,24 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'decode.nbest': {cfg.decode.nbest} exceeds decode.beam_size={cfg.decode.beam_size}")
     if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
         check_transformer_pp(cfg.model)
-    if cfg.data.corpus == "files":
-        for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
-            if getattr(cfg.data, key) is None:
-                raise ConfigError(f"config key 'data.{key}': required when data.corpus is 'files'")
+    _check_split_files(cfg.data)
+
+
+def _check_split_files(data: DataConfig) -> None:
+    """``data.<split>_src`` and ``data.<split>_tgt`` go together: both or neither (a test pair with
+    one side set was accepted, and then evaluate --split test failed or the key was ignored); with
+    data.corpus 'files' the train and valid pairs are required, the test pair optional."""
+    for split in ("train", "valid", "test"):
+        src, tgt = getattr(data, f"{split}_src"), getattr(data, f"{split}_tgt")
+        keys = f"config keys 'data.{split}_src' and 'data.{split}_tgt'"
+        if (src is None) != (tgt is None):
+            (given, value), unset = ((f"data.{split}_src", src), f"data.{split}_tgt") if tgt is None else \
+                ((f"data.{split}_tgt", tgt), f"data.{split}_src")
+            unused = "" if data.corpus == "files" else " (data.corpus is 'multi30k', which reads neither: set data.corpus: files to use them)"
+            either = "or neither" if split == "test" or data.corpus != "files" else f"(the {split} split is required)"
+            raise ConfigError(f"{keys} go together: {given} is {value!r} but {unset} is null; set both {either}{unused}")
+        if data.corpus == "files" and split != "test" and src is None:
+            raise ConfigError(f"{keys}: required when data.corpus is 'files'")
 
 
 _SHARED_MODEL_KEYS = ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "dropout", "attention_dropout",

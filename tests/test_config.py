@@ -36,6 +36,29 @@ def test_every_preset_loads():
         load_config(path)
 
 
+def test_a_split_names_both_its_files_or_neither():
+    """data.test_src without data.test_tgt (or the reverse) was accepted silently: ignored under
+    data.corpus multi30k, and under files a failure only when the test split was read."""
+    iwslt = REPO / "configs" / "iwslt" / "convs2s_iwslt.yaml"
+    files = [f"data.{split}_{side}=/c/{split}.{side}" for split in ("train", "valid") for side in ("src", "tgt")]
+    assert load_config(iwslt, files).data.test_src is None  # the test pair is optional...
+    assert load_config(iwslt, files + ["data.test_src=/c/t.de", "data.test_tgt=/c/t.en"]).data.test_tgt == "/c/t.en"
+    for half, given, unset in (("data.test_src=/c/t.de", "data.test_src is '/c/t.de'", "data.test_tgt is null"),
+                               ("data.test_tgt=/c/t.en", "data.test_tgt is '/c/t.en'", "data.test_src is null")):
+        with pytest.raises(ConfigError, match=f"^config keys 'data.test_src' and 'data.test_tgt' go together: {given} but "
+                                              f"{unset}; set both or neither$"):  # ...but whole
+            load_config(iwslt, files + [half])
+    for split in ("train", "valid"):  # required, and named as a pair too
+        with pytest.raises(ConfigError, match=f"'data.{split}_src' and 'data.{split}_tgt' go together: data.{split}_tgt is "
+                                              f"'/c/{split}.tgt' but data.{split}_src is null; set both \\(the {split} split is required\\)"):
+            load_config(iwslt, [f for f in files if not f.startswith(f"data.{split}_src")])
+    with pytest.raises(ConfigError, match="'data.valid_src' and 'data.valid_tgt': required when data.corpus is 'files'"):
+        load_config(iwslt, files[:2])
+    with pytest.raises(ConfigError, match="data.test_src is 'a.de' but data.test_tgt is null; set both or neither "
+                                          "\\(data.corpus is 'multi30k', which reads neither"):
+        load_config(REPO / "configs" / "tiny.yaml", ["data.test_src=a.de"])
+
+
 def test_overrides_and_types(tmp_path):
     cfg = load_config(REPO / "configs" / "tiny.yaml", ["train.lr=3e-4", "model.comet.features=[8,4]", "model.comet.dilations=[1,2]", "data.max_len=50"])
     assert cfg.train.lr == pytest.approx(3e-4) and cfg.model.comet.features == [8, 4] and cfg.data.max_len == 50
