@@ -202,28 +202,44 @@ def evaluation_options(args) -> dict:
     return {key: getattr(args, key) for key in EVAL_OPTIONS if hasattr(args, key)}
 
 
-def evaluation_mismatch(rec: dict, options: dict, where: str,
-                        remedy: str = "or delete its done.json to evaluate it again") -> None:
+def evaluation_mismatch(runs: list[tuple[str, dict]], options: dict, where: str = "", remedy: Optional[str] = None) -> None:
     """A run decoded on the first ``--eval-limit`` sentences, on another checkpoint
     (``--average-last``) or with another search (``--beam``, ``--length-penalty``) cannot be
     reported as if this call had evaluated it: its table row would not be what the report's header
-    says. Options a record predates are not checked."""
+    says. ``runs`` are (name, record) pairs; the error names every run whose record differs from
+    this call's ``options`` (after ``where``, where they come from), with the value each
+    recorded; ``remedy`` (default: delete their done.json) follows the fix. Options a record
+    predates are not checked."""
     for key, value in options.items():
-        if key not in rec or rec[key] == value:
-            continue
         flag, default = EVAL_OPTIONS[key]
-        then = f"without {flag}" if rec[key] == default else f"with {flag} {rec[key]}"
+        differ: dict[str, tuple[object, list[str]]] = {}  # recorded value -> (value, runs)
+        for name, rec in runs:
+            if key in rec and rec[key] != value:
+                differ.setdefault(json.dumps(rec[key]), (rec[key], []))[1].append(name)
+        if not differ:
+            continue
+
+        def then(v: object) -> str:
+            return f"without {flag}" if v == default else f"with {flag} {v}"
+
+        said = "; ".join(f"{', '.join(names)} {'was' if len(names) == 1 else 'were'} evaluated {then(v)}"
+                         for v, names in differ.values())
         now = "none" if value == default else f"{flag} {value}"
-        fix = f"leave out {flag}" if rec[key] == default else f"pass {flag} {rec[key]}"
-        raise CometNMTError(f"{where} was evaluated {then}, but this call has {now}; {fix} as before, {remedy}")
+        if remedy is None:
+            one = sum(len(names) for _, names in differ.values()) == 1
+            remedy = f"or delete {'its done.json' if one else 'their done.json files'} to evaluate {'it' if one else 'them'} again"
+        if len(differ) == 1:
+            (then_value, _), = differ.values()
+            fix = f"{f'leave out {flag}' if then_value == default else f'pass {flag} {then_value}'} as before, {remedy}"
+        else:
+            fix = f"no one {flag} fits them all: {remedy.removeprefix('or ')}"
+        raise CometNMTError(f"{where + ': ' if where else ''}{said}, but this call has {now}; {fix}")
 
 
 def _check_evaluations(specs: list[RunSpec], options: dict) -> None:
     """Runs finished by an earlier call must have been evaluated as this call would (above)."""
-    for s in specs:
-        done = s.run_dir / "done.json"
-        if done.exists():
-            evaluation_mismatch(json.loads(done.read_text()), options, str(s.run_dir))
+    evaluation_mismatch([(str(s.run_dir), json.loads((s.run_dir / "done.json").read_text())) for s in specs
+                         if (s.run_dir / "done.json").exists()], options)
 
 
 def check_run_args(args) -> None:

@@ -155,7 +155,7 @@ def run_reproduce(args) -> int:
             check_training_tags(cfg)  # Transformer++'s tag cache (with --set model.arch=transformer_pp)
         except CometNMTError as exc:
             raise CometNMTError(f"{path}: {exc}") from None
-    prev = _previous_report(args)  # read (and checked) before any training, and before OUT/report.json is rewritten
+    prev = _previous_report(args, rows)  # read (and checked) before any training, and before OUT/report.json is rewritten
     return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run),
                           lambda records, missing, seconds: build_report(args, rows, records, missing, seconds, prev))
 
@@ -177,7 +177,7 @@ def summarise(rows: list[str], records: list[dict]) -> list[dict]:
     return table
 
 
-def _previous_report(args) -> dict:
+def _previous_report(args, rows: list[str]) -> dict:
     """The report named by --merge-report (empty without it), read before this call overwrites it."""
     path = getattr(args, "merge_report", None)
     if path is None:
@@ -193,9 +193,11 @@ def _previous_report(args) -> dict:
         raise CometNMTError(f"--merge-report {path}: is a folder; name its report.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise CometNMTError(f"--merge-report: {path} is not a cometnmt reproduce report.json ({exc!r})") from None
-    for r in runs:  # merged runs must have been decoded as this call decodes
-        evaluation_mismatch(r, evaluation_options(args), f"{r['row']} seed {r['seed']} of --merge-report {path}",
-                            "or leave out --merge-report")
+    # the runs it may merge (asked for, and not finished in OUT) must have been decoded as this call
+    # decodes; its other runs are not reported, whatever their settings
+    mergeable = [(f"{r['row']} seed {r['seed']}", r) for r in runs if r["row"] in rows and r["seed"] in args.seeds
+                 and not (run_dir(Path(args.out), r["row"], r["seed"]) / "done.json").exists()]
+    evaluation_mismatch(mergeable, evaluation_options(args), f"--merge-report {path}", "or leave out --merge-report")
     return prev
 
 

@@ -317,7 +317,55 @@ def test_merged_runs_must_have_been_decoded_alike(tmp_path, capsys, monkeypatch)
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"runs": [{"row": "comet", "seed": 1, "eval_limit": 30, "test": {"paper_bleu": 1.0}}]}))
     assert main(["reproduce", "--report-only", "--seeds", "1", "--out", str(tmp_path / "new"), "--merge-report", str(old)]) == 2
-    assert "comet seed 1 of --merge-report" in capsys.readouterr().err
+    assert f"--merge-report {old}: comet seed 1 was evaluated with --eval-limit 30" in capsys.readouterr().err
+
+
+def _record(row: str, seed: int, eval_limit) -> dict:
+    score = {"paper_bleu": 30.0, "bleu": 30.0, "chrf": 50.0}
+    return {"row": row, "seed": seed, "eval_limit": eval_limit, "valid": score, "test": score, "epochs": 1, "history": [],
+            "command": f"python -m cometnmt train {row}.yaml --set train.seed={seed}"}
+
+
+def test_a_merge_names_the_runs_whose_evaluation_differs(tmp_path, capsys, monkeypatch):
+    """--merge-report checked every run of the earlier report, so a call with --eval-limit 30 was
+    refused for a run it does not report (another row, or one finished in OUT), named as if it
+    were the problem, and its fix ('leave out --eval-limit') broke the runs it would merge."""
+    from cometnmt.cli import main
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    out, old = tmp_path / "new", tmp_path / "old.json"
+    (out / "runs" / "comet" / "seed3").mkdir(parents=True)
+    (out / "runs" / "comet" / "seed3" / "done.json").write_text(json.dumps(_record("comet", 3, 30)))  # finished here
+    runs = [_record("comet", 1, 30), _record("comet", 2, 30), _record("convs2s", 1, None), _record("comet", 3, None)]
+    old.write_text(json.dumps({"runs": runs}))
+    argv = ["reproduce", "--report-only", "--rows", "comet", "--seeds", "1", "2", "3", "--eval-limit", "30", "--out", str(out),
+            "--merge-report", str(old)]
+    assert main(argv) == 0, capsys.readouterr().err  # convs2s and comet seed 3 of old.json are not merged
+    assert sorted(r["seed"] for r in json.loads((out / "report.json").read_text())["runs"]) == [1, 2, 3]
+
+    old.write_text(json.dumps({"runs": [_record("comet", 1, 30), _record("comet", 2, 20), _record("comet", 4, 20)]}))
+    assert main(argv[:7] + ["4", *argv[7:]]) == 2
+    assert (f"--merge-report {old}: comet seed 2, comet seed 4 were evaluated with --eval-limit 20, but this call has "
+            "--eval-limit 30; pass --eval-limit 20 as before, or leave out --merge-report") in capsys.readouterr().err
+    old.write_text(json.dumps({"runs": [_record("comet", 1, None), _record("comet", 2, 20)]}))
+    assert main(argv) == 2
+    assert (f"--merge-report {old}: comet seed 1 was evaluated without --eval-limit; comet seed 2 was evaluated with "
+            "--eval-limit 20, but this call has --eval-limit 30; no one --eval-limit fits them all: leave out "
+            "--merge-report") in capsys.readouterr().err
+
+
+def test_finished_runs_evaluated_otherwise_are_all_named(tmp_path):
+    out = tmp_path / "report"
+    specs = [RunSpec("comet", Path("comet.yaml"), s, out / "runs" / "comet" / f"seed{s}") for s in (1, 2, 3)]
+    for spec, limit in zip(specs, (20, 60, 20)):
+        spec.run_dir.mkdir(parents=True)
+        (spec.run_dir / "done.json").write_text(json.dumps({"row": "comet", "seed": spec.seed, "eval_limit": limit}))
+    with pytest.raises(CometNMTError) as err:
+        run_and_report(_args(out, True, eval_limit=60), specs, lambda run: {}, lambda *a: None)
+    assert str(err.value) == (f"{specs[0].run_dir}, {specs[2].run_dir} were evaluated with --eval-limit 20, but this call has "
+                              "--eval-limit 60; pass --eval-limit 20 as before, or delete their done.json files to evaluate "
+                              "them again")
 
 
 def test_the_report_names_runs_trained_without_its_overrides(monkeypatch):
