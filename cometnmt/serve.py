@@ -22,7 +22,9 @@ Content-Length, 413 for too many sentences or too large a body, 404/405 for othe
 methods) and ``{"error": "..."}`` naming the field; a query string is ignored. A request whose
 length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
 line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
-be taken for the next request (request smuggling). Requests are
+be taken for the next request (request smuggling). ``Expect: 100-continue`` is answered with
+``100 Continue`` only once those checks (and the size limit, path and method) have passed.
+Requests are
 handled in threads, the model one request at a time (a lock), so a long batch delays the next
 request rather than racing it.
 """
@@ -206,6 +208,16 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 60
     _length: int | None = None  # the request's Content-Length, checked by parse_request
+    _expect_continue = False  # the request said Expect: 100-continue: _read_body sends 100 Continue
+
+    def handle_expect_100(self) -> bool:
+        """http.server sends 100 Continue from within parse_request, before the checks that can be
+        made from the headers alone (length, size, path, method): a client was told to send a body
+        that was then refused. Noted here instead, and sent by _read_body once the request is sure
+        to be read; a request refused before that gets its final status alone (and its connection
+        closed, since the client may send the body anyway)."""
+        self._expect_continue = True
+        return True
 
     def parse_request(self) -> bool:
         """http.server's parsing, then a 400 (and the connection closed) for a request whose end
@@ -213,6 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
         "1_2" or "+12", and a header line such as "Content-Length : 12" silently ends the headers.
         A proxy in front that reads such a request otherwise would pass its rest on as another
         request on the same connection (request smuggling)."""
+        self._expect_continue = False
         if not super().parse_request():
             return False
         problem = None
@@ -275,6 +288,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"the body has {length} bytes, more than this server takes ({self.server.max_body_bytes})")
+        if self._expect_continue:  # every check the headers allow has passed: the body is wanted
+            self._expect_continue = False
+            self.send_response_only(HTTPStatus.CONTINUE)
+            self.end_headers()
         raw = self.rfile.read(length)
         if len(raw) < length:
             self.close_connection = True

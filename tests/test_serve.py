@@ -3,8 +3,10 @@ status with an error naming the field, never a dropped connection or a traceback
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -439,3 +441,49 @@ def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+def first_answer_line(server, request: bytes) -> tuple[bytes, socket.socket, object]:
+    """The status line the server sends first in answer to ``request`` (headers only, no body
+    sent), with the socket and its reader for the rest."""
+    sock = socket.create_connection(("127.0.0.1", server.server_port), timeout=60)
+    sock.sendall(request)
+    reader = sock.makefile("rb")
+    return reader.readline(), sock, reader
+
+
+@pytest.mark.parametrize("request_head, status", [
+    (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 12", 400),
+    (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1_2", 400),
+    (b"POST /translate HTTP/1.1\r\nHost: x", 411),
+    (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 20000", 413),  # the server takes 10000
+    (b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 12", 404),
+    (b"PUT /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 12", 405),
+    (b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 12", 405),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 12", 200),  # answered without reading the body
+], ids=["two-lengths", "bad-length", "no-length", "too-large", "no-such-path", "put", "post-health", "get-health"])
+def test_expect_100_continue_only_for_a_body_that_will_be_read(server, request_head, status):
+    """http.server sent 100 Continue before any check, so a client waiting for it was told to send a
+    body that was then refused. A request refused from its headers gets its final status alone,
+    and its connection closed."""
+    line, sock, reader = first_answer_line(server, request_head + b"\r\nExpect: 100-continue\r\n\r\n")
+    with sock, reader:
+        assert line.startswith(b"HTTP/1.1 %d " % status), line
+        headers = http.client.parse_headers(reader)  # the rest of that answer
+        assert headers["Connection"] == "close"
+        reader.read(int(headers["Content-Length"]))
+        sock.settimeout(10)
+        assert reader.read() == b""  # closed: the body, if sent, is never taken for a request
+
+
+def test_expect_100_continue_is_answered_before_a_body_that_will_be_read(server):
+    body = b'{"text": "Ein Hund."}'
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % len(body)
+    line, sock, reader = first_answer_line(server, head)
+    with sock, reader:
+        assert line == b"HTTP/1.1 100 Continue\r\n" and reader.readline() == b"\r\n"
+        sock.sendall(body)
+        assert reader.readline().startswith(b"HTTP/1.1 200 ")
+        headers = http.client.parse_headers(reader)
+        assert headers["Connection"] is None  # the connection stays usable
+        assert "translation" in json.loads(reader.read(int(headers["Content-Length"])))
