@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import selectors
 import socket
 import threading
 import time
@@ -125,6 +126,7 @@ class TranslationServer(ThreadingHTTPServer):
         # before binding: when the bind fails (port in use, unknown host) socketserver calls
         # server_close(), which needs these, and the caller gets the OSError rather than an AttributeError
         self._handlers: set[threading.Thread] = set()  # request threads still running
+        self._idle: set[socket.socket] = set()  # connections waiting for their next request
         self._handlers_lock = threading.Lock()
         self.closing = False  # set by server_close: answers say Connection: close
         self.translator, self.checkpoint = translator, checkpoint
@@ -141,15 +143,32 @@ class TranslationServer(ThreadingHTTPServer):
             with self._handlers_lock:
                 self._handlers.discard(threading.current_thread())
 
+    def waiting(self, connection: socket.socket, idle: bool) -> None:
+        """A handler says it waits for its connection's next request (``idle``) or has begun reading
+        one. A connection that goes idle once the server is closing is closed, unless a request
+        is already arriving on it."""
+        with self._handlers_lock:
+            if not idle:
+                self._idle.discard(connection)
+            elif self.closing:
+                _shut_if_idle(connection)
+            else:
+                self._idle.add(connection)
+
     def server_close(self, wait: float = 5.0) -> None:
         """Close the socket, then give the request threads still running up to ``wait`` seconds.
-        They are daemons, so an idle keep-alive connection does not hold up Ctrl-C; but one still
-        finishing a response when the interpreter shuts down is stopped inside C code, which aborted
-        the process ("terminate called without an active exception"; 1 to 4 Ctrl-Cs in 20 right
-        after a request, on a loaded machine; 0 in 30 with this wait). An idle keep-alive connection's
-        thread uses up the wait, then stays blocked in its read, where shutting down does not trip it.
-        A request answered from now on closes its connection, so its thread ends with the answer."""
-        self.closing = True
+        They are daemons; but one still finishing a response when the interpreter shuts down is
+        stopped inside C code, which aborted the process ("terminate called without an active
+        exception"; 1 to 4 Ctrl-Cs in 20 right after a request, on a loaded machine; 0 in 30 with
+        this wait). A request answered from now on closes its connection, so its thread ends with the
+        answer. An idle keep-alive connection (its thread blocked reading the next request line) used
+        up the whole wait: unless the client has begun sending a request on it (which is then read
+        and answered), its socket is now shut for reading, which ends that read at once."""
+        with self._handlers_lock:
+            self.closing = True
+            for connection in self._idle:
+                _shut_if_idle(connection)
+            self._idle.clear()
         super().server_close()
         deadline = time.monotonic() + wait
         with self._handlers_lock:
@@ -196,6 +215,18 @@ class TranslationServer(ThreadingHTTPServer):
         return out[0] if single else {"scores": out}
 
 
+def _shut_if_idle(connection: socket.socket) -> None:
+    """End the read blocked on ``connection`` (it returns end of file) unless the client has sent
+    something: the beginning of a request (the read will take it), or the end of its connection."""
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(connection, selectors.EVENT_READ)
+            if not selector.select(0):
+                connection.shutdown(socket.SHUT_RD)
+    except (OSError, ValueError):  # already closed by the client or by its handler
+        pass
+
+
 _ALLOW = {"/health": "GET, HEAD", **{route: "POST" for route in _POST}}  # route -> its methods (Allow header)
 
 
@@ -219,12 +250,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._expect_continue = True
         return True
 
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection, True)  # until the request line has arrived
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.waiting(self.connection, False)
+
     def parse_request(self) -> bool:
         """http.server's parsing, then a 400 (and the connection closed) for a request whose end
         is ambiguous: http.server takes the first of two Content-Length headers, int() reads
         "1_2" or "+12", and a header line such as "Content-Length : 12" silently ends the headers.
         A proxy in front that reads such a request otherwise would pass its rest on as another
         request on the same connection (request smuggling)."""
+        self.server.waiting(self.connection, False)  # a request has begun: stopping lets it finish
         self._expect_continue = False
         if not super().parse_request():
             return False

@@ -487,3 +487,86 @@ def test_expect_100_continue_is_answered_before_a_body_that_will_be_read(server)
         headers = http.client.parse_headers(reader)
         assert headers["Connection"] is None  # the connection stays usable
         assert "translation" in json.loads(reader.read(int(headers["Content-Length"])))
+
+
+def test_closing_does_not_wait_for_an_idle_keep_alive_connection(checkpoint, monkeypatch):
+    """An idle keep-alive connection's thread sat in its read of the next request line, so
+    server_close used up its whole wait (5 s) on it; now that connection is closed at once, while a
+    request being answered still gets its answer (and Connection: close)."""
+    import time
+
+    from cometnmt.serve import TranslationServer
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    entered = threading.Event()
+    health = TranslationServer.health
+
+    def health_once_closing(self):
+        entered.set()
+        deadline = time.monotonic() + 30
+        while not self.closing and time.monotonic() < deadline:  # still answering when the server closes
+            time.sleep(0.01)
+        return health(self)
+
+    monkeypatch.setattr(TranslationServer, "health", health_once_closing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    idle = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    busy = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    try:
+        idle.sendall(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")  # answered, and the connection kept open
+        resp = http.client.HTTPResponse(idle)
+        resp.begin()
+        resp.read()
+        assert resp.status == 404 and not resp.will_close
+        busy.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert entered.wait(60)
+        srv.shutdown()
+        started = time.monotonic()
+        srv.server_close()  # waits up to 5 s
+        assert time.monotonic() - started < 2.0
+        assert not srv._handlers
+        resp = http.client.HTTPResponse(busy)
+        resp.begin()
+        assert resp.status == 200 and resp.getheader("Connection") == "close" and json.loads(resp.read())["status"] == "ok"
+        idle.settimeout(10)
+        assert idle.recv(100) == b""  # the idle connection was closed
+    finally:
+        idle.close()
+        busy.close()
+
+
+def test_closing_answers_a_request_that_arrived_before_its_thread_read_it(checkpoint, monkeypatch):
+    """A request sent before the server closes but not yet read by its thread (which still counts
+    its connection idle) is in flight: it is read and answered, not cut off with the idle ones."""
+    from cometnmt.serve import TranslationServer
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    go, paused = threading.Event(), threading.Event()
+    waiting = TranslationServer.waiting
+
+    def waiting_then_pause(self, connection, idle):
+        waiting(self, connection, idle)
+        if idle and not paused.is_set():  # the first connection's thread, before its first read
+            paused.set()
+            go.wait(60)
+
+    monkeypatch.setattr(TranslationServer, "waiting", waiting_then_pause)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    body = b'{"text": "Ein Hund."}'
+    with socket.create_connection(("127.0.0.1", srv.server_port), timeout=60) as sock:
+        assert paused.wait(60)
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:5]))
+        srv.shutdown()
+        closer = threading.Thread(target=srv.server_close)
+        closer.start()
+        while not srv.closing:
+            closer.join(0.01)
+        with srv._handlers_lock:  # server_close has dealt with the idle connections
+            pass
+        go.set()
+        sock.sendall(body[5:])
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert resp.status == 200 and resp.getheader("Connection") == "close", resp.read()
+        assert "translation" in json.loads(resp.read())
+        closer.join(60)
