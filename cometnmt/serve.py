@@ -18,8 +18,8 @@ A setting given as ``null`` keeps the server's default (the checkpoint's search,
 command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-beam``, default 64),
 since a beam's (or the samples') memory grows with its width. With a seed (the request's or the
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
-Content-Length, 413 for too many sentences or too large a body, 404/405 for other paths and
-methods) and ``{"error": "..."}`` naming the field; a query string is ignored. A request whose
+Content-Length, 413 for too many sentences or too large a body, 408 for a body that stops
+short of its Content-Length for a minute, 404/405 for other paths and methods) and ``{"error": "..."}`` naming the field; a query string is ignored. A request whose
 length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
 line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
 be taken for the next request (request smuggling). ``Expect: 100-continue`` is answered with
@@ -331,7 +331,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._expect_continue = False
             self.send_response_only(HTTPStatus.CONTINUE)
             self.end_headers()
-        raw = self.rfile.read(length)
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError:  # a body shorter than its Content-Length, its client waiting for an answer
+            self.close_connection = True
+            raise RequestError(HTTPStatus.REQUEST_TIMEOUT, f"the body did not arrive within {self.timeout} s: "
+                                                           f"send the {length} bytes Content-Length says") from None
         if len(raw) < length:
             self.close_connection = True
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body ended after {len(raw)} of {length} bytes")

@@ -570,3 +570,18 @@ def test_closing_answers_a_request_that_arrived_before_its_thread_read_it(checkp
         assert resp.status == 200 and resp.getheader("Connection") == "close", resp.read()
         assert "translation" in json.loads(resp.read())
         closer.join(60)
+
+
+def test_a_body_shorter_than_its_length_times_out_with_408(server, monkeypatch, caplog):
+    """A client that sent less than its Content-Length and waited got, once the read timed out,
+    500 'internal error' and a traceback in the server's log; now 408 naming the problem."""
+    import logging
+
+    from cometnmt.serve import _Handler
+
+    monkeypatch.setattr(_Handler, "timeout", 0.5)  # for connections made from now on
+    with caplog.at_level(logging.INFO, logger="cometnmt.serve"):
+        status, connection, out = answer_then_close(
+            server, b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"text": "a"}')
+    assert (status, connection) == (408, "close") and "send the 50 bytes Content-Length says" in out["error"], out
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
