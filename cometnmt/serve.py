@@ -19,8 +19,9 @@ command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-be
 since a beam's (or the samples') memory grows with its width. With a seed (the request's or the
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
 Content-Length, 413 for too many sentences or too large a body, 408 for a body that stops
-short of its Content-Length for a minute, 404/405 for other paths and methods) and ``{"error": "..."}`` naming the field; a query string is ignored. A request whose
-length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
+short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
+from http.server itself) and ``{"error": "..."}`` naming the field; a query string is ignored. A
+request whose length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
 line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
 be taken for the next request (request smuggling). ``Expect: 100-continue`` is answered with
 ``100 Continue`` only once those checks (and the size limit, path and method) have passed.
@@ -282,6 +283,15 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         self._length = int(lengths[0]) if lengths else None
         return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (an unknown method 501, a request line too long 414, too many or
+        too long header lines 431, a bad request line 400) as JSON like every other error, not an
+        HTML page; the connection closes, as http.server's does."""
+        self.log_error("code %d, message %s", code, message)
+        self.close_connection = True
+        phrase = self.responses.get(code, ("error",))[0]
+        self._send(HTTPStatus(code), {"error": message or phrase})
 
     def _send(self, status: HTTPStatus, payload: dict | None, headers: dict[str, str] | None = None) -> None:
         data = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")

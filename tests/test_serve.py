@@ -585,3 +585,16 @@ def test_a_body_shorter_than_its_length_times_out_with_408(server, monkeypatch, 
             server, b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"text": "a"}')
     assert (status, connection) == (408, "close") and "send the 50 bytes Content-Length says" in out["error"], out
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("request_bytes, status, needle", [
+    (b"BREW /translate HTTP/1.1\r\nHost: x\r\n\r\n", 501, "Unsupported method ('BREW')"),
+    # each ends where the server stops reading: bytes left unread would make closing send a reset
+    (b"GET /" + b"a" * (65537 - 5), 414, "Request-URI Too Long"),  # a line of 65537 bytes, the first too many
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 100, 431, "Too many headers"),  # 101
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"b" * (65537 - 5), 431, "Line too long"),
+], ids=["unknown-method", "long-request-line", "many-headers", "long-header"])
+def test_http_servers_own_refusals_are_json(server, request_bytes, status, needle):
+    """The refusals http.server makes itself (send_error) were HTML pages; every error is JSON."""
+    got, connection, out = answer_then_close(server, request_bytes)
+    assert (got, connection) == (status, "close") and needle in out["error"], out
