@@ -290,6 +290,11 @@ class _Handler(BaseHTTPRequestHandler):
         HTML page; the connection closes, as http.server's does."""
         self.log_error("code %d, message %s", code, message)
         self.close_connection = True
+        if self.request_version == "HTTP/0.9" and len(self.requestline.split()) != 2:
+            # refused before its version was read (a bad or unsupported version, a line that is not
+            # METHOD PATH VERSION): http.server still took it for HTTP/0.9 and sent the body alone,
+            # no status line or headers; only a GET PATH line is HTTP/0.9
+            self.request_version = "HTTP/1.0"
         phrase = self.responses.get(code, ("error",))[0]
         self._send(HTTPStatus(code), {"error": message or phrase})
 

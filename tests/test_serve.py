@@ -593,7 +593,10 @@ def test_a_body_shorter_than_its_length_times_out_with_408(server, monkeypatch, 
     (b"GET /" + b"a" * (65537 - 5), 414, "Request-URI Too Long"),  # a line of 65537 bytes, the first too many
     (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 100, 431, "Too many headers"),  # 101
     (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"b" * (65537 - 5), 431, "Line too long"),
-], ids=["unknown-method", "long-request-line", "many-headers", "long-header"])
+    (b"GET /health HTTP/2.5\r\nHost: x\r\n\r\n", 505, "Invalid HTTP version (2.5)"),  # had no status line
+    (b"GET /health HTTPS/1.1\r\nHost: x\r\n\r\n", 400, "Bad request version ('HTTPS/1.1')"),
+    (b"GARBAGE\r\n", 400, "Bad request syntax ('GARBAGE')"),
+], ids=["unknown-method", "long-request-line", "many-headers", "long-header", "http-2.5", "https", "one-word"])
 def test_http_servers_own_refusals_are_json(server, request_bytes, status, needle):
     """The refusals http.server makes itself (send_error) were HTML pages; every error is JSON."""
     got, connection, out = answer_then_close(server, request_bytes)
