@@ -4,7 +4,9 @@ An interrupt lands between any two bytecodes. Inside a training step that is bet
 norms' running statistics being updated (in the forward) and the weights (in the optimizer), or
 between the step counter and the count of consumed batches; the checkpoint saved on the way out
 then holds half a step, and the resume is not exact. Inside a checkpoint's write it aborts the
-write. :func:`deferred` runs a block to its end and delivers the interrupt after it.
+write. :func:`deferred` runs a block to its end and delivers the interrupt after it;
+:func:`first_raises` lets the first interrupt through and holds off the ones after it while it is
+handled (last.pt saved).
 """
 
 from __future__ import annotations
@@ -42,6 +44,42 @@ def deferred(redeliver: bool = True) -> Iterator[list[int]]:
             signal.signal(signum, handler)
     if noted and redeliver:
         _deliver(noted[0], previous[noted[0]])
+
+
+@contextmanager
+def first_raises() -> Iterator[list[int]]:
+    """Within the block, the first SIGINT or SIGTERM does what it did before (Ctrl-C's
+    KeyboardInterrupt, the CLI's SIGTERM), and every one after it is only noted until the block
+    ends: the block's handling of the first (saving last.pt) is not cut short by a second one, also
+    not by one already pending when the first was raised (the terminal's SIGINT and the SIGTERM
+    that `reproduce` sends its trainings arrive together: the second was raised at the next
+    bytecode check, before any guard inside the handler was up). An ignored signal (SIG_IGN) does
+    not count as the first. A :func:`deferred` block inside delivers its signal to this one.
+
+    Yields the list of signals noted after the first. Outside the main thread it does nothing."""
+    later: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield later
+        return
+    previous: dict = {}
+    first: list[int] = []
+
+    def handler(signum, frame):
+        if first:
+            later.append(signum)
+            return
+        first.append(signum)  # before delivering: a signal pending behind this one is noted
+        _deliver(signum, previous[signum])
+        first.clear()  # reached only when the signal was ignored (nothing raised)
+
+    try:
+        for signum in SIGNALS:
+            if signal.getsignal(signum) is not None:  # None: a handler set outside Python, left alone
+                previous[signum] = signal.signal(signum, handler)
+        yield later
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _deliver(signum: int, handler) -> None:

@@ -156,6 +156,29 @@ def test_a_second_signal_does_not_abort_the_interrupt_save(tmp_path, data_dir, m
     assert "a further interrupt arrived" in caplog.text
 
 
+def test_two_signals_at_once_outside_a_step_still_save_last_pt(tmp_path, data_dir, monkeypatch, sigterm_raises, caplog):
+    """The terminal's SIGINT and `reproduce`'s SIGTERM arrive together while epoch 1 validates
+    (no step to defer them): SIGINT raised KeyboardInterrupt, and the SIGTERM, still pending, was
+    raised at the next bytecode check, in the interrupt's handler before the save's guard was up:
+    last.pt was never written, and the folder (metrics.jsonl, no last.pt) could be neither resumed
+    nor trained afresh. Now a signal after the first is noted while the first is handled."""
+    both = {signal.SIGINT, signal.SIGTERM}
+
+    def validate(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)  # raise_signal: to this thread, pending together
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # SIGINT's KeyboardInterrupt here; SIGTERM pending
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+    with caplog.at_level(logging.WARNING, logger="cometnmt"), pytest.raises(KeyboardInterrupt) as raised:
+        run_module.train(tiny_cfg(tmp_path / "cut", data_dir))
+    assert type(raised.value) is KeyboardInterrupt  # the first signal's (exit 130), not the SIGTERM's
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert saved["step"] == 5 and saved["epoch"] == 0 and saved["trainer"]["history"] == []
+    assert "a further interrupt arrived" in caplog.text
+
+
 def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_path, data_dir, monkeypatch):
     """Ctrl-C while best.pt was written at an epoch's end: last.pt already said that epoch was
     the best, but best.pt was never written (the run resumed without it). Now the epoch's

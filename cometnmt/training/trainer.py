@@ -44,7 +44,7 @@ from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
 from cometnmt.inference import Translator
-from cometnmt.interrupts import deferred
+from cometnmt.interrupts import deferred, first_raises
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import save_checkpoint
@@ -337,33 +337,31 @@ class Trainer:
         self.save_dir.mkdir(parents=True, exist_ok=True)
         if self.cuda_graphs and self._compiled:
             self._expect_graph_per_shape()
-        try:
-            while not self.done:
-                if not self.run_epoch():
-                    break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
-                self.end_epoch()
-        except KeyboardInterrupt:
-            log.warning("interrupted at step %d; saving %s", self.step, self.save_dir / "last.pt")
-            self._save_interrupted()
-            raise
+        # signals after the first are held off while it is handled: one already pending when the
+        # first was raised (SIGINT and reproduce's SIGTERM together) landed in the handler below,
+        # before the save, and last.pt was never written
+        with first_raises() as later:
+            try:
+                while not self.done:
+                    if not self.run_epoch():
+                        break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
+                    self.end_epoch()
+            except KeyboardInterrupt:
+                log.warning("interrupted at step %d; saving %s", self.step, self.save_dir / "last.pt")
+                self._save_interrupted(later)
+                raise
         return self.summary()
 
-    def _save_interrupted(self) -> None:
+    def _save_interrupted(self, later: list[int]) -> None:
         """Save ``last.pt`` after an interrupt; a second Ctrl-C, or the SIGTERM `reproduce` sends
         its trainings after the terminal's SIGINT reached them, is ignored until the file is
-        written (it aborted the write, and the run resumed from an older checkpoint). A second
-        signal already pending when the first was raised lands before the guard is up: save again."""
-        for attempt in range(3):
-            try:
-                with deferred(redeliver=False) as noted:
-                    if self.dist.is_main:
-                        save_checkpoint(self.state_dict(), self.save_dir / "last.pt")
-                if noted:
-                    log.warning("a further interrupt arrived while %s was saved; ignored", self.save_dir / "last.pt")
-                return
-            except KeyboardInterrupt:
-                if attempt == 2:
-                    raise
+        written (it aborted the write, and the run resumed from an older checkpoint). ``later``:
+        the signals :func:`first_raises` noted after the first."""
+        with deferred(redeliver=False) as noted:
+            if self.dist.is_main:
+                save_checkpoint(self.state_dict(), self.save_dir / "last.pt")
+        if noted or later:
+            log.warning("a further interrupt arrived while %s was saved; ignored", self.save_dir / "last.pt")
 
     def batch_shapes(self, batches: list[list[int]]) -> set[tuple[int, int, int]]:
         """The distinct (sentences, longest source, longest target) of ``batches``: one per tensor shape."""
