@@ -1,7 +1,8 @@
 """One way to write a file whole or not at all: a temporary file beside it, flushed and fsync'd,
-then renamed over it (``os.replace``). Checkpoints, outputs, JSON results, tag caches and
-downloads all go through ``atomic_write``, so an interrupted write never leaves a torn file; and
-``refuse_overwrite``, the commands' check that no output is one of their inputs or outputs."""
+then renamed over it (``os.replace``), or removed on an interrupt. Checkpoints, outputs, JSON
+results, tag caches and downloads all go through ``atomic_write``, so an interrupted write never
+leaves a torn file (nor its temporary file); and ``refuse_overwrite``, the commands' check that
+no output is one of their inputs or outputs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from cometnmt.errors import CometNMTError, setting
+from cometnmt.interrupts import deferred
 
 
 @contextmanager
@@ -21,8 +23,12 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     file); on an exception it is removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        # Ctrl-C/SIGTERM waits until the temporary file is made and its name known: raised inside
+        # mkstemp, just after the file was created, it left that file behind
+        with deferred():
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -30,7 +36,13 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            # os.unlink first, a C call: a second signal already pending (SIGINT and SIGTERM together)
+            # is raised after it; a Python call first (Path(tmp)) raised it there, the file left behind
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         raise
 
 

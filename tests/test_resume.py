@@ -179,6 +179,38 @@ def test_two_signals_at_once_outside_a_step_still_save_last_pt(tmp_path, data_di
     assert "a further interrupt arrived" in caplog.text
 
 
+@pytest.mark.parametrize("when", ["created", "two_while_written"])
+def test_an_interrupted_config_write_leaves_no_temporary_file(tmp_path, data_dir, monkeypatch, sigterm_raises, when):
+    """A run writes config.yaml (atomic_write) before its first step, outside any deferred block.
+    "created": Ctrl-C lands while mkstemp creates the temporary file (it is raised right after the
+    open, inside mkstemp, before atomic_write knew the name): .config.yaml.*.tmp stayed in the run
+    folder. "two_while_written": SIGINT and SIGTERM arrive together while it is written: the
+    SIGTERM was raised inside the clean-up, before the temporary file was removed."""
+    both = {signal.SIGINT, signal.SIGTERM}
+    real_open, real_fsync = os.open, os.fsync
+
+    def open_then_signal(file, *args, **kwargs):
+        fd = real_open(file, *args, **kwargs)
+        if when == "created" and ".config.yaml." in str(file):
+            os.kill(os.getpid(), signal.SIGINT)
+        return fd
+
+    def fsync_then_two_signals(fd):
+        real_fsync(fd)
+        if when == "two_while_written":
+            signal.pthread_sigmask(signal.SIG_BLOCK, both)
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # SIGINT raised here; SIGTERM pending
+
+    monkeypatch.setattr(os, "open", open_then_signal)
+    monkeypatch.setattr(os, "fsync", fsync_then_two_signals)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.train(tiny_cfg(tmp_path / "cut", data_dir))
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["train.log"]  # no config.yaml, no .tmp
+
+
 def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_path, data_dir, monkeypatch):
     """Ctrl-C while best.pt was written at an epoch's end: last.pt already said that epoch was
     the best, but best.pt was never written (the run resumed without it). Now the epoch's
