@@ -18,6 +18,7 @@ from pathlib import Path
 
 from cometnmt.atomic import refuse_overwrite
 from cometnmt.errors import CometNMTError, DataError
+from cometnmt.interrupts import first_raises
 
 log = logging.getLogger("cometnmt")
 
@@ -520,14 +521,23 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _sigterm) if in_main_thread else None
+    code = 1
     try:
-        return args.func(args)
-    except CometNMTError as exc:
-        print(f"cometnmt: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
-        print(f"cometnmt {args.command}: interrupted", file=sys.stderr)
-        return 143 if isinstance(exc, _Terminated) else 130
+        # a second signal (Ctrl-C twice; reproduce's SIGTERM after the terminal's SIGINT) is noted
+        # while the first is handled, not raised there as a traceback and exit 1
+        with first_raises():
+            try:
+                code = args.func(args)
+            except CometNMTError as exc:
+                print(f"cometnmt: error: {exc}", file=sys.stderr)
+                code = 2
+            except KeyboardInterrupt as exc:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
+                print(f"cometnmt {args.command}: interrupted", file=sys.stderr)
+                code = 143 if isinstance(exc, _Terminated) else 130
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+            if argv is None and code in (130, 143):  # the program is ending because it was interrupted:
+                for signum in (signal.SIGINT, signal.SIGTERM):  # one more signal would end it by the
+                    signal.signal(signum, signal.SIG_IGN)  # default action (-2, -15) with its exit status lost
+    return code

@@ -551,6 +551,37 @@ def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "cometnmt translate: interrupted"
 
 
+def test_a_second_signal_while_the_first_is_handled_is_not_a_traceback(monkeypatch, capsys, sigint_handled):
+    """SIGTERM right behind SIGINT (reproduce stopping a training the terminal's Ctrl-C reached):
+    the second was raised in the command's own interrupt handling and cut it short (here the
+    print; in main's except clause, a _Terminated traceback and exit 1). Now it is noted: the
+    handling finishes, exit 130 with the one line, and SIGTERM's handler is put back."""
+    import os
+    import signal
+    import sys
+
+    from cometnmt import cli
+
+    def interrupted(args):
+        both = {signal.SIGINT, signal.SIGTERM}
+        try:  # both arrive at once: SIGINT (the lower number) is raised first, SIGTERM at the next check
+            signal.pthread_sigmask(signal.SIG_BLOCK, both)
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+            pytest.fail("no interrupt")
+        except KeyboardInterrupt as exc:
+            assert type(exc) is KeyboardInterrupt  # the SIGINT
+            print("handled", file=sys.stderr)  # the command's own handling (train saves last.pt here)
+            raise
+
+    monkeypatch.setattr(cli, "cmd_translate", interrupted)
+    before = signal.getsignal(signal.SIGTERM)
+    code = cli.main(["translate", "x.pt"])
+    assert code == 130 and capsys.readouterr().err.strip().splitlines() == ["handled", "cometnmt translate: interrupted"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_a_language_spacy_lacks_names_the_config_key(cli, tmp_path):
     (tmp_path / "a").write_text("one\ntwo\n", encoding="utf-8")
     files = [f"data.{key}={tmp_path}/a" for key in ("train_src", "train_tgt", "valid_src", "valid_tgt")]
