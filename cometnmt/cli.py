@@ -32,15 +32,18 @@ def _sigterm(signum, frame):  # pragma: no cover - exercised by an interrupted r
 
 
 def cmd_train(args) -> int:
-    from cometnmt.config import load_config
-    from cometnmt.training.run import train
-
-    cfg = load_config(args.config, args.set)
+    cfg = None
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
     try:
+        from cometnmt.config import load_config
+        from cometnmt.training.run import train
+
+        cfg = load_config(args.config, args.set)
         summary = train(cfg, resume=args.resume, init_from=args.init_from)
     except KeyboardInterrupt as exc:
-        if (Path(cfg.train.save_dir) / "last.pt").exists():
+        if cfg is None:  # importing torch and the config's check take seconds; nothing is written yet
+            print("interrupted while starting; nothing was written (run the same command again)", file=sys.stderr)
+        elif (Path(cfg.train.save_dir) / "last.pt").exists():
             command = ["cometnmt", "train", args.config, "--resume", *(a for o in args.set for a in ("--set", o))]
             print(f"interrupted; continue with: {shlex.join(command)}", file=sys.stderr)
         else:

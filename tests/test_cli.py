@@ -551,24 +551,39 @@ def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "cometnmt translate: interrupted"
 
 
+def test_ctrl_c_while_train_starts_says_nothing_was_written(monkeypatch, capsys):
+    """Importing torch and checking the config take seconds; Ctrl-C then escaped cmd_train's
+    handler (only 'cometnmt train: interrupted', no word on what to do)."""
+    from cometnmt import cli, config
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(config, "load_config", interrupted)
+    assert cli.main(["train", "configs/tiny.yaml"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted while starting; nothing was written (run the same command again)"
+
+
 def test_a_second_signal_while_the_first_is_handled_is_not_a_traceback(monkeypatch, capsys, sigint_handled):
     """SIGTERM right behind SIGINT (reproduce stopping a training the terminal's Ctrl-C reached):
     the second was raised in the command's own interrupt handling and cut it short (here the
     print; in main's except clause, a _Terminated traceback and exit 1). Now it is noted: the
     handling finishes, exit 130 with the one line, and SIGTERM's handler is put back."""
-    import os
     import signal
     import sys
+    import threading
 
     from cometnmt import cli
 
     def interrupted(args):
         both = {signal.SIGINT, signal.SIGTERM}
         try:  # both arrive at once: SIGINT (the lower number) is raised first, SIGTERM at the next check
-            signal.pthread_sigmask(signal.SIG_BLOCK, both)
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGINT)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+            signal.pthread_sigmask(signal.SIG_BLOCK, both)  # pending on this thread (os.kill's could
+            try:  # reach another thread at once)
+                signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            finally:  # never left blocked: the children pytest starts later would inherit it
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
             pytest.fail("no interrupt")
         except KeyboardInterrupt as exc:
             assert type(exc) is KeyboardInterrupt  # the SIGINT
