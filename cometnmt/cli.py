@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
-            if argv is None and code in (130, 143):  # the program is ending because it was interrupted:
+            if argv is None and code in (130, 143):  # run as the program (not called in-process), ending on an interrupt:
                 for signum in (signal.SIGINT, signal.SIGTERM):  # one more signal would end it by the
                     signal.signal(signum, signal.SIG_IGN)  # default action (-2, -15) with its exit status lost
     return code
