@@ -301,7 +301,7 @@ def trial(i: int, seed: int, out: Path, refs: dict, config_names: list[str]) -> 
                 rec["note"] = "interrupted before the config was loaded"
             elif last.exists() and "continue with:" not in text:
                 problems.append(f"attempt {attempt}: last.pt exists but no 'continue with' line")
-            if not last.exists() and "nothing to resume" not in text:
+            elif not last.exists() and "nothing to resume" not in text:
                 if "cometnmt train: interrupted" in text and "cometnmt.training" not in text:
                     rec["note"] = "interrupted before cmd_train's try (imports, config): generic message"
                 else:
