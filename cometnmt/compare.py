@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, check_run_args, check_run_configs, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,7 @@ def _systems(args) -> list[tuple[str, Path]]:
         raise CometNMTError(f"--average-last must be >= 0, got {args.average_last}")
     configs = [load_config(path, args.set) for path in args.configs]
     _check_average_last(args, configs)
-    from cometnmt.data.tagging import check_training_tags
-
-    for path, cfg in zip(args.configs, configs):  # Transformer++'s tag cache: not after the other runs trained
-        try:
-            check_training_tags(cfg)
-        except CometNMTError as exc:
-            raise CometNMTError(f"{path}: {exc}") from None
+    check_run_configs(zip(args.configs, configs))
     if "paper" in args.metrics:  # the paper metric needs spaCy's tokenizer: fail now, not after training
         from cometnmt.data.tokenizers import SpacyTokenizer
 

@@ -52,6 +52,19 @@ _children_lock = threading.Lock()
 _stopping = threading.Event()
 
 
+def check_run_configs(configs) -> None:
+    """What the runs' trainings will need and a config alone can tell, checked before any run
+    starts (not after the others trained): Transformer++'s tag cache folder. ``configs`` are
+    (config file, loaded config) pairs; an error names the file."""
+    from cometnmt.data.tagging import check_training_tags
+
+    for path, cfg in configs:
+        try:
+            check_training_tags(cfg)
+        except CometNMTError as exc:
+            raise CometNMTError(f"{path}: {exc}") from None
+
+
 def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Optional[float],
               evaluate: Evaluate) -> Optional[dict]:
     """Train (or resume) one run in a subprocess, then evaluate it; returns its done.json record,

@@ -30,18 +30,8 @@ def deferred(redeliver: bool = True) -> Iterator[list[int]]:
     Nested blocks note into the outer one. Yields the list of signals noted. Outside the main
     thread, where Python delivers no signal, it does nothing."""
     noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    with _handled_by(lambda signum, frame: noted.append(signum)) as previous:
         yield noted
-        return
-    previous = {}
-    try:
-        for signum in SIGNALS:
-            if signal.getsignal(signum) is not None:  # None: a handler set outside Python, left alone
-                previous[signum] = signal.signal(signum, lambda s, frame: noted.append(s))
-        yield noted
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     if noted and redeliver:
         _deliver(noted[0], previous[noted[0]])
 
@@ -58,10 +48,6 @@ def first_raises() -> Iterator[list[int]]:
 
     Yields the list of signals noted after the first. Outside the main thread it does nothing."""
     later: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield later
-        return
-    previous: dict = {}
     first: list[int] = []
 
     def handler(signum, frame):
@@ -72,11 +58,24 @@ def first_raises() -> Iterator[list[int]]:
         _deliver(signum, previous[signum])
         first.clear()  # reached only when the signal was ignored (nothing raised)
 
+    with _handled_by(handler) as previous:
+        yield later
+
+
+@contextmanager
+def _handled_by(handler) -> Iterator[dict]:
+    """Within the block, ``handler`` handles SIGINT and SIGTERM; yields the handlers it replaced
+    (filled in before any signal can reach it), which come back afterwards. Outside the main
+    thread, where Python delivers no signal, it installs nothing and yields an empty dict."""
+    previous: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield previous
+        return
     try:
         for signum in SIGNALS:
             if signal.getsignal(signum) is not None:  # None: a handler set outside Python, left alone
                 previous[signum] = signal.signal(signum, handler)
-        yield later
+        yield previous
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, evaluation_mismatch, evaluation_options, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -146,15 +146,10 @@ def run_reproduce(args) -> int:
     if missing:
         raise CometNMTError(f"preset(s) not found in {args.config_dir}: {', '.join(missing)}")
     from cometnmt.config import load_config
-    from cometnmt.data.tagging import check_training_tags
 
-    for row in rows:  # every preset with the --set overrides, checked before any run starts (as compare does)
-        path = Path(args.config_dir) / ROWS[row].preset
-        cfg = load_config(path, args.set)
-        try:
-            check_training_tags(cfg)  # Transformer++'s tag cache (with --set model.arch=transformer_pp)
-        except CometNMTError as exc:
-            raise CometNMTError(f"{path}: {exc}") from None
+    paths = [Path(args.config_dir) / ROWS[row].preset for row in rows]
+    # every preset with the --set overrides (model.arch=transformer_pp, say), before any run starts
+    check_run_configs((path, load_config(path, args.set)) for path in paths)
     prev = _previous_report(args, rows)  # read (and checked) before any training, and before OUT/report.json is rewritten
     return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run),
                           lambda records, missing, seconds: build_report(args, rows, records, missing, seconds, prev))
