@@ -491,6 +491,21 @@ def _check_split_files(data: DataConfig) -> None:
             raise ConfigError(f"{keys}: required when data.corpus is 'files'")
 
 
+def check_unread_files(data: DataConfig) -> None:
+    """Before a training run: with data.corpus 'multi30k', file pairs under ``data.<split>_src/_tgt``
+    are read by nothing, and a config that sets them (a user who forgot ``corpus: files``) trained
+    on Multi30k without a word. Checked when training starts, not in :func:`validate`, so that a
+    checkpoint whose config has them still loads."""
+    if data.corpus != "multi30k":
+        return
+    given = [f"data.{split}_{side}" for split in ("train", "valid", "test") for side in ("src", "tgt")
+             if getattr(data, f"{split}_{side}") is not None]
+    if given:
+        raise ConfigError(f"config key{'s' if len(given) > 1 else ''} {', '.join(repr(k) for k in given)}: set, but "
+                          f"data.corpus is 'multi30k', which reads no file pairs (it would train on Multi30k's "
+                          f"{data.train_split} split): set data.corpus: files to train on them, or remove them")
+
+
 _SHARED_MODEL_KEYS = ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "dropout", "attention_dropout",
                       "max_positions", "tie_embeddings")  # the Transformer family's; ConvS2S and the RNN read none
 

@@ -673,3 +673,25 @@ def test_translate_interactively_answers_each_line_as_it_comes(trained, data_dir
     refused = subprocess.run([sys.executable, "-m", "cometnmt", "translate", str(trained / "best.pt"), "--interactive",
                               "-o", "x.txt"], cwd=REPO, env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "leave out -i and -o" in refused.stderr
+
+
+def test_file_pairs_under_the_multi30k_corpus_are_refused_when_training(cli, trained, tmp_path):
+    """data.train_src/train_tgt set while data.corpus stayed 'multi30k' (the default) trained on
+    Multi30k without a word: the files were never read. Training now refuses it before writing
+    anything; a checkpoint whose config has such keys still loads (the check is not in validate)."""
+    import torch
+
+    from cometnmt.api import Translator
+
+    (tmp_path / "a.de").write_text("eins\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("one\n", encoding="utf-8")
+    err = _err(cli("train", "configs/tiny.yaml", "--set", f"data.train_src={tmp_path}/a.de",
+                   "--set", f"data.train_tgt={tmp_path}/a.en", "--set", f"train.save_dir={tmp_path}/run", check=False))
+    assert ("config keys 'data.train_src', 'data.train_tgt': set, but data.corpus is 'multi30k', which reads no file "
+            "pairs") in err and "set data.corpus: files" in err
+    assert not (tmp_path / "run").exists()
+    payload = torch.load(trained / "best.pt", map_location="cpu", weights_only=False)
+    payload["config"]["data"].update(test_src=str(tmp_path / "a.de"), test_tgt=str(tmp_path / "a.en"))
+    torch.save(payload, tmp_path / "old.pt")
+    assert Translator.from_checkpoint(tmp_path / "old.pt").translate(["ein Hund"])[0] == \
+        Translator.from_checkpoint(trained / "best.pt").translate(["ein Hund"])[0]

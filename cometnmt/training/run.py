@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from cometnmt.config import Config, changed_keys, config_from_dict, positions_key, to_dict, unused_model_keys
+from cometnmt.config import Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict, unused_model_keys
 from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags
@@ -221,6 +221,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             raise ConfigError(f"{'--init-from' if flags else 'init_from'} starts a new run from a checkpoint's weights; "
                               f"{_resume_option(flags)} continues the run in train.save_dir; give one of them")
         payload = _check_save_dir(cfg, resume, flags)  # before anything is written to the folder
+        check_unread_files(cfg.data)  # file pairs that data.corpus multi30k would ignore
         check_training_tags(cfg)  # Transformer++'s tag cache: before the corpus is read and tagged
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
         if dist.is_main:
