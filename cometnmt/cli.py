@@ -411,7 +411,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, metavar="T",
                    help="with --sampling: divide the logits by T (default: the checkpoint's, usually 1)")
     p.add_argument("--seed", type=int, metavar="S",
-                   help="with --sampling: repeatable samples (for the same input and --batch-size); default: unseeded")
+                   help="with --sampling: repeatable samples (line i's come from a stream keyed by S and i, whatever the "
+                        "--batch-size); default: a seed drawn at random")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 

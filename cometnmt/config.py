@@ -147,7 +147,7 @@ class DecodeConfig:
     sampling_topk: int = 0  # sample: draw from the k most probable tokens only (0: the whole vocabulary)
     sampling_topp: float = 1.0  # sample: nucleus, the fewest tokens whose probability reaches p (after top-k; 1.0: off)
     temperature: float = 1.0  # sample: divides the logits (below 1: sharper, above: flatter)
-    sampling_seed: Optional[int] = None  # sample: seed of the call's random generator (null: torch's global RNG)
+    sampling_seed: Optional[int] = None  # sample: seed of each line's random stream (null: drawn from torch's global RNG)
     max_len_a: float = 1.5  # output length bound: a * source tokens (without src_sos_eos specials) + b
     max_len_b: int = 10
     batch_sentences: int = 128

@@ -12,13 +12,16 @@ log-probability / ((5 + length) / 6) ** length_penalty (Wu et al. 2016), and sto
 it has ``beam_size`` finished hypotheses or reaches its length bound. Sampling (as fairseq's
 ``--sampling``, e.g. for back-translation) decodes like greedy search but draws each token at
 random, with optional temperature, top-k and nucleus (top-p) truncation; ``nbest`` samples per
-sentence are ``nbest`` copies of its row.
+sentence are ``nbest`` copies of its row. Each sentence draws from its own stream of random
+numbers, keyed by the seed and the sentence's place in the input (:func:`sample_uniforms`), so
+its samples do not depend on the sentences batched with it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -55,13 +58,15 @@ def greedy_search(
     model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float, max_len_b: float
 ) -> list[Hypothesis]:
     """Arg-max decoding with the incremental step. Returns one hypothesis per sentence, in order."""
-    return _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, 1, lambda lp: lp.argmax(dim=-1))
+    return _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, 1,
+                               lambda lp, rows, t: lp.argmax(dim=-1))
 
 
 def _incremental_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int,
                         max_len_a: float, max_len_b: float, copies: int,
-                        choose: Callable[[torch.Tensor], torch.Tensor]) -> list[Hypothesis]:
-    """One token per row and step, picked by ``choose`` (log-probabilities A,V -> tokens A), for
+                        choose: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> list[Hypothesis]:
+    """One token per row and step, picked by ``choose`` (log-probabilities A,V, the A rows' numbers
+    in 0..B*copies-1 and the step -> tokens A), for
     ``copies`` rows per sentence (rows i*copies .. i*copies+copies-1 are sentence i's). The first
     step runs once per sentence; its state is then duplicated. A row stops at </s> or its length
     bound and leaves the batch. Scores are the sums of the model's log-probabilities of the tokens
@@ -79,7 +84,7 @@ def _incremental_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.T
         if t == 0 and copies > 1:
             rows = torch.arange(B, device=src.device).repeat_interleave(copies)  # B*N
             lp, state = lp.index_select(0, rows), model.reorder(state, rows)  # B*N,V
-        tokens = choose(without_specials(lp, model.pad_id, bos))  # A
+        tokens = choose(without_specials(lp, model.pad_id, bos), active, t)  # A
         out[active, t] = tokens
         logprob[active] += lp.gather(1, tokens[:, None]).squeeze(1)  # A
         done = tokens.eq(eos) | limits[active].le(t + 1)  # A
@@ -95,42 +100,77 @@ def _incremental_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.T
 @torch.no_grad()
 def sample_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float,
                   max_len_b: float, nbest: int = 1, topk: int = 0, topp: float = 1.0, temperature: float = 1.0,
-                  generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+                  generator: Optional[torch.Generator] = None, *, seed: Optional[int] = None,
+                  keys: Optional[Sequence[int]] = None) -> list[list[Hypothesis]]:
     """``nbest`` independent samples per sentence, highest score first: each step draws a token
     from the model's distribution with its logits divided by ``temperature``, cut to the ``topk``
     most probable tokens (0: all), then to the nucleus of probability ``topp`` (1.0: off).
 
     A sample's score is the sum of the model's own log-probabilities of its tokens, before
     temperature and truncation (as greedy search's), so the scores of greedy and sampled
-    translations compare. Random numbers come from ``generator`` (None: torch's global RNG, on
-    the model's device); a sentence's samples depend on the rows decoded beside it (the batch),
-    so the same input, seed and batch size give the same output. Padding and <s> are never
-    drawn (:func:`without_specials`), so a search that keeps one token a step (``topk`` 1, say)
-    is greedy search."""
-    def choose(lp: torch.Tensor) -> torch.Tensor:
-        return sample_tokens(lp, topk, topp, temperature, generator)
+    translations compare. Random numbers: sentence i's come from its own stream, keyed by
+    ``seed`` and ``keys[i]`` (default i; a caller passes each sentence's place in its input), so
+    a sentence's samples depend on neither the sentences batched with it nor the batch size, nor
+    the device (the streams are drawn on the CPU). Without ``seed`` one is drawn from
+    ``generator`` (None: torch's global RNG). Padding and <s> are never drawn
+    (:func:`without_specials`), so a search that keeps one token a step (``topk`` 1, say) is
+    greedy search."""
+    if seed is None:
+        seed = int(torch.randint(0, SEED_SPAN, (1,), generator=generator, device=getattr(generator, "device", "cpu")))
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B: as _incremental_search's
+    uniforms = sample_uniforms(seed, range(src.size(0)) if keys is None else keys, nbest, limits.tolist())
+    uniforms = uniforms.to(src.device)  # B*nbest,Tmax
+
+    def choose(lp: torch.Tensor, rows: torch.Tensor, t: int) -> torch.Tensor:
+        return sample_tokens(lp, topk, topp, temperature, uniforms[rows, t])
 
     hyps = _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, nbest, choose)
     return [sorted(hyps[i : i + nbest], key=lambda h: -h.score) for i in range(0, len(hyps), nbest)]
 
 
-def sample_tokens(lp: torch.Tensor, topk: int, topp: float, temperature: float,
-                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
+SEED_SPAN = 2**63 - 1  # seeds drawn for a call without one: [0, 2**63 - 1), as decode.sampling_seed's range
+
+
+def sample_uniforms(seed: int, keys: Sequence[int], copies: int, limits: Sequence[int]) -> torch.Tensor:
+    """The random numbers of sampling: row i*copies + j (sentence i's j-th sample) holds, for each
+    step up to its bound ``limits[i]``, a uniform number in [0, 1) from a CPU generator seeded
+    with a hash of (``seed``, ``keys[i]``). A sentence's numbers therefore depend only on the seed,
+    its key and its own length bound, and sample j's on neither ``copies`` nor the other rows
+    (one stream per sentence, read sample by sample). Returns B*copies, max(limits) float64."""
+    out = torch.zeros(len(keys) * copies, max(limits, default=1), dtype=torch.float64)
+    for i, (key, limit) in enumerate(zip(keys, limits)):
+        digest = hashlib.blake2b(f"cometnmt sample {seed} {key}".encode(), digest_size=8).digest()
+        stream = torch.Generator().manual_seed(int.from_bytes(digest, "little") & SEED_SPAN)
+        out[i * copies : (i + 1) * copies, :limit] = torch.rand(copies, limit, generator=stream, dtype=torch.float64)
+    return out
+
+
+def sample_tokens(lp: torch.Tensor, topk: int, topp: float, temperature: float, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of log-probabilities A,V, drawn from softmax(lp / temperature) cut to the
     ``topk`` most probable tokens (0: all), then to the fewest of those whose renormalised
     probability reaches ``topp`` (the token that crosses it is kept, so the most probable token
-    always survives). Returns A long."""
+    always survives). Drawn by inversion: row a takes the first token whose cumulative
+    probability exceeds ``uniforms[a]`` (A, in [0, 1)) times the row's total, so one number a row
+    and step decides it whatever else is in the batch. Returns A long."""
     scaled = (lp - lp.amax(dim=-1, keepdim=True)) / temperature  # A,V; max 0, so a tiny temperature cannot overflow
     V = lp.size(-1)
     k = V if topk == 0 else min(topk, V)
     if k == V and topp >= 1.0:
-        return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)  # A
+        return _invert(scaled.softmax(dim=-1), uniforms)  # A
     top, index = scaled.topk(k, dim=-1)  # A,k, most probable first
     probs = top.softmax(dim=-1)  # A,k
     if topp < 1.0:
         probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= topp, 0.0)  # A,k: mass before a token reached topp
-    pick = torch.multinomial(probs, 1, generator=generator)  # A,1
-    return index.gather(1, pick).squeeze(1)  # A
+    return index.gather(1, _invert(probs, uniforms)[:, None]).squeeze(1)  # A
+
+
+def _invert(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw of one index per row of A,n probabilities (zeros allowed, never drawn)."""
+    cdf = probs.double().cumsum(dim=-1)  # A,n; float64, so rounding shifts a boundary by ~1e-16
+    target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)  # A,1: below the row's total
+    pick = torch.searchsorted(cdf, target, right=True).squeeze(1)  # A: first index whose cdf exceeds it
+    last = probs.size(1) - 1 - probs.gt(0).flip(1).long().argmax(dim=1)  # A: the last drawable index
+    return torch.minimum(pick, last)  # rounding at the top end must not land on a zero-probability tail
 
 
 @torch.no_grad()
@@ -269,29 +309,31 @@ def _finish_rows(bucket, scores, seqs, alpha) -> None:
             bucket.append((float(length_normalise(torch.tensor(score), len(row), alpha)), row))
 
 
-def sampling_generator(cfg, device: torch.device) -> Optional[torch.Generator]:
-    """The random generator of one sampling call: seeded with ``cfg.sampling_seed`` on ``device``,
-    or None (torch's global RNG) without a seed or for another search."""
-    if cfg.method != "sample" or cfg.sampling_seed is None:
+def sampling_seed(cfg) -> Optional[int]:
+    """The seed of one sampling call: ``cfg.sampling_seed``, else one drawn from torch's global RNG
+    (so ``torch.manual_seed`` repeats a call too); None for another search."""
+    if cfg.method != "sample":
         return None
-    return torch.Generator(device=device).manual_seed(cfg.sampling_seed)
+    if cfg.sampling_seed is not None:
+        return cfg.sampling_seed
+    return int(torch.randint(0, SEED_SPAN, (1,)))
 
 
 def search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, cfg,
-           src_specials: int = 0, generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+           src_specials: int = 0, seed: Optional[int] = None,
+           keys: Optional[Sequence[int]] = None) -> list[list[Hypothesis]]:
     """Dispatch on a DecodeConfig: greedy (one hypothesis each), beam or sample (``cfg.nbest`` each).
     ``src_specials``: tokens each source carries besides its words (2 for the <s> </s> of
     ``data.src_sos_eos``), left out of the length bound ``max_len_a * words + max_len_b``.
-    ``generator``: sampling's random numbers, to share one generator among the batches of a call;
-    None makes one from ``cfg.sampling_seed`` (:func:`sampling_generator`)."""
+    Sampling: ``seed`` (None: :func:`sampling_seed`'s) and each sentence's ``keys`` (its place in
+    the caller's input; None: its row) choose its random numbers (:func:`sample_uniforms`), so a
+    caller that batches an input passes one seed for all its batches."""
     a, b = cfg.max_len_a, cfg.max_len_b - src_specials * cfg.max_len_a
     if cfg.method == "greedy":
         return [[h] for h in greedy_search(model, src, src_pad_mask, bos, eos, a, b)]
     if cfg.method == "sample":
-        if generator is None:
-            generator = sampling_generator(cfg, src.device)
         return sample_search(model, src, src_pad_mask, bos, eos, a, b, cfg.nbest, cfg.sampling_topk, cfg.sampling_topp,
-                             cfg.temperature, generator)
+                             cfg.temperature, seed=sampling_seed(cfg) if seed is None else seed, keys=keys)
     return beam_search(model, src, src_pad_mask, bos, eos, cfg.beam_size, cfg.length_penalty, cfg.nbest, a, b)
 
 

@@ -17,7 +17,7 @@ from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
-from cometnmt.decoding import sampling_generator, search, target_log_probs
+from cometnmt.decoding import sampling_seed, search, target_log_probs
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.ensemble import Ensemble
@@ -299,13 +299,13 @@ class Translator:
         decode_cfg = decode_cfg or self.cfg.decode
         self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
-        generator = sampling_generator(decode_cfg, self.device)  # one per call: each batch draws on from the last
+        seed = sampling_seed(decode_cfg)  # one per call; each sentence's stream is keyed by its place in src_ids
         bar = progress_bar(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
         self.model.eval()
         for idx in self._batches(src_ids, decode_cfg.batch_sentences):
             batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
             results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
-                             src_specials=2 if self.codec.src_sos_eos else 0, generator=generator)  # bound on words
+                             src_specials=2 if self.codec.src_sos_eos else 0, seed=seed, keys=idx)  # bound on words
             for i, hyps in zip(idx, results):
                 out[i] = [self._text(h.tokens, h.score) for h in hyps]
             bar.update(len(idx))
@@ -457,8 +457,8 @@ class Translator:
         :param sampling: True draws each token at random (``nbest`` independent samples per
             sentence, highest score first), from the ``topk`` most probable tokens (0: all), then
             the nucleus of probability ``topp``, with the logits divided by ``temperature``;
-            ``seed`` makes the call repeatable (for the same sentences and ``batch_size``: a
-            sentence's samples depend on the sentences batched with it). False: greedy search.
+            ``seed`` makes the call repeatable: a sentence's samples depend on the seed and its
+            place in ``texts``, not on the batch size or the other sentences. False: greedy search.
         :raises DataError: a sentence longer than the model's positions (before any decoding).
         """
         if isinstance(texts, str):

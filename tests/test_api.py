@@ -114,7 +114,8 @@ def test_translator_call_and_translate(translator):
 
 def test_translator_samples(translator):
     """Sampling through the API: nbest samples a sentence, best score first; a seed repeats a call
-    and another seed changes it; one generator serves all of a call's batches; top-k 1 is greedy
+    and another seed changes it; a line's samples depend on neither the batch size nor the other
+    lines (they did: one generator served a call's batches in turn); top-k 1 is greedy
     search; bad settings are errors naming the keyword."""
     sents = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", ""]
 
@@ -127,7 +128,12 @@ def test_translator_samples(translator):
     assert sample(3) == first and sample(4) != first
     assert len({h.text for h in first[0]}) > 1  # independent samples
     twice = translator.translate([sents[0]] * 2, sampling=True, nbest=3, temperature=1.5, seed=1, batch_size=1)
-    assert twice[0] != twice[1]  # the second batch draws on from the first's generator, not from a fresh seed
+    assert twice[0] != twice[1]  # each line its own stream: a repeated sentence is sampled anew
+    alone = translator.translate(sents, sampling=True, nbest=4, temperature=1.5, seed=3, batch_size=1)
+    assert [[h.text for h in r] for r in alone] == [[h.text for h in r] for r in first]  # whatever the batch size
+    beside = translator.translate([sents[0], "Eine Frau liest ein Buch am Strand.", sents[2]], sampling=True, nbest=4,
+                                  temperature=1.5, seed=3)
+    assert [h.text for h in beside[0]] == [h.text for h in first[0]]  # or the other lines
     assert translator(sents, sampling=True, topk=1, seed=0) == translator(sents)
     assert translator.translate(sents[:1], sampling=True, topk=1)[0][0].score == pytest.approx(translator.translate(sents[:1])[0][0].score)
     assert translator.cfg.decode.method == "greedy"  # per call, not kept

@@ -401,3 +401,36 @@ def test_an_ensemble_samples_as_one_model(names):
                                                          generator=torch.Generator().manual_seed(9))] == \
            [[h.tokens for h in r] for r in sample_search(alone, src, mask, BOS, EOS, 1.5, 5, nbest=3, temperature=2.0,
                                                          generator=torch.Generator().manual_seed(9))]
+
+
+def test_seeded_samples_do_not_depend_on_the_batch(trained_like):
+    """A sentence's samples came from one generator shared by its batch, so they changed with the
+    sentences batched beside it. Each sentence now draws from its own stream keyed by the seed and
+    its key: alone or in a padded batch, the same samples (every architecture, batch norm too);
+    another key, another stream; nbest 1's sample is the first of nbest 3's streams."""
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(2))
+    settings = {"nbest": 3, "temperature": 2.0, "seed": 17}
+    batch = sample_search(trained_like, src, mask, BOS, EOS, 1.5, 5, keys=[10, 11, 12, 13], **settings)
+    for i in range(4):
+        n = int((~mask[i]).sum())
+        alone = sample_search(trained_like, src[i : i + 1, :n], mask[i : i + 1, :n], BOS, EOS, 1.5, 5, keys=[10 + i],
+                              **settings)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batch[i]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in batch[i]], abs=1e-4)
+    moved = sample_search(trained_like, src, mask, BOS, EOS, 1.5, 5, keys=[13, 12, 11, 10], **settings)
+    assert [[h.tokens for h in r] for r in moved] != [[h.tokens for h in r] for r in batch]
+    one = sample_search(trained_like, src, mask, BOS, EOS, 1.5, 5, keys=[10, 11, 12, 13], nbest=1, temperature=2.0, seed=17)
+    assert all(r[0].tokens in [h.tokens for h in b] for r, b in zip(one, batch))
+
+
+def test_sample_uniforms_are_keyed_streams():
+    """Row i*copies + j holds sentence i's j-th sample's numbers, up to its own bound: equal seeds
+    and keys give equal numbers whatever the other rows, the copy count or the longest bound."""
+    from cometnmt.decoding import sample_uniforms
+
+    u = sample_uniforms(5, [7, 8], 3, [4, 6])
+    assert u.shape == (6, 6) and bool(u[:3, 4:].eq(0).all()) and bool((u[3:] > 0).all() & (u < 1).all())
+    assert torch.equal(sample_uniforms(5, [8], 3, [6]), u[3:])
+    assert torch.equal(sample_uniforms(5, [8], 1, [6])[0], u[3])  # sample 0 is sample 0 with more copies
+    assert torch.equal(sample_uniforms(5, [7], 3, [4]), u[:3, :4])
+    assert not torch.equal(sample_uniforms(6, [7], 3, [4]), u[:3, :4]) and not torch.equal(u[0], u[1])
