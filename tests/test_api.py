@@ -514,6 +514,27 @@ def test_log_prob_is_forced_decoding(run_dir, translator):
         translator.log_prob(["Ein Hund.", "Ein Hund."], ["A dog.", " ".join(["dog"] * 1100)])
 
 
+def test_log_prob_of_translations_is_their_search_score(translator):
+    """Forced decoding of translate's own n-best texts (detokenised, then tokenised again, as
+    logprob --nbest-input reads them) gives beam search's scores (length penalty 0), for
+    hypotheses of the unknown word too (its text "<unk>" was read back as "<", "unk", ">")."""
+    import torch
+
+    from cometnmt.data.vocab import EOS
+
+    model = copy.deepcopy(translator.model)  # the one-epoch model never stops by itself: make it
+    with torch.no_grad():
+        model.out_proj.bias[EOS] += 2.0
+    stopping = cometnmt.Translator(model, translator.codec, translator.cfg, translator.device)
+    sources = ["Ein Mann mit einem Zzyzxqw-Hut läuft über die Straße.", "Zwei Hunde spielen im Schnee."]
+    nbest = stopping.translate(sources, beam=4, nbest=4, length_penalty=0.0)
+    rows = [(src, h) for src, hyps in zip(sources, nbest) for h in hyps if len(h.tokens) < 10]  # ended by </s>
+    assert len(rows) > 4 and sum(h.tokens.count("<unk>") > 1 for _, h in rows) > 1
+    scores = stopping.log_prob([src for src, _ in rows], [h.text for _, h in rows])
+    assert [s.log_prob for s in scores] == pytest.approx([h.score for _, h in rows], abs=1e-4)
+    assert [s.tokens for s in scores] == [len(h.tokens) + 1 for _, h in rows]
+
+
 def test_attention_through_the_api(translator):
     """Translator.attention: one map per pair, rows summing to 1 over the source tokens, teacher-forced
     on given targets or on the model's own greedy translation; a wrong layer is named as the keyword."""

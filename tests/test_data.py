@@ -193,6 +193,25 @@ def test_spacy_detokenize_joins_the_words_its_exceptions_split(lang, text) -> No
     assert tok.detokenize(tok.tokenize(text)) == text  # ...and joined again
 
 
+@pytest.mark.parametrize("lang, tokens", [
+    ("en", ["A", "<unk>", "in", "a", "<unk>", "@-@", "shirt", "."]),
+    ("en", ["<unk>", "'s", "<unk>", "@-@", "<unk>", ",", "\"", "<unk>", "\"", "<unk>"]),
+    ("de", ["Ein", "<unk>", "mit", "<unk>", "."]),
+    ("fr", ["Un", "<unk>", "de", "l'", "<unk>", "."]),
+])
+def test_a_translations_unk_tokenises_back_to_unk(lang, tokens) -> None:
+    """A model writes its unknown word as the text <unk>; the codec's tokenizer (training's, and
+    logprob's on translate's output) reads it back as that one token, so forced decoding scores
+    what search found. spaCy alone made it "<", "unk", ">" (or "<unk>." whole, in French), each
+    another unknown word: logprob --nbest-input scored translate's own n-best list far lower."""
+    codec_tok = tokenizer_from_state(SpacyTokenizer(lang).state_dict())
+    text = codec_tok.detokenize(tokens)
+    assert codec_tok.tokenize(text) == tokens and codec_tok.tokenize_many([text, text]) == [tokens, tokens]
+    assert build_tokenizer("spacy", lang, [], lowercase=True, sp_vocab_size=0, sp_model_type="unigram").tokenize(
+        text.upper()) == [t.lower() for t in tokens]  # "<UNK>" lowercased is the unknown word too
+    assert "<unk>" not in SpacyTokenizer(lang).tokenize(text)  # metrics' tokenizers: spaCy's own tokens, as before
+
+
 def test_spacy_tokenizes_train_quickly(train_pairs: tuple[list[str], list[str]]) -> None:
     start = time.perf_counter()
     tokens = SpacyTokenizer("en").tokenize_many(train_pairs[1])

@@ -90,33 +90,55 @@ def _doc_tokens(doc: spacy.tokens.Doc) -> list[str]:
     return out
 
 
+UNK_TEXT = "<unk>"  # the unknown token as a model's output spells it (Vocab's SPECIALS[1])
+# What UNK_TEXT stands for while spaCy tokenises: a plain word, so that it is split off its
+# neighbours ("<unk>-shirt", "l'<unk>", "<unk>.") as a word there would be; spaCy itself cuts
+# "<unk>" into "<", "unk", ">", or leaves "<unk>." whole, depending on the language and context.
+_UNK_WORD = "cometnmtunkword"
+
+
 class SpacyTokenizer:
-    """Word tokenizer: ``spacy.blank(lang).tokenizer``; detokenized with sacremoses' MosesDetokenizer."""
+    """Word tokenizer: ``spacy.blank(lang).tokenizer``; detokenized with sacremoses' MosesDetokenizer.
+
+    ``unk_word``: read the text ``<unk>`` as the single token ``<unk>`` (the unknown word), and
+    place it as a word when detokenizing, as a model's codec does: a translation holding ``<unk>``
+    then tokenises back to the tokens it was decoded from, so ``logprob`` scores it as search did.
+    Off for the tokenizers of metrics, whose tokens of a hypothesis stay as they were."""
 
     kind = "spacy"
 
-    def __init__(self, lang: str, lowercase: bool = False) -> None:
+    def __init__(self, lang: str, lowercase: bool = False, *, unk_word: bool = False) -> None:
         self.lang = lang
         self.lowercase = lowercase
+        self.unk_word = unk_word
         self._tokenizer = _blank_tokenizer(lang)
         self._detok = MosesDetokenizer(lang=lang)
 
     def _prepare(self, text: str) -> str:
-        return text.lower() if self.lowercase else text
+        text = text.lower() if self.lowercase else text
+        return text.replace(UNK_TEXT, _UNK_WORD) if self.unk_word else text
+
+    def _tokens(self, doc: spacy.tokens.Doc) -> list[str]:
+        tokens = _doc_tokens(doc)
+        return [tok.replace(_UNK_WORD, UNK_TEXT) for tok in tokens] if self.unk_word else tokens
 
     def tokenize(self, text: str) -> list[str]:
         """Tokens of one sentence."""
-        return _doc_tokens(self._tokenizer(self._prepare(text)))
+        return self._tokens(self._tokenizer(self._prepare(text)))
 
     def tokenize_many(self, texts: Iterable[str]) -> list[list[str]]:
         """Tokens of many sentences (spaCy's batched ``pipe``: 29k sentences in about a second)."""
         docs = self._tokenizer.pipe((self._prepare(t) for t in texts), batch_size=1000)
-        return [_doc_tokens(doc) for doc in docs]
+        return [self._tokens(doc) for doc in docs]
 
     def detokenize(self, tokens: list[str]) -> str:
         """Plain text (as sacreBLEU expects) from tokens; the word-internal splits of spaCy's
         tokenizer exceptions that Moses does not know are joined first (:func:`join_clitics`)."""
-        return self._detok.detokenize(join_clitics(list(tokens), self.lang), unescape=False)
+        if not self.unk_word:
+            return self._detok.detokenize(join_clitics(list(tokens), self.lang), unescape=False)
+        # the unknown word as a word to Moses too, which leaves "l'" apart from a "<unk>" after it
+        words = [_UNK_WORD if tok == UNK_TEXT else tok for tok in tokens]
+        return self._detok.detokenize(join_clitics(words, self.lang), unescape=False).replace(_UNK_WORD, UNK_TEXT)
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
@@ -231,7 +253,7 @@ def tokenizer_from_state(state: dict) -> Tokenizer:
     """Rebuild a tokenizer from its ``state_dict``."""
     kind = state.get("kind") if isinstance(state, dict) else None
     if kind == SpacyTokenizer.kind:
-        return SpacyTokenizer(state["lang"], lowercase=bool(state.get("lowercase", False)))
+        return SpacyTokenizer(state["lang"], lowercase=bool(state.get("lowercase", False)), unk_word=True)
     if kind == SentencePieceTokenizer.kind:
         return SentencePieceTokenizer(state["model_proto"], lowercase=bool(state.get("lowercase", False)))
     raise DataError(
@@ -251,7 +273,7 @@ def build_tokenizer(
 ) -> Tokenizer:
     """A spaCy tokenizer for ``lang``, or a SentencePiece model trained on ``train_texts``."""
     if kind == "spacy":
-        return SpacyTokenizer(lang, lowercase=lowercase)
+        return SpacyTokenizer(lang, lowercase=lowercase, unk_word=True)
     if kind == "sentencepiece":
         return SentencePieceTokenizer.train(
             train_texts, sp_vocab_size, model_type=sp_model_type, lowercase=lowercase  # type: ignore[arg-type]
