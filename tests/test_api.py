@@ -228,6 +228,33 @@ def test_average_checkpoints(run_dir, tmp_path):
         cometnmt.average_checkpoints(str(run_dir / "best.pt"), tmp_path / "x.pt")
 
 
+def test_averaging_is_the_mean_of_one_models_weights(run_dir, tmp_path):
+    """average_checkpoints: the element-wise mean of the weights, whatever the dropout; weights of
+    the same shapes under another model config (4 heads or 2 share their matrices' shapes) are
+    refused, naming the key: averaged and run as the last file's model, they were neither model."""
+    import torch
+
+    from cometnmt.training.checkpoint import load_checkpoint, save_checkpoint
+
+    payload = load_checkpoint(run_dir / "best.pt")
+    config = copy.deepcopy(payload["config"])
+    config["model"]["dropout"] = 0.3  # training only: these still average
+    doubled = {**payload, "config": config, "model": {k: v * 2 if v.is_floating_point() else v
+                                                      for k, v in payload["model"].items()}}
+    save_checkpoint(doubled, tmp_path / "doubled.pt")
+    avg = load_checkpoint(cometnmt.average_checkpoints([tmp_path / "doubled.pt", run_dir / "best.pt"], tmp_path / "avg.pt"))
+    for key, value in payload["model"].items():
+        assert torch.equal(avg["model"][key], value * 1.5 if value.is_floating_point() else value), key
+    assert avg["config"] == payload["config"]  # the last file's
+    config = copy.deepcopy(payload["config"])
+    config["model"]["n_heads"] = payload["config"]["model"]["n_heads"] // 2
+    save_checkpoint({**payload, "config": config}, tmp_path / "heads.pt")
+    with pytest.raises(cometnmt.CheckpointError, match=r"heads.pt: its model differs from that of .*best.pt in "
+                                                       r"model.n_heads \(2, 4 in .*best.pt\); only checkpoints of one run"):
+        cometnmt.average_checkpoints([tmp_path / "heads.pt", run_dir / "best.pt"], tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
+
+
 def test_a_checkpoint_finds_its_relative_data_paths_from_anywhere(tmp_path, data_dir, monkeypatch):
     """data.corpus=files with paths relative to the folder a run was trained in: evaluating the
     checkpoint from another folder reads the same files (it failed with 'file not found')."""

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from cometnmt.atomic import atomic_write
+from cometnmt.config import changed_keys, config_from_dict, to_dict
 from cometnmt.errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -50,13 +51,22 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return payload
 
 
+def _model_config(payload: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's ``model`` config as a nested dict, every key filled (older checkpoints lack
+    keys added since, which mean their defaults)."""
+    return to_dict(config_from_dict(payload["config"]).model)
+
+
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """Element-wise mean of the model weights of ``paths`` (floating tensors; integer buffers from
-    the last file). Config, codec and metadata come from the last file; training state is dropped."""
+    the last file). Config, codec and metadata come from the last file; training state is dropped.
+    The checkpoints must share the weights' names and shapes, the model config (dropout aside) and
+    the vocabularies: else a CheckpointError names the file and what differs."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     loaded = [load_checkpoint(p) for p in paths]
     keys = loaded[-1]["model"].keys()
+    last_model = _model_config(loaded[-1])
     for p, ck in zip(paths, loaded):
         if ck["model"].keys() != keys:
             raise CheckpointError(f"{p}: model weights do not match {paths[-1]} (different architecture?)")
@@ -64,6 +74,14 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         if shapes:
             raise CheckpointError(f"{p}: weight {shapes[0]} is {tuple(ck['model'][shapes[0]].shape)} but "
                                   f"{tuple(loaded[-1]['model'][shapes[0]].shape)} in {paths[-1]} (a different size or vocabulary)")
+        # Weights of equal shapes may still mean different models (n_heads 4 or 8 split one matrix
+        # differently; a COMET's ffn1 and ffn2 units): averaged, then run under the last file's
+        # config, they gave a model that is neither. Dropout does not change what the weights compute.
+        differ = [f"model.{key} ({a!r}, {b!r} in {paths[-1]})" for key, a, b in changed_keys(_model_config(ck), last_model)
+                  if not key.rsplit(".", 1)[-1].endswith("dropout")]
+        if differ:
+            raise CheckpointError(f"{p}: its model differs from that of {paths[-1]} in {', '.join(differ)}; only "
+                                  "checkpoints of one run can be averaged")
         if ck["codec"] != loaded[-1]["codec"]:
             raise CheckpointError(f"{p}: its vocabularies differ from those of {paths[-1]}; only checkpoints of one run can be averaged")
     avg = {}
