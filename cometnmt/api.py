@@ -126,7 +126,9 @@ def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = Fals
                               "must be an integer at least 1")
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"{setting('run_dir', run_dir, flags, flag='--dir')}: not a folder")
-    found = sorted(Path(run_dir).glob("epoch*.pt"))
+    from cometnmt.training.checkpoint import epoch_checkpoints
+
+    found = epoch_checkpoints(run_dir)
     if len(found) < last:
         raise CheckpointError(f"{setting('last', last, flags)}: only {len(found)} epoch checkpoints in {run_dir} "
                               "(train.keep_checkpoints sets how many a run keeps)")

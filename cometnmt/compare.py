@@ -122,11 +122,11 @@ def _specs(args, systems: list[tuple[str, Path]]) -> list[RunSpec]:
 
 def _checkpoint(args, run: Path) -> tuple[Path, list[str]]:
     """The checkpoint to evaluate and the files it comes from (averaged into avg.pt if asked)."""
-    from cometnmt.training.checkpoint import average_checkpoints, save_checkpoint
+    from cometnmt.training.checkpoint import average_checkpoints, epoch_checkpoints, save_checkpoint
 
     if not args.average_last:
         return run / "best.pt", ["best.pt"]
-    found = sorted(run.glob("epoch*.pt"))
+    found = epoch_checkpoints(run)
     if not found:  # a run trained by an earlier call, or by code without the check of _check_average_last
         raise CometNMTError(f"--average-last {args.average_last}: {run} has no epochNNN.pt checkpoints to average (trained "
                             f"with train.keep_checkpoints={_kept(run)}); they are written only while it trains: move the "

@@ -228,6 +228,17 @@ def test_average_checkpoints(run_dir, tmp_path):
         cometnmt.average_checkpoints(str(run_dir / "best.pt"), tmp_path / "x.pt")
 
 
+def test_the_last_epoch_checkpoints_are_the_newest_past_epoch_999(tmp_path):
+    """epoch999.pt, epoch1000.pt, ...: sorted by name, epoch1000.pt came first, so --last 2
+    averaged epochs 998 and 999 and left out the newest; a file of another name is no epoch."""
+    for epoch in (997, 998, 999, 1000, 1001):
+        (tmp_path / f"epoch{epoch:03d}.pt").write_bytes(b"")
+    (tmp_path / "epoch_avg.pt").write_bytes(b"")
+    assert [p.name for p in cometnmt.last_epoch_checkpoints(tmp_path, 3)] == ["epoch999.pt", "epoch1000.pt", "epoch1001.pt"]
+    with pytest.raises(cometnmt.CheckpointError, match=r"^last=6: only 5 epoch checkpoints"):
+        cometnmt.last_epoch_checkpoints(tmp_path, 6)
+
+
 def test_averaging_is_the_mean_of_one_models_weights(run_dir, tmp_path):
     """average_checkpoints: the element-wise mean of the weights, whatever the dropout; weights of
     the same shapes under another model config (4 heads or 2 share their matrices' shapes) are

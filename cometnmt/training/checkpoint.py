@@ -5,6 +5,7 @@ file behind."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if key not in payload:
             raise CheckpointError(f"{path}: checkpoint lacks '{key}'")
     return payload
+
+
+_EPOCH_FILE = re.compile(r"epoch(\d+)\.pt")  # the trainer's f"epoch{epoch:03d}.pt"
+
+
+def epoch_checkpoints(folder: str | Path) -> list[Path]:
+    """A run folder's epoch checkpoints, oldest first: by epoch number, as epoch999.pt comes
+    before epoch1000.pt (sorted by name, epoch1000.pt came first, and the last N were not the
+    newest N); names the trainer does not write (``epoch_avg.pt``) are not its epochs."""
+    found = [(int(m.group(1)), p) for p in Path(folder).glob("epoch*.pt") if (m := _EPOCH_FILE.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
 
 
 def _model_config(payload: dict[str, Any]) -> dict[str, Any]:
