@@ -212,6 +212,15 @@ def test_a_translations_unk_tokenises_back_to_unk(lang, tokens) -> None:
     assert "<unk>" not in SpacyTokenizer(lang).tokenize(text)  # metrics' tokenizers: spaCy's own tokens, as before
 
 
+def test_no_hyphen_marker_is_left_in_detokenised_text() -> None:
+    """Moses joins one "@-@" (spaCy's split intra-word hyphen); two in a row, as an undertrained
+    model may emit them, left "a-@-@ b" in the translation."""
+    tok = SpacyTokenizer("en")
+    assert tok.detokenize(["a", "@-@", "@-@", "b"]) == "a-- b"
+    assert tok.detokenize(["t", "@-@", "shirt", "@-@", "wearing", "@-@"]) == "t-shirt-wearing-"
+    assert "@" not in tokenizer_from_state(tok.state_dict()).detokenize(["@-@", "@-@", "<unk>", "@-@", "@-@"])
+
+
 def test_spacy_tokenizes_train_quickly(train_pairs: tuple[list[str], list[str]]) -> None:
     start = time.perf_counter()
     tokens = SpacyTokenizer("en").tokenize_many(train_pairs[1])

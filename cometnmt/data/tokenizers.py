@@ -134,11 +134,14 @@ class SpacyTokenizer:
     def detokenize(self, tokens: list[str]) -> str:
         """Plain text (as sacreBLEU expects) from tokens; the word-internal splits of spaCy's
         tokenizer exceptions that Moses does not know are joined first (:func:`join_clitics`)."""
-        if not self.unk_word:
-            return self._detok.detokenize(join_clitics(list(tokens), self.lang), unescape=False)
         # the unknown word as a word to Moses too, which leaves "l'" apart from a "<unk>" after it
-        words = [_UNK_WORD if tok == UNK_TEXT else tok for tok in tokens]
-        return self._detok.detokenize(join_clitics(words, self.lang), unescape=False).replace(_UNK_WORD, UNK_TEXT)
+        words = [_UNK_WORD if self.unk_word and tok == UNK_TEXT else tok for tok in tokens]
+        text = self._detok.detokenize(join_clitics(words, self.lang), unescape=False)
+        if self.unk_word:
+            text = text.replace(_UNK_WORD, UNK_TEXT)
+        # Moses glues one "@-@" between words; of two in a row (an undertrained model's "a @-@ @-@ b")
+        # it leaves the second as text, "a-@-@ b": a marker is never the output's text
+        return text.replace(HYPHEN_MARKER, "-")
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
