@@ -260,7 +260,9 @@ def cmd_attention(args) -> int:
                                     flags=True)
     except DataError as exc:
         message = str(exc)
-        raise DataError(f"{args.target if message.startswith('target line') else args.input}: {message}") from None
+        # without -t the targets are the model's translations of -i's lines ("None: target line 1")
+        raise DataError(f"{args.target if args.target and message.startswith('target line') else args.input}: "
+                        f"{message}") from None
     out.mkdir(parents=True, exist_ok=True)
     records = [{"line": i + 1, "layer": m.layer, "source": m.source, "target": m.target,
                 "weights": [[round(w, 4) for w in row] for row in m.weights]} for i, m in enumerate(maps)]

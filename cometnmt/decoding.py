@@ -48,9 +48,12 @@ def without_specials(lp: torch.Tensor, pad: int, bos: int) -> torch.Tensor:
 
 def max_lengths(src_pad_mask: torch.Tensor, a: float, b: float, cap: Optional[int] = None) -> torch.Tensor:
     """Per-sentence bound on generated tokens (</s> included): B long. ``cap``: the model's
-    position limit (``Seq2Seq.position_limit``), which the step at position t needs t < cap."""
+    position limit (``Seq2Seq.position_limit``). An output stops at cap - 1 tokens: then <s> and
+    its tokens fill the positions, as the longest training target did, and forced decoding (its
+    tokens and a </s>) fits. At cap tokens (the step at position t needs only t < cap), logprob
+    and attention refused the search's own output as longer than the model's positions."""
     src_len = (~src_pad_mask).sum(dim=1)  # B
-    return (src_len.float() * a + b).long().clamp(min=1, max=cap)
+    return (src_len.float() * a + b).long().clamp(min=1, max=None if cap is None else max(cap - 1, 1))
 
 
 @torch.no_grad()

@@ -182,7 +182,9 @@ def test_grouped_cross_attention_equals_copied_rows(name):
 @pytest.mark.parametrize("name", ["transformer", "comet_temporal", "transformer_pp", "convs2s", "rnn_gru_dot"])
 def test_output_length_stops_at_the_position_limit(name):
     """A bound of a * source length + b past the model's position tables (model.max_positions)
-    is cut there: decoding ends at the last position instead of failing on the next one."""
+    is cut there: decoding ends where <s> and the output fill the positions, instead of failing
+    on the next one; forced decoding of the output and its </s> fits (logprob, attention). At
+    one token more, its </s> had no position: logprob and attention refused search's own output."""
     from cometnmt.config import ModelConfig, from_dict
     from cometnmt.models import build_model
 
@@ -197,9 +199,16 @@ def test_output_length_stops_at_the_position_limit(name):
     with torch.no_grad():
         model.out_proj.bias[EOS] -= 100.0  # never stop by itself
     src, mask = random_batch([6, 3], 23, torch.Generator().manual_seed(3))
-    want = [min(n * 2 + 10, limit or 10**6) for n in (6, 3)]  # 22 and 16 tokens, or 12 each
-    assert [len(h.tokens) for h in greedy_search(model, src, mask, BOS, EOS, 2.0, 10)] == want
+    want = [min(n * 2 + 10, (limit or 10**6) - 1) for n in (6, 3)]  # 22 and 16 tokens, or 11 each
+    greedy = greedy_search(model, src, mask, BOS, EOS, 2.0, 10)
+    assert [len(h.tokens) for h in greedy] == want
     assert [len(b[0].tokens) for b in beam_search(model, src, mask, BOS, EOS, 3, 1.0, 1, 2.0, 10)] == want
+    if limit is not None:
+        width = max(want) + 1
+        tgt_in = torch.tensor([[BOS] + h.tokens + [0] * (width - 1 - len(h.tokens)) for h in greedy])  # B,T
+        tgt_out = torch.tensor([h.tokens + [EOS] + [0] * (width - 1 - len(h.tokens)) for h in greedy])  # B,T
+        forced = target_log_probs(model, src, mask, tgt_in, tgt_out, 0)  # the outputs, each ended by </s>
+        assert torch.isfinite(forced).all() and bool((forced < torch.tensor([h.score for h in greedy])).all())
 
 
 @torch.no_grad()
