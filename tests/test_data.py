@@ -212,6 +212,19 @@ def test_a_translations_unk_tokenises_back_to_unk(lang, tokens) -> None:
     assert "<unk>" not in SpacyTokenizer(lang).tokenize(text)  # metrics' tokenizers: spaCy's own tokens, as before
 
 
+@pytest.mark.parametrize("lang, text", [
+    ("en", "The dog’s ball: I don’t know, we’re sure the dogs’ owner said ‘hello’ to McDonald’s."),
+    ("de", "Geht’s gut? Ein Schild von McDonald’s und ein ‘Zitat’."),
+    ("fr", "Aujourd’hui, j’ai vu qu’il est là : c’est l’été à l’océan."),
+    ("it", "L’uomo è all’aperto."),
+])
+def test_spacy_detokenize_joins_typographic_apostrophes(lang, text) -> None:
+    """Moses joins "dog 's" and "l' été" but left the typographic ’ apart: translations read
+    "dog ’s", "l’ été" (Multi30k's French training text: 16 lines)."""
+    tok = SpacyTokenizer(lang)
+    assert tok.detokenize(tok.tokenize(text)) == text
+
+
 def test_no_hyphen_marker_is_left_in_detokenised_text() -> None:
     """Moses joins one "@-@" (spaCy's split intra-word hyphen); two in a row, as an undertrained
     model may emit them, left "a-@-@ b" in the translation."""

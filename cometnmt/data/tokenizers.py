@@ -24,7 +24,8 @@ _SP_THREADS = 4  # fixed (not cpu_count) so the trained model is the same on eve
 
 
 # spaCy's tokenizer exceptions split some words where Moses' detokenizer does not join them again:
-# English "don't" -> do n't, "gonna" -> gon na, "gotta" -> got ta; French "dit-il" -> dit -il.
+# English "don't" -> do n't, "gonna" -> gon na, "gotta" -> got ta; French "dit-il" -> dit -il;
+# German "Geht’s" -> Geht ’s (with the typographic apostrophe only; "Geht's" stays one token).
 _EN_NEGATION = re.compile(r"^n[’']t$", re.IGNORECASE)
 _EN_SPLIT_WORDS = {("gon", "na"), ("wan", "na"), ("got", "ta")}
 _FR_HYPHEN_CLITIC = re.compile(r"^-(t|(t-)?(je|tu|il|elle|on|nous|vous|ils|elles|ce|le|la|les|lui|leur|moi|toi|y|en|là|ci))$",
@@ -39,6 +40,7 @@ def join_clitics(tokens: list[str], lang: str) -> list[str]:
         glue = out and (
             (lang == "en" and (_EN_NEGATION.match(tok) or (out[-1].lower(), tok.lower()) in _EN_SPLIT_WORDS))
             or (lang == "fr" and _FR_HYPHEN_CLITIC.match(tok))
+            or (lang == "de" and tok in ("\u2019s", "\u2019S"))
         )
         if glue:
             out[-1] += tok
@@ -95,6 +97,7 @@ UNK_TEXT = "<unk>"  # the unknown token as a model's output spells it (Vocab's S
 # neighbours ("<unk>-shirt", "l'<unk>", "<unk>.") as a word there would be; spaCy itself cuts
 # "<unk>" into "<", "unk", ">", or leaves "<unk>." whole, depending on the language and context.
 _UNK_WORD = "cometnmtunkword"
+_TYPOGRAPHIC = ("\u2019", "\u2018")  # ’ (the typographic apostrophe, a closing single quote) and ‘ (opening)
 
 
 class SpacyTokenizer:
@@ -136,12 +139,27 @@ class SpacyTokenizer:
         tokenizer exceptions that Moses does not know are joined first (:func:`join_clitics`)."""
         # the unknown word as a word to Moses too, which leaves "l'" apart from a "<unk>" after it
         words = [_UNK_WORD if self.unk_word and tok == UNK_TEXT else tok for tok in tokens]
-        text = self._detok.detokenize(join_clitics(words, self.lang), unescape=False)
+        text = self._moses(join_clitics(words, self.lang))
         if self.unk_word:
             text = text.replace(_UNK_WORD, UNK_TEXT)
         # Moses glues one "@-@" between words; of two in a row (an undertrained model's "a @-@ @-@ b")
         # it leaves the second as text, "a-@-@ b": a marker is never the output's text
         return text.replace(HYPHEN_MARKER, "-")
+
+    def _moses(self, tokens: list[str]) -> str:
+        """Moses' detokenization, which knows the apostrophe "'" (English "dog 's", French "l' été"
+        are joined, and 'single quotes' paired) but not the typographic "’" and "‘", which it left
+        apart: "dog ’s", "l’ été". So each is an "'" to it, and put back: Moses only places spaces,
+        so the n-th apostrophe of its output is the n-th of the tokens."""
+        if not any(c in tok for tok in tokens for c in _TYPOGRAPHIC):
+            return self._detok.detokenize(tokens, unescape=False)
+        kinds = [c for tok in tokens for c in tok if c == "'" or c in _TYPOGRAPHIC]
+        text = self._detok.detokenize(["".join("'" if c in _TYPOGRAPHIC else c for c in tok) for tok in tokens],
+                                      unescape=False)
+        if text.count("'") != len(kinds):  # not seen; then spacing as before rather than a wrong character
+            return self._detok.detokenize(tokens, unescape=False)
+        marks = iter(kinds)
+        return re.sub("'", lambda _: next(marks), text)
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
