@@ -134,7 +134,8 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
         number += 1
         try:
             line = (decode_lines(raw, "<stdin>") or [""])[0]
-            out = _output_lines(number - 1, translator.translate([line], decode)[0], columns)
+            # start: a seeded session samples line N as a file's line N is sampled
+            out = _output_lines(number - 1, translator.translate([line], decode, start=number - 1)[0], columns)
         except DataError as exc:  # "<stdin>:1: ..." or "input line 1: ...": say which line of the session
             print(f"cometnmt: error: line {number}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
             continue

@@ -294,8 +294,11 @@ class Translator:
         return decode_config(decode_cfg or self.cfg.decode, beam, nbest, length_penalty, batch_size, flags=flags,
                              sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
 
-    def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False) -> list[list[Translation]]:
-        """n-best translations of already-indexed sentences, in input order."""
+    def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False, *,
+                      start: int = 0) -> list[list[Translation]]:
+        """n-best translations of already-indexed sentences, in input order. ``start``: the place
+        of ``src_ids[0]`` in a longer input, which keys sampling's random numbers (line i's
+        stream is (seed, i))."""
         decode_cfg = decode_cfg or self.cfg.decode
         self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
@@ -305,7 +308,8 @@ class Translator:
         for idx in self._batches(src_ids, decode_cfg.batch_sentences):
             batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
             results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
-                             src_specials=2 if self.codec.src_sos_eos else 0, seed=seed, keys=idx)  # bound on words
+                             src_specials=2 if self.codec.src_sos_eos else 0, seed=seed,
+                             keys=[start + i for i in idx])  # bound on words
             for i, hyps in zip(idx, results):
                 out[i] = [self._text(h.tokens, h.score) for h in hyps]
             bar.update(len(idx))
@@ -446,7 +450,7 @@ class Translator:
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                   batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
                   topp: float | None = None, temperature: float | None = None,
-                  seed: int | None = None) -> list[list[Translation]]:
+                  seed: int | None = None, start: int = 0) -> list[list[Translation]]:
         """Plain-text sentences in, n-best detokenised translations out, best first, in input
         order (a blank line gives ``nbest`` blank translations).
 
@@ -458,7 +462,9 @@ class Translator:
             sentence, highest score first), from the ``topk`` most probable tokens (0: all), then
             the nucleus of probability ``topp``, with the logits divided by ``temperature``;
             ``seed`` makes the call repeatable: a sentence's samples depend on the seed and its
-            place in ``texts``, not on the batch size or the other sentences. False: greedy search.
+            place in ``texts`` plus ``start`` (a caller that translates an input piece by piece,
+            line by line say, passes each piece's place in it), not on the batch size or the other
+            sentences. False: greedy search.
         :raises DataError: a sentence longer than the model's positions (before any decoding).
         """
         if isinstance(texts, str):
@@ -468,7 +474,7 @@ class Translator:
         texts = _sentence_list(texts, "texts", "Translator.translate")
         _check_sentences(texts)
         ids = self._ids(texts, self.codec.src_tok, self.codec.encode_src)
-        results = self.translate_ids(ids, decode_cfg, progress)
+        results = self.translate_ids(ids, decode_cfg, progress, start=start)
         blank = [Translation("", 0.0, []) for _ in range(decode_cfg.nbest)]  # as many rows as any other sentence
         return [r if text.strip() else list(blank) for r, text in zip(results, texts)]
 

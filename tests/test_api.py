@@ -134,6 +134,9 @@ def test_translator_samples(translator):
     beside = translator.translate([sents[0], "Eine Frau liest ein Buch am Strand.", sents[2]], sampling=True, nbest=4,
                                   temperature=1.5, seed=3)
     assert [h.text for h in beside[0]] == [h.text for h in first[0]]  # or the other lines
+    pieces = [translator.translate([text], sampling=True, nbest=4, temperature=1.5, seed=3, start=i)[0]
+              for i, text in enumerate(sents)]  # line by line, as translate --interactive does
+    assert [[h.text for h in r] for r in pieces] == [[h.text for h in r] for r in first]
     assert translator(sents, sampling=True, topk=1, seed=0) == translator(sents)
     assert translator.translate(sents[:1], sampling=True, topk=1)[0][0].score == pytest.approx(translator.translate(sents[:1])[0][0].score)
     assert translator.cfg.decode.method == "greedy"  # per call, not kept

@@ -675,6 +675,24 @@ def test_translate_interactively_answers_each_line_as_it_comes(trained, data_dir
     assert refused.returncode == 2 and "leave out -i and -o" in refused.stderr
 
 
+def test_seeded_interactive_sampling_is_the_file_modes(trained, data_dir):
+    """translate --interactive translates line by line; seeded, each line restarted the seed's
+    stream, so line 2 was sampled as line 1 would be, not as line 2 of the same file."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {**os.environ, "COMETNMT_MULTI30K_DIR": str(data_dir)}
+    lines = "Ein Hund läuft.\nEin Hund läuft.\nZwei Kinder spielen.\n"
+    args = [sys.executable, "-m", "cometnmt", "translate", str(trained / "best.pt"), "--sampling", "--seed", "4",
+            "--temperature", "1.5", "--nbest", "2"]
+    outputs = [subprocess.run(args + extra, cwd=REPO, env=env, input=lines, capture_output=True, text=True,
+                              check=True).stdout for extra in ([], ["--interactive"])]
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 6
+
+
 def test_file_pairs_under_the_multi30k_corpus_are_refused_when_training(cli, trained, tmp_path):
     """data.train_src/train_tgt set while data.corpus stayed 'multi30k' (the default) trained on
     Multi30k without a word: the files were never read. Training now refuses it before writing
