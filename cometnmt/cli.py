@@ -352,7 +352,8 @@ def cmd_average(args) -> int:
 
 def cmd_serve(args) -> int:
     """Ctrl-C or SIGTERM (what systemd, Docker and Kubernetes send to stop it) stops the server:
-    it accepts no more connections, closes idle keep-alive ones, gives the requests being answered
+    it accepts no more connections, closes those whose next request has not arrived whole (idle
+    keep-alive ones, slow clients still sending a request's head), gives the requests being answered
     up to 5 seconds to finish (TranslationServer.server_close), says so and exits 0, since stopping is how a server ends,
     not work cut short (train and translate exit 130/143: their work is unfinished; systemd counts
     143 as a failure). Left to SIGTERM's default, the process died at once (143, no message) with

@@ -32,6 +32,7 @@ request rather than racing it.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -127,9 +128,11 @@ class TranslationServer(ThreadingHTTPServer):
         # before binding: when the bind fails (port in use, unknown host) socketserver calls
         # server_close(), which needs these, and the caller gets the OSError rather than an AttributeError
         self._handlers: set[threading.Thread] = set()  # request threads still running
-        self._idle: set[socket.socket] = set()  # connections waiting for their next request
         self._handlers_lock = threading.Lock()
         self.closing = False  # set by server_close: answers say Connection: close
+        # server_close writes a byte here, which stays unread: every handler waiting for a request's
+        # head (wait_for_request) then sees the server is closing, at once and whenever it looks
+        self._wake = socket.socketpair()
         self.translator, self.checkpoint = translator, checkpoint
         self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
         self.lock = threading.Lock()
@@ -144,17 +147,24 @@ class TranslationServer(ThreadingHTTPServer):
             with self._handlers_lock:
                 self._handlers.discard(threading.current_thread())
 
-    def waiting(self, connection: socket.socket, idle: bool) -> None:
-        """A handler says it waits for its connection's next request (``idle``) or has begun reading
-        one. A connection that goes idle once the server is closing is closed, unless a request
-        is already arriving on it."""
-        with self._handlers_lock:
-            if not idle:
-                self._idle.discard(connection)
-            elif self.closing:
-                _shut_if_idle(connection)
-            else:
-                self._idle.add(connection)
+    def wait_for_request(self, connection: socket.socket, timeout: float) -> bool:
+        """Wait until ``connection`` has something to read (bytes, or its end): True. False once
+        the server is closing, at once if it is already. TimeoutError after ``timeout`` seconds,
+        as the socket's own read would. A handler waits here for the head of its next request."""
+        if self.closing:
+            return False
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(connection, selectors.EVENT_READ)
+                selector.register(self._wake[0], selectors.EVENT_READ)
+                ready = selector.select(timeout)
+        except (OSError, ValueError):  # the wake socket closed under it: the server has closed
+            return False
+        if self.closing:
+            return False
+        if not ready:
+            raise TimeoutError("timed out")
+        return True
 
     def server_close(self, wait: float = 5.0) -> None:
         """Close the socket, then give the request threads still running up to ``wait`` seconds.
@@ -162,20 +172,25 @@ class TranslationServer(ThreadingHTTPServer):
         stopped inside C code, which aborted the process ("terminate called without an active
         exception"; 1 to 4 Ctrl-Cs in 20 right after a request, on a loaded machine; 0 in 30 with
         this wait). A request answered from now on closes its connection, so its thread ends with the
-        answer. An idle keep-alive connection (its thread blocked reading the next request line) used
-        up the whole wait: unless the client has begun sending a request on it (which is then read
-        and answered), its socket is now shut for reading, which ends that read at once."""
+        answer. A connection whose next request has not arrived whole (an idle keep-alive one, or
+        one whose client is still sending the request line and headers, slowly or not at all) is
+        closed at once, not waited for: its handler, woken from its wait, reads what has arrived by
+        then, and stops there unless that is a request's whole head (which is then answered, its
+        body still read). A request whose head had arrived before is answered too."""
         with self._handlers_lock:
-            self.closing = True
-            for connection in self._idle:
-                _shut_if_idle(connection)
-            self._idle.clear()
+            first, self.closing = not self.closing, True
+        if first:
+            self._wake[1].send(b"\0")
         super().server_close()
         deadline = time.monotonic() + wait
         with self._handlers_lock:
             running = list(self._handlers)
         for thread in running:
             thread.join(max(0.0, deadline - time.monotonic()))
+        with self._handlers_lock:
+            if not self._handlers:  # else one may still look at the wake socket (it is left to the collector)
+                for end in self._wake:
+                    end.close()
 
     def health(self) -> dict:
         cfg = self.translator.cfg
@@ -216,16 +231,28 @@ class TranslationServer(ThreadingHTTPServer):
         return out[0] if single else {"scores": out}
 
 
-def _shut_if_idle(connection: socket.socket) -> None:
-    """End the read blocked on ``connection`` (it returns end of file) unless the client has sent
-    something: the beginning of a request (the read will take it), or the end of its connection."""
+def _has_bytes(connection: socket.socket) -> bool:
+    """Whether a read of ``connection`` returns at once (bytes, or the end of the connection)."""
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(connection, selectors.EVENT_READ)
-            if not selector.select(0):
-                connection.shutdown(socket.SHUT_RD)
-    except (OSError, ValueError):  # already closed by the client or by its handler
-        pass
+            return bool(selector.select(0))
+    except (OSError, ValueError):  # closed: the read says how
+        return True
+
+
+class _Reads(io.RawIOBase):
+    """The raw stream under a handler's ``rfile``: its connection's bytes, read by
+    :meth:`_Handler.receive_into`."""
+
+    def __init__(self, handler: _Handler) -> None:
+        self._handler = handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self._handler.receive_into(buffer)
 
 
 _ALLOW = {"/health": "GET, HEAD", **{route: "POST" for route in _POST}}  # route -> its methods (Allow header)
@@ -241,6 +268,25 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 60
     _length: int | None = None  # the request's Content-Length, checked by parse_request
     _expect_continue = False  # the request said Expect: 100-continue: _read_body sends 100 Continue
+    _in_head = False  # reading (or waiting for) a request line and headers: a stop ends the read
+    _cut = False  # the server stopped before this request's head had arrived whole: no answer
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own reader, replaced by one whose reads of a head a stop can end
+        self.rfile = io.BufferedReader(_Reads(self))
+
+    def receive_into(self, buffer) -> int:
+        """Read the connection into ``buffer``. While the head of a request is awaited, the read
+        waits for the bytes or for the server to close: the socket was shut for reading there before,
+        which ended a read blocked on it, but Linux still takes the bytes that arrive afterwards, so
+        a request arriving then was read up to an arbitrary point (its headers without its body,
+        say) and refused with 400. Now a stop ends the head at what has arrived by then."""
+        if self._in_head and not self.server.wait_for_request(self.connection, self.timeout):
+            if not _has_bytes(self.connection):  # the server is closing and nothing more has come
+                self._cut = True
+                return 0
+        return self.connection.recv_into(buffer)
 
     def handle_expect_100(self) -> bool:
         """http.server sends 100 Continue from within parse_request, before the checks that can be
@@ -252,11 +298,11 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def handle_one_request(self) -> None:
-        self.server.waiting(self.connection, True)  # until the request line has arrived
+        self._in_head, self._cut = True, False  # until parse_request has the headers
         try:
             super().handle_one_request()
         finally:
-            self.server.waiting(self.connection, False)
+            self._in_head = False
 
     def parse_request(self) -> bool:
         """http.server's parsing, then a 400 (and the connection closed) for a request whose end
@@ -264,10 +310,16 @@ class _Handler(BaseHTTPRequestHandler):
         "1_2" or "+12", and a header line such as "Content-Length : 12" silently ends the headers.
         A proxy in front that reads such a request otherwise would pass its rest on as another
         request on the same connection (request smuggling)."""
-        self.server.waiting(self.connection, False)  # a request has begun: stopping lets it finish
         self._expect_continue = False
-        if not super().parse_request():
+        if not self._cut and not super().parse_request():
             return False
+        if self._cut:  # the server stopped as this request arrived: what did arrive may end anywhere
+            # in it, so it is not answered; the client sees the connection close and can retry
+            self.close_connection = True
+            self.log_message("closed on stopping before the request line and headers had arrived (%r)",
+                             self.raw_requestline[:100])
+            return False
+        self._in_head = False  # the head is here: a stop now lets the request finish, its body included
         problem = None
         lengths = self.headers.get_all("Content-Length") or []
         if self.headers.defects:  # a line that is not "Name: value" ends the headers there
@@ -288,8 +340,10 @@ class _Handler(BaseHTTPRequestHandler):
         """http.server's own refusals (an unknown method 501, a request line too long 414, too many or
         too long header lines 431, a bad request line 400) as JSON like every other error, not an
         HTML page; the connection closes, as http.server's does."""
-        self.log_error("code %d, message %s", code, message)
         self.close_connection = True
+        if self._cut:  # refusing a request cut short by a stop (see parse_request): no answer
+            return
+        self.log_error("code %d, message %s", code, message)
         if self.request_version == "HTTP/0.9" and len(self.requestline.split()) != 2:
             # refused before its version was read (a bad or unsupported version, a line that is not
             # METHOD PATH VERSION): http.server still took it for HTTP/0.9 and sent the body alone,

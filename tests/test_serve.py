@@ -541,10 +541,11 @@ class ServerReads:
     serve's own alike): ``hold(where, request)`` pauses the server thread that reaches ``where``
     during the ``request``-th request of its connection, until ``release()``: "request", the
     start of handling one (before any read, and before any check of a stop), or "read", a read
-    from the connection. ``waits()`` gives what the next read that did not find bytes waiting
-    found when it began: "nothing" (the connection is open and the read waits for the client:
-    what the test sends now is what it reads) or "end" (shut or closed for reading: it reads the
-    end of the connection, whatever the test sends)."""
+    from the connection. ``waits()`` says, once the held thread goes on, what its first read that
+    did not find bytes waiting found when it began: "nothing" (the connection is open and the read
+    waits for the client: what the test sends now is what it reads) or "end" (shut or closed for
+    reading: it reads the end of the connection, whatever the test sends); or "ended" if the
+    request ended first, the server having read no further."""
 
     def __init__(self, monkeypatch, port: int) -> None:
         import queue
@@ -564,10 +565,14 @@ class ServerReads:
             return recv_into(sock, *args)
 
         def watched_request(handler):
-            if handler.server.server_port == self.port:
-                self._requests.n = getattr(self._requests, "n", 0) + 1
-                self._pause("request")
-            return handle(handler)
+            if handler.server.server_port != self.port:
+                return handle(handler)
+            self._requests.n = getattr(self._requests, "n", 0) + 1
+            self._pause("request")
+            try:
+                return handle(handler)
+            finally:
+                self._found.put("ended")
 
         monkeypatch.setattr(socket.socket, "recv_into", watched_read)
         monkeypatch.setattr(_Handler, "handle_one_request", watched_request)
@@ -599,6 +604,8 @@ class ServerReads:
             if self._hold != (where, getattr(self._requests, "n", 0)):
                 return
             self._hold = None
+        while not self._found.empty():  # what earlier reads found: waits() is about the reads from here on
+            self._found.get()
         self.held.set()
         assert self._go.wait(60)
 
@@ -652,6 +659,84 @@ def test_closing_answers_a_request_that_arrived_before_its_thread_read_it(checkp
         assert "translation" in json.loads(resp.read())
         closer.join(60)
     assert not closer.is_alive() and not srv._handlers
+
+
+def test_closing_does_not_wait_for_a_request_still_arriving(checkpoint, monkeypatch):
+    """A slow client (slow-loris) that had sent part of a request line, or a request line and part
+    of its headers, held Ctrl-C/SIGTERM for the whole wait (5 s): its thread sat reading the rest.
+    Now a connection whose request has not arrived whole is closed at once, with no answer (what
+    arrived may end anywhere in a request), while a request being answered still gets its answer."""
+    import time
+
+    from cometnmt.serve import TranslationServer
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    entered = threading.Event()
+    health = TranslationServer.health
+
+    def health_once_closing(self):
+        entered.set()
+        deadline = time.monotonic() + 30
+        while not self.closing and time.monotonic() < deadline:  # still answering when the server closes
+            time.sleep(0.01)
+        return health(self)
+
+    monkeypatch.setattr(TranslationServer, "health", health_once_closing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    slow = [socket.create_connection(("127.0.0.1", srv.server_port), timeout=60) for _ in range(2)]
+    busy = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    try:
+        slow[0].sendall(b"POST /trans")
+        slow[1].sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Le")
+        busy.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert entered.wait(60)
+        srv.shutdown()
+        srv.server_close(wait=30)  # returns once every request thread has ended, 30 s at most
+        assert not srv._handlers, "server_close waited on a connection whose request had not arrived"
+        resp = http.client.HTTPResponse(busy)
+        resp.begin()
+        assert resp.status == 200 and resp.getheader("Connection") == "close" and json.loads(resp.read())["status"] == "ok"
+        for sock in slow:
+            sock.settimeout(10)
+            assert sock.recv(1000) == b""  # closed, and no answer to a request cut short
+    finally:
+        for sock in (*slow, busy):
+            sock.close()
+
+
+def test_a_request_sent_as_the_server_closes_an_idle_connection_is_never_refused(checkpoint, monkeypatch):
+    """A request that a client sent on its idle keep-alive connection just after the server, stopping,
+    shut that connection for reading got 400 ("the body ended after 0 of 21 bytes"): Linux still
+    takes bytes that arrive after the shut, so the thread read the request's head, then found the
+    end of the connection where the body was to come. A request the server does not answer must
+    find its connection closed (the client retries); one it answers must be answered in full."""
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    reads = ServerReads(monkeypatch, srv.server_port)
+    reads.hold("read", request=2)  # the connection's thread pauses at its first read for the second request
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    body = b'{"text": "Ein Hund."}'
+    with socket.create_connection(("127.0.0.1", srv.server_port), timeout=60) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        resp.read()
+        assert resp.status == 200 and not resp.will_close  # the connection is now idle, kept alive
+        closer = start_closing(srv)
+        while not reads.held.wait(0.01) and srv._handlers:  # its thread reads on (paused), or has closed it
+            pass
+        held = reads.held.is_set()
+        try:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+            reads.release()
+            if held and reads.waits() == "nothing":  # the body, once the thread waits for it
+                sock.sendall(body)
+            answer = sock.recv(10000)
+        except ConnectionError:  # the server closed the connection: the client retries
+            answer = b""
+        finally:
+            reads.release()
+        closer.join(60)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 200 "), answer
 
 
 def test_a_body_shorter_than_its_length_times_out_with_408(server, monkeypatch, caplog):
