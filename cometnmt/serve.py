@@ -299,8 +299,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self._in_head, self._cut = True, False  # until parse_request has the headers
+        self.requestline = ""  # the last request's, until this one's is read
         try:
             super().handle_one_request()
+        except ConnectionError as exc:  # reset or closed by the client, reading its request or writing
+            # the answer: nobody to answer. It was a traceback (two when the body was being read: the
+            # catch-all for bugs logged one, then its 500 met the closed connection)
+            self.close_connection = True
+            self.log_error("connection lost %s: %s", f"during {self.requestline!r}" if self.requestline
+                           else "between requests", exc.strerror or exc)
         finally:
             self._in_head = False
 
@@ -432,6 +439,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, getattr(self.server, _POST[self._route()])(body))
         except RequestError as exc:
             self._send(exc.status, {"error": str(exc)})
+        except ConnectionError:  # the client is gone: handle_one_request says so in one line
+            raise
         except Exception:  # a bug must cost one request an answer of 500, not the connection
             log.exception("POST %s failed", self.path)
             self.close_connection = True

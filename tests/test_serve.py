@@ -768,3 +768,41 @@ def test_http_servers_own_refusals_are_json(server, request_bytes, status, needl
     """The refusals http.server makes itself (send_error) were HTML pages; every error is JSON."""
     got, connection, out = answer_then_close(server, request_bytes)
     assert (got, connection) == (status, "close") and needle in out["error"], out
+
+
+def test_a_client_resetting_its_connection_is_one_log_line(server, monkeypatch, caplog):
+    """A client that reset its connection while sending a body gave two tracebacks: the read's
+    ConnectionResetError fell into the catch-all for bugs (logged with its traceback), whose 500
+    then met the closed connection (socketserver printed a second). Now one line, and the server
+    goes on serving."""
+    import logging
+    import struct
+
+    tracebacks, ended, mine = [], threading.Event(), []
+    process = server.process_request_thread
+
+    def watched(request, client_address):
+        try:
+            process(request, client_address)
+        finally:
+            if client_address in mine:
+                ended.set()
+
+    monkeypatch.setattr(server, "process_request_thread", watched)
+    monkeypatch.setattr(server, "handle_error", lambda request, address: tracebacks.append(address))
+    with caplog.at_level(logging.INFO, logger="cometnmt.serve"):
+        sock = socket.create_connection(("127.0.0.1", server.server_port), timeout=60)
+        mine.append(sock.getsockname())
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\nExpect: 100-continue\r\n\r\n")
+        reader = sock.makefile("rb")
+        assert reader.readline() == b"HTTP/1.1 100 Continue\r\n" and reader.readline() == b"\r\n"  # reading the body
+        sock.sendall(b'{"text": ')
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends a reset
+        reader.close()
+        sock.close()
+        assert ended.wait(60)
+    records = [r for r in caplog.records if r.name == "cometnmt.serve"]
+    assert not tracebacks and not [r for r in records if r.exc_info], [r.getMessage() for r in records]
+    lost = [r.getMessage() for r in records if "connection lost" in r.getMessage()]
+    assert len(lost) == 1 and "POST /translate HTTP/1.1" in lost[0], [r.getMessage() for r in records]
+    assert call(server, "/health")[0] == 200  # and the server still answers
