@@ -24,7 +24,8 @@ from http.server itself) and ``{"error": "..."}`` naming the field; a query stri
 request whose length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
 line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
 be taken for the next request (request smuggling). ``Expect: 100-continue`` is answered with
-``100 Continue`` only once those checks (and the size limit, path and method) have passed.
+``100 Continue`` only once those checks (and the size limit, path and method) have passed; any
+other expectation gets 417 (RFC 9110) and its connection closed.
 Requests are
 handled in threads, the model one request at a time (a lock), so a long batch delays the next
 request rather than racing it.
@@ -291,10 +292,10 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_expect_100(self) -> bool:
         """http.server sends 100 Continue from within parse_request, before the checks that can be
         made from the headers alone (length, size, path, method): a client was told to send a body
-        that was then refused. Noted here instead, and sent by _read_body once the request is sure
-        to be read; a request refused before that gets its final status alone (and its connection
-        closed, since the client may send the body anyway)."""
-        self._expect_continue = True
+        that was then refused. Nothing is sent here: parse_request notes the expectation, and
+        _read_body sends 100 Continue once the request is sure to be read; a request refused before
+        that gets its final status alone (and its connection closed, since the client may send the
+        body anyway)."""
         return True
 
     def handle_one_request(self) -> None:
@@ -340,6 +341,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(HTTPStatus.BAD_REQUEST, {"error": problem})
             return False
+        expect = ", ".join(self.headers.get_all("Expect") or [])
+        expectations = {e.strip(" \t").lower() for e in expect.split(",")} - {""}
+        if expectations - {"100-continue"}:  # RFC 9110 10.1.1: an expectation the server cannot meet is
+            # 417 (http.server ignored it, answering as if the client expected nothing)
+            self.close_connection = True  # the client may send the body or not: neither is read
+            self._send(HTTPStatus.EXPECTATION_FAILED, {"error": f"Expect {expect!r} cannot be met; this server "
+                                                                "knows only Expect: 100-continue"})
+            return False
+        # 100-continue however written (http.server took only that exact value, case aside, so
+        # "100-continue " sent no 100 Continue and its client waited); an HTTP/1.0 request's is
+        # ignored (RFC 9110)
+        self._expect_continue = bool(expectations) and self.request_version not in ("HTTP/0.9", "HTTP/1.0")
         self._length = int(lengths[0]) if lengths else None
         return True
 

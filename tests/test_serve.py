@@ -489,6 +489,38 @@ def test_expect_100_continue_is_answered_before_a_body_that_will_be_read(server)
         assert "translation" in json.loads(reader.read(int(headers["Content-Length"])))
 
 
+@pytest.mark.parametrize("method, path, expect", [
+    ("POST", "/translate", b"bananas"),
+    ("POST", "/translate", b"100-continue, bananas"),
+    ("GET", "/health", b"bananas"),
+])
+def test_an_expectation_other_than_100_continue_is_417(server, method, path, expect):
+    """RFC 9110 10.1.1: an Expect the server cannot meet is 417 Expectation Failed; http.server
+    ignored any but 100-continue and answered as if nothing had been asked."""
+    body = b'{"text": "Ein Hund."}'
+    request = b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: %s\r\n\r\n" % (
+        method.encode(), path.encode(), len(body), expect)
+    status, connection, out = answer_then_close(server, request)  # the body, if sent, is never read
+    assert (status, connection) == (417, "close") and out["error"] == (
+        f"Expect {expect.decode()!r} cannot be met; this server knows only Expect: 100-continue"), out
+    assert call(server, "/health")[0] == 200  # and the server still answers
+
+
+def test_expect_100_continue_however_written_and_not_in_http_1_0(server):
+    """100-continue is case-insensitive; an HTTP/1.0 request's is ignored (RFC 9110): no 100 Continue,
+    just the answer once the body has come."""
+    body = b'{"text": "Ein Hund."}'
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-Continue \r\n\r\n" % len(body)
+    line, sock, reader = first_answer_line(server, head)
+    with sock, reader:
+        assert line == b"HTTP/1.1 100 Continue\r\n" and reader.readline() == b"\r\n", line
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=60) as sock:
+        sock.sendall(b"POST /translate HTTP/1.0\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n%s" % (len(body), body))
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert resp.status == 200 and "translation" in json.loads(resp.read())
+
+
 def test_closing_does_not_wait_for_an_idle_keep_alive_connection(checkpoint, monkeypatch):
     """An idle keep-alive connection's thread sat in its read of the next request line, so
     server_close used up its whole wait (5 s) on it; now that connection is closed at once, while a
