@@ -154,6 +154,8 @@ class TranslationServer(ThreadingHTTPServer):
         as the socket's own read would. A handler waits here for the head of its next request."""
         if self.closing:
             return False
+        if timeout <= 0:
+            raise TimeoutError("timed out")
         try:
             with selectors.DefaultSelector() as selector:
                 selector.register(connection, selectors.EVENT_READ)
@@ -271,6 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
     _expect_continue = False  # the request said Expect: 100-continue: _read_body sends 100 Continue
     _in_head = False  # reading (or waiting for) a request line and headers: a stop ends the read
     _cut = False  # the server stopped before this request's head had arrived whole: no answer
+    _head_deadline = 0.0  # time.monotonic() by which a request's head must have arrived whole
 
     def setup(self) -> None:
         super().setup()
@@ -282,8 +285,11 @@ class _Handler(BaseHTTPRequestHandler):
         waits for the bytes or for the server to close: the socket was shut for reading there before,
         which ended a read blocked on it, but Linux still takes the bytes that arrive afterwards, so
         a request arriving then was read up to an arbitrary point (its headers without its body,
-        say) and refused with 400. Now a stop ends the head at what has arrived by then."""
-        if self._in_head and not self.server.wait_for_request(self.connection, self.timeout):
+        say) and refused with 400. Now a stop ends the head at what has arrived by then. The wait
+        and the arrival of a head together have ``timeout`` seconds: a client that sent a byte of
+        it now and then (slow-loris) kept its connection and thread as long as it liked, since
+        the limit applied to each read alone."""
+        if self._in_head and not self.server.wait_for_request(self.connection, self._head_deadline - time.monotonic()):
             if not _has_bytes(self.connection):  # the server is closing and nothing more has come
                 self._cut = True
                 return 0
@@ -300,6 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self._in_head, self._cut = True, False  # until parse_request has the headers
+        self._head_deadline = time.monotonic() + self.timeout
         self.requestline = ""  # the last request's, until this one's is read
         try:
             super().handle_one_request()

@@ -836,3 +836,32 @@ def test_a_client_resetting_its_connection_is_one_log_line(server, monkeypatch, 
     lost = [r.getMessage() for r in records if "connection lost" in r.getMessage()]
     assert len(lost) == 1 and "POST /translate HTTP/1.1" in lost[0], [r.getMessage() for r in records]
     assert call(server, "/health")[0] == 200  # and the server still answers
+
+
+def test_a_request_head_sent_a_byte_at_a_time_is_cut_at_the_timeout(server, monkeypatch):
+    """The handler's timeout applied to each read alone, so a client that sent a byte of a request's
+    head now and then (slow-loris) kept its connection and thread as long as it liked. The wait and
+    the head's arrival now share one timeout: the connection is closed once it has passed."""
+    import select
+
+    from cometnmt.serve import _Handler
+
+    monkeypatch.setattr(_Handler, "timeout", 1.0)  # for connections made from now on
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 30  # 60 bytes: 12 s
+    sock = socket.create_connection(("127.0.0.1", server.server_port), timeout=60)
+    closed_after = None
+    try:
+        for sent in range(len(head)):  # a byte every 0.2 s: well inside the per-read timeout
+            try:
+                sock.sendall(head[sent : sent + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                closed_after = sent
+                break
+            readable, _, _ = select.select([sock], [], [], 0.2)
+            if readable:
+                assert sock.recv(1000) == b""  # closed without an answer
+                closed_after = sent
+                break
+    finally:
+        sock.close()
+    assert closed_after is not None and closed_after < len(head) - 1, "the slow head was read to its end"
