@@ -139,9 +139,23 @@ class TranslationServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         super().__init__(address, _Handler)
 
-    def process_request_thread(self, request, client_address) -> None:
+    def process_request(self, request, client_address) -> None:
+        """ThreadingMixIn's, with the thread counted among the running ones before it starts: it
+        counted itself once running, so a connection accepted just before a stop, whose thread had
+        not yet run, was not waited for by server_close."""
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                  daemon=self.daemon_threads)
         with self._handlers_lock:
-            self._handlers.add(threading.current_thread())
+            self._handlers.add(thread)
+        try:
+            thread.start()
+        except BaseException:  # no thread (out of threads, say): nothing will close the connection
+            with self._handlers_lock:
+                self._handlers.discard(thread)
+            self.shutdown_request(request)
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:

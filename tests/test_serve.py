@@ -865,3 +865,44 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_at_the_timeout(server, monk
     finally:
         sock.close()
     assert closed_after is not None and closed_after < len(head) - 1, "the slow head was read to its end"
+
+
+def test_closing_waits_for_a_connection_whose_thread_had_not_run_yet(checkpoint, monkeypatch):
+    """A request thread counted itself among the running ones only once it ran, so a connection
+    accepted just before a stop, whose thread the scheduler had not yet run, was not waited for:
+    server_close returned while it was still to be answered. The thread is now counted before it
+    starts (here its start is held back by a second)."""
+    import time
+
+    from cometnmt.serve import TranslationServer
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    accepted, finished = threading.Event(), threading.Event()
+    process_request, thread_body = TranslationServer.process_request, TranslationServer.process_request_thread
+
+    def late(self, request, client_address):
+        time.sleep(1.0)  # the scheduler ran this thread late
+        try:
+            thread_body(self, request, client_address)
+        finally:
+            finished.set()
+
+    def noted(self, request, client_address):
+        process_request(self, request, client_address)
+        accepted.set()
+
+    monkeypatch.setattr(TranslationServer, "process_request_thread", late)
+    monkeypatch.setattr(TranslationServer, "process_request", noted)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    client = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    try:
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert accepted.wait(60)
+        srv.shutdown()
+        srv.server_close(wait=30)
+        assert finished.is_set(), "server_close returned before the accepted connection's thread had run"
+        resp = http.client.HTTPResponse(client)
+        resp.begin()
+        assert resp.status == 200 and json.loads(resp.read())["status"] == "ok"
+    finally:
+        client.close()
