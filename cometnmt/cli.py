@@ -85,6 +85,19 @@ def _dash_is_std(args, *names: str) -> None:
             setattr(args, name, None)
 
 
+# '-' is standard input for these, standard output for those (_dash_is_std); elsewhere it would be
+# a file named '-': an input "not found", or an output written under that name (evaluate --hyp-out -
+# left a file '-' beside the table on stdout), so another option given '-' is refused by name
+_DASH_MEANS = "'-' is standard input for translate -i and evaluate --hyp, standard output for translate -o and logprob -o"
+
+
+def _no_dash(args, **options: str) -> None:
+    """Refuse ``-`` for the file ``options`` (flag -> attribute) that read or write files only."""
+    for flag, name in options.items():
+        if getattr(args, name, None) == "-":
+            raise CometNMTError(f"{flag} -: give a file name ({_DASH_MEANS})")
+
+
 def cmd_translate(args) -> int:
     from cometnmt.data.corpus import read_lines, read_stdin_lines, write_text_file
     from cometnmt.inference import Translator
@@ -194,6 +207,7 @@ def cmd_logprob(args) -> int:
     from cometnmt.inference import Translator
 
     _dash_is_std(args, "output")
+    _no_dash(args, **{"-i": "input", "-t": "target", "--json": "json"})
     for option, path in (("-o", args.output), ("--json", args.json)):
         if path and Path(path).is_dir():  # before any work
             raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
@@ -241,6 +255,7 @@ def cmd_attention(args) -> int:
     from cometnmt.plots import plot_attention
     from cometnmt.progress import progress_bar
 
+    _no_dash(args, **{"-i": "input", "-t": "target", "--out": "out"})
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CometNMTError(f"--out {out}: is a file, expected a folder to write into")
@@ -287,6 +302,7 @@ def cmd_evaluate(args) -> int:
     from cometnmt.evaluation import format_table, language_code, score, write_json
 
     hyp_stdin = args.hyp == "-"
+    _no_dash(args, **{"--ref": "ref", "--src": "src", "--json": "json", "--hyp-out": "hyp_out"})
     for option, path in (("--json", args.json), ("--hyp-out", args.hyp_out)):
         if path and Path(path).is_dir():  # before any work
             raise CometNMTError(f"{option} {path}: is a directory, expected a file name to write")
@@ -340,6 +356,7 @@ def cmd_evaluate(args) -> int:
 def cmd_average(args) -> int:
     from cometnmt.api import average_checkpoints, last_epoch_checkpoints
 
+    _no_dash(args, **{"-o": "output", "--dir": "dir"})
     paths = list(args.checkpoints)
     if (args.last is None) != (args.dir is None):
         raise CometNMTError("--dir and --last go together: --dir RUN_FOLDER --last N averages its last N epoch checkpoints")

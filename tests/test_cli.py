@@ -517,6 +517,26 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(clash_files, ca
     assert {p: p.read_bytes() for p in clash_files.rglob("*") if p.is_file()} == before  # nothing written
 
 
+@pytest.mark.parametrize("args, flag", [
+    (["evaluate", "--checkpoint", "copy.pt", "--split", "valid", "--hyp-out", "-"], "--hyp-out"),
+    (["evaluate", "--hyp", "hyp.txt", "--ref", "ref.txt", "--json", "-"], "--json"),
+    (["evaluate", "--hyp", "hyp.txt", "--ref", "-"], "--ref"),
+    (["logprob", "copy.pt", "-i", "src.txt", "-t", "-"], "-t"),
+    (["logprob", "copy.pt", "-i", "-", "-t", "ref.txt"], "-i"),
+    (["logprob", "copy.pt", "-i", "src.txt", "-t", "ref.txt", "--json", "-"], "--json"),
+    (["attention", "copy.pt", "-i", "-", "--out", "att"], "-i"),
+    (["attention", "copy.pt", "-i", "src.txt", "--out", "-"], "--out"),
+    (["average", "run/epoch001.pt", "run/epoch002.pt", "-o", "-"], "-o"),
+])
+def test_dash_where_it_is_no_stream_is_refused_by_name(clash_files, capsys, args, flag):
+    """'-' is stdin/stdout for translate -i/-o, logprob -o and evaluate --hyp; elsewhere an input
+    '-' was "-: file not found" and an output was written to a file named '-' (evaluate
+    --hyp-out - beside its table on stdout, exit 0): now exit 2 naming the option, nothing written."""
+    code, err = _main(capsys, *args)
+    assert code == 2 and f"{flag} -: give a file name" in err, err
+    assert not (clash_files / "-").exists()
+
+
 def test_outputs_of_their_own_are_not_clashes(clash_files, capsys):
     """A new name in the run folder (the README's avg.pt), or distinct outputs, pass the check
     (and reach the dummy checkpoint)."""
