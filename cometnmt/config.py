@@ -275,7 +275,23 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading ``1e-3`` and ``5E4`` as numbers (YAML 1.2 does; PyYAML follows
     YAML 1.1, where a float needs a dot and a signed exponent, so ``lr: 1e-3`` was the string
-    "1e-3" and failed as "expected a number")."""
+    "1e-3" and failed as "expected a number"). A key given twice in one mapping is an error naming
+    both lines: PyYAML kept the last silently, so a ``lr:`` further down the file (a base's key
+    pasted in, say) overrode the one being edited."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<' merges may override keys, as YAML means them to
+                line = key_node.start_mark.line + 1
+                if key_node.value in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"found the key '{key_node.value}' a second time (first on line "
+                        f"{first_line[key_node.value]}; keep one)", key_node.start_mark)
+                first_line[key_node.value] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

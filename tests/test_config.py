@@ -161,6 +161,25 @@ def test_config_files_that_cannot_be_read_are_named(tmp_path):
         load_config(folder)
 
 
+def test_a_key_given_twice_is_named_with_its_lines(tmp_path):
+    """PyYAML kept the last of two equal keys silently: the lr the user edited on line 3 was
+    replaced by line 5's and the run trained at another learning rate."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\ntrain:\n  lr: 1e-3\n  max_epochs: 1\n  lr: 5e-4\n",
+                     encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(twice)
+    message = str(info.value)
+    assert message.startswith(f"{twice}: not valid YAML: found the key 'lr' a second time (first on line 3; keep one)")
+    assert "line 5" in message and "\n" not in message
+    same_name = tmp_path / "sections.yaml"  # one name in two sections, and a '<<' merge overridden, are fine
+    same_name.write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\nsrc: &s {{lr: 1e-3}}\ntrain:\n  <<: *s\n  lr: 2e-3\n"
+                         "model:\n  dropout: 0.2\ndecode:\n  batch_sentences: 7\n", encoding="utf-8")
+    from cometnmt.config import yaml_load
+
+    assert yaml_load(same_name.read_text(encoding="utf-8"))["train"] == {"lr": 0.002}
+
+
 def test_numbers_in_scientific_notation_are_numbers_in_files_as_in_overrides(tmp_path):
     """PyYAML (YAML 1.1) read lr: 1e-3 as the string '1e-3', refused as 'expected a number'."""
     mine = tmp_path / "mine.yaml"
