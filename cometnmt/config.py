@@ -315,7 +315,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override '{text}' has no key")
-    value = yaml_load(raw) if raw.strip() else ""
+    try:
+        value = yaml_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:  # was a traceback (train.lr=[1, train.betas={a: 1, a: 2})
+        raise ConfigError(f"override '{text}': the value is not valid YAML: {' '.join(str(exc).split())}") from None
     if isinstance(value, str):
         # a string Python reads as a number ("inf", say) is one; 3e-4 is one already (_Loader)
         try:

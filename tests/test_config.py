@@ -180,6 +180,14 @@ def test_a_key_given_twice_is_named_with_its_lines(tmp_path):
     assert yaml_load(same_name.read_text(encoding="utf-8"))["train"] == {"lr": 0.002}
 
 
+@pytest.mark.parametrize("override", ["train.lr=[1", "train.betas={a: 1, a: 2}", "train.lr=a: b: c"])
+def test_an_override_that_is_not_yaml_is_named(override):
+    """--set with a value YAML cannot read ended in a yaml traceback (exit 1), not the one-line error."""
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "configs" / "tiny.yaml", [override])
+    assert str(info.value).startswith(f"override '{override}': the value is not valid YAML") and "\n" not in str(info.value)
+
+
 def test_numbers_in_scientific_notation_are_numbers_in_files_as_in_overrides(tmp_path):
     """PyYAML (YAML 1.1) read lr: 1e-3 as the string '1e-3', refused as 'expected a number'."""
     mine = tmp_path / "mine.yaml"
