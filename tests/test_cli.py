@@ -234,6 +234,19 @@ def test_resume_without_a_run_writes_nothing(cli, tmp_path):
     assert not (tmp_path / "new").exists()  # not even a train.log
 
 
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_save_dir_is_refused(capsys, tmp_path, monkeypatch, value):
+    """`--set train.save_dir=` was Path(''), the current folder: the run's checkpoints, metrics
+    and train.log went in among the user's files."""
+    from conftest import REPO
+
+    monkeypatch.chdir(tmp_path)
+    code, err = _main(capsys, "train", str(REPO / "configs" / "tiny.yaml"), "--set", f"train.save_dir={value}",
+                      "--set", "data.max_train_pairs=100", "--set", "train.max_epochs=1")  # short, on the old code
+    assert code == 2 and "config key 'train.save_dir': empty" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resume_names_the_changed_config_key(trained, cli):
     err = _err(cli("train", *TINY, "--set", f"train.save_dir={trained}", "--set", "model.d_ff=48", "--resume", check=False))
     assert "model.d_ff" in err and "Traceback" not in err

@@ -48,6 +48,8 @@ RESUME_FIXED_TRAIN_KEYS = ("lr", "betas", "eps", "weight_decay", "schedule", "wa
 
 def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | None:
     """Never overwrite a run by accident; on --resume, return the last checkpoint."""
+    if not cfg.train.save_dir.strip():  # Path("") is the current folder: `--set train.save_dir=` trained into it
+        raise ConfigError("config key 'train.save_dir': empty; name a folder for the run's checkpoints and logs")
     last = Path(cfg.train.save_dir) / "last.pt"
     option = _resume_option(flags)
     if resume:
