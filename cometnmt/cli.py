@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 from cometnmt.atomic import refuse_overwrite
-from cometnmt.errors import CometNMTError, DataError
+from cometnmt.errors import CheckpointError, CometNMTError, DataError
 from cometnmt.interrupts import first_raises
 
 log = logging.getLogger("cometnmt")
@@ -109,7 +109,13 @@ def cmd_translate(args) -> int:
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
     if interactive and (args.input or args.output):
         raise CometNMTError("--interactive reads standard input and writes standard output: leave out -i and -o")
-    translator = Translator.from_checkpoint(args.checkpoint, args.device)
+    try:
+        translator = Translator.from_checkpoint(args.checkpoint, args.device)
+    except CheckpointError as exc:  # `translate best.pt src.de` takes the source for an ensemble's second model
+        if args.input is None and len(args.checkpoint) > 1 and ": not a checkpoint;" in str(exc):
+            raise CheckpointError(f"{exc} (a source file? give it as -i FILE; every argument without an option "
+                                  "is a checkpoint of an ensemble)") from None
+        raise
     decode = _decode_cfg(translator.cfg.decode, args)
     columns = args.nbest is not None or decode.nbest > 1  # an explicit --nbest 1 too, as logprob --nbest-input reads
     if interactive:

@@ -550,6 +550,15 @@ def test_dash_where_it_is_no_stream_is_refused_by_name(clash_files, capsys, args
     assert not (clash_files / "-").exists()
 
 
+def test_a_source_file_given_as_a_checkpoint_gets_a_hint(clash_files, capsys):
+    """`translate best.pt src.de` (no -i) read the source as an ensemble's second checkpoint and
+    said only "src.txt: not a checkpoint"; now the error says to give it with -i."""
+    code, err = _main(capsys, "translate", "src.txt", "src.txt")
+    assert code == 2 and "src.txt: not a checkpoint" in err and "a source file? give it as -i FILE" in err, err
+    code, err = _main(capsys, "translate", "src.txt", "-i", "s2.txt")  # with -i given, no such hint
+    assert code == 2 and "not a checkpoint" in err and "-i FILE" not in err, err
+
+
 def test_outputs_of_their_own_are_not_clashes(clash_files, capsys):
     """A new name in the run folder (the README's avg.pt), or distinct outputs, pass the check
     (and reach the dummy checkpoint)."""
