@@ -521,10 +521,9 @@ def test_expect_100_continue_however_written_and_not_in_http_1_0(server):
         assert resp.status == 200 and "translation" in json.loads(resp.read())
 
 
-def test_closing_does_not_wait_for_an_idle_keep_alive_connection(checkpoint, monkeypatch):
-    """An idle keep-alive connection's thread sat in its read of the next request line, so
-    server_close used up its whole wait (5 s) on it; now that connection is closed at once, while a
-    request being answered still gets its answer (and Connection: close)."""
+def serving_health_until_closed(checkpoint, monkeypatch):
+    """A server running in a thread whose GET /health, once entered (the event), is answered only
+    when the server is closing: a request being answered as Ctrl-C/SIGTERM arrives."""
     import time
 
     from cometnmt.serve import TranslationServer
@@ -542,6 +541,21 @@ def test_closing_does_not_wait_for_an_idle_keep_alive_connection(checkpoint, mon
 
     monkeypatch.setattr(TranslationServer, "health", health_once_closing)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, entered
+
+
+def assert_answered_and_closed(sock) -> None:
+    """The GET /health sent on ``sock`` got its answer, saying Connection: close."""
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    assert resp.status == 200 and resp.getheader("Connection") == "close" and json.loads(resp.read())["status"] == "ok"
+
+
+def test_closing_does_not_wait_for_an_idle_keep_alive_connection(checkpoint, monkeypatch):
+    """An idle keep-alive connection's thread sat in its read of the next request line, so
+    server_close used up its whole wait (5 s) on it; now that connection is closed at once, while a
+    request being answered still gets its answer (and Connection: close)."""
+    srv, entered = serving_health_until_closed(checkpoint, monkeypatch)
     idle = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
     busy = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
     try:
@@ -555,9 +569,7 @@ def test_closing_does_not_wait_for_an_idle_keep_alive_connection(checkpoint, mon
         srv.shutdown()
         srv.server_close(wait=30)  # returns once every request thread has ended, 30 s at most
         assert not srv._handlers, "server_close waited on the idle connection"
-        resp = http.client.HTTPResponse(busy)
-        resp.begin()
-        assert resp.status == 200 and resp.getheader("Connection") == "close" and json.loads(resp.read())["status"] == "ok"
+        assert_answered_and_closed(busy)
         idle.settimeout(10)
         assert idle.recv(100) == b""  # the idle connection was closed
     finally:
@@ -696,23 +708,7 @@ def test_closing_does_not_wait_for_a_request_still_arriving(checkpoint, monkeypa
     of its headers, held Ctrl-C/SIGTERM for the whole wait (5 s): its thread sat reading the rest.
     Now a connection whose request has not arrived whole is closed at once, with no answer (what
     arrived may end anywhere in a request), while a request being answered still gets its answer."""
-    import time
-
-    from cometnmt.serve import TranslationServer
-
-    srv = make_server(str(checkpoint), port=0, device="cpu")
-    entered = threading.Event()
-    health = TranslationServer.health
-
-    def health_once_closing(self):
-        entered.set()
-        deadline = time.monotonic() + 30
-        while not self.closing and time.monotonic() < deadline:  # still answering when the server closes
-            time.sleep(0.01)
-        return health(self)
-
-    monkeypatch.setattr(TranslationServer, "health", health_once_closing)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv, entered = serving_health_until_closed(checkpoint, monkeypatch)
     slow = [socket.create_connection(("127.0.0.1", srv.server_port), timeout=60) for _ in range(2)]
     busy = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
     try:
@@ -723,9 +719,7 @@ def test_closing_does_not_wait_for_a_request_still_arriving(checkpoint, monkeypa
         srv.shutdown()
         srv.server_close(wait=30)  # returns once every request thread has ended, 30 s at most
         assert not srv._handlers, "server_close waited on a connection whose request had not arrived"
-        resp = http.client.HTTPResponse(busy)
-        resp.begin()
-        assert resp.status == 200 and resp.getheader("Connection") == "close" and json.loads(resp.read())["status"] == "ok"
+        assert_answered_and_closed(busy)
         for sock in slow:
             sock.settimeout(10)
             assert sock.recv(1000) == b""  # closed, and no answer to a request cut short
