@@ -544,9 +544,16 @@ def serving_health_until_closed(checkpoint, monkeypatch):
     return srv, entered
 
 
-def assert_answered_and_closed(sock) -> None:
-    """The GET /health sent on ``sock`` got its answer, saying Connection: close."""
-    resp = http.client.HTTPResponse(sock)
+def stop_while_answering(srv, entered, busy, message: str) -> None:
+    """Send GET /health on ``busy``, stop ``srv`` while it is being answered (Ctrl-C's shutdown and
+    server_close), and check that server_close left no request thread running (else ``message``)
+    and that the request got its answer, saying Connection: close."""
+    busy.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert entered.wait(60)
+    srv.shutdown()
+    srv.server_close(wait=30)  # returns once every request thread has ended, 30 s at most
+    assert not srv._handlers, message
+    resp = http.client.HTTPResponse(busy)
     resp.begin()
     assert resp.status == 200 and resp.getheader("Connection") == "close" and json.loads(resp.read())["status"] == "ok"
 
@@ -564,12 +571,7 @@ def test_closing_does_not_wait_for_an_idle_keep_alive_connection(checkpoint, mon
         resp.begin()
         resp.read()
         assert resp.status == 404 and not resp.will_close
-        busy.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert entered.wait(60)
-        srv.shutdown()
-        srv.server_close(wait=30)  # returns once every request thread has ended, 30 s at most
-        assert not srv._handlers, "server_close waited on the idle connection"
-        assert_answered_and_closed(busy)
+        stop_while_answering(srv, entered, busy, "server_close waited on the idle connection")
         idle.settimeout(10)
         assert idle.recv(100) == b""  # the idle connection was closed
     finally:
@@ -714,12 +716,7 @@ def test_closing_does_not_wait_for_a_request_still_arriving(checkpoint, monkeypa
     try:
         slow[0].sendall(b"POST /trans")
         slow[1].sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Le")
-        busy.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert entered.wait(60)
-        srv.shutdown()
-        srv.server_close(wait=30)  # returns once every request thread has ended, 30 s at most
-        assert not srv._handlers, "server_close waited on a connection whose request had not arrived"
-        assert_answered_and_closed(busy)
+        stop_while_answering(srv, entered, busy, "server_close waited on a connection whose request had not arrived")
         for sock in slow:
             sock.settimeout(10)
             assert sock.recv(1000) == b""  # closed, and no answer to a request cut short
