@@ -219,7 +219,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+            hint = f"; a list is written in brackets: [{value}]" if isinstance(value, str) and "," in value else ""
+            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{hint}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:

@@ -243,3 +243,11 @@ def test_keys_the_architecture_does_not_read_are_listed():
     for path in sorted((REPO / "configs").rglob("*.yaml")):  # no preset sets a key its architecture ignores
         if "iwslt" not in path.parts and path.name != "reference.yaml":
             assert unused_model_keys(load_config(path).model) == [], path
+
+
+def test_a_list_written_without_brackets_gets_the_brackets_hint():
+    """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
+    with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "
+                                          r"written in brackets: \[0.9,0.98\]$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["train.betas=0.9,0.98"])
+    assert load_config(REPO / "configs" / "tiny.yaml", ["train.betas=[0.9,0.98]"]).train.betas == [0.9, 0.98]
