@@ -161,6 +161,15 @@ class TranslationServer(ThreadingHTTPServer):
         finally:
             with self._handlers_lock:
                 self._handlers.discard(threading.current_thread())
+                self._close_wake_when_done()
+
+    def _close_wake_when_done(self) -> None:
+        """Close the wake socket pair once the server is closed and no handler can look at it any
+        more: by server_close, or by the last thread that outlived its wait (the pair was left to
+        the garbage collector then, a ResourceWarning). Called with ``_handlers_lock`` held."""
+        if self.closing and not self._handlers:
+            for end in self._wake:
+                end.close()
 
     def wait_for_request(self, connection: socket.socket, timeout: float) -> bool:
         """Wait until ``connection`` has something to read (bytes, or its end): True. False once
@@ -194,10 +203,10 @@ class TranslationServer(ThreadingHTTPServer):
         closed at once, not waited for: its handler, woken from its wait, reads what has arrived by
         then, and stops there unless that is a request's whole head (which is then answered, its
         body still read). A request whose head had arrived before is answered too."""
-        with self._handlers_lock:
-            first, self.closing = not self.closing, True
-        if first:
-            self._wake[1].send(b"\0")
+        with self._handlers_lock:  # the wake byte under the lock: a handler ending now closes the pair
+            if not self.closing:
+                self.closing = True
+                self._wake[1].send(b"\0")
         super().server_close()
         deadline = time.monotonic() + wait
         with self._handlers_lock:
@@ -205,9 +214,7 @@ class TranslationServer(ThreadingHTTPServer):
         for thread in running:
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._handlers_lock:
-            if not self._handlers:  # else one may still look at the wake socket (it is left to the collector)
-                for end in self._wake:
-                    end.close()
+            self._close_wake_when_done()  # else the last handler to end closes it
 
     def health(self) -> dict:
         cfg = self.translator.cfg

@@ -897,3 +897,38 @@ def test_closing_waits_for_a_connection_whose_thread_had_not_run_yet(checkpoint,
         assert resp.status == 200 and json.loads(resp.read())["status"] == "ok"
     finally:
         client.close()
+
+
+def test_the_wake_sockets_are_closed_by_a_thread_that_outlived_the_wait(checkpoint, monkeypatch):
+    """server_close closes its wake socket pair only when no request thread is left; one that
+    outlived the wait left the pair to the garbage collector (a ResourceWarning). The last thread
+    to end now closes it."""
+    from cometnmt.serve import TranslationServer
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    entered, release = threading.Event(), threading.Event()
+    health = TranslationServer.health
+
+    def slow_health(self):
+        entered.set()
+        release.wait(60)
+        return health(self)
+
+    monkeypatch.setattr(TranslationServer, "health", slow_health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    client = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    try:
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert entered.wait(60)
+        with srv._handlers_lock:
+            (thread,) = srv._handlers
+        srv.shutdown()
+        srv.server_close(wait=0.05)  # the request is still being answered
+        assert thread.is_alive() and srv._wake[0].fileno() != -1  # still open for that thread
+        release.set()
+        thread.join(60)
+        assert not thread.is_alive()
+        assert [end.fileno() for end in srv._wake] == [-1, -1]
+    finally:
+        release.set()
+        client.close()
