@@ -128,6 +128,7 @@ class Trainer:
         self.finished = False
         self._step_rng: Optional[dict] = None
         self.step_extra: dict[str, torch.Tensor] = {}  # set by backward
+        self.step_lr = 0.0  # the learning rate the last optimizer step took (set by update)
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
         # spaCy's tokenizer of the target language for the paper metric in validation; None (BLEU and
@@ -245,6 +246,8 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         if self.tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
+        # the step's own rate, for the log: after scheduler.step() the optimizer holds the next step's
+        self.step_lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -419,7 +422,7 @@ class Trainer:
                 record = {
                     "event": "train", "step": self.step, "epoch": self.epoch + 1,
                     "loss": sums[0] / max(window_tokens, 1),
-                    "lr": self.scheduler.get_last_lr()[0],
+                    "lr": self.step_lr,  # the rate of the record's step (get_last_lr() is the next step's)
                     "tgt_tokens_per_s": window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
                 }
                 # per target token, weighted as the objective weights them: the window's mean, not its last micro-batch's
