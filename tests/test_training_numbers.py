@@ -29,3 +29,23 @@ def test_the_logged_learning_rate_is_the_one_its_step_took(tmp_path, data_dir):
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     for r in records:
         assert r["lr"] == pytest.approx(1e-3 * lr_factor(r["step"] - 1, "inverse_sqrt", 4)), r
+
+
+def test_a_resume_under_another_stopping_metric_rescores_the_best(tmp_path, data_dir, monkeypatch):
+    """A run saved with a loss rule (best = lowest validation loss, 2.0) resumed with
+    ``train.stopping=bleu_patience``: epoch 2's BLEU 20 is below epoch 1's 30, so best.pt stays
+    epoch 1's. Before, the saved best 2.0 (a loss) was compared with BLEU 20, epoch 2 counted as
+    better and overwrote best.pt, and the run's best became 20."""
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    scores = iter([{"val_loss": 2.0, "val_loss_per_100_tokens": 200.0, "val_bleu": 30.0},
+                   {"val_loss": 3.0, "val_loss_per_100_tokens": 300.0, "val_bleu": 20.0}])
+    monkeypatch.setattr(Trainer, "validate", lambda self: next(scores))
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.stopping=none", "train.valid_bleu=true"))
+    cfg = tiny_train_cfg(tmp_path, data_dir, "train.stopping=bleu_patience", "train.valid_bleu=true",
+                         "train.max_epochs=2")
+    run_module.train(cfg, resume=True)
+    last, best = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(tmp_path / "best.pt")
+    assert last["epoch"] == 2 and last["trainer"]["best"] == 30.0 and last["trainer"]["stale"] == 1
+    assert best["epoch"] == 1

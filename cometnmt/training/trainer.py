@@ -197,6 +197,24 @@ class Trainer:
             t["consumed"], t["history"], t["best"], t["stale"], t["finished"]
         )
         set_rng_state(payload["rng"])
+        saved_rule = payload.get("config", {}).get("train", {}).get("stopping")
+        if saved_rule is not None and (saved_rule == "bleu_patience") != (self.tc.stopping == "bleu_patience"):
+            self._rescore_history()
+
+    def _rescore_history(self) -> None:
+        """A resume whose train.stopping measures another number than the run's (BLEU against
+        validation loss): the saved best and stale count are in the other number (a BLEU of 30
+        read as a loss made the next epoch "best" whatever its loss), so replay the epochs'
+        records under this rule. Records without a validation BLEU are passed over; ``finished``
+        stays as saved."""
+        history, finished = self.history, self.finished
+        self.best, self.stale = None, 0
+        for i, record in enumerate(history):
+            if self.tc.stopping == "bleu_patience" and "val_bleu" not in record:
+                continue
+            self.history = history[: i + 1]  # update_stopping compares with the record before
+            self.update_stopping(record)
+        self.history, self.finished = history, finished
 
     def save(self, name: str) -> None:
         if self.dist.is_main:
