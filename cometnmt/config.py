@@ -55,7 +55,7 @@ class DataConfig:
     tokenizer: Literal["spacy", "sentencepiece"] = "spacy"
     lowercase: bool = False
     min_freq: int = 2  # word vocabularies (spacy): drop rarer tokens
-    max_vocab: Optional[int] = None
+    max_vocab: Optional[int] = None  # cap per language, the 4 special tokens included; most frequent kept
     sp_vocab_size: int = 8000  # sentencepiece: per language
     sp_model_type: Literal["unigram", "bpe"] = "unigram"
     max_len: int = 100  # training pairs longer than this (tokens, either side) are skipped
