@@ -49,3 +49,30 @@ def test_a_resume_under_another_stopping_metric_rescores_the_best(tmp_path, data
     last, best = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(tmp_path / "best.pt")
     assert last["epoch"] == 2 and last["trainer"]["best"] == 30.0 and last["trainer"]["stale"] == 1
     assert best["epoch"] == 1
+
+
+def test_accumulated_micro_batches_give_the_gradient_of_one_batch_of_them(tmp_path, data_dir):
+    """The objective is the step's summed loss over its target tokens (label smoothing on), so two
+    micro-batches accumulated give the gradient of one batch holding both (no dropout)."""
+    import torch
+
+    from cometnmt.data.pipeline import encode_pairs, read_split
+    from cometnmt.models import build_model
+    from cometnmt.training.trainer import Trainer
+
+    cfg = tiny_train_cfg(tmp_path, data_dir, "model.dropout=0", "train.label_smoothing=0.1", "data.max_train_pairs=40")
+    codec, train = run_module.training_examples(cfg, read_split(cfg.data, "train"))
+    valid = encode_pairs(codec, read_split(cfg.data, "valid"), None)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), 0)
+    trainer = Trainer(cfg, model, codec, train, valid, torch.device("cpu"))
+    a, b = list(range(0, 7)), list(range(7, 19))
+    n_tokens = sum(len(train.tgt_ids[i]) + 1 for i in a + b)
+
+    def gradients(group):
+        model.zero_grad(set_to_none=True)
+        trainer.backward(group, n_tokens)
+        return [p.grad.clone() for p in model.parameters()]
+
+    for split, whole in zip(gradients([a, b]), gradients([a + b])):
+        torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-6)
