@@ -76,3 +76,12 @@ def test_accumulated_micro_batches_give_the_gradient_of_one_batch_of_them(tmp_pa
 
     for split, whole in zip(gradients([a, b]), gradients([a + b])):
         torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-6)
+
+
+def test_keep_checkpoints_keeps_the_last_n_after_a_resume_with_a_smaller_n(tmp_path, data_dir):
+    """train.keep_checkpoints=2 for two epochs, then a resume with 1 for a third: only epoch003.pt
+    is left. Before, each epoch removed only the file N epochs back, and epoch001.pt stayed."""
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.keep_checkpoints=2", "train.max_epochs=2"))
+    assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch001.pt", "epoch002.pt"]
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.keep_checkpoints=1", "train.max_epochs=3"), resume=True)
+    assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch003.pt"]

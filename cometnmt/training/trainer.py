@@ -472,9 +472,12 @@ class Trainer:
                 self.save("best.pt")
             if self.tc.keep_checkpoints:
                 self.save(f"epoch{self.epoch:03d}.pt")
-                old = self.save_dir / f"epoch{self.epoch - self.tc.keep_checkpoints:03d}.pt"
-                if self.dist.is_main and old.exists():
-                    old.unlink()
+                # every older one, not just the one N epochs back: a resume with a smaller N left
+                # the epochs between behind
+                for old in range(1, self.epoch - self.tc.keep_checkpoints + 1):
+                    path = self.save_dir / f"epoch{old:03d}.pt"
+                    if self.dist.is_main and path.exists():
+                        path.unlink()
         log.info(
             "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
             self.epoch, metrics["val_loss"], metrics["val_loss_per_100_tokens"],
