@@ -858,6 +858,14 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_at_the_timeout(server, monk
     assert closed_after is not None and closed_after < len(head) - 1, "the slow head was read to its end"
 
 
+def serve_and_ask_for_health(srv) -> socket.socket:
+    """Run ``srv`` in a thread and send it GET /health on a new connection, returned."""
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    client = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    return client
+
+
 def test_closing_waits_for_a_connection_whose_thread_had_not_run_yet(checkpoint, monkeypatch):
     """A request thread counted itself among the running ones only once it ran, so a connection
     accepted just before a stop, whose thread the scheduler had not yet run, was not waited for:
@@ -884,10 +892,8 @@ def test_closing_waits_for_a_connection_whose_thread_had_not_run_yet(checkpoint,
 
     monkeypatch.setattr(TranslationServer, "process_request_thread", late)
     monkeypatch.setattr(TranslationServer, "process_request", noted)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    client = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    client = serve_and_ask_for_health(srv)
     try:
-        client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert accepted.wait(60)
         srv.shutdown()
         srv.server_close(wait=30)
@@ -915,10 +921,8 @@ def test_the_wake_sockets_are_closed_by_a_thread_that_outlived_the_wait(checkpoi
         return health(self)
 
     monkeypatch.setattr(TranslationServer, "health", slow_health)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    client = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    client = serve_and_ask_for_health(srv)
     try:
-        client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert entered.wait(60)
         with srv._handlers_lock:
             (thread,) = srv._handlers
