@@ -61,21 +61,22 @@ def greedy_search(
     model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, max_len_a: float, max_len_b: float
 ) -> list[Hypothesis]:
     """Arg-max decoding with the incremental step. Returns one hypothesis per sentence, in order."""
-    return _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, 1,
-                               lambda lp, rows, t: lp.argmax(dim=-1))
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
+    return _incremental_search(model, src, src_pad_mask, bos, eos, limits, 1, lambda lp, rows, t: lp.argmax(dim=-1))
 
 
 def _incremental_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int,
-                        max_len_a: float, max_len_b: float, copies: int,
+                        limits: torch.Tensor, copies: int,
                         choose: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> list[Hypothesis]:
     """One token per row and step, picked by ``choose`` (log-probabilities A,V, the A rows' numbers
     in 0..B*copies-1 and the step -> tokens A), for
     ``copies`` rows per sentence (rows i*copies .. i*copies+copies-1 are sentence i's). The first
     step runs once per sentence; its state is then duplicated. A row stops at </s> or its length
     bound and leaves the batch. Scores are the sums of the model's log-probabilities of the tokens
-    (</s> included); padding and <s> are never chosen (:func:`without_specials`). Returns B*copies hypotheses, in row order."""
+    (</s> included); padding and <s> are never chosen (:func:`without_specials`). ``limits``: each
+    sentence's length bound (:func:`max_lengths`), B. Returns B*copies hypotheses, in row order."""
     B = src.size(0)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit()).repeat_interleave(copies)  # B*N
+    limits = limits.repeat_interleave(copies)  # B*N
     state = model.init_state(model.encode(src, src_pad_mask))
     out = torch.full((B * copies, int(limits.max())), eos, dtype=torch.long, device=src.device)  # B*N,Tmax
     logprob = torch.zeros(B * copies, device=src.device)  # B*N
@@ -119,15 +120,15 @@ def sample_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor,
     (:func:`without_specials`), so a search that keeps one token a step (``topk`` 1, say) is
     greedy search."""
     if seed is None:
-        seed = int(torch.randint(0, SEED_SPAN, (1,), generator=generator, device=getattr(generator, "device", "cpu")))
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B: as _incremental_search's
+        seed = _draw_seed(generator)
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
     uniforms = sample_uniforms(seed, range(src.size(0)) if keys is None else keys, nbest, limits.tolist())
     uniforms = uniforms.to(src.device)  # B*nbest,Tmax
 
     def choose(lp: torch.Tensor, rows: torch.Tensor, t: int) -> torch.Tensor:
         return sample_tokens(lp, topk, topp, temperature, uniforms[rows, t])
 
-    hyps = _incremental_search(model, src, src_pad_mask, bos, eos, max_len_a, max_len_b, nbest, choose)
+    hyps = _incremental_search(model, src, src_pad_mask, bos, eos, limits, nbest, choose)
     return [sorted(hyps[i : i + nbest], key=lambda h: -h.score) for i in range(0, len(hyps), nbest)]
 
 
@@ -317,9 +318,12 @@ def sampling_seed(cfg) -> Optional[int]:
     (so ``torch.manual_seed`` repeats a call too); None for another search."""
     if cfg.method != "sample":
         return None
-    if cfg.sampling_seed is not None:
-        return cfg.sampling_seed
-    return int(torch.randint(0, SEED_SPAN, (1,)))
+    return cfg.sampling_seed if cfg.sampling_seed is not None else _draw_seed()
+
+
+def _draw_seed(generator: Optional[torch.Generator] = None) -> int:
+    """A seed in [0, SEED_SPAN) from ``generator`` (None: torch's global RNG)."""
+    return int(torch.randint(0, SEED_SPAN, (1,), generator=generator, device=getattr(generator, "device", "cpu")))
 
 
 def search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: int, eos: int, cfg,

@@ -47,7 +47,7 @@ from cometnmt.inference import Translator
 from cometnmt.interrupts import deferred, first_raises
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
-from cometnmt.training.checkpoint import save_checkpoint
+from cometnmt.training.checkpoint import epoch_checkpoints, save_checkpoint
 from cometnmt.training.distributed import DistInfo, SyncedRunningStatistics, all_reduce_sum, ddp_buffer_sync
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
@@ -474,9 +474,8 @@ class Trainer:
                 self.save(f"epoch{self.epoch:03d}.pt")
                 # every older one, not just the one N epochs back: a resume with a smaller N left
                 # the epochs between behind
-                for old in range(1, self.epoch - self.tc.keep_checkpoints + 1):
-                    path = self.save_dir / f"epoch{old:03d}.pt"
-                    if self.dist.is_main and path.exists():
+                if self.dist.is_main:
+                    for path in epoch_checkpoints(self.save_dir)[: -self.tc.keep_checkpoints]:
                         path.unlink()
         log.info(
             "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
