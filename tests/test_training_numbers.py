@@ -85,3 +85,36 @@ def test_keep_checkpoints_keeps_the_last_n_after_a_resume_with_a_smaller_n(tmp_p
     assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch001.pt", "epoch002.pt"]
     run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.keep_checkpoints=1", "train.max_epochs=3"), resume=True)
     assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch003.pt"]
+
+
+def test_a_save_every_checkpoint_write_is_not_counted_as_training_time(tmp_path, data_dir, monkeypatch):
+    """With a clock that moves 1 s per reading and 1,000 s while ``last.pt`` is written, every
+    window's tokens/s is its tokens over a few seconds. Before, the write of step s's save_every
+    checkpoint landed in the window of step s + 1, whose tokens/s then read a thousand times low."""
+    import types
+
+    from cometnmt.training import trainer as trainer_module
+
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1.0
+        return clock[0]
+
+    save = trainer_module.Trainer.save
+
+    def slow_save(self, name):
+        save(self, name)
+        clock[0] += 1000.0
+
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(trainer_module.Trainer, "save", slow_save)
+    cfg = tiny_train_cfg(tmp_path, data_dir, "train.log_every=1", "train.save_every=1", "train.accum_steps=1",
+                         "train.max_steps=4")
+    run_module.train(cfg)
+    records = train_records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    # the log has no token counts, so compare the windows: the first holds no write, and with the
+    # write left out the others are as fast within the spread of their batches' sizes
+    rates = [r["tgt_tokens_per_s"] for r in records]
+    assert min(rates) > 0 and max(rates) / min(rates) < 100, rates

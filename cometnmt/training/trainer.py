@@ -450,7 +450,9 @@ class Trainer:
                 window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
                 window_extra = {}
             if self.tc.save_every and self.step % self.tc.save_every == 0:
+                saving = time.perf_counter()
                 self.save("last.pt")
+                window_start += time.perf_counter() - saving  # the write is not training: keep it out of tokens/s
         bar.close()
         return True
 
