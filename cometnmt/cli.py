@@ -63,13 +63,14 @@ def _decode_cfg(base, args):
     from cometnmt.inference import decode_config
 
     return decode_config(base, args.beam, args.nbest, args.length_penalty, args.batch_sentences, sampling=args.sampling,
-                         topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed)
+                         topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed,
+                         replace_unk=args.replace_unk)
 
 
-def _sampling_args(args) -> dict:
-    """The sampling options, as keywords of the library's functions."""
+def _search_args(args) -> dict:
+    """The sampling options and --replace-unk, as keywords of the library's functions."""
     return {"sampling": args.sampling, "topk": args.topk, "topp": args.topp, "temperature": args.temperature,
-            "seed": args.seed}
+            "seed": args.seed, "replace_unk": args.replace_unk}
 
 
 def _checkpoints(paths) -> list[tuple[str, str]]:
@@ -317,7 +318,7 @@ def cmd_evaluate(args) -> int:
                     "--src-lang": args.src_lang}
     checkpoint_options = {"--split": args.split, "--hyp-out": args.hyp_out, "--beam": args.beam, "--nbest": args.nbest,
                           "--length-penalty": args.length_penalty, "--batch-size": args.batch_sentences,
-                          **{f"--{key}": value for key, value in _sampling_args(args).items()}}
+                          **{f"--{key.replace('_', '-')}": value for key, value in _search_args(args).items()}}
     given = [option for option, value in (file_options if args.checkpoint else checkpoint_options).items()
              if value is not None]
     if given:
@@ -337,7 +338,7 @@ def cmd_evaluate(args) -> int:
         result, _ = evaluate_checkpoint(args.checkpoint, args.split or "test", beam=args.beam,
                                         length_penalty=args.length_penalty, batch_size=args.batch_sentences,
                                         device=args.device, progress=True, flags=True, hyp_out=args.hyp_out,
-                                        json_out=args.json, **_sampling_args(args))  # it writes both
+                                        json_out=args.json, **_search_args(args))  # it writes both
     else:
         if not (args.hyp and args.ref):
             raise CometNMTError("evaluate needs --hyp FILE --ref FILE, or --checkpoint CKPT [--split SPLIT]")
@@ -386,7 +387,7 @@ def cmd_serve(args) -> int:
 
     server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_sampling_args(args))
+                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_search_args(args))
     host, port = server.server_address[:2]
     print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
           "Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
@@ -440,6 +441,9 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, metavar="S",
                    help="with --sampling: repeatable samples (line i's come from a stream keyed by S and i, whatever the "
                         "--batch-size); default: a seed drawn at random")
+    p.add_argument("--replace-unk", dest="replace_unk", action="store_true", default=None,
+                   help="put the source word the decoder attends to most in place of each <unk> of the output (word "
+                        "vocabularies, data.tokenizer spacy); default: the checkpoint's decode.replace_unk, usually off")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 

@@ -153,11 +153,13 @@ def _kept(run: Path) -> str:
 
 def _search_label(decode: dict) -> str:
     if decode["method"] == "greedy":
-        return "greedy"
-    if decode["method"] == "sample":
-        return (f"sampling (top-k {decode['sampling_topk']}, top-p {decode['sampling_topp']:g}, "
-                f"temperature {decode['temperature']:g}, seed {decode['sampling_seed']})")
-    return f"beam {decode['beam_size']}, length penalty {decode['length_penalty']:g}"
+        label = "greedy"
+    elif decode["method"] == "sample":
+        label = (f"sampling (top-k {decode['sampling_topk']}, top-p {decode['sampling_topp']:g}, "
+                 f"temperature {decode['temperature']:g}, seed {decode['sampling_seed']})")
+    else:
+        label = f"beam {decode['beam_size']}, length penalty {decode['length_penalty']:g}"
+    return label + (", <unk> replaced" if decode.get("replace_unk") else "")  # reports from before it lack the key
 
 
 def _evaluate_run(args, run: Path) -> dict:

@@ -148,6 +148,7 @@ class DecodeConfig:
     sampling_topp: float = 1.0  # sample: nucleus, the fewest tokens whose probability reaches p (after top-k; 1.0: off)
     temperature: float = 1.0  # sample: divides the logits (below 1: sharper, above: flatter)
     sampling_seed: Optional[int] = None  # sample: seed of each line's random stream (null: drawn from torch's global RNG)
+    replace_unk: bool = False  # put the source word the decoder attends to most in place of each <unk> output (spacy tokenizer)
     max_len_a: float = 1.5  # output length bound: a * source tokens (without src_sos_eos specials) + b
     max_len_b: int = 10
     batch_sentences: int = 128
@@ -483,6 +484,9 @@ def validate(cfg: Config) -> None:
             if getattr(cfg.data, key) not in SPLITS:
                 raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a Multi30k task-1 split "
                                   f"this package knows; expected one of {', '.join(SPLITS)} (other files: data.corpus: files)")
+    if cfg.decode.replace_unk and cfg.data.tokenizer != "spacy":
+        raise ConfigError(f"config key 'decode.replace_unk': copies source words in place of <unk>, for word "
+                          f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}")
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
                           f"got {cfg.data.max_vocab}")

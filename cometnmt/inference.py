@@ -89,24 +89,28 @@ def set_cuda_backends(cudnn_attention: bool = True) -> None:
 def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None = None,
                   length_penalty: float | None = None, batch_sentences: int | None = None,
                   flags: bool = True, *, sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
-                  temperature: float | None = None, seed: int | None = None) -> DecodeConfig:
+                  temperature: float | None = None, seed: int | None = None,
+                  replace_unk: bool | None = None) -> DecodeConfig:
     """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
     means beam search of that width; ``nbest`` above 1 implies beam search, unless sampling.
     ``sampling`` True samples (``nbest`` samples a sentence), False leaves a sampling ``base`` for
     greedy search; ``topk``, ``topp``, ``temperature`` and ``seed`` set sampling's keys and need it.
-    Errors name the setting as a command-line flag (``--beam 0``) or, with ``flags=False``, as a
-    keyword (``beam=0``)."""
+    ``replace_unk`` sets ``decode.replace_unk`` (any search). Errors name the setting as a
+    command-line flag (``--beam 0``) or, with ``flags=False``, as a keyword (``beam=0``)."""
     def name(option: str, value: object) -> str:
         return setting(option, value, flags)
 
     _check_search_settings(name, beam, nbest, length_penalty, batch_sentences)
     _check_sampling_settings(name, sampling, topk, topp, temperature, seed)
+    if replace_unk is not None and not isinstance(replace_unk, bool):
+        raise ConfigError(f"{name('replace_unk', repr(replace_unk))}: must be true or false")
     data = to_dict(base)
     data["method"] = _method(base.method, beam, nbest or base.nbest, sampling, name, flags)
     if beam is not None:
         data["beam_size"] = beam
     for key, value in (("nbest", nbest), ("length_penalty", length_penalty), ("batch_sentences", batch_sentences),
-                       ("sampling_topk", topk), ("sampling_topp", topp), ("temperature", temperature), ("sampling_seed", seed)):
+                       ("sampling_topk", topk), ("sampling_topp", topp), ("temperature", temperature), ("sampling_seed", seed),
+                       ("replace_unk", replace_unk)):
         if value is not None:
             data[key] = value
     for option, value in (("topk", topk), ("topp", topp), ("temperature", temperature), ("seed", seed)):
@@ -175,7 +179,8 @@ def _check_sampling_settings(name, sampling, topk, topp, temperature, seed) -> N
 class Translation:
     """One hypothesis: detokenised ``text``, its search ``score`` (log-probability, length-normalised
     under beam search with a length penalty; a sample's is the model's own, before temperature and
-    top-k/top-p) and its target ``tokens``."""
+    top-k/top-p) and its target ``tokens`` (with ``decode.replace_unk``, the copied source words in
+    place of ``<unk>``; the score stays the search's)."""
 
     text: str
     score: float
@@ -290,9 +295,22 @@ class Translator:
     def _decode(self, decode_cfg: DecodeConfig | None, flags: bool = False, *, beam: int | None = None,
                 nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,
                 sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
-                temperature: float | None = None, seed: int | None = None) -> DecodeConfig:
-        return decode_config(decode_cfg or self.cfg.decode, beam, nbest, length_penalty, batch_size, flags=flags,
-                             sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
+                temperature: float | None = None, seed: int | None = None,
+                replace_unk: bool | None = None) -> DecodeConfig:
+        decode = decode_config(decode_cfg or self.cfg.decode, beam, nbest, length_penalty, batch_size, flags=flags,
+                               sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
+                               replace_unk=replace_unk)
+        self._check_replace_unk(decode, flags)
+        return decode
+
+    def _check_replace_unk(self, decode: DecodeConfig, flags: bool = False) -> None:
+        """``replace_unk`` copies source words, so both sides must be words (spaCy): a SentencePiece
+        vocabulary keeps every piece of its training text, and a copied piece is no target piece."""
+        kinds = {self.codec.src_tok.kind, self.codec.tgt_tok.kind}
+        if decode.replace_unk and kinds != {"spacy"}:
+            raise ConfigError(f"{setting('replace_unk', True, flags) if flags else 'decode.replace_unk'}: copies source "
+                              f"words in place of <unk>, for word vocabularies (data.tokenizer: spacy); this model's "
+                              f"tokenizer is {' and '.join(sorted(kinds))}")
 
     def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False, *,
                       start: int = 0) -> list[list[Translation]]:
@@ -317,9 +335,14 @@ class Translator:
         return out
 
     @staticmethod
-    def _ids(texts: list[str], tokenizer, encode) -> list[list[int]]:
-        """Sentences tokenised and indexed as in training; a blank one has no ids."""
-        return [encode(tokens) if text.strip() else [] for tokens, text in zip(tokenizer.tokenize_many(texts), texts)]
+    def _words_and_ids(texts: list[str], tokenizer, encode) -> tuple[list[list[str]], list[list[int]]]:
+        """Sentences tokenised and indexed as in training: (their tokens, their ids); a blank one has no ids."""
+        words = tokenizer.tokenize_many(texts)
+        return words, [encode(tokens) if text.strip() else [] for tokens, text in zip(words, texts)]
+
+    @classmethod
+    def _ids(cls, texts: list[str], tokenizer, encode) -> list[list[int]]:
+        return cls._words_and_ids(texts, tokenizer, encode)[1]
 
     def _check_positions(self, ids: list[list[int]], where: str, side: str, extra: int) -> None:
         """Before any decoding, so the whole input fails or none of it: each sequence plus ``extra``
@@ -424,21 +447,52 @@ class Translator:
         out: list[AttentionMap | None] = [None] * len(src_ids)
         src_vocab, tgt_vocab = self.codec.src_vocab.itos, self.codec.tgt_vocab.itos
         bar = progress_bar(total=len(src_ids), desc="attention", unit="pair", disable=not progress, leave=False)
-        self.model.eval()
-        for idx in self._batches(tgt_ids, batch_size or self.cfg.decode.batch_sentences):
-            srcs = [src_ids[i] or [EOS] for i in idx]
-            batch = collate(srcs, [tgt_ids[i] for i in idx], idx).to(self.device)
-            weights = self.model.cross_attention(batch.src, batch.src_pad_mask, batch.tgt_in)[layer].mean(1)  # B,T,S
-            for row, (i, src) in enumerate(zip(idx, srcs)):
-                tgt = tgt_ids[i] + [EOS]
+        for idx, weights in self._cross_attention(src_ids, tgt_ids, layer, batch_size):
+            for row, i in enumerate(idx):
+                src, tgt = src_ids[i] or [EOS], tgt_ids[i] + [EOS]
                 out[i] = AttentionMap([src_vocab[j] for j in src], [tgt_vocab[j] for j in tgt],
                                       weights[row, : len(tgt), : len(src)].tolist(), layer % layers)
             bar.update(len(idx))
         bar.close()
         return out
 
+    def _cross_attention(self, src_ids: list[list[int]], tgt_ids: list[list[int]], layer: int,
+                         batch_size: int | None) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Teacher-forced attention of decoder layer ``layer`` over the source, heads averaged (and
+        an ensemble's members, each its own layer ``layer``), in batches of similar target lengths:
+        (the batch's places in the lists, its B,T,S weights; row t is the attention while the
+        model predicts target token t, ``</s>`` last)."""
+        members = list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
+        self.model.eval()
+        for idx in self._batches(tgt_ids, batch_size or self.cfg.decode.batch_sentences):
+            batch = collate([src_ids[i] or [EOS] for i in idx], [tgt_ids[i] for i in idx], idx).to(self.device)
+            weights = [m.cross_attention(batch.src, batch.src_pad_mask, batch.tgt_in)[layer].mean(1) for m in members]
+            yield idx, sum(weights) / len(weights)
+
+    def _replace_unknown(self, words: list[list[str]], src_ids: list[list[int]],
+                         results: list[list[Translation]]) -> None:
+        """``decode.replace_unk``, in place: each ``<unk>`` of each hypothesis becomes the source
+        word that the last decoder layer's attention (heads averaged) weighs most as the model
+        predicts it (Luong et al. 2015's copy of the aligned word; fairseq's ``--replace-unk``
+        without a dictionary). One teacher-forced pass over the hypotheses that hold one."""
+        unk = self.codec.tgt_vocab.itos[UNK]
+        todo = [(i, k) for i, hyps in enumerate(results) if src_ids[i] for k, h in enumerate(hyps) if unk in h.tokens]
+        if not todo:
+            return
+        first = 1 if self.codec.src_sos_eos else 0  # the source's <s>, which is no word
+        tgt_ids = [self.codec.tgt_vocab.encode(results[i][k].tokens) for i, k in todo]
+        for idx, weights in self._cross_attention([src_ids[i] for i, _ in todo], tgt_ids, -1, None):
+            for row, j in enumerate(idx):
+                i, k = todo[j]
+                source, hyp = words[i], results[i][k]
+                peaks = weights[row, : len(hyp.tokens), first : first + len(source)].argmax(-1).tolist()
+                tokens = [source[peaks[t]] if tok == unk else tok for t, tok in enumerate(hyp.tokens)]
+                results[i][k] = self._from_tokens(tokens, hyp.score)
+
     def _text(self, ids: list[int], score: float) -> Translation:
-        tokens = self.codec.tgt_vocab.decode(ids)
+        return self._from_tokens(self.codec.tgt_vocab.decode(ids), score)
+
+    def _from_tokens(self, tokens: list[str], score: float) -> Translation:
         text = self.codec.tgt_tok.detokenize(tokens)
         # one translation, one line: a line separator a model learned from its training text
         # (a SentencePiece piece holding "\r", say) would split it wherever outputs are read back;
@@ -450,7 +504,7 @@ class Translator:
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                   batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
                   topp: float | None = None, temperature: float | None = None,
-                  seed: int | None = None, start: int = 0) -> list[list[Translation]]:
+                  seed: int | None = None, replace_unk: bool | None = None, start: int = 0) -> list[list[Translation]]:
         """Plain-text sentences in, n-best detokenised translations out, best first, in input
         order (a blank line gives ``nbest`` blank translations).
 
@@ -465,28 +519,34 @@ class Translator:
             place in ``texts`` plus ``start`` (a caller that translates an input piece by piece,
             line by line say, passes each piece's place in it), not on the batch size or the other
             sentences. False: greedy search.
+        :param replace_unk: True puts the source word the decoder attends to most in place of each
+            ``<unk>`` of the output (word vocabularies only; the score stays the search's).
         :raises DataError: a sentence longer than the model's positions (before any decoding).
         """
         if isinstance(texts, str):
             raise TypeError("Translator.translate takes a list of sentences; for one sentence call translator(text)")
         decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size,
-                                  sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed)
+                                  sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
+                                  replace_unk=replace_unk)
         texts = _sentence_list(texts, "texts", "Translator.translate")
         _check_sentences(texts)
-        ids = self._ids(texts, self.codec.src_tok, self.codec.encode_src)
+        words, ids = self._words_and_ids(texts, self.codec.src_tok, self.codec.encode_src)
         results = self.translate_ids(ids, decode_cfg, progress, start=start)
+        if decode_cfg.replace_unk:
+            self._replace_unknown(words, ids, results)
         blank = [Translation("", 0.0, []) for _ in range(decode_cfg.nbest)]  # as many rows as any other sentence
         return [r if text.strip() else list(blank) for r, text in zip(results, texts)]
 
     def __call__(self, text: str | Sequence[str], *, beam: int | None = None, length_penalty: float | None = None,
                  batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
-                 topp: float | None = None, temperature: float | None = None, seed: int | None = None) -> str | list[str]:
+                 topp: float | None = None, temperature: float | None = None, seed: int | None = None,
+                 replace_unk: bool | None = None) -> str | list[str]:
         """The best translation of one sentence (a string), or of each sentence of a list (with
         ``sampling``, one sample each; the settings are :meth:`translate`'s)."""
         single = isinstance(text, str)
         results = self.translate([text] if single else text, beam=beam, length_penalty=length_penalty,
                                  batch_size=batch_size, nbest=1, sampling=sampling, topk=topk, topp=topp,
-                                 temperature=temperature, seed=seed)
+                                 temperature=temperature, seed=seed, replace_unk=replace_unk)
         best = [r[0].text for r in results]
         return best[0] if single else best
 

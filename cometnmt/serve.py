@@ -6,7 +6,7 @@ Endpoints:
   ``HEAD`` answers as ``GET`` without the body (health checkers use it).
 * ``POST /translate`` with ``{"text": "..."}`` (one sentence) or ``{"texts": ["...", ...]}`` and
   optionally ``beam``, ``nbest``, ``length_penalty``, ``sampling`` (true: random samples, ``nbest``
-  of them; false: greedy search), ``topk``, ``topp``, ``temperature``, ``seed``:
+  of them; false: greedy search), ``topk``, ``topp``, ``temperature``, ``seed``, ``replace_unk``:
   ``{"translation": "..."}`` or ``{"translations": [...]}``; with ``nbest`` above 1 each
   translation is a list of ``{"text", "score"}``, best first.
 * ``POST /logprob`` with ``{"source": "...", "target": "..."}`` or ``{"sources": [...], "targets":
@@ -51,7 +51,7 @@ from cometnmt.inference import Translator, checkpoint_list
 
 log = logging.getLogger(__name__)
 
-_SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed")
+_SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed", "replace_unk")
 _POST = {"/translate": "translate", "/logprob": "log_prob"}  # route -> TranslationServer method
 
 
@@ -506,10 +506,11 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
                 max_beam: int = 64, flags: bool = False, sampling: bool | None = None, topk: int | None = None,
-                topp: float | None = None, temperature: float | None = None, seed: int | None = None) -> TranslationServer:
+                topp: float | None = None, temperature: float | None = None, seed: int | None = None,
+                replace_unk: bool | None = None) -> TranslationServer:
     """Load ``checkpoint`` (a list of several: an ensemble) and bind the server (``port`` 0 picks a
     free port: ``server.server_port``).
-    ``beam``, ``nbest``, ``length_penalty``, ``batch_size`` and the sampling settings (those of
+    ``beam``, ``nbest``, ``length_penalty``, ``batch_size``, ``replace_unk`` and the sampling settings (those of
     :meth:`Translator.translate`) replace the checkpoint's search settings as the default of every
     request. Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -528,7 +529,7 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
         translator = Translator.from_checkpoint(checkpoint, device)
         translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
                                                    batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
-                                                   temperature=temperature, seed=seed)
+                                                   temperature=temperature, seed=seed, replace_unk=replace_unk)
     except BaseException:
         server.server_close()
         raise

@@ -35,7 +35,8 @@ def test_readme_example_runs_as_written(tmp_path, data_dir):
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("2 ") and lines[0].endswith("runs/api_demo")  # epochs, best, save_dir
     assert lines[2].startswith("[") and lines[2].count("'") >= 4  # a list of two translations
-    scores = [float(line.split()[0]) for line in lines[3:6]]
+    assert "<unk>" not in lines[3]  # replace_unk
+    scores = [float(line.split()[0]) for line in lines[4:7]]
     assert scores == sorted(scores, reverse=True)  # three hypotheses, best first
     run = tmp_path / "runs" / "api_demo"
     assert {"best.pt", "last.pt", "epoch001.pt", "epoch002.pt", "avg.pt", "train.log"} <= {p.name for p in run.iterdir()}
@@ -589,6 +590,76 @@ def test_attention_through_the_api(translator):
     assert translator.codec.tgt_tok.detokenize(own[0].target[:-1]) == translator(sources[0])  # its greedy translation
     with pytest.raises(cometnmt.ConfigError, match=r"^layer=9: the decoder has"):
         translator.attention(sources, layer=9)
+
+
+def test_replace_unk_copies_the_source_word_each_unknown_attends_to_most(translator):
+    """With replace_unk, each <unk> of each hypothesis (beam 2, 2-best) becomes the source word its
+    row of the last layer's attention (as ``attention_ids`` gives it) weighs most; every other token
+    and the score stay the search's, and a blank line stays blank."""
+    sources = ["Zwei junge Männer spielen Fußball im Park.", "Ein Hund läuft über die Wiese.", "",
+               "Eine Frau mit Hut verkauft Blumen auf dem Markt."]
+    plain = translator.translate(sources, beam=2, nbest=2)
+    copied = translator.translate(sources, beam=2, nbest=2, replace_unk=True)
+    vocab, unk = translator.codec.tgt_vocab, "<unk>"
+    assert sum(h.tokens.count(unk) for hyps in plain for h in hyps) > 5  # the tiny model has few words
+    assert copied[2] == plain[2] and copied[2][0].text == ""
+    for source, p_hyps, c_hyps in zip(sources, plain, copied):
+        if not source:
+            continue
+        words = translator.codec.src_tok.tokenize(source)
+        src_ids = [translator.codec.encode_src(words)]
+        for p, c in zip(p_hyps, c_hyps):
+            assert c.score == p.score and len(c.tokens) == len(p.tokens) and unk not in c.tokens
+            rows = translator.attention_ids(src_ids, [vocab.encode(p.tokens)])[0].weights
+            expected = [words[max(range(len(words)), key=rows[t].__getitem__)] if tok == unk else tok
+                        for t, tok in enumerate(p.tokens)]
+            assert c.tokens == expected
+            assert c.text == translator.codec.tgt_tok.detokenize(expected)
+    assert translator(sources[0], replace_unk=True) == copied[0][0].text
+    with pytest.raises(cometnmt.ConfigError, match=r"^replace_unk='yes': must be true or false"):
+        translator.translate(sources, replace_unk="yes")
+
+
+def test_replace_unk_averages_an_ensembles_attention_and_never_copies_the_source_s(translator, monkeypatch):
+    """An ensemble's members' attention is averaged before the peak is taken, and with source
+    <s>/</s> (``data.src_sos_eos``) the peak is among the words: for "a b c", the first <unk>
+    attends (a, b, c) 0.6/0.4/0 in one member and 0/0.4/0.6 in the other (each alone would copy a
+    or c; together b), the second puts most weight on <s> in both and copies c, the runner-up."""
+    import torch
+
+    from cometnmt.inference import Translation, Translator
+    from cometnmt.models.ensemble import Ensemble
+
+    codec = copy.deepcopy(translator.codec)
+    codec.src_sos_eos = True
+    members = [copy.deepcopy(translator.model) for _ in range(2)]
+    #               <s>   a    b    c   </s>
+    rows = [[[0.0, 0.6, 0.4, 0.0, 0.0], [0.0] * 5, [0.5, 0.2, 0.0, 0.3, 0.0], [0.0] * 5],
+            [[0.0, 0.0, 0.4, 0.6, 0.0], [0.0] * 5, [0.5, 0.0, 0.2, 0.3, 0.0], [0.0] * 5]]
+    for member, weights in zip(members, rows):
+        member.cross_attention = lambda src, mask, tgt_in, w=weights: [torch.tensor(w)[None, None]]  # B,H,T,S
+    ensemble = Translator(Ensemble(members), codec, translator.cfg, torch.device("cpu"))
+    monkeypatch.setattr(ensemble, "translate_ids", lambda ids, cfg, progress, start=0:
+                        [[Translation("", -1.0, ["<unk>", "x", "<unk>"])] for _ in ids])
+    [[hyp]] = ensemble.translate(["a b c"], replace_unk=True)
+    assert hyp.tokens == ["b", "x", "c"] and hyp.score == -1.0
+
+
+def test_replace_unk_is_for_word_vocabularies(translator, tmp_path, data_dir):
+    """Copied SentencePiece pieces are no target pieces: a config or a model with SentencePiece refuses it."""
+    import types
+
+    import torch
+
+    from cometnmt.inference import Translator
+
+    with pytest.raises(cometnmt.ConfigError, match=r"config key 'decode.replace_unk': copies source words .* not 'sentencepiece'"):
+        tiny_train_cfg(tmp_path, data_dir, "data.tokenizer=sentencepiece", "decode.replace_unk=true")
+    codec = copy.deepcopy(translator.codec)
+    codec.tgt_tok = types.SimpleNamespace(kind="sentencepiece")
+    pieces = Translator(translator.model, codec, translator.cfg, torch.device("cpu"))
+    with pytest.raises(cometnmt.ConfigError, match=r"^decode.replace_unk: .* tokenizer is sentencepiece and spacy"):
+        pieces.translate(["Ein Hund."], replace_unk=True)
 
 
 def test_a_failed_run_says_why_in_its_train_log(tmp_path, data_dir, monkeypatch):

@@ -102,6 +102,24 @@ def test_evaluate_checkpoint_on_split(trained, cli, tmp_path):
     assert result["bleu_by_length"] is not None
 
 
+def test_replace_unk_through_translate_and_evaluate(trained, cli, tmp_path):
+    """--replace-unk: translate writes the API's copies (no <unk> left), evaluate --checkpoint records
+    it with its scores, and evaluate without --checkpoint refuses it rather than ignore it."""
+    from cometnmt.inference import Translator
+
+    lines = ["Zwei junge Männer spielen Fußball im Park.", "Eine Frau verkauft Blumen."]
+    proc = cli("translate", str(trained / "best.pt"), "--replace-unk", input="\n".join(lines) + "\n")
+    expected = Translator.from_checkpoint(trained / "best.pt", device="cpu")(lines, replace_unk=True)
+    assert proc.stdout.splitlines() == expected and not any("<unk>" in line for line in expected)
+    assert "<unk>" in cli("translate", str(trained / "best.pt"), input=lines[0] + "\n").stdout  # the tiny model's words are few
+    out = tmp_path / "e.json"
+    cli("evaluate", "--checkpoint", str(trained / "best.pt"), "--split", "valid", "--replace-unk", "--json", str(out))
+    assert json.loads(out.read_text())["decode"]["replace_unk"] is True
+    (tmp_path / "h").write_text("A dog.\n", encoding="utf-8")
+    proc = cli("evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "h"), "--replace-unk", check=False)
+    assert proc.returncode != 0 and "--replace-unk: only with --checkpoint" in proc.stderr
+
+
 def test_evaluate_matches_sacrebleu(cli, tmp_path, data_dir):
     with gzip.open(data_dir / "val.en.gz", "rt", encoding="utf-8") as f:
         refs = [next(f).rstrip("\n") for _ in range(50)]

@@ -116,6 +116,10 @@ def test_search_label_names_a_sampling_config():
     assert _search_label(to_dict(DecodeConfig(method="sample", sampling_topk=10, sampling_seed=3))) == \
         "sampling (top-k 10, top-p 1, temperature 1, seed 3)"
     assert _search_label(to_dict(DecodeConfig(method="beam", length_penalty=0.5))) == "beam 5, length penalty 0.5"
+    assert _search_label(to_dict(DecodeConfig(replace_unk=True))) == "greedy, <unk> replaced"
+    old = to_dict(DecodeConfig())
+    del old["replace_unk"]  # a report written before the key
+    assert _search_label(old) == "greedy"
 
 
 def test_average_last_needs_the_epoch_checkpoints_before_anything_trains(cli, tmp_path):

@@ -64,6 +64,8 @@ def test_translations_equal_the_translators(server, checkpoint):
     assert status == 200 and [[h["text"] for h in r] for r in out["translations"]] == [[h.text for h in r] for r in expected]
     assert [[h["score"] for h in r] for r in out["translations"]] == [pytest.approx([h.score for h in r]) for r in expected]
     assert call(server, "/translate", request) == (200, out)  # seeded: the same request, the same samples
+    assert call(server, "/translate", {"texts": sentences, "replace_unk": True}) == \
+        (200, {"translations": translator(sentences, replace_unk=True)})
     status, health = call(server, "/health")
     assert status == 200 and health["status"] == "ok" and health["arch"] == "transformer"
     assert (health["src_lang"], health["tgt_lang"]) == ("de", "en") and health["decode"]["method"] == "greedy"
@@ -100,6 +102,7 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"text": "a", "beam": 2, "nbest": 3}, None, 400, "nbest=3: more hypotheses than the beam keeps (2)"),
     ({"text": "a", "sampling_topk": 1}, None, 400, "unknown field(s) sampling_topk"),
     ({"text": "a", "sampling": "yes"}, None, 400, "sampling='yes': must be true or false"),
+    ({"text": "a", "replace_unk": 1}, None, 400, "replace_unk=1: must be true or false"),
     ({"text": "a", "sampling": True, "topk": -1}, None, 400, "topk=-1: must be at least 0"),
     ({"text": "a", "sampling": True, "topp": 0}, None, 400, "topp=0: must be in (0, 1]"),
     ({"text": "a", "sampling": True, "temperature": -1}, None, 400, "temperature=-1: must be a positive finite number"),
