@@ -352,3 +352,60 @@ def test_sentence_query_is_eq3_over_the_sentence_or_each_prefix():
     enc.square().sum().backward()  # the encoder's Query: no gradient reaches padded positions
     assert score.grad[:2][~mask[:2]].abs().min() > 0 and value.grad[~mask].abs().sum(-1).min() > 0  # (a lone token: weight 1 whatever its score)
     assert score.grad[mask].eq(0).all() and value.grad[mask].eq(0).all()
+
+
+@pytest.mark.parametrize("kernel_size,dilation", [(3, 1), (5, 2), (2, 3)])  # centred: even, even, uneven span
+def test_conv_attention_is_eqs_1_to_5_written_out(kernel_size, dilation):
+    """MultiHead(S) = Concat(head_1..head_H) W^O with the first H - Hc heads softmax(QK^T/sqrt(d_k))V
+    (eq. 1) and the last Hc heads LocalConv ⊙ Query (eq. 4): LocalConv (eq. 2) a dilated per-channel
+    convolution whose F taps are softmax(W_A), centred in the encoder (padding zeroed) and causal in
+    the decoder; Query (eq. 3) over the real sentence, or over positions <= t in the decoder.
+    Written out position by position, and compared with the layer on a padded batch."""
+    from cometnmt.models.transformer_pp import ConvAttention
+
+    torch.manual_seed(0)
+    D, H, Hc, L = 16, 4, 2, 7
+    attn = ConvAttention(D, H, Hc, kernel_size, dilation, weight_dropout=0.3, attention_dropout=0.3).eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # biases and kernels away from their starting values
+    d = D // H
+    Wq, Wk, Wv, Wu, Ws, Wsc = attn.in_proj.weight.split([2 * d, 2 * d, 2 * d, Hc * d, Hc * d, Hc])
+    bq, bk, bv, bu, bs, bsc = attn.in_proj.bias.split([2 * d, 2 * d, 2 * d, Hc * d, Hc * d, Hc])
+    taps = torch.softmax(attn.kernel, dim=-1)  # Hc*d,F: softmax over the F taps of each channel
+    x = torch.randn(2, L, D)
+    mask = torch.zeros(2, L, dtype=torch.bool)
+    mask[1, 4:] = True
+
+    def reference(s: torch.Tensor, causal: bool) -> torch.Tensor:  # s: one unpadded sentence n,D
+        n, span = s.size(0), (kernel_size - 1) * dilation
+        left = span if causal else span // 2
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        heads = []
+        for h in range(H - Hc):
+            c = slice(h * d, (h + 1) * d)
+            scores = (s @ Wq[c].T + bq[c]) @ (s @ Wk[c].T + bk[c]).T / math.sqrt(d)  # n,n
+            if causal:
+                scores = scores.masked_fill(future, float("-inf"))
+            heads.append(torch.softmax(scores, dim=-1) @ (s @ Wv[c].T + bv[c]))
+        for h in range(Hc):
+            c = slice(h * d, (h + 1) * d)
+            u, value, score = s @ Wu[c].T + bu[c], s @ Ws[c].T + bs[c], s @ Wsc[h] + bsc[h]  # n,d; n,d; n
+            local = torch.zeros(n, d)
+            query = torch.zeros(n, d)
+            for t in range(n):
+                for j in range(kernel_size):
+                    if 0 <= t - left + j * dilation < n:
+                        local[t] += taps[c, j] * u[t - left + j * dilation]
+                upto = t + 1 if causal else n
+                query[t] = torch.softmax(score[:upto], dim=0) @ value[:upto]
+            heads.append(local * query)
+        return torch.cat(heads, dim=-1) @ attn.out_proj.weight.T + attn.out_proj.bias
+
+    with torch.no_grad():
+        enc = attn(x, x, mask, causal=False)
+        dec = attn(x, x, None, causal=True)
+        for b, n in enumerate([L, 4]):
+            torch.testing.assert_close(enc[b, :n], reference(x[b, :n], causal=False), atol=1e-5, rtol=1e-5)
+        for b in range(2):
+            torch.testing.assert_close(dec[b], reference(x[b], causal=True), atol=1e-5, rtol=1e-5)
