@@ -35,6 +35,12 @@ padding index); padded keys are also zeroed in the encoder output (as later fair
 are right-padded, so the causal convolutions keep target padding out of real positions without
 a mask; every dropout is an ``nn.Dropout`` module (embeddings, each convolution's input, the
 decoder output before ``out_proj``).
+
+Where the JoeyNMT write-up's words differ from what it (and Gehring et al., and fairseq) build,
+this follows the build: positions are added to the token embeddings, not concatenated; the GLU
+gates (A ⊙ sigmoid(B)) rather than adds; the top decoder state reaches the vocabulary through two
+linears (``out_embed_dim`` between). The port leaves out the encoder gradient scaling; here it is
+on, as in the paper and fairseq (``scale_encoder_grad: false`` gives the port's).
 """
 
 from __future__ import annotations
