@@ -32,6 +32,10 @@ Choices the paper leaves open, made here:
   projections and the attention heads' W^Q_i, W^K_i, W^V_i are row blocks of one linear layer
   (``ConvAttention.in_proj``), each block initialised as a layer of its own: the same model as
   separate layers, in one kernel.
+* Every projection is affine (each block of ``in_proj`` has a bias), as the Transformer's W^Q_i,
+  W^K_i, W^V_i are; eqs. 2-3 write W^S, W^Q and the convolution's input without one. The bias of
+  the W^Q scores cancels in the softmax; the other two add learned per-channel offsets to
+  LocalConv and Query.
 * Eq. 4 "computes the dot product between LocalConv and Query". To keep a d/H-wide head output
   (LocalConv is "the key", DynamicConv "the value") we keep the products per channel:
   DynamicConv_t = LocalConv_t ⊙ Query, a depthwise 1x1 convolution of LocalConv with Query as
