@@ -155,6 +155,9 @@ def test_training_without_tags_is_an_error_not_a_silent_skip():
         build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 2}, "model"), 11, 11, PAD)
     with pytest.raises(ConfigError, match="model.transformer_pp.kernel_sizes"):
         build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 6}, "model"), 11, 11, PAD)
+    for key, value in (("pos_weight", -1.0), ("ner_weight", float("nan"))):  # a negative weight unlearns the tags
+        with pytest.raises(ConfigError, match=f"'model.transformer_pp.{key}': must be a finite number at least 0, got"):
+            build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "transformer_pp": {key: value}}, "model"), 11, 11, PAD)
 
 
 def test_a_tag_cache_dir_that_is_a_file_is_refused_before_any_tagging(data_dir, tmp_path, monkeypatch, caplog):

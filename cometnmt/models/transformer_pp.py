@@ -65,6 +65,7 @@ Choices the paper leaves open, made here:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -388,6 +389,10 @@ def check_config(cfg) -> None:
         p = getattr(c, key)
         if p is not None and not 0.0 <= p < 1.0:
             raise ConfigError(f"config key 'model.transformer_pp.{key}': {p} must be in [0, 1)")
+    for key in ("pos_weight", "ner_weight"):
+        w = getattr(c, key)
+        if not (math.isfinite(w) and w >= 0):  # a negative weight would train the encoder to unlearn the tags
+            raise ConfigError(f"config key 'model.transformer_pp.{key}': must be a finite number at least 0, got {w}")
     if len(set(c.tasks)) != len(c.tasks):
         raise ConfigError(f"config key 'model.transformer_pp.tasks': {c.tasks} lists a task twice")
     if c.tasks and cfg.enc_layers < 3:
