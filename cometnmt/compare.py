@@ -224,7 +224,7 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
 def significance(args, out: Path, names: list[str], records: list[dict]) -> list[dict]:
     """Paired bootstrap (test; each of ``args.metrics``) of the first system against each other
     one: per seed both finished, and pooled over those seeds."""
-    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.data.tokenizers import metric_tokenizer
     from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
     by = {(r["row"], r["seed"]): r for r in records}
@@ -235,7 +235,7 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
             continue
         first = by[(names[0], seeds[0])]
         _, refs, cfg = run_test_split(run_dir(out, first["row"], first["seed"]), args.eval_limit)
-        tokenize = SpacyTokenizer(cfg.data.tgt_lang).tokenize if "paper" in args.metrics else None  # spaCy only when needed
+        tokenize = metric_tokenizer(cfg.data.tgt_lang).tokenize if "paper" in args.metrics else None  # spaCy only when needed
         runs_a = [test_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [test_hyps(out, by[(other, s)]) for s in seeds]
         for metric in args.metrics:

@@ -9,7 +9,8 @@ Two families of scores are reported side by side, because they are not comparabl
   BLEU-4 scores on tokenised text, smoothed as in Lin and Och (2004), "ORANGE: a Method for
   Evaluating Automatic Evaluation Metrics for Machine Translation" (COLING 2004), i.e. NLTK's
   ``SmoothingFunction().method2``. Its Figure 4 plots this metric against source length, which
-  :func:`bleu_by_length` reproduces.
+  :func:`bleu_by_length` reproduces. Its tokens are spaCy's words with a translation's ``<unk>``
+  as one word (``cometnmt.data.tokenizers.metric_tokenizer``), as in the model's own output.
 
 Significance is estimated with paired bootstrap resampling (Koehn, 2004, "Statistical
 Significance Tests for Machine Translation Evaluation", EMNLP 2004).

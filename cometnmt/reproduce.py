@@ -100,13 +100,13 @@ def _specs(args, rows: list[str]) -> list[RunSpec]:
 
 def _evaluate_run(args, run: Path) -> dict:
     """Greedy-decode the validation and test splits with the run's best checkpoint."""
-    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.data.tokenizers import SpacyTokenizer, metric_tokenizer
     from cometnmt.evaluation import evaluate
     from cometnmt.inference import Translator
 
     translator = Translator.from_checkpoint(run / "best.pt", args.device)
     dcfg = dataclasses.replace(translator.cfg.decode, method="greedy")
-    tgt_tok, src_tok = SpacyTokenizer(translator.cfg.data.tgt_lang), SpacyTokenizer(translator.cfg.data.src_lang)
+    tgt_tok, src_tok = metric_tokenizer(translator.cfg.data.tgt_lang), SpacyTokenizer(translator.cfg.data.src_lang)
     out = {}
     for split in ("valid", "test"):
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
@@ -254,7 +254,7 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     for all seeds; see :func:`~cometnmt.evaluation.paired_bootstrap_runs`). Pairs whose hypotheses are
     gone (merged runs) take their rows from the earlier report; its pooled rows replace ours when they
     cover all of this report's seed pairs and ours do not."""
-    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.data.tokenizers import metric_tokenizer
     from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
     results, seeds, runs_c, runs_t, tok, refs, lc = [], [], [], [], None, None, False
@@ -267,7 +267,7 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
             continue
         if tok is None:
             _, refs, cfg = _test_corpus(args, out, comet)
-            tok, lc = SpacyTokenizer(cfg.data.tgt_lang).tokenize, cfg.data.lowercase
+            tok, lc = metric_tokenizer(cfg.data.tgt_lang).tokenize, cfg.data.lowercase
         for metric in ("paper", "bleu"):
             res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok, lowercase=lc)
             results.append({"seed": comet["seed"], **res})

@@ -127,12 +127,12 @@ def decode_by_length(translator: Translator, split: str, stats=None) -> dict[str
     the running statistics (``stats`` None) or with that bucket's training statistics."""
     import dataclasses
 
-    from cometnmt.data.tokenizers import SpacyTokenizer
+    from cometnmt.data.tokenizers import metric_tokenizer
     from cometnmt.evaluation import paper_sentence_bleu
 
     cfg = translator.cfg
     corpus = read_split(cfg.data, split)
-    tgt_tok = SpacyTokenizer(cfg.data.tgt_lang)
+    tgt_tok = metric_tokenizer(cfg.data.tgt_lang)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, s in enumerate(corpus.src):
         groups[bucket_of(len(translator.codec.src_tok.tokenize(s)))].append(i)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from cometnmt.data.pipeline import read_split
-from cometnmt.data.tokenizers import SpacyTokenizer
+from cometnmt.data.tokenizers import metric_tokenizer
 from cometnmt.evaluation import evaluate, paired_bootstrap
 from cometnmt.inference import Translator
 from cometnmt.models.comet import MaskedBatchNorm
@@ -71,7 +71,7 @@ def ablate(translator: Translator, split: str, limit: int | None, bootstrap: int
     corpus = read_split(cfg.data, split)
     src, refs = corpus.src[:limit], corpus.tgt[:limit]
     decode = dataclasses.replace(cfg.decode, method="greedy")
-    tok = SpacyTokenizer(cfg.data.tgt_lang).tokenize
+    tok = metric_tokenizer(cfg.data.tgt_lang).tokenize
     lengths = [len(t) for t in translator.codec.src_tok.tokenize_many(src)]
     buckets = bucket_labels(cfg.model.comet.bn_length_bounds)
     hyps, scores = {}, {}

@@ -29,6 +29,7 @@ from cometnmt.data import (
     tokenizer_from_state,
 )
 from cometnmt.errors import DataError
+from cometnmt.data.tokenizers import metric_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,8 @@ def test_a_translations_unk_tokenises_back_to_unk(lang, tokens) -> None:
     assert codec_tok.tokenize(text) == tokens and codec_tok.tokenize_many([text, text]) == [tokens, tokens]
     assert build_tokenizer("spacy", lang, [], lowercase=True, sp_vocab_size=0, sp_model_type="unigram").tokenize(
         text.upper()) == [t.lower() for t in tokens]  # "<UNK>" lowercased is the unknown word too
-    assert "<unk>" not in SpacyTokenizer(lang).tokenize(text)  # metrics' tokenizers: spaCy's own tokens, as before
+    assert metric_tokenizer(lang).tokenize(text) == tokens  # the paper metric's: one word too
+    assert "<unk>" not in SpacyTokenizer(lang).tokenize(text)  # spaCy's own tokens without unk_word
 
 
 @pytest.mark.parametrize("lang, text", [

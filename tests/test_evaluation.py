@@ -308,3 +308,27 @@ def test_the_table_says_when_no_length_has_enough_sentences():
     assert "(lengths with at least 3 sentences)" in table and "none:" not in table
     assert re.search(r"^ +3 +3 +[0-9.]+$", table, re.M)  # length 3 (tokens), 3 sentences
     assert "by source length" not in format_table(score(["A dog."], ["A dog."], lang="en"))  # not asked for
+
+
+@pytest.mark.parametrize("hyp", [
+    "A man in a <unk> shirt is sitting on a <unk> .",
+    "A man in a <unk>-shirt is sitting on a bench.",
+    "Un homme en <unk>-shirt assis sur un banc.",
+])
+def test_paper_metric_counts_the_models_unknown_word_as_one_word(hyp) -> None:
+    """A translation writes the model's unknown word as the text <unk>, one token of its output, and
+    the paper scores the model's tokens. spaCy alone cut it into '<', 'unk', '>' (three unmatched
+    tokens in place of one) and '<unk>-shirt' into '<', 'unk>-shirt', losing the match of 'shirt'.
+    Every tokenizer the paper metric is computed with (evaluate, validation, reproduce) now reads it
+    as one word: the score equals that of any other word the reference lacks."""
+    from cometnmt.evaluation import score
+
+    lang = "fr" if hyp.startswith("Un") else "en"
+    ref = ("Un homme en t-shirt rouge est assis sur un banc." if lang == "fr"
+           else "A man in a red t-shirt is sitting on a wooden bench.")
+    other = hyp.replace("<unk>", "zzyzx")  # a word the reference lacks
+    assert score([hyp], [ref], lang=lang)["paper_bleu"] == pytest.approx(score([other], [ref], lang=lang)["paper_bleu"])
+    from cometnmt.data.tokenizers import metric_tokenizer, paper_tokenizer
+
+    for tok in (metric_tokenizer(lang), paper_tokenizer(lang)):
+        assert tok.tokenize(hyp) == [t.replace("zzyzx", "<unk>") for t in tok.tokenize(other)]

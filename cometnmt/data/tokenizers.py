@@ -106,7 +106,7 @@ class SpacyTokenizer:
     ``unk_word``: read the text ``<unk>`` as the single token ``<unk>`` (the unknown word), and
     place it as a word when detokenizing, as a model's codec does: a translation holding ``<unk>``
     then tokenises back to the tokens it was decoded from, so ``logprob`` scores it as search did.
-    Off for the tokenizers of metrics, whose tokens of a hypothesis stay as they were."""
+    The paper metric's tokenizer (:func:`metric_tokenizer`) reads it so too."""
 
     kind = "spacy"
 
@@ -165,12 +165,21 @@ class SpacyTokenizer:
         return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
 
 
+def metric_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer:
+    """The tokenizer the COMET paper's metric (and BLEU by length) is computed with: spaCy's words
+    of ``lang``, the text ``<unk>`` read as one word (``unk_word``). The paper scores the model's
+    tokens, where the unknown word is one token; spaCy alone cut it into "<", "unk", ">" (three
+    unmatched tokens) and glued it onto a neighbour ("<unk>-shirt" -> "<", "unk>-shirt", losing the
+    match of "shirt"). Raises :class:`DataError` where spaCy cannot tokenise ``lang``."""
+    return SpacyTokenizer(lang, lowercase=lowercase, unk_word=True)
+
+
 def paper_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer | None:
-    """spaCy's tokenizer of ``lang`` for the COMET paper's metric, or None, with a warning that
-    names why, where spaCy cannot tokenise ``lang`` (Japanese without SudachiPy, a language spaCy
-    lacks): scores are then sacreBLEU's BLEU and chrF without the paper metric."""
+    """:func:`metric_tokenizer`, or None, with a warning that names why, where spaCy cannot
+    tokenise ``lang`` (Japanese without SudachiPy, a language spaCy lacks): scores are then
+    sacreBLEU's BLEU and chrF without the paper metric."""
     try:
-        return SpacyTokenizer(lang, lowercase=lowercase)
+        return metric_tokenizer(lang, lowercase=lowercase)
     except DataError as exc:
         logger.warning("%s: scores are BLEU and chrF without the COMET paper's metric", exc)
         return None
