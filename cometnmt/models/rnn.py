@@ -4,8 +4,9 @@ lecture notes (papers/nmt_architectures_lecture.md, "RNN + Attention Recap").
 * Encoder: embeddings, then a bidirectional GRU or LSTM over the packed source
   (``pack_padded_sequence``), so padding never enters the recurrence; each direction has
   hidden_size/2 units and the annotation h_j = [h_j->; h_j<-] has hidden_size.
-* Bridge: the decoder starts from s_0 = tanh(W_b [h_n->; h_1<-] + b) (Bahdanau's initial state,
-  one block of W_b per decoder layer; the LSTM memory cell gets its own bridge), or from zeros.
+* Bridge: the decoder starts from s_0 = tanh(W_b [h_n->; h_1<-] + b) (after Bahdanau's initial
+  state, which reads the backward state h_1<- alone; one block of W_b per decoder layer; the LSTM
+  memory cell gets its own bridge), or from zeros.
 * Decoder (Luong's global attention with input feeding): at step t
     s_t   = RNN(s_{t-1}, [E y_{t-1}; a~_{t-1}])     input feeding: the previous attentional vector
     alpha = softmax_j score(s_t, h_j)                padded j masked
@@ -13,7 +14,8 @@ lecture notes (papers/nmt_architectures_lecture.md, "RNN + Attention Recap").
     a~_t  = tanh(W_c [c_t; s_t])                     the attentional vector
     p(y_t | y_<t, x) = softmax(W_o a~_t + b_o)       ``out_proj``
 * Scores (lecture slide "Other ways to compute attention"): dot s^T h; scaled_dot s^T h / sqrt(d);
-  general s^T W_a h; additive v^T tanh(W_q s + W_k h + b) (Bahdanau's MLP).
+  general s^T W_a h; additive v^T tanh(W_q s + W_k h + b) (Bahdanau's MLP). The slide's "local"
+  score a(s) = W_a s (Luong's location-based attention, blind to the source) is not offered.
 
 Choices the sources leave open, made here: the query is the current top decoder state s_t for
 every score (Luong), not s_{t-1}; dropout is applied to embeddings, between stacked layers
