@@ -1,6 +1,7 @@
-"""The batch-norm scripts on tiny COMET runs, neither touching the checkpoint: batchnorm_by_length.py
-(statistics by length bucket; decoding with running vs per-length statistics) and
-bn_length_ablation.py (a per-length checkpoint decoded with its per-length and its pooled statistics)."""
+"""The analysis scripts on tiny COMET runs, none touching the checkpoint: batchnorm_by_length.py
+(statistics by length bucket; decoding with running vs per-length statistics),
+bn_length_ablation.py (a per-length checkpoint decoded with its per-length and its pooled statistics), and
+replace_unk_effect.py (outputs scored with <unk>, a placeholder word and the copied source words)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,20 @@ def test_bn_length_ablation_script_on_a_tiny_run(tmp_path):
     tiny_run(plain)  # COMET without length buckets
     proc = script("scripts/bn_length_ablation.py", str(plain / "best.pt"))
     assert proc.returncode != 0 and "bn_length_bounds" in proc.stderr
+
+
+def test_replace_unk_effect_script_on_a_tiny_run(tmp_path):
+    """scripts/replace_unk_effect.py: three versions of one translation, scored; the tiny model
+    writes <unk> often, so the copies differ from the placeholder."""
+    run = tmp_path / "run"
+    tiny_run(run)
+    out = tmp_path / "effect.json"
+    proc = script("scripts/replace_unk_effect.py", str(run / "best.pt"), "--splits", "valid", "--limit", "12",
+                  "--device", "cpu", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [result] = json.loads(out.read_text())
+    assert result["split"] == "valid" and result["sentences"] == 12
+    assert 0 < result["unk_tokens"] <= result["output_tokens"] and 0 <= result["copies_in_reference"] <= result["unk_tokens"]
+    assert set(result["scores"]) == {"as written", "placeholder", "replace_unk"}
+    assert all(0 <= s["bleu"] <= 100 and 0 <= s["chrf"] <= 100 for s in result["scores"].values())
+    assert "copies found in their reference" in proc.stdout
