@@ -28,8 +28,8 @@ from cometnmt.data import (
     read_parallel,
     tokenizer_from_state,
 )
-from cometnmt.errors import DataError
 from cometnmt.data.tokenizers import metric_tokenizer
+from cometnmt.errors import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -321,6 +321,7 @@ def test_paper_metric_counts_the_models_unknown_word_as_one_word(hyp) -> None:
     tokens in place of one) and '<unk>-shirt' into '<', 'unk>-shirt', losing the match of 'shirt'.
     Every tokenizer the paper metric is computed with (evaluate, validation, reproduce) now reads it
     as one word: the score equals that of any other word the reference lacks."""
+    from cometnmt.data.tokenizers import metric_tokenizer, paper_tokenizer
     from cometnmt.evaluation import score
 
     lang = "fr" if hyp.startswith("Un") else "en"
@@ -328,7 +329,5 @@ def test_paper_metric_counts_the_models_unknown_word_as_one_word(hyp) -> None:
            else "A man in a red t-shirt is sitting on a wooden bench.")
     other = hyp.replace("<unk>", "zzyzx")  # a word the reference lacks
     assert score([hyp], [ref], lang=lang)["paper_bleu"] == pytest.approx(score([other], [ref], lang=lang)["paper_bleu"])
-    from cometnmt.data.tokenizers import metric_tokenizer, paper_tokenizer
-
     for tok in (metric_tokenizer(lang), paper_tokenizer(lang)):
         assert tok.tokenize(hyp) == [t.replace("zzyzx", "<unk>") for t in tok.tokenize(other)]
