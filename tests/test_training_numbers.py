@@ -118,3 +118,17 @@ def test_a_save_every_checkpoint_write_is_not_counted_as_training_time(tmp_path,
     # write left out the others are as fast within the spread of their batches' sizes
     rates = [r["tgt_tokens_per_s"] for r in records]
     assert min(rates) > 0 and max(rates) / min(rates) < 100, rates
+
+
+def test_the_validation_log_says_when_the_paper_metric_was_lowercased(tmp_path, data_dir, caplog):
+    """A model trained with data.lowercase is validated on lowercased references; train.log's epoch
+    line said only "COMET paper metric", as for a cased model (evaluate's table said "lowercased")."""
+    import logging
+
+    from cometnmt.evaluation import paper_label
+
+    caplog.set_level(logging.INFO, logger="cometnmt")
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "data.lowercase=true", "train.valid_bleu=true",
+                                    "train.valid_bleu_max_sentences=10"))
+    assert f"{paper_label(True)} " in (tmp_path / "train.log").read_text(encoding="utf-8")
+    assert paper_label(True) != paper_label(False)

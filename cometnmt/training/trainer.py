@@ -42,7 +42,7 @@ from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import select_tags
 from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
-from cometnmt.evaluation import PAPER_BLEU_LABEL, corpus_scores, paper_bleu
+from cometnmt.evaluation import corpus_scores, paper_bleu, paper_label
 from cometnmt.inference import Translator
 from cometnmt.interrupts import deferred, first_raises
 from cometnmt.models.base import Seq2Seq
@@ -483,7 +483,7 @@ class Trainer:
             "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
             self.epoch, metrics["val_loss"], metrics["val_loss_per_100_tokens"],
             (f", val BLEU {metrics['val_bleu']:.2f}" if "val_bleu" in metrics else "")
-            + (f", {PAPER_BLEU_LABEL} {metrics['val_paper_bleu']:.2f}" if "val_paper_bleu" in metrics else ""),
+            + (f", {paper_label(self.cfg.data.lowercase)} {metrics['val_paper_bleu']:.2f}" if "val_paper_bleu" in metrics else ""),
         )
 
     def update_stopping(self, m: dict) -> bool:
