@@ -308,7 +308,7 @@ class Translator:
         vocabulary keeps every piece of its training text, and a copied piece is no target piece."""
         kinds = {self.codec.src_tok.kind, self.codec.tgt_tok.kind}
         if decode.replace_unk and kinds != {"spacy"}:
-            raise ConfigError(f"{setting('replace_unk', True, flags) if flags else 'decode.replace_unk'}: copies source "
+            raise ConfigError(f"{'--replace-unk' if flags else 'decode.replace_unk'}: copies source "
                               f"words in place of <unk>, for word vocabularies (data.tokenizer: spacy); this model's "
                               f"tokenizer is {' and '.join(sorted(kinds))}")
 

@@ -660,6 +660,8 @@ def test_replace_unk_is_for_word_vocabularies(translator, tmp_path, data_dir):
     pieces = Translator(translator.model, codec, translator.cfg, torch.device("cpu"))
     with pytest.raises(cometnmt.ConfigError, match=r"^decode.replace_unk: .* tokenizer is sentencepiece and spacy"):
         pieces.translate(["Ein Hund."], replace_unk=True)
+    with pytest.raises(cometnmt.ConfigError, match=r"^--replace-unk: copies source words"):  # as the commands name it
+        pieces._decode(None, flags=True, replace_unk=True)
 
 
 def test_a_failed_run_says_why_in_its_train_log(tmp_path, data_dir, monkeypatch):
