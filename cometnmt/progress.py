@@ -15,10 +15,15 @@ LOG_FILE_INTERVAL = 30.0
 def progress_bar(*args, **kwargs) -> tqdm:
     """A tqdm bar on stderr. In a terminal it redraws as tqdm does; into a file or pipe at most every
     :data:`LOG_FILE_INTERVAL` seconds (and once at the end), unless ``mininterval`` is given or the
-    environment sets ``TQDM_MININTERVAL`` (tqdm's own variable)."""
+    environment sets ``TQDM_MININTERVAL`` (tqdm's own variable). tqdm's ``maxinterval`` is raised
+    to the minimum interval, so that its monitor thread does not redraw more often."""
     stream = kwargs.get("file") or sys.stderr
     if "mininterval" not in kwargs and "TQDM_MININTERVAL" not in os.environ and not _is_terminal(stream):
         kwargs["mininterval"] = LOG_FILE_INTERVAL
+    if "mininterval" in kwargs and "maxinterval" not in kwargs and "TQDM_MAXINTERVAL" not in os.environ:
+        # tqdm's monitor thread redraws a bar not drawn for `maxinterval` seconds (default 10): below
+        # the minimum interval it drew a frame every 10-20 s into the log, not every 30 s
+        kwargs["maxinterval"] = max(10.0, float(kwargs["mininterval"]))
     return tqdm(*args, **kwargs)
 
 

@@ -35,3 +35,18 @@ def test_the_interval_can_be_set():
                           check=True).stdout.strip() == "2.0"
     with progress_bar(total=3, file=io.StringIO(), mininterval=5) as bar:
         assert bar.mininterval == 5
+
+
+def test_tqdms_monitor_thread_does_not_redraw_a_log_file_sooner(monkeypatch):
+    """tqdm's monitor thread redraws a bar whose last frame is `maxinterval` (10 s) old: with the
+    30 s minimum a training log got a frame every 10-20 s. The maximum now follows the minimum."""
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+    monkeypatch.delenv("TQDM_MAXINTERVAL", raising=False)
+    with progress_bar(total=3, file=io.StringIO()) as bar:
+        assert bar.maxinterval >= bar.mininterval == LOG_FILE_INTERVAL
+    with progress_bar(total=3, file=io.StringIO(), mininterval=60) as bar:
+        assert bar.maxinterval == 60
+    with progress_bar(total=3, file=io.StringIO(), mininterval=5, maxinterval=7) as bar:
+        assert bar.maxinterval == 7  # the caller's
+    with progress_bar(total=3, file=Terminal()) as bar:
+        assert bar.maxinterval == 10  # tqdm's own

@@ -446,7 +446,8 @@ class Trainer:
                 # per target token, weighted as the objective weights them: the window's mean, not its last micro-batch's
                 record.update({f"loss_{k}": v / max(window_tokens, 1) for k, v in zip(window_extra, sums[1:])})
                 self.log_metrics(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}")
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}",
+                                refresh=False)  # shown at the bar's next redraw, not a frame of its own
                 window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
                 window_extra = {}
             if self.tc.save_every and self.step % self.tc.save_every == 0:
