@@ -442,6 +442,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'train.compile_mode': {cfg.train.compile_mode!r} needs train.compile: true")
     if len(cfg.train.betas) != 2:
         raise ConfigError(f"config key 'train.betas': expected two numbers, got {cfg.train.betas}")
+    if not all(0.0 <= beta < 1.0 for beta in cfg.train.betas):  # nan fails too; was torch's error after the data had loaded
+        raise ConfigError(f"config key 'train.betas': Adam's two decay rates must be in [0, 1), got {cfg.train.betas}")
     positive = {
         "train.batch_tokens": cfg.train.batch_tokens,
         "train.accum_steps": cfg.train.accum_steps,
@@ -491,6 +493,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
                           f"got {cfg.data.max_vocab}")
     _check_sampling(cfg.decode)
+    _check_search(cfg.decode)
     if cfg.decode.method != "sample" and cfg.decode.nbest > cfg.decode.beam_size:
         raise ConfigError(f"config key 'decode.nbest': {cfg.decode.nbest} exceeds decode.beam_size={cfg.decode.beam_size}")
     if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
@@ -562,6 +565,20 @@ def changed_keys(old: dict, new: dict, prefix: str = ""):
             yield from changed_keys(a, b, f"{prefix}{key}.")
         elif a != b:
             yield f"{prefix}{key}", a, b
+
+
+def _check_search(decode: DecodeConfig) -> None:
+    """The length penalty and length bound (checked whatever ``decode.method`` is). A nan or
+    negative bound gave one-token outputs without a word; the penalty follows --length-penalty's rule."""
+    if not (math.isfinite(decode.length_penalty) and decode.length_penalty >= 0):
+        raise ConfigError(f"config key 'decode.length_penalty': must be a finite number at least 0, got {decode.length_penalty}")
+    if not (math.isfinite(decode.max_len_a) and decode.max_len_a >= 0):
+        raise ConfigError(f"config key 'decode.max_len_a': must be a finite number at least 0, got {decode.max_len_a}")
+    if decode.max_len_b < 0:
+        raise ConfigError(f"config key 'decode.max_len_b': must be at least 0, got {decode.max_len_b}")
+    if decode.max_len_a == 0 and decode.max_len_b < 1:
+        raise ConfigError("config key 'decode.max_len_b': must be at least 1 with decode.max_len_a: 0 (the bound on "
+                          "output tokens is max_len_a * source tokens + max_len_b)")
 
 
 def _check_sampling(decode: DecodeConfig) -> None:

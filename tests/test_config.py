@@ -131,6 +131,14 @@ def test_attention_dropout_is_checked_and_named():
     (["decode.sampling_seed=-3"], "config key 'decode.sampling_seed': must be in [0, 2**63) (or null), got -3"),
     (["decode.sampling_seed=1.5"], "config key 'decode.sampling_seed': expected"),
     (["decode.method=sampling"], "'decode.method': 'sampling' is not allowed; expected one of 'greedy', 'beam', 'sample'"),
+    (["decode.length_penalty=.nan"], "config key 'decode.length_penalty': must be a finite number at least 0, got nan"),
+    (["decode.length_penalty=-1"], "config key 'decode.length_penalty': must be a finite number at least 0, got -1.0"),
+    (["decode.max_len_a=-1"], "config key 'decode.max_len_a': must be a finite number at least 0, got -1.0"),
+    (["decode.max_len_a=.nan"], "config key 'decode.max_len_a': must be a finite number at least 0, got nan"),
+    (["decode.max_len_b=-2"], "config key 'decode.max_len_b': must be at least 0, got -2"),
+    (["decode.max_len_a=0", "decode.max_len_b=0"], "config key 'decode.max_len_b': must be at least 1 with decode.max_len_a: 0"),
+    (["train.betas=[1.5, 0.98]"], "config key 'train.betas': Adam's two decay rates must be in [0, 1), got [1.5, 0.98]"),
+    (["train.betas=[0.9, .nan]"], "config key 'train.betas': Adam's two decay rates must be in [0, 1), got [0.9, nan]"),
 ])
 def test_values_that_used_to_fail_mid_run_are_config_errors(overrides, needle):
     """Each of these trained until a traceback after an epoch, or (warmup 0) silently at lr 0; the
