@@ -20,10 +20,14 @@ def progress_bar(*args, **kwargs) -> tqdm:
     stream = kwargs.get("file") or sys.stderr
     if "mininterval" not in kwargs and "TQDM_MININTERVAL" not in os.environ and not _is_terminal(stream):
         kwargs["mininterval"] = LOG_FILE_INTERVAL
-    if "mininterval" in kwargs and "maxinterval" not in kwargs and "TQDM_MAXINTERVAL" not in os.environ:
+    minimum = kwargs.get("mininterval", os.environ.get("TQDM_MININTERVAL"))
+    if minimum is not None and "maxinterval" not in kwargs and "TQDM_MAXINTERVAL" not in os.environ:
         # tqdm's monitor thread redraws a bar not drawn for `maxinterval` seconds (default 10): below
         # the minimum interval it drew a frame every 10-20 s into the log, not every 30 s
-        kwargs["maxinterval"] = max(10.0, float(kwargs["mininterval"]))
+        try:
+            kwargs["maxinterval"] = max(10.0, float(minimum))
+        except ValueError:  # tqdm's own error names its variable
+            pass
     return tqdm(*args, **kwargs)
 
 

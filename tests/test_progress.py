@@ -50,3 +50,6 @@ def test_tqdms_monitor_thread_does_not_redraw_a_log_file_sooner(monkeypatch):
         assert bar.maxinterval == 7  # the caller's
     with progress_bar(total=3, file=Terminal()) as bar:
         assert bar.maxinterval == 10  # tqdm's own
+    monkeypatch.setenv("TQDM_MININTERVAL", "45")  # tqdm reads it at import; the maximum follows it here
+    with progress_bar(total=3, file=io.StringIO()) as bar:
+        assert bar.maxinterval == 45
