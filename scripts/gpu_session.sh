@@ -10,8 +10,8 @@
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
-# PART (`next` runs benchq, check, benchcg and benchpp once, then tpp, one call after another while
-# warm: call it until tpp's report lists no missing run), in order of priority (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# PART (`next` runs benchq and benchpp once, then tpp until its report lists no missing run, then
+# check and benchcg, one call after another while warm), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; benchq and single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
@@ -145,13 +145,17 @@ case "$part" in
       > "$out/cgrun.log" 2>&1 || true
     keep reports/gpu_cudagraphs_run ;;
   next)  # what the next session should run, in one call after another while the machine is warm:
-    # benchq, check, benchcg (only once check passed) and benchpp once each (markers in the ignored
-    # runs/gpu_session/, which a warm machine keeps between calls as it keeps runs; set before starting, so a piece that fails or overruns is not retried
-    # forever), then tpp until it finishes. Each piece is bounded so that the call ends before the
-    # 600 s limit of a call (tpp's training stops ~55 s before, for decoding and packing; should
-    # decoding the runs that finished at the deadline run on past 580 s, tpp is stopped there and its
-    # runs packed as they are: the next call evaluates them); a piece without the time it needs left
-    # waits for the next call
+    # benchq and benchpp once each (issues 3 and 4's eager speed ratios), then tpp until its report
+    # lists no missing run (issue 4's quality; at most 3 calls), then check and benchcg (CUDA graphs:
+    # the lever should an eager ratio miss). Markers in the ignored runs/gpu_session/, which a warm
+    # machine keeps between calls as it keeps runs, are set before a piece starts, so a piece that
+    # fails or overruns is not retried forever. That order fits one session's 30 device minutes
+    # (start ~1.5 min, benchq ~5 and benchpp ~3 in the first call, tpp ~14 in the next two; the
+    # estimates of stop 21); the CUDA-graph pieces (~10 min) come in the session after. Each piece
+    # is bounded so that the call ends before the 600 s limit of a call (tpp's training stops ~55 s
+    # before, for decoding and packing; should decoding the runs that finished at the deadline run
+    # on past 580 s, tpp is stopped there and its runs packed as they are: the next call evaluates
+    # them); a piece without the time it needs left waits for the next call
     left() { echo $((560 - SECONDS)); }
     mkdir -p runs/gpu_session
     once() {  # once PART SECONDS_NEEDED: run PART unless tried before or too little time is left
@@ -163,16 +167,22 @@ case "$part" in
       grep -h "^ratio\|^COMET/Transformer\|: ok:\|: FAIL" "$out/$1.log" || tail -8 "$out/$1.log"
     }
     once benchq 300 || exit 0
-    once check 300 || exit 0
-    if [ -f runs/gpu_session/check.ok ]; then once benchcg 420 || exit 0; fi
     once benchpp 240 || exit 0
-    if [ "$(left)" -lt 150 ]; then
-      echo "no time left in this call for tpp: call next again while the machine is warm"
-    else
+    tpp_report=reports/transformer_pp_en_de_attention_dropout/report.md
+    tpp_calls=$(find runs/gpu_session -name 'tpp.call*' | wc -l)
+    if [ "$tpp_calls" -lt 3 ] && { [ ! -f "$tpp_report" ] || grep -q "not finished" "$tpp_report"; }; then
+      if [ "$(left)" -lt 150 ]; then
+        echo "no time left in this call for tpp: call next again while the machine is warm"; exit 0
+      fi
+      touch "runs/gpu_session/tpp.call$((tpp_calls + 1))"
       DEADLINE=$((545 - SECONDS)) timeout -k 10 $((580 - SECONDS)) bash "$0" tpp \
         || { echo "tpp stopped at 580 s or failed; packing its runs as they are"; keep reports/transformer_pp_en_de_attention_dropout; }
       tail -5 "$out/tpp.log"
-    fi ;;
+      exit 0
+    fi
+    once check 300 || exit 0
+    if [ -f runs/gpu_session/check.ok ]; then once benchcg 420 || exit 0; fi
+    echo "next: every piece ran; cgrun and gridtime remain (see the top of this file)" ;;
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
     # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
     # benchcg's timings mean something only if this passes
