@@ -9,7 +9,8 @@ time than in training: a candidate cause of COMET's deficit on short sentences (
 For a COMET checkpoint this script runs the encoder over the training batches exactly as the trainer
 cuts them, its batch norms normalising with batch statistics as in training (dropout off, running
 statistics restored afterwards), and for every MaskedBatchNorm reports by the batch's mean source
-length:
+length (a temporal-convolution decoder's batch norms too: its teacher-forced pass over the same
+batches, still grouped by the source length, which is known when translating):
 
 * shift: mean over channels of |batch mean - running mean| / running std;
 * scale: mean over channels of |log(batch var / running var)| / 2 (log of the std ratio).
@@ -17,7 +18,8 @@ length:
 With ``--eval-split``, it also decodes that split greedily three times: with the running statistics,
 with the mean statistics of all training batches (the control: no moving-average noise, no length),
 and with each length bucket's own training statistics; and prints the paper's metric by source
-length for each.
+length for each. With decoder batch norms, a fourth decode gives per-length statistics to the
+encoder's batch norms only (the decoder keeps its running statistics), which separates the two.
 
     python scripts/batchnorm_by_length.py runs/multi30k/comet/best.pt [--eval-split valid] [--out bn.json]
 """
@@ -58,6 +60,7 @@ def batch_moments(translator: Translator, batches: list[list[int]], data) -> lis
         sys.exit("this checkpoint has no batch norm (not COMET, or comet.batch_norm: false)")
     if any(m.length_bounds for _, m in norms):
         sys.exit("this checkpoint already keeps batch-norm statistics per length (comet.bn_length_bounds)")
+    decoder_norms = any(name.startswith("decoder.") for name, _ in norms)
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def hook(name):
@@ -73,9 +76,11 @@ def batch_moments(translator: Translator, batches: list[list[int]], data) -> lis
         m.train()  # batch statistics, as in training; the rest of the model stays in eval mode
     rows = []
     with torch.no_grad():
-        for idx in tqdm(batches, desc="encoder over training batches", unit="batch"):
+        for idx in tqdm(batches, desc="model over training batches", unit="batch"):
             b = collate([data.src_ids[i] for i in idx], [data.tgt_ids[i] for i in idx], idx)
-            model.encode(b.src, b.src_pad_mask)
+            memory = model.encode(b.src, b.src_pad_mask)
+            if decoder_norms:  # teacher-forced, as in training
+                model.decode(b.tgt_in, memory)
             rows.append({"length": b.n_src_tokens / len(idx), "moments": dict(seen)})
     for name, m in norms:
         m.eval()
@@ -115,6 +120,11 @@ def per_length_stats(rows: list[dict]) -> dict[str, dict[str, tuple[torch.Tensor
     return {b: mean_moments(group) for b, group in groups.items()}
 
 
+def encoder_only(stats: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """``stats`` without the decoder's batch norms (they keep their running statistics)."""
+    return {b: {n: v for n, v in per.items() if not n.startswith("decoder.")} for b, per in stats.items()}
+
+
 def pooled_stats(rows: list[dict]) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """The control for :func:`per_length_stats`: every bucket gets the mean over all training batches
     (a re-estimate of the running statistics without their moving-average noise or length)."""
@@ -142,9 +152,9 @@ def decode_by_length(translator: Translator, split: str, stats=None) -> dict[str
     scores = {}
     for b, idx in sorted(groups.items()):
         if stats is not None and b in stats:
-            for n, m in norms.items():
-                m.running_mean.copy_(stats[b][n][0])
-                m.running_var.copy_(stats[b][n][1])
+            for n, (mean, var) in stats[b].items():
+                norms[n].running_mean.copy_(mean)
+                norms[n].running_var.copy_(var)
         hyps = [h[0].text for h in translator.translate([corpus.src[i] for i in idx], decode)]
         scores[b] = statistics.fmean(paper_sentence_bleu(tgt_tok.tokenize(h), tgt_tok.tokenize(corpus.tgt[i]))
                                      for h, i in zip(hyps, idx))
@@ -153,6 +163,12 @@ def decode_by_length(translator: Translator, split: str, stats=None) -> dict[str
             m.running_mean.copy_(saved[n][0])
             m.running_var.copy_(saved[n][1])
     return scores
+
+
+def overall(scores: dict[str, float], labels: list[str]) -> float:
+    """The whole split's mean from the buckets' means, weighted by their sentence counts."""
+    n = sum(scores.get(f"{b} n", 0) for b in labels)
+    return sum(scores[b] * scores[f"{b} n"] for b in labels if f"{b} n" in scores) / n if n else math.nan
 
 
 def main(argv=None) -> int:
@@ -188,11 +204,16 @@ def main(argv=None) -> int:
         running = decode_by_length(translator, args.eval_split)
         per_length = decode_by_length(translator, args.eval_split, per_length_stats(rows))
         pooled = decode_by_length(translator, args.eval_split, pooled_stats(rows))
+        decodes = [("running", running), ("all batches", pooled), ("per length", per_length)]
+        if any(n.startswith("decoder.") for n in rows[0]["moments"]):
+            encoder_per_length = decode_by_length(translator, args.eval_split, encoder_only(per_length_stats(rows)))
+            decodes.insert(2, ("per length, encoder only", encoder_per_length))
+            result["per_length_encoder_only"] = encoder_per_length
         print(f"\n{args.eval_split}: paper's metric by source length (greedy)")
-        print(f"{'statistics':14s} " + " ".join(f"{b:>8s}" for b in labels))
-        for label, sc in (("running", running), ("all batches", pooled), ("per length", per_length)):
-            print(f"{label:14s} " + " ".join(f"{sc.get(b, math.nan):8.2f}" for b in labels))
-        print(f"{'sentences':14s} " + " ".join(f"{running.get(f'{b} n', 0):8d}" for b in labels))
+        print(f"{'statistics':26s} " + " ".join(f"{b:>8s}" for b in labels) + f" {'all':>8s}")
+        for label, sc in decodes:
+            print(f"{label:26s} " + " ".join(f"{sc.get(b, math.nan):8.2f}" for b in labels) + f" {overall(sc, labels):8.2f}")
+        print(f"{'sentences':26s} " + " ".join(f"{running.get(f'{b} n', 0):8d}" for b in labels))
         result.update(running=running, all_batches=pooled, per_length=per_length)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str))

@@ -48,6 +48,24 @@ def test_batchnorm_by_length_reports_mismatch_and_per_length_decoding(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)  # the script never writes the checkpoint
 
 
+def test_batchnorm_by_length_covers_a_temporal_convolution_decoder(tmp_path):
+    """The decoder's batch norms are measured over the same training batches (teacher-forced) and
+    decoded with per-length statistics too, besides a decode that gives them to the encoder only."""
+    run = tmp_path / "run"
+    tiny_run(run, "model.comet.decoder=temporal_conv")
+    out = tmp_path / "bn.json"
+    proc = script("scripts/batchnorm_by_length.py", str(run / "best.pt"), "--max-pairs", "300", "--eval-split", "valid",
+                  "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    norms = result["mismatch"]
+    assert sum(name.startswith("encoder.") for name in norms) == 2 * 3
+    assert sum(name.startswith("decoder.") for name in norms) == 2 * 3  # tiny.yaml: 2 decoder units
+    assert all(math.isfinite(v) and v >= 0 for cols in norms.values() for v in cols.values())
+    assert set(result["per_length_encoder_only"]) == set(result["per_length"]) == set(result["running"])
+    assert "per length, encoder only" in proc.stdout
+
+
 def test_bn_length_ablation_script_on_a_tiny_run(tmp_path):
     run = tmp_path / "run"
     before = tiny_run(run, "model.comet.bn_length_bounds=[8,11]")
