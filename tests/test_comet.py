@@ -201,6 +201,46 @@ def test_length_buckets_only_in_the_encoder_and_bad_bounds_are_refused():
             MaskedBatchNorm(4, length_bounds=bad)
 
 
+@pytest.mark.parametrize("decoder_batch_norm", [True, False])
+def test_training_mode_decoder_batch_norm_lets_later_targets_reach_earlier_positions(decoder_batch_norm):
+    """The temporal-convolution decoder is causal in its convolutions and attention, but in training
+    its batch norm normalises with statistics over the whole batch of teacher-forced targets: a
+    position's output then moves when a later target token (of its own sentence or of another)
+    changes. comet.decoder_batch_norm: false removes that path, and with it the dependence."""
+    from cometnmt.config import ModelConfig, from_dict
+    from cometnmt.models import build_model
+
+    cfg = from_dict(ModelConfig, {"arch": "comet", "d_model": 32, "n_heads": 4, "enc_layers": 1, "dec_layers": 2,
+                                  "d_ff": 64, "dropout": 0.0,
+                                  "comet": {"decoder": "temporal_conv", "decoder_batch_norm": decoder_batch_norm}}, "model")
+    torch.manual_seed(0)
+    model = build_model(cfg, 20, 20, 0).train()
+    assert any(isinstance(m, MaskedBatchNorm) for m in model.decoder.modules()) == decoder_batch_norm
+    assert any(isinstance(m, MaskedBatchNorm) for m in model.encoder.modules())  # the encoder keeps its own
+    gen = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 20, (2, 6), generator=gen)
+    tgt = torch.randint(4, 20, (2, 7), generator=gen)
+    changed = tgt.clone()
+    changed[0, 5:] = (changed[0, 5:] + 1 - 4) % 16 + 4  # later tokens of sentence 0
+    changed[1, :] = (changed[1, :] + 1 - 4) % 16 + 4  # every token of sentence 1
+    pad = src.eq(0)
+    with torch.no_grad():
+        before = model(src, pad, tgt)[0, :5]  # positions 0-4 of sentence 0 see only tokens 0-4
+        after = model(src, pad, changed)[0, :5]
+    if decoder_batch_norm:
+        assert not torch.allclose(before, after, atol=1e-6)
+    else:
+        torch.testing.assert_close(before, after, rtol=0, atol=1e-6)
+
+
+def test_decoder_batch_norm_off_needs_a_temporal_convolution_decoder():
+    from cometnmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.comet.decoder_batch_norm"):
+        CometConfig(decoder_batch_norm=False)
+    assert CometConfig(decoder="temporal_conv", decoder_batch_norm=False).decoder_batch_norm is False
+
+
 def test_length_buckets_do_not_change_training():
     """Per-length statistics are bookkeeping: in training, batch norm normalises with the batch's
     own statistics and no random numbers are drawn for the buckets, so COMET with and without

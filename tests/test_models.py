@@ -21,6 +21,7 @@ CASES = {
     "transformer": {"arch": "transformer"},
     "comet": {"arch": "comet"},
     "comet_temporal": {"arch": "comet", "comet": {"decoder": "temporal_conv"}},
+    "comet_temporal_no_decoder_bn": {"arch": "comet", "comet": {"decoder": "temporal_conv", "decoder_batch_norm": False}},
     "comet_ffn1": {"arch": "comet", "comet": {"unit": "ffn1", "ffn1_hidden": 48}},
     "comet_ffn2": {"arch": "comet", "comet": {"unit": "ffn2", "ffn2_hidden": 48}},
     "comet_4layer": {"arch": "comet", "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
