@@ -1,6 +1,7 @@
 """The analysis scripts on tiny COMET runs, none touching the checkpoint: batchnorm_by_length.py
 (statistics by length bucket; decoding with running vs per-length statistics),
-bn_length_ablation.py (a per-length checkpoint decoded with its per-length and its pooled statistics), and
+bn_length_ablation.py (a per-length checkpoint decoded with its per-length and its pooled statistics),
+decoder_bn_leak.py (a temporal-convolution decoder scored with its batch norms on four kinds of statistics), and
 replace_unk_effect.py (outputs scored with <unk>, a placeholder word and the copied source words)."""
 
 from __future__ import annotations
@@ -64,6 +65,28 @@ def test_batchnorm_by_length_covers_a_temporal_convolution_decoder(tmp_path):
     assert all(math.isfinite(v) and v >= 0 for cols in norms.values() for v in cols.values())
     assert set(result["per_length_encoder_only"]) == set(result["per_length"]) == set(result["running"])
     assert "per length, encoder only" in proc.stdout
+
+
+def test_decoder_bn_leak_script_on_a_tiny_run(tmp_path):
+    """scripts/decoder_bn_leak.py: teacher-forced loss with the decoder's batch norms on running,
+    own-batch, other-batch and pooled statistics; refused where the decoder has no batch norm."""
+    run = tmp_path / "run"
+    before = tiny_run(run, "model.comet.decoder=temporal_conv")
+    out = tmp_path / "leak.json"
+    proc = script("scripts/decoder_bn_leak.py", str(run / "best.pt"), "--batch-tokens", "64", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["batches"] >= 2 and result["decoder_batch_norms"] == 2 * 3  # tiny.yaml: 2 decoder units
+    losses = result["loss"]
+    assert set(losses) == {"running", "own batch", "other batch", "pooled"}
+    assert all(math.isfinite(v) and v > 0 for v in losses.values())
+    assert losses["own batch"] != losses["running"]  # the statistics reached the decoder
+    after = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the script never writes the checkpoint
+    plain = tmp_path / "plain"
+    tiny_run(plain, "model.comet.decoder=temporal_conv", "model.comet.decoder_batch_norm=false")
+    proc = script("scripts/decoder_bn_leak.py", str(plain / "best.pt"))
+    assert proc.returncode != 0 and "decoder_batch_norm" in proc.stderr
 
 
 def test_bn_length_ablation_script_on_a_tiny_run(tmp_path):
