@@ -41,6 +41,10 @@
 #            two sessions: GRID_ROWS="comet temporal_conv ffn1 ffn2 src_sos_eos conv4" in one and
 #            GRID_ROWS="transformer dff1024 n4 n2 dm512 dropout03" in the next (18 runs each).
 #            The grid's time is the sum of the calls' wall times (each report.md's header)
+#   tcbn     (not in next; ~9 min, estimate) the temporal-convolution decoder with and without its
+#            batch norm (comet_temporal_conv_no_decoder_bn.yaml against comet_temporal_conv.yaml),
+#            seeds 1-3, Table 1's recipe: does dropping the batch norm whose training statistics
+#            carry the batch's targets close Table 1's 32.5 against the paper's 37.7?
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
 #            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
 #            and the Transformer, seeds 1-3, the Table 1 recipe, 12 runs side by side (may need a
@@ -76,7 +80,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|check|benchcg|cgrun|benchpp|tpp|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -111,6 +115,13 @@ case "$part" in
       --set train.precision=bf16 --set train.valid_bleu_max_sentences=500 \
       --out reports/gpu_grid_extra > "$out/grid_extra.log" 2>&1 || true
     keep reports/gpu_grid_extra ;;
+  tcbn)  # Table 1's temporal-convolution decoder with and without its batch norm, seeds 1-3, Table 1's
+    # recipe, 6 runs side by side (one call, estimate from 12 grid runs in 8-10 min), into
+    # reports/temporal_conv_decoder_bn (one CPU seed: reports/temporal_conv_decoder_bn_cpu)
+    python -m cometnmt compare configs/multi30k/comet_temporal_conv_no_decoder_bn.yaml configs/multi30k/comet_temporal_conv.yaml \
+      --seeds 1 2 3 --jobs 6 --deadline "$deadline" --out reports/temporal_conv_decoder_bn --metrics paper bleu \
+      "${recipe[@]}" > "$out/tcbn.log" 2>&1 || true
+    keep reports/temporal_conv_decoder_bn ;;
   gridtime)
     # GRID_ROWS (default all) times a part of the grid, e.g. half in one session and half in the next
     # (the grid's time is then the sum of both; merge the second report with --merge-report)
@@ -205,5 +216,5 @@ case "$part" in
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, check, benchcg, cgrun, benchpp, tpp, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
