@@ -8,9 +8,9 @@ off) with the decoder's batch norms fed four ways, the encoder's always on their
 
 * running:     the running statistics, as in evaluation and translation;
 * own batch:   each batch's own statistics, as in training (the information translation lacks);
-* other batch: the statistics of the next batch of the split (batches are cut in length order, so
-               sentences of about the same length, but other sentences: what statistics that
-               merely fit the batch's kind would give);
+* other batch: the statistics of the next batch of the split (the one before, for the last; batches
+               are cut in length order, so sentences of about the same length, but other
+               sentences: what statistics that merely fit the batch's lengths would give);
 * pooled:      the mean of all batches' statistics (the running statistics re-estimated on the split).
 
 If "own batch" scores far better than "other batch" and "pooled", the model has learnt to use what
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     losses = {
         "running": loss_with(model, norms, batches, None),
         "own batch": loss_with(model, norms, batches, lambda j: moments[j]),
-        "other batch": loss_with(model, norms, batches, lambda j: moments[(j + 1) % k]),
+        "other batch": loss_with(model, norms, batches, lambda j: moments[j + 1 if j + 1 < k else j - 1]),
         "pooled": loss_with(model, norms, batches, lambda j: pooled),
     }
     print(f"{args.split}: teacher-forced loss (nats per target token), {k} batches of <= {budget} tokens, "
