@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -48,6 +49,18 @@ def decoder_norms(model) -> dict[str, MaskedBatchNorm]:
     return norms
 
 
+@contextmanager
+def running_statistics_kept(norms: dict[str, MaskedBatchNorm]):
+    """The norms' running statistics as they were on entry, again on exit (however it is left)."""
+    saved = {n: (m.running_mean.clone(), m.running_var.clone()) for n, m in norms.items()}
+    try:
+        yield
+    finally:
+        for n, m in norms.items():
+            m.running_mean.copy_(saved[n][0])
+            m.running_var.copy_(saved[n][1])
+
+
 def batch_moments(model, norms: dict[str, MaskedBatchNorm], batches) -> list[Moments]:
     """Each batch's decoder batch-norm input moments, each norm seeing the batch statistics of the
     norms before it (as in training; dropout off)."""
@@ -60,44 +73,35 @@ def batch_moments(model, norms: dict[str, MaskedBatchNorm], batches) -> list[Mom
         return record
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in norms.items()]
-    saved = {n: (m.running_mean.clone(), m.running_var.clone()) for n, m in norms.items()}
-    for m in norms.values():
-        m.train()  # batch statistics; the rest of the model stays in eval mode
     out = []
     try:
-        with torch.no_grad():
+        with running_statistics_kept(norms), torch.no_grad():
+            for m in norms.values():
+                m.train()  # batch statistics; the rest of the model stays in eval mode
             for b in tqdm(batches, desc="decoder statistics", unit="batch"):
                 model(b.src, b.src_pad_mask, b.tgt_in)
                 out.append(dict(seen))
     finally:
         for h in handles:
             h.remove()
-        for n, m in norms.items():
+        for m in norms.values():
             m.eval()
-            m.running_mean.copy_(saved[n][0])
-            m.running_var.copy_(saved[n][1])
     return out
 
 
 def loss_with(model, norms: dict[str, MaskedBatchNorm], batches, stats_of: Optional[Callable[[int], Moments]]) -> float:
     """Teacher-forced loss, nats per target token, with batch j's decoder norms on ``stats_of(j)``
     (None: the running statistics). The running statistics are restored afterwards."""
-    saved = {n: (m.running_mean.clone(), m.running_var.clone()) for n, m in norms.items()}
     total, count = 0.0, 0
-    try:
-        with torch.no_grad():
-            for j, b in enumerate(batches):
-                if stats_of is not None:
-                    for n, (mean, var) in stats_of(j).items():
-                        norms[n].running_mean.copy_(mean)
-                        norms[n].running_var.copy_(var)
-                logits = model(b.src, b.src_pad_mask, b.tgt_in)
-                total += F.cross_entropy(logits.float().flatten(0, 1), b.tgt_out.flatten(), ignore_index=PAD, reduction="sum").item()
-                count += int(b.tgt_out.ne(PAD).sum())
-    finally:
-        for n, m in norms.items():
-            m.running_mean.copy_(saved[n][0])
-            m.running_var.copy_(saved[n][1])
+    with running_statistics_kept(norms), torch.no_grad():
+        for j, b in enumerate(batches):
+            if stats_of is not None:
+                for n, (mean, var) in stats_of(j).items():
+                    norms[n].running_mean.copy_(mean)
+                    norms[n].running_var.copy_(var)
+            logits = model(b.src, b.src_pad_mask, b.tgt_in)
+            total += F.cross_entropy(logits.float().flatten(0, 1), b.tgt_out.flatten(), ignore_index=PAD, reduction="sum").item()
+            count += int(b.tgt_out.ne(PAD).sum())
     return total / count
 
 
