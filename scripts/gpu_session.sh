@@ -44,8 +44,8 @@
 #   tcbn     (not in next; ~15 min in two calls, estimate) the temporal-convolution decoder without
 #            its batch norm, trained on mixed-length batches, and as in Table 1
 #            (comet_temporal_conv_{no_decoder_bn,mixed_batches}.yaml, comet_temporal_conv.yaml), seeds
-#            1-3, Table 1's recipe: do they close Table 1's 32.5 against the paper's 37.7, as the
-#            first did on the CPU (reports/temporal_conv_decoder_bn_cpu)?
+#            1-3, Table 1's recipe: do they close Table 1's 32.5 against the paper's 37.7, as both
+#            did with one CPU seed (38.04 and 40.86 against 34.40; reports/temporal_conv_decoder_bn_cpu)?
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
 #            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
 #            and the Transformer, seeds 1-3, the Table 1 recipe, 12 runs side by side (may need a

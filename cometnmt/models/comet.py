@@ -29,7 +29,8 @@ Choices the paper leaves open, made here:
   neighbouring validation batch (sentences of about the same length) and 1.72 with each batch's
   own: the decoder's statistics depend on length far more than the encoder's, and a little on the
   batch's own targets (scripts/decoder_bn_leak.py, reports/temporal_conv_decoder_bn_cpu).
-  ``comet.decoder_batch_norm: false`` drops this batch norm.
+  ``comet.decoder_batch_norm: false`` drops this batch norm; mixed-length batches
+  (``train.bucket_width``) remove the length part and did better still in that report.
 
 Not in the paper, off by default: ``comet.bn_length_bounds`` keeps the encoder's batch-norm running
 statistics per source-length bucket. Training batches are cut from length buckets, so batch norm
