@@ -202,11 +202,12 @@ def main(argv=None) -> int:
     result = {"checkpoint": args.checkpoint, "batches_per_bucket": counts, "mismatch": table}
     if args.eval_split:
         running = decode_by_length(translator, args.eval_split)
-        per_length = decode_by_length(translator, args.eval_split, per_length_stats(rows))
+        by_length = per_length_stats(rows)
+        per_length = decode_by_length(translator, args.eval_split, by_length)
         pooled = decode_by_length(translator, args.eval_split, pooled_stats(rows))
         decodes = [("running", running), ("all batches", pooled), ("per length", per_length)]
         if any(n.startswith("decoder.") for n in rows[0]["moments"]):
-            encoder_per_length = decode_by_length(translator, args.eval_split, encoder_only(per_length_stats(rows)))
+            encoder_per_length = decode_by_length(translator, args.eval_split, encoder_only(by_length))
             decodes.insert(2, ("per length, encoder only", encoder_per_length))
             result["per_length_encoder_only"] = encoder_per_length
         print(f"\n{args.eval_split}: paper's metric by source length (greedy)")
