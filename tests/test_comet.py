@@ -18,8 +18,8 @@ def leaky(monkeypatch):
     """Batch norm as a plain nn.BatchNorm1d does it: statistics over every position, padding included."""
     original = MaskedBatchNorm.forward
 
-    def leaky_forward(self, x, pad_mask):
-        y = original(self, x, None)
+    def leaky_forward(self, x, pad_mask, lengths=None):
+        y = original(self, x, None, lengths)
         return y if pad_mask is None else y.masked_fill(pad_mask.unsqueeze(-1), 0.0)
 
     monkeypatch.setattr(MaskedBatchNorm, "forward", leaky_forward)
@@ -35,7 +35,7 @@ def test_invariance_test_fails_when_padding_leaks_into_batch_norm(leaky):
 def test_invariance_tests_fail_when_padding_is_not_zeroed_before_convolution(monkeypatch):
     from cometnmt.models import comet
 
-    def no_zeroing(self, x, pad_mask):
+    def no_zeroing(self, x, pad_mask, src_lengths=None):
         maps, h = [], x
         for conv, norm in zip(self.convs, self.norms):
             h = norm(conv(h), pad_mask)
@@ -329,14 +329,17 @@ def test_unpadded_batch_norm_is_pytorchs_own_with_the_same_results(bounds):
 
 
 @pytest.mark.parametrize("bounds,kind,causal", [(None, "conv", False), ([4, 8], "conv", False), (None, "ffn1", False),
-                                                 ([4, 8], "ffn2", False), (None, "conv", True)])
+                                                 ([4, 8], "ffn2", False), (None, "conv", True), ([4, 8], "conv", True)])
 def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causal):
     """On the GPU (F.conv1d) an unpadded training batch runs the convolution stack in B,C,L with
     batch norm in the convolution's dtype: the same outputs, gradients and running statistics (per
     length too) as the B,L,C path given an all-False mask, for the encoder's units and the temporal
-    convolution of the decoder; under bf16 autocast, close to them."""
+    convolution of the decoder (its per-length statistics keyed by given source lengths); under bf16
+    autocast, close to them."""
     torch.manual_seed(5)
-    cfg = CometConfig(bn_length_bounds=bounds, unit=kind, ffn1_hidden=16, ffn2_hidden=16)
+    cfg = CometConfig(bn_length_bounds=None if causal else bounds, unit=kind, ffn1_hidden=16, ffn2_hidden=16,
+                      decoder="temporal_conv" if causal else "ffn", decoder_bn_length_bounds=bounds if causal else None)
+    src_lengths = torch.tensor([9, 12, 10]) if causal and bounds else None  # mean 10.3: the bucket > 8, not x's length 7
     units = [ConvUnit(8, cfg, dropout=0.0, causal=causal).train() for _ in range(2)]
     units[1].load_state_dict(units[0].state_dict())
     for unit in units:
@@ -348,9 +351,9 @@ def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causa
     calls = []
     original = MultiLayerConv._train_channels_first
 
-    def spy(self, h):
+    def spy(self, h, lengths=None):
         calls.append(h.shape)
-        return original(self, h)
+        return original(self, h, lengths)
 
     results = []
     with pytest.MonkeyPatch.context() as mp:
@@ -358,7 +361,7 @@ def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causa
         for unit, mask in zip(units, (torch.zeros(3, 7, dtype=torch.bool), None)):
             xi = x.clone().requires_grad_(True)
             for _ in range(2):  # the second batch blends into the running statistics
-                y = unit(xi, mask)
+                y = unit(xi, mask, src_lengths)
                 (y * probe).sum().backward()
             results.append((y.detach(), xi.grad, {k: p.grad for k, p in unit.named_parameters()}))
     assert len(calls) == 2  # the unpadded unit took the channels-first path, the masked one did not
@@ -369,7 +372,10 @@ def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causa
         torch.testing.assert_close(g1[k], g0[k], atol=1e-5, rtol=1e-4, msg=k)
     for (k, a), (_, b) in zip(units[0].named_buffers(), units[1].named_buffers()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=k)
+    if bounds:  # the batch's bucket (its own length 7 in the encoder, its mean source length in the decoder) and the pooled row
+        expected = [0, 0, 2, 2] if causal else [0, 2, 0, 2]
+        assert all(m.bucket_batches.tolist() == expected for m in units[1].modules() if isinstance(m, MaskedBatchNorm))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: the same up to bf16 rounding
-        y_bf16 = units[1](x, None)
-        y_ref = units[0](x, torch.zeros(3, 7, dtype=torch.bool))
+        y_bf16 = units[1](x, None, src_lengths)
+        y_ref = units[0](x, torch.zeros(3, 7, dtype=torch.bool), src_lengths)
     torch.testing.assert_close(y_bf16.float(), y_ref.float(), atol=0.05, rtol=0.05)

@@ -149,7 +149,7 @@ def test_output_length_is_bounded(trained_like):
     assert [len(h[0].tokens) for h in search(trained_like, wrapped, wrapped_mask, BOS, EOS, beam_cfg, src_specials=2)] == [11, 5]
 
 
-@pytest.mark.parametrize("name", ["transformer", "comet_temporal", "transformer_pp"])
+@pytest.mark.parametrize("name", ["transformer", "comet_temporal", "comet_temporal_bn_length", "transformer_pp"])
 def test_grouped_cross_attention_equals_copied_rows(name):
     """Beam search's state keeps one copy of the source side per sentence and lets a sentence's K
     rows attend together; stepping it gives the logits of the plain per-row copy, through

@@ -26,6 +26,7 @@ CASES = {
     "comet_ffn2": {"arch": "comet", "comet": {"unit": "ffn2", "ffn2_hidden": 48}},
     "comet_4layer": {"arch": "comet", "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
     "comet_bn_length": {"arch": "comet", "comet": {"bn_length_bounds": [4, 8]}},
+    "comet_temporal_bn_length": {"arch": "comet", "comet": {"decoder": "temporal_conv", "decoder_bn_length_bounds": [4, 8]}},
     "convs2s": {"arch": "convs2s", "convs2s": {"embed_dim": 16, "enc_layers": [[32, 3, 2]], "dec_layers": [[32, 3, 2]], "out_embed_dim": 24}},
     "convs2s_mixed": {"arch": "convs2s", "convs2s": {"embed_dim": 16, "enc_layers": [[24, 2], [32, 5], [32, 1]], "dec_layers": [[24, 2], [32, 4], [32, 1]], "out_embed_dim": 16}},
     "rnn_gru_additive": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 16, "hidden_size": 32, "attention": "additive"}},
@@ -58,9 +59,11 @@ def random_batch(lengths: list[int], vocab: int, generator: torch.Generator):
 def warm_batch_norm(model, gen):
     """Train-mode forward passes so batch-norm running statistics are not the identity."""
     model.train()
-    for _ in range(3):
-        src, mask = random_batch([7, 4, 9], V_SRC, gen)
-        tgt, _ = random_batch([6, 8, 3], V_TGT, gen)
+    # mean source lengths 6.7, 2.3 and 11: with per-length statistics (bounds [4, 8]) every bucket
+    # gets its own
+    for src_lengths, tgt_lengths in [([7, 4, 9], [6, 8, 3]), ([2, 3, 2], [3, 2, 4]), ([12, 10, 11], [9, 12, 10])]:
+        src, mask = random_batch(src_lengths, V_SRC, gen)
+        tgt, _ = random_batch(tgt_lengths, V_TGT, gen)
         model(src, mask, tgt)
     model.eval()
 

@@ -40,6 +40,15 @@ that mismatch on a trained COMET (reports/multi30k_label_smoothing_cpu/batchnorm
 With the option, a training batch updates the statistics of its mean length's bucket and, in
 evaluation, each sentence is normalised with its own length's. A sentence's statistics depend on
 its length alone, so padding invariance holds.
+
+Also not in the paper, off by default: ``comet.decoder_bn_length_bounds`` does the same for the
+temporal-convolution decoder's batch norms, keyed by the *source* length (the target's is unknown
+while translating). A training batch moves the statistics of its mean source length's bucket; in
+evaluation every target position of a sentence is normalised with its source length's statistics,
+in the full decode, in the incremental step (the state keeps each source's length) and through beam
+search's reordering. Decoding stays causal and the step equals the full decode. This keeps the
+paper's batch norm and removes the length mismatch that reports/temporal_conv_decoder_bn_cpu
+measured (scripts/batchnorm_by_length.py re-estimated those statistics post hoc).
 """
 
 from __future__ import annotations
@@ -79,6 +88,9 @@ class CometConfig:
     # module docstring). Inclusive upper bounds on a sentence's real source positions, ascending,
     # e.g. [8, 11, 14, 18]: buckets <= 8, 9-11, 12-14, 15-18, > 18. None: one set of statistics.
     bn_length_bounds: Optional[list[int]] = None  # per-length encoder BN statistics (not in the paper), e.g. [8, 11, 14, 18]
+    # The temporal-convolution decoder's batch norm, per source-length bucket (not in the paper; the
+    # same bounds' meaning, on the source sentence's real positions). None: one set of statistics.
+    decoder_bn_length_bounds: Optional[list[int]] = None  # per-source-length decoder BN statistics (not in the paper)
 
     def __post_init__(self) -> None:
         key = "config key 'model.comet.{}'".format
@@ -93,9 +105,16 @@ class CometConfig:
         if not self.decoder_batch_norm and self.decoder != "temporal_conv":
             raise ConfigError(f"{key('decoder_batch_norm')}: false only applies to a temporal-convolution decoder "
                               f"(model.comet.decoder: temporal_conv), got decoder {self.decoder!r}")
-        bounds = self.bn_length_bounds
-        if bounds is not None and (not bounds or any(b < 1 for b in bounds) or bounds != sorted(set(bounds))):
-            raise ConfigError(f"{key('bn_length_bounds')}: ascending positive source lengths (or null), got {bounds}")
+        for name in ("bn_length_bounds", "decoder_bn_length_bounds"):
+            bounds = getattr(self, name)
+            if bounds is not None and (not bounds or any(b < 1 for b in bounds) or bounds != sorted(set(bounds))):
+                raise ConfigError(f"{key(name)}: ascending positive source lengths (or null), got {bounds}")
+        if self.decoder_bn_length_bounds is not None and not (
+                self.decoder == "temporal_conv" and self.batch_norm and self.decoder_batch_norm):
+            raise ConfigError(f"{key('decoder_bn_length_bounds')}: only applies to a temporal-convolution decoder with "
+                              f"batch norm (model.comet.decoder: temporal_conv, batch_norm and decoder_batch_norm true), "
+                              f"got decoder {self.decoder!r}, batch_norm {self.batch_norm}, "
+                              f"decoder_batch_norm {self.decoder_batch_norm}")
 
 
 class MaskedBatchNorm(nn.Module):
@@ -103,7 +122,8 @@ class MaskedBatchNorm(nn.Module):
 
     Training: mean and (biased) variance over real positions only, computed in float32; running
     statistics updated with ``momentum`` (unbiased variance, as ``nn.BatchNorm1d``). Eval: running
-    statistics (per source length with ``length_bounds``). Padded outputs are zero; in evaluation
+    statistics (per length with ``length_bounds``: by default the length of each row of x itself,
+    the encoder's source; given ``lengths``, those, the decoder's source lengths). Padded outputs are zero; in evaluation
     outputs keep the memory layout of the input; nothing waits on the GPU. Training runs through
     :class:`_MaskedBatchNormTrain` (its backward written out); :meth:`moments` is the same
     statistics for scripts/batchnorm_by_length.py.
@@ -134,21 +154,25 @@ class MaskedBatchNorm(nn.Module):
         self.defer_running = False
         self.register_buffer("recorded", torch.zeros(2 * channels + 1), persistent=False)
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """x B,L,C; pad_mask B,L (True = padding) or None -> B,L,C, zero at padding."""
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x B,L,C; pad_mask B,L (True = padding) or None -> B,L,C, zero at padding. ``lengths`` (B)
+        keys the per-length statistics instead of x's own real lengths (the decoder: source lengths)."""
         if self.training:
             if pad_mask is None and x.shape[0] * x.shape[1] > 1:  # no padding: PyTorch's own batch norm
-                return self._train_unpadded(x)
+                return self._train_unpadded(x, lengths)
             keep = (x.new_ones(x.shape[0], x.shape[1], 1, dtype=torch.float32) if pad_mask is None
                     else (~pad_mask).unsqueeze(-1).float())  # B,L,1
             y, mean, var, n = _MaskedBatchNormTrain.apply(x, keep, self.weight, self.bias, self.eps)
             with torch.no_grad():
-                self._update_running(mean, var * n / (n - 1).clamp(min=1), n / x.shape[0])
+                mean_length = n / x.shape[0] if lengths is None else self._mean_length(lengths)
+                self._update_running(mean, var * n / (n - 1).clamp(min=1), mean_length)
             return y
         if self.length_bounds:  # each sentence with its own length's statistics: B,1,C
-            lengths = (x.new_full((x.shape[0],), float(x.shape[1])) if pad_mask is None
-                       else (~pad_mask).sum(dim=1).to(self.bounds.dtype))
-            k = torch.bucketize(lengths, self.bounds)  # B
+            if lengths is None:
+                lengths = (x.new_full((x.shape[0],), float(x.shape[1])) if pad_mask is None
+                           else (~pad_mask).sum(dim=1))
+            k = torch.bucketize(lengths.to(self.bounds.dtype), self.bounds)  # B
             k = torch.where(self.bucket_batches[k] > 0, k, len(self.length_bounds) + 1)  # unseen bucket: pooled
             mean, var = self.running_mean[k].unsqueeze(1), self.running_var[k].unsqueeze(1)
         else:
@@ -159,29 +183,35 @@ class MaskedBatchNorm(nn.Module):
         y = torch.addcmul(shift, x, scale)  # B,L,C, in the memory layout of x
         return y if pad_mask is None else y.masked_fill_(pad_mask.unsqueeze(-1), 0.0)  # in place: keeps the layout
 
-    def _train_unpadded(self, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _mean_length(lengths: torch.Tensor) -> torch.Tensor:
+        """The batch's mean of given lengths, a 0-dim float32 tensor (on the device: no sync)."""
+        return lengths.float().mean()
+
+    def _train_unpadded(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Training mode on a batch without padding: ``F.batch_norm`` over the B*L positions in
         float32 (one kernel forward and one backward on a GPU, against some 30 operators of the
         masked path), the same statistics and float32 output as the masked path with no padding."""
         flat = x.float().reshape(-1, x.shape[-1])  # B*L,C
-        return self._native(flat, 0, x.shape[1]).view(x.shape)
+        return self._native(flat, 0, x.shape[1] if lengths is None else self._mean_length(lengths)).view(x.shape)
 
-    def train_channels_first(self, x: torch.Tensor) -> torch.Tensor:
+    def train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Training mode on an unpadded batch in the convolutions' own layout, x B,C,L (the GPU
         path of :class:`MultiLayerConv`): ``F.batch_norm`` as is, in the input's dtype (under bf16
         autocast the kernel takes bf16 with float32 weights and statistics and accumulates in
         float32), so no cast or copy goes in or out. The same statistics as :meth:`_train_unpadded`."""
-        return self._native(x, (0, 2), x.shape[2])
+        return self._native(x, (0, 2), x.shape[2] if lengths is None else self._mean_length(lengths))
 
-    def _native(self, x: torch.Tensor, dims, length: int) -> torch.Tensor:
+    def _native(self, x: torch.Tensor, dims, length: int | torch.Tensor) -> torch.Tensor:
         """``F.batch_norm`` of x, channels in dim 1, statistics over ``dims``, in training mode;
-        every sentence of the batch is ``length`` long (for the per-length statistics)."""
+        ``length`` keys the per-length statistics (every row's length, or a 0-dim tensor of the
+        given lengths' mean)."""
         if not self.length_bounds and not self.defer_running:  # PyTorch's running update: momentum, unbiased variance, as ours
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
         y = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         with torch.no_grad():
             var, mean = torch.var_mean(x.float(), dim=dims)  # unbiased variance, for the running statistics
-            self._update_running(mean, var, float(length))
+            self._update_running(mean, var, length if isinstance(length, torch.Tensor) else float(length))
         return y
 
     def _update_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor | float) -> None:
@@ -360,22 +390,28 @@ class MultiLayerConv(nn.Module):
             GatedConv(widths[i], widths[i + 1], cfg.kernel_size, cfg.dilations[i], causal) for i in range(len(cfg.features))
         )
         self.batch_norm = cfg.batch_norm and (cfg.decoder_batch_norm or not causal)
-        bounds = None if causal else cfg.bn_length_bounds  # per-length statistics: encoder only
+        # per-length statistics: the encoder's keyed by its own (source) lengths, the decoder's by
+        # the source lengths it is given
+        bounds = cfg.decoder_bn_length_bounds if causal else cfg.bn_length_bounds
+        self.wants_source_lengths = bool(causal and self.batch_norm and bounds)
         self.norms = nn.ModuleList(
             MaskedBatchNorm(n, length_bounds=bounds) if self.batch_norm else _MaskOnly() for n in cfg.features
         )
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                src_lengths: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+        """x B,L,D -> [F_1..F_n]; ``src_lengths`` (B) key the decoder's per-length statistics."""
+        lengths = src_lengths if self.wants_source_lengths else None
         if pad_mask is None and self.training and self.batch_norm and self.convs[0].runs_conv1d(x) and x.shape[0] * x.shape[1] > 1:
-            return self._train_channels_first(x)
+            return self._train_channels_first(x, lengths)
         maps = []
         h = x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # B,L,D
         for conv, norm in zip(self.convs, self.norms):
-            h = norm(conv(h), pad_mask)  # B,L,n_i (zero at padding)
+            h = norm(conv(h), pad_mask, lengths)  # B,L,n_i (zero at padding)
             maps.append(h)
         return maps
 
-    def _train_channels_first(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def _train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
         """Training on an unpadded batch with ``F.conv1d`` (the GPU path): the stack runs in the
         convolutions' layout B,C,L from one transpose of x to the maps, and batch norm as PyTorch's
         kernel in the convolution's dtype. The same maps as the B,L,C path; fewer operators a step,
@@ -383,16 +419,17 @@ class MultiLayerConv(nn.Module):
         h = x.transpose(1, 2)  # B,D,L
         maps = []
         for conv, norm in zip(self.convs, self.norms):
-            h = norm.train_channels_first(conv.forward_channels_first(h))  # B,n_i,L
+            h = norm.train_channels_first(conv.forward_channels_first(h), lengths)  # B,n_i,L
             maps.append(h.transpose(1, 2))  # B,L,n_i (a view)
         return maps
 
-    def step(self, x: torch.Tensor, cache: dict) -> tuple[list[torch.Tensor], dict]:
+    def step(self, x: torch.Tensor, cache: dict, src_lengths: Optional[torch.Tensor] = None) -> tuple[list[torch.Tensor], dict]:
+        lengths = src_lengths if self.wants_source_lengths else None
         maps, new_cache = [], {}
         h = x  # B,1,D
         for i, (conv, norm) in enumerate(zip(self.convs, self.norms)):
             h, new_cache[f"conv{i}"] = conv.step(h, cache.get(f"conv{i}"))  # B,1,n_i
-            h = norm(h, None)
+            h = norm(h, None, lengths)
             maps.append(h)
         return maps, new_cache
 
@@ -400,7 +437,7 @@ class MultiLayerConv(nn.Module):
 class _MaskOnly(nn.Module):
     """Stand-in for batch norm when ``comet.batch_norm`` is false: only zeroes padding."""
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         return x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)
 
 
@@ -434,6 +471,8 @@ class ConvUnit(nn.Module):
         else:
             self.reduce = nn.Linear(n_feat + d_model, d_model)
         self.slope = cfg.leaky_slope
+        # the decoder's per-source-length batch norm: Transformer.decode and step pass source lengths
+        self.wants_source_lengths = self.convs.wants_source_lengths
 
     def combine(self, maps: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         if self.kind == "ffn1":
@@ -448,11 +487,12 @@ class ConvUnit(nn.Module):
             return self.reduce(joined)  # B,L,D
         return F.leaky_relu(self.reduce(joined), self.slope)  # B,L,D
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.combine(self.convs(x, pad_mask), x)
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
+                src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.combine(self.convs(x, pad_mask, src_lengths), x)
 
-    def step(self, x: torch.Tensor, cache: dict) -> tuple[torch.Tensor, dict]:
-        maps, cache = self.convs.step(x, cache)
+    def step(self, x: torch.Tensor, cache: dict, src_lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+        maps, cache = self.convs.step(x, cache, src_lengths)
         return self.combine(maps, x), cache  # B,1,D
 
 

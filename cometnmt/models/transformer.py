@@ -7,7 +7,9 @@ dropout on every sublayer output and on embeddings + positions (section 4.2). Op
 the attention probabilities too (``model.attention_dropout``, 0 by default as in both papers; training only).
 
 The feed-forward sublayer of each unit is pluggable: any module with ``forward(x, pad_mask)`` and
-``step(x, cache) -> (y, new_cache)`` fits. Incremental steps never modify the state they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and,
+``step(x, cache) -> (y, new_cache)`` fits; a decoder sublayer whose ``wants_source_lengths`` is true
+also gets each row's source length (B) as a third argument of both (COMET's per-source-length
+decoder batch norm). Incremental steps never modify the state they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and,
 for the temporal-convolution variant, a causal convolution unit into the decoder.
 """
 
@@ -75,26 +77,33 @@ class DecoderUnit(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.ffn = ffn
+        self.ffn_wants_source_lengths = bool(getattr(ffn, "wants_source_lengths", False))
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.norm3 = nn.LayerNorm(d_model)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_pad_mask: torch.Tensor, tgt_pad_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_pad_mask: torch.Tensor, tgt_pad_mask: torch.Tensor,
+                src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``src_lengths`` (B) reach the FFN only if it wants them."""
         # Targets are right-padded, so the causal mask alone keeps padding out of real positions.
         x = self.norm1(x + self.dropout(self.self_attn(x, x, None, causal=True)))  # B,T,D
         x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory_pad_mask)))  # B,T,D
-        return self.norm3(x + self.dropout(self.ffn(x, tgt_pad_mask)))  # B,T,D
+        h = self.ffn(x, tgt_pad_mask, src_lengths) if self.ffn_wants_source_lengths else self.ffn(x, tgt_pad_mask)
+        return self.norm3(x + self.dropout(h))  # B,T,D
 
-    def step(self, x: torch.Tensor, cache: dict, memory_mask: torch.Tensor, group: int = 1) -> tuple[torch.Tensor, dict]:
+    def step(self, x: torch.Tensor, cache: dict, memory_mask: torch.Tensor, group: int = 1,
+             src_lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
         """x B,1,D; cache holds this unit's self-attention keys/values, cross keys/values (one entry
-        per ``group`` consecutive rows), FFN state.
+        per ``group`` consecutive rows), FFN state; ``src_lengths`` (B, one per row) for an FFN that
+        wants them.
 
         Eval-only (no dropout). Returns the output B,1,D and a new cache."""
         h, self_cache = self.self_attn.step(x, cache["self"])
         x = self.norm1(x + h)  # B,1,D
         x = self.norm2(x + self.cross_attn.attend_grouped(x, cache["cross_k"], cache["cross_v"], memory_mask, group))
-        h, ffn_cache = self.ffn.step(x, cache["ffn"])
+        h, ffn_cache = (self.ffn.step(x, cache["ffn"], src_lengths) if self.ffn_wants_source_lengths
+                        else self.ffn.step(x, cache["ffn"]))
         return self.norm3(x + h), {**cache, "self": self_cache, "ffn": ffn_cache}  # B,1,D
 
 
@@ -136,11 +145,23 @@ class Transformer(Seq2Seq):
     def cross_attention_modules(self) -> list[nn.Module]:
         return [unit.cross_attn for unit in self.decoder]
 
+    def _wants_source_lengths(self) -> bool:
+        return any(unit.ffn_wants_source_lengths for unit in self.decoder)
+
+    @staticmethod
+    def _source_lengths(memory: State) -> torch.Tensor:
+        """B real source lengths (long) from the encoder state; its pad mask is None when unpadded."""
+        out, pad_mask = memory["out"], memory["pad_mask"]
+        if pad_mask is None:  # a fill: no host-to-device copy
+            return torch.full((out.size(0),), out.size(1), dtype=torch.long, device=out.device)
+        return (~pad_mask).sum(dim=1)
+
     def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         tgt_pad_mask = tgt_in.eq(self.pad_id)  # B,T
+        src_lengths = self._source_lengths(memory) if self._wants_source_lengths() else None
         x = self.tgt_embed(tgt_in)  # B,T,D
         for unit in self.decoder:
-            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask)  # B,T,D
+            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask, src_lengths)  # B,T,D
         return self.out_proj(x)  # B,T,V
 
     def init_state(self, memory: State) -> State:
@@ -149,13 +170,19 @@ class Transformer(Seq2Seq):
             k, v = unit.cross_attn.project_kv(memory["out"])  # B,H,S,D/H each
             units.append({"cross_k": k, "cross_v": v, "self": {}, "ffn": {}})
         src_row = torch.arange(memory["out"].size(0), device=memory["out"].device)  # B: the source each row reads
-        return {"units": units, "memory_mask": key_mask(memory["pad_mask"]), "pos": 0, "src_row": src_row, "group": 1}
+        state = {"units": units, "memory_mask": key_mask(memory["pad_mask"]), "pos": 0, "src_row": src_row, "group": 1}
+        if self._wants_source_lengths():  # one per source, like the memory mask
+            state["src_lengths"] = self._source_lengths(memory)
+        return state
 
     def step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         x = self.tgt_embed(tokens[:, None], offset=state["pos"])  # B,1,D
+        src_lengths = state.get("src_lengths")  # like the memory mask: one entry per `group` consecutive rows
+        if src_lengths is not None and state.get("group", 1) > 1:
+            src_lengths = src_lengths.repeat_interleave(state["group"])  # B
         units = []
         for unit, cache in zip(self.decoder, state["units"]):
-            x, cache = unit.step(x, cache, state["memory_mask"], state.get("group", 1))  # B,1,D
+            x, cache = unit.step(x, cache, state["memory_mask"], state.get("group", 1), src_lengths)  # B,1,D
             units.append(cache)
         state = {**state, "units": units, "pos": state["pos"] + 1}
         return self.out_proj(x[:, 0]), state  # B,V
@@ -199,7 +226,10 @@ class Transformer(Seq2Seq):
              **{k: source(u[k]) for k in _SOURCE_ONLY}}
             for u in state["units"]
         ]
-        return {**state, "units": units, "memory_mask": source(state["memory_mask"]), "src_row": src_row, "group": group}
+        reordered = {**state, "units": units, "memory_mask": source(state["memory_mask"]), "src_row": src_row, "group": group}
+        if "src_lengths" in state:
+            reordered["src_lengths"] = source(state["src_lengths"])
+        return reordered
 
 
 def transformer_from_config(
