@@ -59,13 +59,14 @@ def batch_moments(translator: Translator, batches: list[list[int]], data) -> lis
     if not norms:
         sys.exit("this checkpoint has no batch norm (not COMET, or comet.batch_norm: false)")
     if any(m.length_bounds for _, m in norms):
-        sys.exit("this checkpoint already keeps batch-norm statistics per length (comet.bn_length_bounds)")
+        sys.exit("this checkpoint already keeps batch-norm statistics per length (comet.bn_length_bounds or "
+                 "comet.decoder_bn_length_bounds): scripts/bn_length_ablation.py compares them with pooled ones")
     decoder_norms = any(name.startswith("decoder.") for name, _ in norms)
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def hook(name):
         def record(module, inputs):
-            x, pad_mask = inputs
+            x, pad_mask = inputs[:2]  # (x, pad_mask[, lengths])
             mean, var, _ = MaskedBatchNorm.moments(x, pad_mask)
             seen[name] = (mean, var)
         return record

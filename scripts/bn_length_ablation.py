@@ -2,7 +2,10 @@
 
 A COMET checkpoint trained with ``model.comet.bn_length_bounds`` (configs/multi30k/comet_bn_length.yaml)
 keeps, in every encoder batch norm, running statistics per source-length bucket plus a pooled row
-over all training batches (the statistics plain COMET keeps). This script decodes valid and test
+over all training batches (the statistics plain COMET keeps); one trained with
+``model.comet.decoder_bn_length_bounds`` (configs/multi30k/comet_temporal_conv_decoder_bn_length.yaml)
+keeps them in the temporal-convolution decoder's batch norms, keyed by source length too. Every batch
+norm with buckets takes part (encoder, decoder or both). This script decodes valid and test
 greedily twice with the same weights: each sentence normalised with its own length bucket's
 statistics (as the model does), and every sentence with the pooled row. It prints the paper's
 metric, sacreBLEU BLEU and chrF of both, the paper's metric per length bucket, and a paired
@@ -51,6 +54,12 @@ def pooled_statistics(model: torch.nn.Module):
             m.bucket_batches.copy_(counts)
 
 
+def length_bounds(cfg) -> list[int] | None:
+    """The checkpoint's source-length bounds: the encoder's, else the decoder's (both keyed by source length)."""
+    comet = cfg.model.comet
+    return comet.bn_length_bounds or comet.decoder_bn_length_bounds
+
+
 def bucket_labels(bounds: list[int]) -> list[tuple[str, int, int]]:
     """The model's length buckets as (label, lo, hi): <= b1, b1+1..b2, ..., > bK."""
     edges = [0, *bounds, 10**6]
@@ -73,7 +82,7 @@ def ablate(translator: Translator, split: str, limit: int | None, bootstrap: int
     decode = dataclasses.replace(cfg.decode, method="greedy")
     tok = metric_tokenizer(cfg.data.tgt_lang).tokenize
     lengths = [len(t) for t in translator.codec.src_tok.tokenize_many(src)]
-    buckets = bucket_labels(cfg.model.comet.bn_length_bounds)
+    buckets = bucket_labels(length_bounds(cfg))
     hyps, scores = {}, {}
     for mode in ("per_length", "pooled"):
         with pooled_statistics(translator.model) if mode == "pooled" else contextlib.nullcontext():
@@ -111,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
-    if translator.cfg.model.arch != "comet" or not translator.cfg.model.comet.bn_length_bounds:
-        sys.exit(f"{args.checkpoint}: not a COMET checkpoint with model.comet.bn_length_bounds")
+    if translator.cfg.model.arch != "comet" or not length_bounds(translator.cfg):
+        sys.exit(f"{args.checkpoint}: not a COMET checkpoint with model.comet.bn_length_bounds "
+                 "or model.comet.decoder_bn_length_bounds")
     results = []
     for split in args.splits:
         r = ablate(translator, split, args.limit, args.bootstrap)

@@ -68,7 +68,7 @@ def batch_moments(model, norms: dict[str, MaskedBatchNorm], batches) -> list[Mom
 
     def hook(name):
         def record(module, inputs):
-            x, pad_mask = inputs
+            x, pad_mask = inputs[:2]  # (x, pad_mask[, lengths])
             seen[name] = MaskedBatchNorm.moments(x, pad_mask)[:2]
         return record
 

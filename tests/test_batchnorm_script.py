@@ -1,6 +1,6 @@
 """The analysis scripts on tiny COMET runs, none touching the checkpoint: batchnorm_by_length.py
 (statistics by length bucket; decoding with running vs per-length statistics),
-bn_length_ablation.py (a per-length checkpoint decoded with its per-length and its pooled statistics),
+bn_length_ablation.py (a per-length checkpoint, encoder or decoder, decoded with its per-length and its pooled statistics),
 decoder_bn_leak.py (a temporal-convolution decoder scored with its batch norms on four kinds of statistics), and
 replace_unk_effect.py (outputs scored with <unk>, a placeholder word and the copied source words)."""
 
@@ -109,6 +109,26 @@ def test_bn_length_ablation_script_on_a_tiny_run(tmp_path):
     tiny_run(plain)  # COMET without length buckets
     proc = script("scripts/bn_length_ablation.py", str(plain / "best.pt"))
     assert proc.returncode != 0 and "bn_length_bounds" in proc.stderr
+
+
+def test_bn_length_ablation_script_on_a_decoder_length_run(tmp_path):
+    """A temporal-convolution decoder with per-source-length statistics (the encoder with one set):
+    its pooled decode differs from its per-length one only through the decoder's buckets."""
+    run = tmp_path / "run"
+    tiny_run(run, "model.comet.decoder=temporal_conv", "model.comet.decoder_bn_length_bounds=[8,11]")
+    out = tmp_path / "ablation.json"
+    proc = script("scripts/bn_length_ablation.py", str(run / "best.pt"), "--splits", "valid", "--limit", "15",
+                  "--bootstrap", "50", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["sentences"] == 15 and r["buckets"] == ["1-8", "9-11", "12+"]
+    assert all(0 <= r["scores"][m]["paper_bleu"] <= 100 for m in ("per_length", "pooled"))
+    proc = script("scripts/batchnorm_by_length.py", str(run / "best.pt"), "--max-pairs", "300")
+    assert proc.returncode != 0 and "decoder_bn_length_bounds" in proc.stderr
+    leak = tmp_path / "leak.json"  # the leak script runs on per-length decoder statistics too
+    proc = script("scripts/decoder_bn_leak.py", str(run / "best.pt"), "--batch-tokens", "200", "--out", str(leak))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(math.isfinite(v) for v in json.loads(leak.read_text())["loss"].values())
 
 
 def test_replace_unk_effect_script_on_a_tiny_run(tmp_path):

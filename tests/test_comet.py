@@ -241,6 +241,76 @@ def test_decoder_batch_norm_off_needs_a_temporal_convolution_decoder():
     assert CometConfig(decoder="temporal_conv", decoder_batch_norm=False).decoder_batch_norm is False
 
 
+def test_decoder_length_buckets_need_a_decoder_batch_norm_to_key():
+    from cometnmt.errors import ConfigError
+
+    for kwargs in ({}, {"decoder": "temporal_conv", "decoder_batch_norm": False},
+                   {"decoder": "temporal_conv", "batch_norm": False}):
+        with pytest.raises(ConfigError, match="model.comet.decoder_bn_length_bounds"):
+            CometConfig(decoder_bn_length_bounds=[8, 11], **kwargs)
+    with pytest.raises(ConfigError, match="model.comet.decoder_bn_length_bounds.*ascending"):
+        CometConfig(decoder="temporal_conv", decoder_bn_length_bounds=[11, 8])
+    assert CometConfig(decoder="temporal_conv", decoder_bn_length_bounds=[8, 11]).decoder_bn_length_bounds == [8, 11]
+
+
+def test_decoder_length_buckets_follow_the_source_length():
+    """comet.decoder_bn_length_bounds: a training batch moves the decoder's statistics of its mean
+    *source* length's bucket, whatever its targets' lengths (padded or not), and the encoder keeps one
+    set. In evaluation each sentence's decoder is normalised with its source length's statistics:
+    moving one bucket's statistics changes the logits of exactly the sentences whose source length
+    falls in it, in the full decode and in the incremental step alike."""
+    from cometnmt.config import ModelConfig, from_dict
+    from cometnmt.models import build_model
+
+    cfg = from_dict(ModelConfig, {"arch": "comet", "d_model": 32, "n_heads": 4, "enc_layers": 1, "dec_layers": 2,
+                                  "d_ff": 64, "dropout": 0.0,
+                                  "comet": {"decoder": "temporal_conv", "decoder_bn_length_bounds": [4, 8]}}, "model")
+    torch.manual_seed(0)
+    model = build_model(cfg, 20, 20, 0).train()
+    dec = [m for m in model.decoder.modules() if isinstance(m, MaskedBatchNorm)]
+    enc = [m for m in model.encoder.modules() if isinstance(m, MaskedBatchNorm)]
+    assert len(dec) == 2 * 3 and all(m.running_mean.shape[0] == 4 for m in dec)  # 3 buckets and the pooled row
+    assert enc and all(m.running_mean.dim() == 1 for m in enc)
+    gen = torch.Generator().manual_seed(1)
+    steps = [  # (source lengths, target lengths) -> the decoder's bucket counts after the batch
+        (([2, 3], [10, 9]), [1, 0, 0, 1]),  # mean source length 2.5 (rounds to 2): bucket <= 4; padded targets of 9-10
+        (([10, 10], [3, 3]), [1, 0, 1, 2]),  # unpadded source and targets (the unpadded path): bucket > 8, not 3's
+        (([6, 6], [2, 9]), [1, 1, 1, 3]),  # bucket 5-8
+    ]
+    with torch.no_grad():
+        for (src_lengths, tgt_lengths), counts in steps:
+            src, mask = random_batch(src_lengths, 20, gen)
+            tgt, _ = random_batch(tgt_lengths, 20, gen)
+            model(src, mask, tgt)
+            assert all(m.bucket_batches.tolist() == counts for m in dec)
+    model.eval()
+    src, mask = random_batch([3, 6, 11], 20, gen)  # one sentence in each bucket
+    tgt, _ = random_batch([7, 7, 7], 20, gen)
+    tgt[:, 0] = 2
+
+    def logits():
+        with torch.no_grad():
+            mem = model.encode(src, mask)
+            full = model.decode(tgt, mem)
+            state, steps = model.init_state(mem), []
+            for t in range(tgt.size(1)):
+                out, state = model.step(tgt[:, t], state)
+                steps.append(out)
+        torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+        return full
+
+    base = logits()
+    for bucket in range(3):
+        saved = [m.running_mean.clone() for m in dec]
+        for m in dec:
+            m.running_mean[bucket] += 0.5
+        moved = logits()
+        for m, keep in zip(dec, saved):
+            m.running_mean.copy_(keep)
+        changed = [not torch.allclose(moved[i], base[i]) for i in range(3)]
+        assert changed == [i == bucket for i in range(3)]
+
+
 def test_length_buckets_do_not_change_training():
     """Per-length statistics are bookkeeping: in training, batch norm normalises with the batch's
     own statistics and no random numbers are drawn for the buckets, so COMET with and without
