@@ -41,11 +41,12 @@
 #            two sessions: GRID_ROWS="comet temporal_conv ffn1 ffn2 src_sos_eos conv4" in one and
 #            GRID_ROWS="transformer dff1024 n4 n2 dm512 dropout03" in the next (18 runs each).
 #            The grid's time is the sum of the calls' wall times (each report.md's header)
-#   tcbn     (not in next; ~15 min in two calls, estimate) the temporal-convolution decoder without
-#            its batch norm, trained on mixed-length batches, and as in Table 1
-#            (comet_temporal_conv_{no_decoder_bn,mixed_batches}.yaml, comet_temporal_conv.yaml), seeds
-#            1-3, Table 1's recipe: do they close Table 1's 32.5 against the paper's 37.7, as both
-#            did with one CPU seed (38.04 and 40.86 against 34.40; reports/temporal_conv_decoder_bn_cpu)?
+#   tcbn     (not in next; ~15-20 min in two calls, estimate) the temporal-convolution decoder with
+#            per-source-length decoder statistics, without its batch norm, trained on mixed-length
+#            batches, and as in Table 1 (comet_temporal_conv_{decoder_bn_length,no_decoder_bn,
+#            mixed_batches}.yaml, comet_temporal_conv.yaml), seeds 1-3, Table 1's recipe: do they
+#            close Table 1's 32.5 against the paper's 37.7, as all three did with one CPU seed
+#            (reports/temporal_conv_decoder_bn_cpu)?
 #   bnlen    COMET with batch-norm statistics per source length (comet_bn_length.yaml) against
 #            COMET trained on mixed-length batches (comet_mixed_batches.yaml, the control), COMET
 #            and the Transformer, seeds 1-3, the Table 1 recipe, 12 runs side by side (may need a
@@ -116,14 +117,21 @@ case "$part" in
       --set train.precision=bf16 --set train.valid_bleu_max_sentences=500 \
       --out reports/gpu_grid_extra > "$out/grid_extra.log" 2>&1 || true
     keep reports/gpu_grid_extra ;;
-  tcbn)  # Table 1's temporal-convolution decoder without its batch norm, trained on mixed-length batches,
-    # and as in Table 1; seeds 1-3, Table 1's recipe, 9 runs side by side (the mixed-batch runs take
-    # ~1.9x the steps: two calls while warm, estimate), into reports/temporal_conv_decoder_bn (one
-    # CPU seed of the first and last: reports/temporal_conv_decoder_bn_cpu)
-    python -m cometnmt compare configs/multi30k/comet_temporal_conv_no_decoder_bn.yaml \
+  tcbn)  # Table 1's temporal-convolution decoder with per-source-length decoder statistics, without
+    # its batch norm, trained on mixed-length batches, and as in Table 1; seeds 1-3, Table 1's recipe,
+    # 12 runs side by side (the mixed-batch runs take ~1.9x the steps: two calls while warm,
+    # estimate), into reports/temporal_conv_decoder_bn (one CPU seed of each:
+    # reports/temporal_conv_decoder_bn_cpu); then scripts/bn_length_ablation.py on each finished
+    # per-length run (its own weights decoded with pooled statistics)
+    python -m cometnmt compare configs/multi30k/comet_temporal_conv_decoder_bn_length.yaml \
+      configs/multi30k/comet_temporal_conv_no_decoder_bn.yaml \
       configs/multi30k/comet_temporal_conv_mixed_batches.yaml configs/multi30k/comet_temporal_conv.yaml \
-      --seeds 1 2 3 --jobs 9 --deadline "$deadline" --out reports/temporal_conv_decoder_bn --metrics paper bleu \
+      --seeds 1 2 3 --jobs 12 --deadline "$deadline" --out reports/temporal_conv_decoder_bn --metrics paper bleu \
       "${recipe[@]}" > "$out/tcbn.log" 2>&1 || true
+    for run in reports/temporal_conv_decoder_bn/runs/comet_temporal_conv_decoder_bn_length/seed*; do
+      [ -f "$run/done.json" ] && [ ! -f "$run/ablation.json" ] && python scripts/bn_length_ablation.py "$run/best.pt" \
+        --device cuda --out "$run/ablation.json" >> "$out/tcbn.log" 2>&1 || true
+    done
     keep reports/temporal_conv_decoder_bn ;;
   gridtime)
     # GRID_ROWS (default all) times a part of the grid, e.g. half in one session and half in the next

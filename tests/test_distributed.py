@@ -129,6 +129,7 @@ ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked
     "comet_temporal_conv_bn_length_tied": ["model.arch=comet", "model.comet.decoder=temporal_conv",  # decoder batch norm
                                            "model.comet.bn_length_bounds=[8,12]",  # per-length rows
+                                           "model.comet.decoder_bn_length_bounds=[8,12]",  # keyed by source length
                                            "model.tie_embeddings=true"],  # a parameter two modules use
     "convs2s": ["model.arch=convs2s", "model.convs2s.embed_dim=32", "model.convs2s.enc_layers=[[32,3,2]]",
                 "model.convs2s.dec_layers=[[32,3,2]]", "model.convs2s.out_embed_dim=32"],
