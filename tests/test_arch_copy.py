@@ -24,6 +24,8 @@ ARCHS = {
     "comet_temporal_conv": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"decoder": "temporal_conv"}},
     "comet_temporal_conv_no_decoder_bn": {"arch": "comet", **SMALL_TRANSFORMER,
                                           "comet": {"decoder": "temporal_conv", "decoder_batch_norm": False}},
+    "comet_temporal_conv_decoder_bn_length": {"arch": "comet", **SMALL_TRANSFORMER,
+                                              "comet": {"decoder": "temporal_conv", "decoder_bn_length_bounds": [4, 6]}},
     "comet_ffn1": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"unit": "ffn1"}},
     "comet_ffn2": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"unit": "ffn2"}},
     "comet_conv4": {"arch": "comet", **SMALL_TRANSFORMER, "comet": {"features": [64, 32, 16, 8], "dilations": [1, 2, 3, 4]}},
