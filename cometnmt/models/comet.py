@@ -473,8 +473,11 @@ class ConvUnit(nn.Module):
         else:
             self.reduce = nn.Linear(n_feat + d_model, d_model)
         self.slope = cfg.leaky_slope
-        # the decoder's per-source-length batch norm: Transformer.decode and step pass source lengths
-        self.wants_source_lengths = self.convs.wants_source_lengths
+
+    @property
+    def wants_source_lengths(self) -> bool:
+        """The decoder's per-source-length batch norm: Transformer.decode and step pass source lengths."""
+        return self.convs.wants_source_lengths
 
     def combine(self, maps: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         if self.kind == "ffn1":
