@@ -350,6 +350,11 @@ def test_a_byte_order_mark_is_not_text(tmp_path, data_dir):
     bom.write_bytes("\ufeffA dog runs.\nTwo cats.\n".encode("utf-8"))
     assert read_lines(bom) == ["A dog runs.", "Two cats."]
     assert cometnmt.score(read_lines(bom), ["A dog runs.", "Two cats."])["bleu"] == pytest.approx(100.0)
+    # saved twice with a mark, and two such files concatenated: every mark opening a line goes,
+    # one inside a line (not a mark there) stays
+    twice = tmp_path / "twice.en"
+    twice.write_bytes("\ufeff\ufeffA dog runs.\r\n\ufeffTwo cats.\nA\ufeffB\n".encode("utf-8"))
+    assert read_lines(twice) == ["A dog runs.", "Two cats.", "A\ufeffB"]
 
 
 def test_averaging_into_a_folder_is_refused_first(run_dir, tmp_path):

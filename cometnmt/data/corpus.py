@@ -70,13 +70,18 @@ def read_lines(path: str | Path) -> list[str]:
 
 def decode_lines(data: bytes, name: str | Path) -> list[str]:
     """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
-    an undecodable byte is a DataError naming ``name``, the line and the column. A leading byte
-    order mark (as Windows editors write) is not text and is dropped."""
+    an undecodable byte is a DataError naming ``name``, the line and the column. Byte order marks
+    (U+FEFF, as Windows editors write) are not text: those that open a line are dropped, however
+    many, which covers a file saved twice with one and files concatenated with theirs. Unicode
+    deprecates U+FEFF as a zero-width no-break space (U+2060 is that), so no text is lost."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _utf8_error(name, data, exc) from None
-    return _split_lines(text.removeprefix("\ufeff"))
+    lines = _split_lines(text)
+    if "\ufeff" in text:
+        lines = [line.lstrip("\ufeff") for line in lines]
+    return lines
 
 
 def read_stdin_lines() -> list[str]:
