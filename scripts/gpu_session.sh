@@ -94,6 +94,14 @@ keep() {  # pack run records and reports (no checkpoints) of folder $1 into one 
   tar -czf "$out/$(basename "$1").tgz" --exclude='*.pt' "$1"
 }
 
+ablate() {  # scripts/bn_length_ablation.py on each finished run of folder $1 not yet ablated (its own
+  # weights decoded with pooled statistics), into the run's ablation.json; output appended to log $2
+  for run in "$1"/seed*; do
+    [ -f "$run/done.json" ] && [ ! -f "$run/ablation.json" ] && python scripts/bn_length_ablation.py "$run/best.pt" \
+      --device cuda --out "$run/ablation.json" >> "$2" 2>&1 || true
+  done
+}
+
 recipe=(--set train.precision=bf16 --set train.batch_tokens=2048 --set train.lr=5e-4 --set train.schedule=inverse_sqrt
         --set train.warmup_steps=1000 --set train.max_epochs=30 --set train.valid_bleu_max_sentences=500)  # Table 1's
 # CUDA_GRAPHS=1 trains gridtime, tpp and cgrun runs with torch.compile + CUDA graphs (only once `check`
@@ -106,10 +114,7 @@ case "$part" in
     python -m cometnmt compare configs/multi30k/comet_bn_length.yaml configs/multi30k/comet_mixed_batches.yaml \
       configs/multi30k/comet.yaml configs/multi30k/transformer.yaml --seeds 1 2 3 --jobs 12 --deadline "$deadline" --out reports/comet_bn_length --metrics paper bleu \
       "${recipe[@]}" > "$out/bnlen.log" 2>&1 || true
-    for run in reports/comet_bn_length/runs/comet_bn_length/seed*; do  # the same weights, pooled statistics
-      [ -f "$run/done.json" ] && [ ! -f "$run/ablation.json" ] && python scripts/bn_length_ablation.py "$run/best.pt" \
-        --device cuda --out "$run/ablation.json" >> "$out/bnlen.log" 2>&1 || true
-    done
+    ablate reports/comet_bn_length/runs/comet_bn_length "$out/bnlen.log"
     keep reports/comet_bn_length ;;
   grid)
     # their own presets' recipe, as their seed-1 runs (the report's "How each row was trained")
@@ -128,10 +133,7 @@ case "$part" in
       configs/multi30k/comet_temporal_conv_mixed_batches.yaml configs/multi30k/comet_temporal_conv.yaml \
       --seeds 1 2 3 --jobs 12 --deadline "$deadline" --out reports/temporal_conv_decoder_bn --metrics paper bleu \
       "${recipe[@]}" > "$out/tcbn.log" 2>&1 || true
-    for run in reports/temporal_conv_decoder_bn/runs/comet_temporal_conv_decoder_bn_length/seed*; do
-      [ -f "$run/done.json" ] && [ ! -f "$run/ablation.json" ] && python scripts/bn_length_ablation.py "$run/best.pt" \
-        --device cuda --out "$run/ablation.json" >> "$out/tcbn.log" 2>&1 || true
-    done
+    ablate reports/temporal_conv_decoder_bn/runs/comet_temporal_conv_decoder_bn_length "$out/tcbn.log"
     keep reports/temporal_conv_decoder_bn ;;
   gridtime)
     # GRID_ROWS (default all) times a part of the grid, e.g. half in one session and half in the next
