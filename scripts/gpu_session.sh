@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU work still open, cut into parts that each fit one 10-minute call of a lent device machine.
+# The GPU work still open, cut into parts that each fit one 10-minute call of a lent device machine
+# (a session now has 15 device minutes in all, the machine's start included: `next` below).
 # Such a machine keeps no files once it goes idle, so every part finishes its runs inside the call
 # (--deadline) and packs what the reports need (run records, hypotheses, metrics, logs; no
 # checkpoints) into one tarball per report folder under $OUT. Back here, unpack them, move the run
@@ -10,9 +11,9 @@
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
-# PART (`next` runs benchq and benchpp once, then tpp until its report lists no missing run, then
-# check and benchcg, one call after another while warm), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
-# baselines -> reports/transformer_pp_en_de; benchq and single bench lines -> bench/results/gpu_h100):
+# PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, check,
+# tpp1-3, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# baselines -> reports/transformer_pp_en_de; the single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
 #            COMET/Transformer 1.04, 0.63 and 0.48 in three runs on one H100: only the rounds median
@@ -34,7 +35,8 @@
 #            micro-batches and at the 8,192 tokens tpp trains with (0.55 measured at 1,024 before
 #            ConvAttention's fused projection and the SDPA-free eq. 3; both unmeasured on a GPU)
 #   tpp      Transformer++ against its same-size Transformer (issue 4) with the baselines' new
-#            attention dropout (~15 min in two calls); see below
+#            attention dropout (~15 min in two calls for the 3 seeds; `next` runs one seed a session
+#            as tpp1, tpp2, tpp3 with TPP_SEEDS); see below
 #   gridtime issue 6's timing of the whole Table 1 grid (12 paper rows x 3 seeds) on one GPU, 14 runs
 #            side by side, into a fresh reports/gpu_grid_timing; ~30 min of calls while warm (estimate
 #            from 12 runs in 8-10 min), so it needs a session whose device budget has that left, or
@@ -156,7 +158,7 @@ case "$part" in
     keep reports/comet_paper_recipe ;;
   tpp)
     python -m cometnmt compare configs/multi30k/transformer_pp_en_de.yaml configs/multi30k/transformer_pp_baseline_en_de.yaml \
-      --seeds 1 2 3 --jobs 6 --average-last 10 --deadline "$deadline" --out reports/transformer_pp_en_de_attention_dropout \
+      --seeds ${TPP_SEEDS:-1 2 3} --jobs 6 --average-last 10 --deadline "$deadline" --out reports/transformer_pp_en_de_attention_dropout \
       --set train.precision=bf16 --set train.batch_tokens=8192 --set train.accum_steps=1 \
       --set train.warmup_steps=400 --set train.max_epochs=45 \
       --set train.valid_bleu_max_sentences=500 ${cg[@]+"${cg[@]}"} > "$out/tpp.log" 2>&1 || true
@@ -168,45 +170,51 @@ case "$part" in
       --out reports/gpu_cudagraphs_run "${recipe[@]}" --set train.compile=true --set train.compile_mode=reduce-overhead \
       > "$out/cgrun.log" 2>&1 || true
     keep reports/gpu_cudagraphs_run ;;
-  next)  # what the next session should run, in one call after another while the machine is warm:
-    # benchq and benchpp once each (issues 3 and 4's eager speed ratios), then tpp until its report
-    # lists no missing run (issue 4's quality; at most 3 calls), then check and benchcg (CUDA graphs:
-    # the lever should an eager ratio miss). Markers in the ignored runs/gpu_session/, which a warm
-    # machine keeps between calls as it keeps runs, are set before a piece starts, so a piece that
-    # fails or overruns is not retried forever. That order fits one session's 30 device minutes
-    # (start ~1.5 min, benchq ~5 and benchpp ~3 in the first call, tpp ~14 in the next two; the
-    # estimates of stop 21); the CUDA-graph pieces (~10 min) come in the session after. Each piece
-    # is bounded so that the call ends before the 600 s limit of a call (tpp's training stops ~55 s
-    # before, for decoding and packing; should decoding the runs that finished at the deadline run
-    # on past 580 s, tpp is stopped there and its runs packed as they are: the next call evaluates
-    # them); a piece without the time it needs left waits for the next call
+  next)  # what the next GPU session should run: one call after another while the machine is warm,
+    # the first piece not yet done. A lent machine now gives a session 15 device minutes in all (its
+    # start, ~1.5-3 min, included) and keeps no files once it goes idle, so pieces are sized to one
+    # call and progress across sessions lives in the committed scripts/gpu_done.txt: the session
+    # that unpacks a piece's results adds its name there (`echo tpp1 >> scripts/gpu_done.txt`) and
+    # commits both. Within a session, markers in the ignored runs/gpu_session/ (a warm machine keeps
+    # them between calls) are set before a piece starts, so a piece that fails or overruns is not
+    # retried forever. Order: benchq (~5 min) and benchpp (~3), issues 3 and 4's eager speed ratios,
+    # in the first call; check (~3-5), the CUDA-graph equivalence, in a second call if the budget
+    # allows; then tpp1, tpp2, tpp3 (issue 4's like-for-like quality: one seed of Transformer++ and
+    # of its baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session
+    # since a seed's two runs cannot resume in a later session; then benchcg if check passed. Each
+    # piece is bounded so that the call ends before the 600 s limit of a call (tpp's training stops
+    # ~55 s before, for decoding and packing); a piece without the time it needs waits for the next
+    # call
     left() { echo $((560 - SECONDS)); }
     mkdir -p runs/gpu_session
-    once() {  # once PART SECONDS_NEEDED: run PART unless tried before or too little time is left
-      [ -f "runs/gpu_session/$1.tried" ] && return 0
-      if [ "$(left)" -lt "$2" ]; then echo "no time left in this call for $1: call next again"; return 1; fi
-      touch "runs/gpu_session/$1.tried"
-      if timeout "$(left)" bash "$0" "$1" > "$out/$1.log" 2>&1; then touch "runs/gpu_session/$1.ok"
-      else echo "$1 failed or ran out of time ($1.log)"; fi
-      grep -h "^ratio\|^COMET/Transformer\|: ok:\|: FAIL" "$out/$1.log" || tail -8 "$out/$1.log"
+    done_before() { grep -qx "$1" scripts/gpu_done.txt 2>/dev/null; }
+    once() {  # once PART SECONDS_NEEDED [ENV=VALUE]: run PART unless done or tried, or too little time is left
+      local piece=$1 need=$2; shift 2
+      { done_before "$piece" || [ -f "runs/gpu_session/$piece.tried" ]; } && return 0
+      if [ "$(left)" -lt "$need" ]; then echo "no time left in this call for $piece: call next again"; return 1; fi
+      touch "runs/gpu_session/$piece.tried"
+      local part=$piece
+      case $piece in tpp[0-9]*) part=tpp ;; esac
+      if env "$@" timeout -k 10 "$(left)" bash "$0" "$part" > "$out/$piece.log" 2>&1; then touch "runs/gpu_session/$piece.ok"
+      else
+        echo "$piece failed or ran out of time ($piece.log)"
+        [ "$part" = tpp ] && keep reports/transformer_pp_en_de_attention_dropout  # its runs as they are
+      fi
+      grep -h "^ratio\|^COMET/Transformer\|: ok:\|: FAIL" "$out/$piece.log" || tail -8 "$out/$piece.log"
+      echo "$piece: ran in this call; once its results are committed, add it to scripts/gpu_done.txt"
     }
     once benchq 300 || exit 0
     once benchpp 240 || exit 0
-    tpp_report=reports/transformer_pp_en_de_attention_dropout/report.md
-    tpp_calls=$(find runs/gpu_session -name 'tpp.call*' | wc -l)
-    if [ "$tpp_calls" -lt 3 ] && { [ ! -f "$tpp_report" ] || grep -q "not finished" "$tpp_report"; }; then
-      if [ "$(left)" -lt 150 ]; then
-        echo "no time left in this call for tpp: call next again while the machine is warm"; exit 0
-      fi
-      touch "runs/gpu_session/tpp.call$((tpp_calls + 1))"
-      DEADLINE=$((545 - SECONDS)) timeout -k 10 $((580 - SECONDS)) bash "$0" tpp \
-        || { echo "tpp stopped at 580 s or failed; packing its runs as they are"; keep reports/transformer_pp_en_de_attention_dropout; }
-      tail -5 "$out/tpp.log"
-      exit 0
-    fi
     once check 300 || exit 0
-    if [ -f runs/gpu_session/check.ok ]; then once benchcg 420 || exit 0; fi
-    echo "next: every piece ran; cgrun and gridtime remain (see the top of this file)" ;;
+    for seed in 1 2 3; do
+      if ! done_before "tpp$seed" && [ ! -f "runs/gpu_session/tpp$seed.tried" ]; then
+        # one seed a session: its training stops ~55 s before the call's end, for decoding and packing
+        once "tpp$seed" 400 TPP_SEEDS="$seed" DEADLINE=$((505 - SECONDS)) || exit 0
+        exit 0
+      fi
+    done
+    if [ -f runs/gpu_session/check.ok ] || done_before check; then once benchcg 420 || exit 0; fi
+    echo "next: every piece ran; cgrun, tcbn and gridtime remain (see the top of this file)" ;;
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
     # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
     # benchcg's timings mean something only if this passes

@@ -398,6 +398,35 @@ def test_unpadded_batch_norm_is_pytorchs_own_with_the_same_results(bounds):
     assert one(torch.randn(1, 1, 5), None).abs().max() < 1e-4
 
 
+def test_per_length_statistics_picked_on_the_host_equal_the_device_path_and_follow_outside_writes():
+    """Unpadded batches move the per-length statistics with weights computed on the host, from a host
+    copy of bucket_batches (fewer operators a step): bit for bit what the device path (the same
+    batches' lengths given as tensors) computes, through the first updates (weights 1/count, the
+    bucket and the pooled row apart), the steady state (both at momentum: one lerp_ on two rows),
+    a padded batch (the device path) in between, and writes to the counts from outside (a
+    checkpoint loaded, bn_length_ablation.py's zeroing), which the host copy must not miss."""
+    host, device = (MaskedBatchNorm(3, length_bounds=[4, 8]).train() for _ in range(2))
+    g = torch.Generator().manual_seed(0)
+    for i in range(30):
+        L = [3, 6, 11, 6][i % 4]
+        x = torch.randn(2, L, 3, generator=g) * (1 + L / 4) + L
+        pad = torch.zeros(2, L, dtype=torch.bool)
+        pad[0, -1] = True  # used in batch 13 only: both modules take the device path
+        pad = pad if i == 13 else None
+        host(x, pad)
+        device(x, pad, lengths=torch.full((2,), L) if pad is None else None)  # lengths as a tensor: the device path
+        if i == 20:  # a checkpoint with other counts is loaded into both
+            state = {k: v.clone() for k, v in host.state_dict().items()}
+            state["bucket_batches"][1] = 2  # a bucket that goes back to 1/count weights
+            host.load_state_dict(state), device.load_state_dict(state)
+        if i == 25:  # written in place from outside, as bn_length_ablation.py does
+            host.bucket_batches[:-1] = 0
+            device.bucket_batches[:-1] = 0
+        for k in ("running_mean", "running_var", "bucket_batches"):
+            assert torch.equal(getattr(host, k), getattr(device, k)), (i, k)
+    assert host.bucket_batches.tolist() == [1, 2, 1, 30]  # buckets zeroed after batch 25, then lengths 11, 6, 3, 6
+
+
 @pytest.mark.parametrize("bounds,kind,causal", [(None, "conv", False), ([4, 8], "conv", False), (None, "ffn1", False),
                                                  ([4, 8], "ffn2", False), (None, "conv", True), ([4, 8], "conv", True)])
 def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causal):
