@@ -13,6 +13,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def state_buffers(module) -> list:
+    """(name, buffer) of the buffers a checkpoint keeps (persistent ones): running statistics and
+    counts, not scratch space such as MaskedBatchNorm's last batch's moments."""
+    kept = module.state_dict(keep_vars=True)
+    return [(k, b) for k, b in module.named_buffers() if k in kept]
+
+
 def multi30k_dir() -> Path:
     env = os.environ.get("COMETNMT_MULTI30K_DIR")
     return Path(env) if env else REPO.parent / "shared" / "data" / "multi30k"

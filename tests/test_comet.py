@@ -10,6 +10,7 @@ import torch
 from cometnmt.models.comet import CometConfig, ConvUnit, GatedConv, MaskedBatchNorm, MultiLayerConv
 
 import test_models
+from conftest import state_buffers
 from test_models import make, random_batch
 
 
@@ -390,7 +391,7 @@ def test_unpadded_batch_norm_is_pytorchs_own_with_the_same_results(bounds):
     torch.testing.assert_close(x2.grad, x.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(native.weight.grad, masked.weight.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(native.bias.grad, masked.bias.grad, atol=1e-5, rtol=1e-5)
-    for (k, a), (_, b) in zip(masked.named_buffers(), native.named_buffers()):
+    for (k, a), (_, b) in zip(state_buffers(masked), state_buffers(native)):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=k)
     if bounds:
         assert native.bucket_batches.tolist() == [0, 2, 0, 2]  # length 6: bucket 4-8, and the pooled row
@@ -469,7 +470,7 @@ def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causa
     torch.testing.assert_close(gx1, gx0, atol=1e-5, rtol=1e-4)
     for k in g0:
         torch.testing.assert_close(g1[k], g0[k], atol=1e-5, rtol=1e-4, msg=k)
-    for (k, a), (_, b) in zip(units[0].named_buffers(), units[1].named_buffers()):
+    for (k, a), (_, b) in zip(state_buffers(units[0]), state_buffers(units[1])):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=k)
     if bounds:  # the batch's bucket (its own length 7 in the encoder, its mean source length in the decoder) and the pooled row
         expected = [0, 0, 2, 2] if causal else [0, 2, 0, 2]

@@ -155,6 +155,10 @@ class MaskedBatchNorm(nn.Module):
         # of the micro-batches, so that all ranks keep the statistics one process would.
         self.defer_running = False
         self.register_buffer("recorded", torch.zeros(2 * channels + 1), persistent=False)
+        # the last unpadded training batch's mean and unbiased variance, written by F.batch_norm
+        # (momentum 1) for the per-length and deferred updates (:meth:`_native`)
+        self.register_buffer("batch_mean", torch.zeros(channels), persistent=False)
+        self.register_buffer("batch_var", torch.ones(channels), persistent=False)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
                 lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -195,25 +199,26 @@ class MaskedBatchNorm(nn.Module):
         float32 (one kernel forward and one backward on a GPU, against some 30 operators of the
         masked path), the same statistics and float32 output as the masked path with no padding."""
         flat = x.float().reshape(-1, x.shape[-1])  # B*L,C
-        return self._native(flat, 0, x.shape[1] if lengths is None else self._mean_length(lengths)).view(x.shape)
+        return self._native(flat, x.shape[1] if lengths is None else self._mean_length(lengths)).view(x.shape)
 
     def train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Training mode on an unpadded batch in the convolutions' own layout, x B,C,L (the GPU
         path of :class:`MultiLayerConv`): ``F.batch_norm`` as is, in the input's dtype (under bf16
         autocast the kernel takes bf16 with float32 weights and statistics and accumulates in
         float32), so no cast or copy goes in or out. The same statistics as :meth:`_train_unpadded`."""
-        return self._native(x, (0, 2), x.shape[2] if lengths is None else self._mean_length(lengths))
+        return self._native(x, x.shape[2] if lengths is None else self._mean_length(lengths))
 
-    def _native(self, x: torch.Tensor, dims, length: int | torch.Tensor) -> torch.Tensor:
-        """``F.batch_norm`` of x, channels in dim 1, statistics over ``dims``, in training mode;
+    def _native(self, x: torch.Tensor, length: int | torch.Tensor) -> torch.Tensor:
+        """``F.batch_norm`` of x, channels in dim 1, statistics over every other dim, in training mode;
         ``length`` keys the per-length statistics (every row's length, or a 0-dim tensor of the
         given lengths' mean)."""
         if not self.length_bounds and not self.defer_running:  # PyTorch's running update: momentum, unbiased variance, as ours
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
-        y = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        # momentum 1: the kernel writes the batch's own mean and unbiased variance into the scratch
+        # buffers (no var_mean, no float32 copy of x)
+        y = F.batch_norm(x, self.batch_mean, self.batch_var, self.weight, self.bias, True, 1.0, self.eps)
         with torch.no_grad():
-            var, mean = torch.var_mean(x.float(), dim=dims)  # unbiased variance, for the running statistics
-            self._update_running(mean, var, length if isinstance(length, torch.Tensor) else float(length))
+            self._update_running(self.batch_mean, self.batch_var, length if isinstance(length, torch.Tensor) else float(length))
         return y
 
     def _update_running(self, mean: torch.Tensor, unbiased: torch.Tensor, mean_length: torch.Tensor | float) -> None:
