@@ -142,11 +142,11 @@ class DecodeConfig:
 
     method: Literal["greedy", "beam", "sample"] = "greedy"  # greedy, beam or sample (random sampling, e.g. for back-translation)
     beam_size: int = 5
-    length_penalty: float = 1.0  # GNMT alpha: score / ((5 + len) / 6) ** alpha
+    length_penalty: float = 1.0  # GNMT alpha (0 to 10): score / ((5 + len) / 6) ** alpha
     nbest: int = 1  # hypotheses per sentence: the beam's best, or independent samples (method sample)
     sampling_topk: int = 0  # sample: draw from the k most probable tokens only (0: the whole vocabulary)
     sampling_topp: float = 1.0  # sample: nucleus, the fewest tokens whose probability reaches p (after top-k; 1.0: off)
-    temperature: float = 1.0  # sample: divides the logits (below 1: sharper, above: flatter)
+    temperature: float = 1.0  # sample: divides the logits (below 1: sharper, above: flatter; 1e-30 to 1e30)
     sampling_seed: Optional[int] = None  # sample: seed of each line's random stream (null: drawn from torch's global RNG)
     replace_unk: bool = False  # put the source word the decoder attends to most in place of each <unk> output (spacy tokenizer)
     max_len_a: float = 1.5  # output length bound: a * source tokens (without src_sos_eos specials) + b
@@ -567,11 +567,37 @@ def changed_keys(old: dict, new: dict, prefix: str = ""):
             yield f"{prefix}{key}", a, b
 
 
+# GNMT's alpha above this scales a score by ((5 + length) / 6) ** alpha beyond float32's range at
+# the longest outputs, so every hypothesis would score 0 (or a Python float overflow). Practical
+# values are 0 to 2.
+LENGTH_PENALTY_MAX = 10.0
+# Temperatures whose float32 value is 0 or inf (or whose quotient is) turn the sampling logits into
+# NaNs; inside this range float32 keeps the temperature and the logits' order.
+TEMPERATURE_RANGE = (1e-30, 1e30)
+
+
+def length_penalty_problem(alpha: float) -> str | None:
+    """Why ``alpha`` is no usable length penalty (None if it is): the words after the key or flag."""
+    if not (math.isfinite(alpha) and 0 <= alpha <= LENGTH_PENALTY_MAX):
+        return f"must be a number from 0 to {LENGTH_PENALTY_MAX:g}"
+    return None
+
+
+def temperature_problem(temperature: float) -> str | None:
+    """Why ``temperature`` is no usable sampling temperature (None if it is)."""
+    low, high = TEMPERATURE_RANGE
+    if not (math.isfinite(temperature) and temperature > 0):
+        return "must be a positive finite number"
+    if not low <= temperature <= high:
+        return f"must be from {low:g} to {high:g} (float32 keeps it there; below {low:g} sampling is greedy search anyway)"
+    return None
+
+
 def _check_search(decode: DecodeConfig) -> None:
     """The length penalty and length bound (checked whatever ``decode.method`` is). A nan or
     negative bound gave one-token outputs without a word; the penalty follows --length-penalty's rule."""
-    if not (math.isfinite(decode.length_penalty) and decode.length_penalty >= 0):
-        raise ConfigError(f"config key 'decode.length_penalty': must be a finite number at least 0, got {decode.length_penalty}")
+    if (problem := length_penalty_problem(decode.length_penalty)) is not None:
+        raise ConfigError(f"config key 'decode.length_penalty': {problem}, got {decode.length_penalty}")
     if not (math.isfinite(decode.max_len_a) and decode.max_len_a >= 0):
         raise ConfigError(f"config key 'decode.max_len_a': must be a finite number at least 0, got {decode.max_len_a}")
     if decode.max_len_b < 0:
@@ -588,8 +614,8 @@ def _check_sampling(decode: DecodeConfig) -> None:
                           f"got {decode.sampling_topk}")
     if not 0.0 < decode.sampling_topp <= 1.0:
         raise ConfigError(f"config key 'decode.sampling_topp': {decode.sampling_topp} must be in (0, 1] (1: off)")
-    if not (math.isfinite(decode.temperature) and decode.temperature > 0):
-        raise ConfigError(f"config key 'decode.temperature': must be a positive finite number, got {decode.temperature}")
+    if (problem := temperature_problem(decode.temperature)) is not None:
+        raise ConfigError(f"config key 'decode.temperature': {problem}, got {decode.temperature}")
     if decode.sampling_seed is not None and not 0 <= decode.sampling_seed < SEED_LIMIT:
         raise ConfigError(f"config key 'decode.sampling_seed': must be in [0, 2**63) (or null), got {decode.sampling_seed}")
 

@@ -156,7 +156,7 @@ def sample_tokens(lp: torch.Tensor, topk: int, topp: float, temperature: float, 
     always survives). Drawn by inversion: row a takes the first token whose cumulative
     probability exceeds ``uniforms[a]`` (A, in [0, 1)) times the row's total, so one number a row
     and step decides it whatever else is in the batch. Returns A long."""
-    scaled = (lp - lp.amax(dim=-1, keepdim=True)) / temperature  # A,V; max 0, so a tiny temperature cannot overflow
+    scaled = (lp - lp.amax(dim=-1, keepdim=True)) / temperature  # A,V; max 0, so a tiny temperature (>= 1e-30, config check) cannot overflow
     V = lp.size(-1)
     k = V if topk == 0 else min(topk, V)
     if k == V and topp >= 1.0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -12,7 +11,8 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from cometnmt.config import SEED_LIMIT, Config, DecodeConfig, config_from_dict, from_dict, positions_key, to_dict
+from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, config_from_dict, from_dict, length_penalty_problem, positions_key,
+                             temperature_problem, to_dict)
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
@@ -152,8 +152,8 @@ def _check_search_settings(name, beam, nbest, length_penalty, batch_sentences) -
             raise ConfigError(f"{name(option, value)}: must be at least 1")
     if length_penalty is not None and (isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float))):
         raise ConfigError(f"{name('length_penalty', repr(length_penalty))}: must be a number")
-    if length_penalty is not None and not (math.isfinite(length_penalty) and length_penalty >= 0):
-        raise ConfigError(f"{name('length_penalty', length_penalty)}: must be a finite number at least 0")
+    if length_penalty is not None and (problem := length_penalty_problem(length_penalty)) is not None:
+        raise ConfigError(f"{name('length_penalty', length_penalty)}: {problem}")
 
 
 def _check_sampling_settings(name, sampling, topk, topp, temperature, seed) -> None:
@@ -171,8 +171,8 @@ def _check_sampling_settings(name, sampling, topk, topp, temperature, seed) -> N
             raise ConfigError(f"{name(option, repr(value))}: must be a number")
     if topp is not None and not 0 < topp <= 1:
         raise ConfigError(f"{name('topp', topp)}: must be in (0, 1] (1: off)")
-    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
-        raise ConfigError(f"{name('temperature', temperature)}: must be a positive finite number")
+    if temperature is not None and (problem := temperature_problem(temperature)) is not None:
+        raise ConfigError(f"{name('temperature', temperature)}: {problem}")
 
 
 @dataclass

@@ -303,6 +303,8 @@ def test_translate_input_errors_name_the_line(trained, cli, tmp_path):
     (["--sampling", "--topp", "1.2"], "--topp 1.2: must be in (0, 1] (1: off)"),
     (["--sampling", "--temperature", "0"], "--temperature 0.0: must be a positive finite number"),
     (["--sampling", "--temperature", "nan"], "--temperature nan: must be a positive finite number"),
+    (["--sampling", "--temperature", "1e-46"], "--temperature 1e-46: must be from 1e-30 to 1e+30"),  # gave NaN logits
+    (["--beam", "3", "--length-penalty", "400"], "--length-penalty 400.0: must be a number from 0 to 10"),  # overflowed
     (["--sampling", "--seed", "-2"], "--seed -2: must be at least 0"),
     (["--sampling", "--beam", "4"], "--sampling and --beam 4: choose one"),
     (["--topk", "5"], "--topk 5: a sampling setting; add --sampling"),

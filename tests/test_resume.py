@@ -336,7 +336,9 @@ def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, mon
     assert not all(torch.equal(tuned["model"][k], v) for k, v in base["model"].items())  # and it trained
 
     for overrides, needle in ((["model.d_model=32", "model.d_ff=64"], "its weights do not fit this model"),
-                              (["data.min_freq=2"], "data.min_freq (3 in the checkpoint, 2 now)")):
+                              (["data.min_freq=2"], "data.min_freq (3 in the checkpoint, 2 now)"),
+                              # the shapes fit, but two trained matrices cannot load into one (the last would win)
+                              (["model.tie_embeddings=true"], "config key 'model.tie_embeddings': true, but the checkpoint")):
         with pytest.raises(ConfigError, match=re.escape(needle)):
             run_module.train(tiny_train_cfg(tmp_path / "bad", data_dir, *overrides), init_from=tmp_path / "base" / "best.pt")
         assert not (tmp_path / "bad").exists()  # refused before the folder was made
@@ -398,3 +400,17 @@ def test_deferred_delivers_the_first_signal_after_the_block_and_nests():
     with deferred(redeliver=False) as noted:
         os.kill(os.getpid(), signal.SIGINT)
     assert noted == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is before
+
+
+def test_init_from_with_other_batch_norm_length_buckets_warns(tmp_path, data_dir, caplog):
+    """--init-from with other model.comet.bn_length_bounds of as many buckets: the weights fit, but
+    each bucket's statistics were trained on other lengths, which the log says."""
+    comet = ["model.arch=comet", "train.max_steps=1"]
+    run_module.train(tiny_train_cfg(tmp_path / "base", data_dir, *comet, "model.comet.bn_length_bounds=[4, 8]"))
+    with caplog.at_level(logging.INFO, logger="cometnmt"):
+        run_module.train(tiny_train_cfg(tmp_path / "same", data_dir, *comet, "model.comet.bn_length_bounds=[4, 8]"),
+                         init_from=tmp_path / "base" / "last.pt")
+        assert "differs from the checkpoint's" not in caplog.text
+        run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *comet, "model.comet.bn_length_bounds=[4, 9]"),
+                         init_from=tmp_path / "base" / "last.pt")
+    assert "model.comet.bn_length_bounds [4, 9] differs from the checkpoint's [4, 8]" in caplog.text

@@ -111,6 +111,9 @@ class CometConfig:
             bounds = getattr(self, name)
             if bounds is not None and (not bounds or any(b < 1 for b in bounds) or bounds != sorted(set(bounds))):
                 raise ConfigError(f"{key(name)}: ascending positive source lengths (or null), got {bounds}")
+        if self.bn_length_bounds is not None and not self.batch_norm:
+            raise ConfigError(f"{key('bn_length_bounds')}: only applies with batch norm (model.comet.batch_norm true), "
+                              f"got batch_norm {self.batch_norm}")
         if self.decoder_bn_length_bounds is not None and not (
                 self.decoder == "temporal_conv" and self.batch_norm and self.decoder_batch_norm):
             raise ConfigError(f"{key('decoder_bn_length_bounds')}: only applies to a temporal-convolution decoder with "

@@ -130,6 +130,11 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
         raise ConfigError(f"{option}: the vocabularies and tokenizers come from the checkpoint, but the "
                           f"config differs from it in {', '.join(changed)}; set them as the checkpoint has them")
     changed = [f"model.{key} ({old!r} -> {new!r})" for key, old, new in changed_keys(to_dict(saved.model), to_dict(cfg.model))]
+    if cfg.model.tie_embeddings and not saved.model.tie_embeddings:
+        # both trained matrices would load into the one shared tensor, the output projection's last
+        raise ConfigError(f"{option}: config key 'model.tie_embeddings': true, but the checkpoint was trained with separate "
+                          f"target embeddings and output projection, which cannot become one matrix without losing one "
+                          f"of them; set model.tie_embeddings: false (a tied checkpoint may be fine-tuned untied)")
     codec = TextCodec.from_state(payload["codec"])
     model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
     try:
@@ -142,6 +147,12 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
                           ) from None
     if changed:
         log.info("--init-from: model keys changed from the checkpoint's: %s", ", ".join(changed))
+    for key in ("bn_length_bounds", "decoder_bn_length_bounds"):
+        old, new = getattr(saved.model.comet, key), getattr(cfg.model.comet, key)
+        if cfg.model.arch == "comet" and old and new and old != new:  # the same number of rows loaded, other lengths
+            log.warning("--init-from: model.comet.%s %s differs from the checkpoint's %s: each bucket starts from the "
+                        "batch-norm statistics of the checkpoint's bucket of the same index, trained on other lengths, "
+                        "until training moves them", key, new, old)
     return payload, model
 
 
