@@ -109,7 +109,7 @@ def test_translator_call_and_translate(translator):
         translator.translate(["Zwei Hunde."], beam=2, nbest=5)
     with pytest.raises(cometnmt.ConfigError, match=r"^beam='5': must be an integer"):
         translator("Zwei Hunde.", beam="5")
-    with pytest.raises(cometnmt.ConfigError, match=r"^length_penalty=-1.0: must be a finite number"):
+    with pytest.raises(cometnmt.ConfigError, match=r"^length_penalty=-1.0: must be a number from 0 to 10"):
         translator("Zwei Hunde.", length_penalty=-1.0)
 
 
