@@ -188,9 +188,10 @@ case "$part" in
     left() { echo $((560 - SECONDS)); }
     mkdir -p runs/gpu_session
     done_before() { grep -qx "$1" scripts/gpu_done.txt 2>/dev/null; }
+    pending() { ! done_before "$1" && [ ! -f "runs/gpu_session/$1.tried" ]; }  # neither committed nor tried here
     once() {  # once PART SECONDS_NEEDED [ENV=VALUE]: run PART unless done or tried, or too little time is left
       local piece=$1 need=$2; shift 2
-      { done_before "$piece" || [ -f "runs/gpu_session/$piece.tried" ]; } && return 0
+      pending "$piece" || return 0
       if [ "$(left)" -lt "$need" ]; then echo "no time left in this call for $piece: call next again"; return 1; fi
       touch "runs/gpu_session/$piece.tried"
       local part=$piece
@@ -207,13 +208,13 @@ case "$part" in
     once benchpp 240 || exit 0
     once check 300 || exit 0
     for seed in 1 2 3; do
-      if ! done_before "tpp$seed" && [ ! -f "runs/gpu_session/tpp$seed.tried" ]; then
+      if pending "tpp$seed"; then
         # one seed a session: its training stops ~55 s before the call's end, for decoding and packing
         once "tpp$seed" 400 TPP_SEEDS="$seed" DEADLINE=$((505 - SECONDS)) || exit 0
         exit 0
       fi
     done
-    if [ -f runs/gpu_session/check.ok ] || done_before check; then once benchcg 420 || exit 0; fi
+    if [ -f runs/gpu_session/check.ok ] || done_before check-passed; then once benchcg 420 || exit 0; fi
     echo "next: every piece ran; cgrun, tcbn and gridtime remain (see the top of this file)" ;;
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
     # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
