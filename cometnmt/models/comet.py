@@ -158,6 +158,8 @@ class MaskedBatchNorm(nn.Module):
         # of the micro-batches, so that all ranks keep the statistics one process would.
         self.defer_running = False
         self.register_buffer("recorded", torch.zeros(2 * channels + 1), persistent=False)
+        # (bucket_batches as last written here, its version then, its values as a host list): see _host_counts
+        self._counts_mirror: Optional[tuple[torch.Tensor, int, list[int]]] = None
         # the last unpadded training batch's mean and unbiased variance, written by F.batch_norm
         # (momentum 1) for the per-length and deferred updates (:meth:`_native`)
         self.register_buffer("batch_mean", torch.zeros(channels), persistent=False)
@@ -292,8 +294,7 @@ class MaskedBatchNorm(nn.Module):
     def _host_counts(self) -> list[int]:
         """``bucket_batches`` as a host list, read from the device only if the buffer was replaced
         or written since this module last wrote it (its in-place version counter moved)."""
-        mirror = getattr(self, "_counts_mirror", None)
-        buf = self.bucket_batches
+        mirror, buf = self._counts_mirror, self.bucket_batches
         if mirror is not None and mirror[0] is buf and mirror[1] == buf._version:
             return mirror[2]
         return buf.tolist()
