@@ -77,15 +77,18 @@ def test_a_compile_failure_redoes_the_step_eagerly_from_the_same_state(tmp_path,
         assert torch.equal(value, fallback[key]), key
 
 
-@pytest.mark.parametrize("pairs, padded", [(300, True), (3000, False)])
-def test_compiled_comet_computes_the_eager_gradients(data_dir, monkeypatch, pairs, padded):
+@pytest.mark.parametrize("pairs, padded, decoder", [(300, True, False), (3000, False, False), (300, True, True)])
+def test_compiled_comet_computes_the_eager_gradients(data_dir, monkeypatch, pairs, padded, decoder):
     """bench/check_compile.py with the real torch.compile (inductor, CPU) on COMET with per-length
     batch norm: loss, gradients and running statistics equal the eager trainer's, step after step
     at changing weights. 300 pairs give padded 600-token batches (the masked batch norm), 3,000
     give batches of one source length (F.batch_norm). There eager picks the statistics' bucket on
     the host and the compiled model on the device (a host choice would recompile per bucket), so the
     two choices are compared too. A bucket update that ran differently when compiled fails it
-    (tried: its weight scaled by 0.9 under ``torch.compiler.is_compiling()``)."""
+    (tried: its weight scaled by 0.9 under ``torch.compiler.is_compiling()``). ``decoder`` adds the
+    temporal-convolution decoder with its batch norms' statistics per source length
+    (``decoder_bn_length_bounds``), whose rows are picked by the source's length, not x's own
+    (tried: the compiled decoder given the source lengths plus 4 fails it)."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     import check_compile
     from cometnmt.models.base import Seq2Seq
@@ -93,7 +96,8 @@ def test_compiled_comet_computes_the_eager_gradients(data_dir, monkeypatch, pair
     masks = []
     original = Seq2Seq.training_source_mask
     monkeypatch.setattr(Seq2Seq, "training_source_mask", lambda self, batch: masks.append(original(self, batch)) or masks[-1])
-    cfg = tiny_cfg("unused", data_dir, f"data.max_train_pairs={pairs}", "train.accum_steps=1", "train.compile=true")
+    extra = ["model.comet.decoder=temporal_conv", "model.comet.decoder_bn_length_bounds=[9,13]"] if decoder else []
+    cfg = tiny_cfg("unused", data_dir, f"data.max_train_pairs={pairs}", "train.accum_steps=1", "train.compile=true", *extra)
     result = check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=2, log=lambda line: None)
     assert result["ok"] and result["steps"] == 2, result
     assert masks and all((mask is not None) == padded for mask in masks)
@@ -112,7 +116,8 @@ def test_compiled_dropout_follows_the_micro_batch_seed(data_dir, monkeypatch):
     assert result["ok"] and result["steps"] == 2, result
 
 
-GRAPH_PRESETS = ["transformer", "comet", "comet_bn_length", "comet_temporal_conv", "comet_ffn1", "transformer_pp_en_de",
+GRAPH_PRESETS = ["transformer", "comet", "comet_bn_length", "comet_temporal_conv", "comet_temporal_conv_decoder_bn_length",
+                 "comet_temporal_conv_decoder_bn_length:conv1d", "comet_ffn1", "transformer_pp_en_de",
                  "convs2s", "comet_bn_length:conv1d"]  # each a different code path (the other Table 1 rows reuse these modules)
 
 
