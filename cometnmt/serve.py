@@ -25,7 +25,9 @@ request whose length is ambiguous (two Content-Length headers, one that is not a
 line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
 be taken for the next request (request smuggling). ``Expect: 100-continue`` is answered with
 ``100 Continue`` only once those checks (and the size limit, path and method) have passed; any
-other expectation gets 417 (RFC 9110) and its connection closed.
+other expectation gets 417 (RFC 9110) and its connection closed. A connection closed after a
+refusal or with a body unread is drained first (a lingering close, :meth:`_Handler._drain`), so a
+client still sending its body gets the answer, not a reset.
 Requests are
 handled in threads, the model one request at a time (a lock), so a long batch delays the next
 request rather than racing it.
@@ -295,6 +297,10 @@ class _Handler(BaseHTTPRequestHandler):
     _in_head = False  # reading (or waiting for) a request line and headers: a stop ends the read
     _cut = False  # the server stopped before this request's head had arrived whole: no answer
     _head_deadline = 0.0  # time.monotonic() by which a request's head must have arrived whole
+    _body_read = False  # this request's body has been read in full
+    _linger = False  # the connection closes after a refusal or with a body unread: drain it first
+    linger_seconds = 5.0  # the longest a closing connection is drained (_drain)
+    linger_idle = 1.0  # a client silent this long while draining has stopped sending
 
     def setup(self) -> None:
         super().setup()
@@ -327,6 +333,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self._in_head, self._cut = True, False  # until parse_request has the headers
+        self._length, self._body_read, self._linger = None, False, False
         self._head_deadline = time.monotonic() + self.timeout
         self.requestline = ""  # the last request's, until this one's is read
         try:
@@ -334,7 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ConnectionError as exc:  # reset or closed by the client, reading its request or writing
             # the answer: nobody to answer. It was a traceback (two when the body was being read: the
             # catch-all for bugs logged one, then its 500 met the closed connection)
-            self.close_connection = True
+            self.close_connection, self._linger = True, False
             self.log_error("connection lost %s: %s", f"during {self.requestline!r}" if self.requestline
                            else "between requests", exc.strerror or exc)
         finally:
@@ -411,6 +418,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
+            # a refusal, or an answer that left the body unread: the client may still be sending
+            self._linger = status >= 400 or (self._has_body() and not self._body_read)
         self.end_headers()
         if self.command != "HEAD":  # HEAD: GET's status and headers, Content-Length included, no body
             self.wfile.write(data)
@@ -457,6 +466,7 @@ class _Handler(BaseHTTPRequestHandler):
         if len(raw) < length:
             self.close_connection = True
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body ended after {len(raw)} of {length} bytes")
+        self._body_read = True
         return raw
 
     def do_POST(self) -> None:  # noqa: N802
@@ -486,6 +496,30 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("POST %s failed", self.path)
             self.close_connection = True
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error; see the server's log"})
+
+    def finish(self) -> None:
+        super().finish()  # the answer flushed
+        if self._linger and not self._cut:
+            self._drain()
+
+    def _drain(self) -> None:
+        """A lingering close (Apache's and nginx's): a connection closed with bytes of the client's
+        still unread or on their way (a refused request's body, a request line or headers cut at a
+        limit) made the kernel answer them with a reset, and a client still sending its body (Python's
+        http.client, requests, curl) got a broken pipe or a reset instead of the answer, e.g. 413 for
+        a body over 1 MiB. So the answer is ended (FIN), then what the client sends is read and
+        dropped until it closes, stays silent for ``linger_idle`` seconds, or ``linger_seconds``
+        pass; then the connection closes."""
+        connection = self.connection
+        deadline = time.monotonic() + self.linger_seconds
+        try:
+            connection.shutdown(socket.SHUT_WR)
+            while (left := deadline - time.monotonic()) > 0:
+                connection.settimeout(min(left, self.linger_idle))
+                if not connection.recv(1 << 16):  # the client closed
+                    return
+        except OSError:  # silent (a timeout), reset or gone: close now
+            return
 
     def _not_allowed(self) -> None:
         if self._has_body():
