@@ -41,9 +41,11 @@ def cmd_train(args) -> int:
         cfg = load_config(args.config, args.set)
         summary = train(cfg, resume=args.resume, init_from=args.init_from)
     except KeyboardInterrupt as exc:
-        if cfg is None:  # importing torch and the config's check take seconds; nothing is written yet
+        if not main_rank:  # under torchrun rank 0 says how to resume; the others would repeat it
+            pass
+        elif cfg is None:  # importing torch and the config's check take seconds; nothing is written yet
             print("interrupted while starting; nothing was written (run the same command again)", file=sys.stderr)
-        elif (Path(cfg.train.save_dir) / "last.pt").exists():
+        elif (Path(cfg.train.save_dir).expanduser() / "last.pt").exists():
             command = ["cometnmt", "train", args.config, "--resume", *(a for o in args.set for a in ("--set", o))]
             print(f"interrupted; continue with: {shlex.join(command)}", file=sys.stderr)
         else:
@@ -398,6 +400,14 @@ def cmd_serve(args) -> int:
         how = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C"
     finally:
         server.server_close()
+    cut = server.still_running()
+    if cut:  # still answering after the wait: a thread stopped by the interpreter's exit inside torch's C++ code
+        # aborted the process ("terminate called without an active exception", exit 134), so the exit skips that
+        print(f"cometnmt serve: stopped ({how}); {cut} request{'s' * (cut != 1)} still being answered after 5 s "
+              f"{'were' if cut != 1 else 'was'} cut off (the connection closes without an answer)", file=sys.stderr, flush=True)
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
     print(f"cometnmt serve: stopped ({how})", file=sys.stderr, flush=True)
     return 0
 
@@ -554,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not args.verbose:  # torch's own INFO lines (FakeTensor cache stats at exit, say) are not ours to show
+        logging.getLogger("torch").setLevel(logging.WARNING)
     in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _sigterm) if in_main_thread else None
     code = 1

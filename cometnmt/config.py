@@ -184,9 +184,10 @@ def _type_name(tp: Any) -> str:
 def _yaml_hint(value: Any, key: str, quote: bool = True) -> str:
     """For a string key that YAML read as a boolean or a number: why, and (``quote``) how to quote it.
     A choice of strings takes the why alone: quoting the value does not make it one of the choices."""
-    if isinstance(value, bool):
-        hint = "; YAML reads yes, no, on, off, true and false unquoted as booleans"
-        return hint + (f": quote the value, e.g. {key}='no'" if quote else "")
+    if isinstance(value, bool):  # the word as written is gone: name the three it can have been
+        words = ("yes", "on", "true") if value else ("no", "off", "false")
+        hint = f"; YAML reads {', '.join(words[:2])} and {words[2]} unquoted as the boolean {str(value).lower()}"
+        return hint + (f": quote the word you wrote, e.g. {key}='{words[1]}'" if quote else "")
     if isinstance(value, (int, float)):
         hint = "; YAML reads an unquoted number as a number"
         return hint + (f": quote the value, e.g. {key}='{value}'" if quote else "")
@@ -321,8 +322,9 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:  # was a traceback (train.lr=[1, train.betas={a: 1, a: 2})
         raise ConfigError(f"override '{text}': the value is not valid YAML: {' '.join(str(exc).split())}") from None
-    if isinstance(value, str):
-        # a string Python reads as a number ("inf", say) is one; 3e-4 is one already (_Loader)
+    if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
+        # an unquoted string Python reads as a number ("inf", say) is one; 3e-4 is one already
+        # (_Loader). A quoted one stays a string (name='2024'), as in a YAML file
         try:
             value = float(value)
         except ValueError:
@@ -387,10 +389,15 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     data = loaded
     base = data.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{path}: config key 'base' must be a file name, got {base!r}")
+    if seen:  # a base: its own keys and types, so that an error names the file to edit, not the child
+        try:
+            from_dict(Config, copy.deepcopy(data))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc} (the base of {seen[-1]})") from None
     if base is None:
         return data
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: config key 'base' must be a file name, got {base!r}")
     return _merge(_read_yaml(path.parent / base, seen + (path.resolve(),)), data)
 
 
@@ -489,6 +496,11 @@ def validate(cfg: Config) -> None:
     if cfg.decode.replace_unk and cfg.data.tokenizer != "spacy":
         raise ConfigError(f"config key 'decode.replace_unk': copies source words in place of <unk>, for word "
                           f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}")
+    if cfg.data.min_freq < 1:
+        raise ConfigError(f"config key 'data.min_freq': must be at least 1 (1 keeps every word), got {cfg.data.min_freq}")
+    if cfg.train.num_threads is not None and cfg.train.num_threads < 1:
+        raise ConfigError(f"config key 'train.num_threads': must be at least 1 (or null: torch's default), "
+                          f"got {cfg.train.num_threads}")
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
                           f"got {cfg.data.max_vocab}")

@@ -22,7 +22,7 @@ from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.ensemble import Ensemble
 from cometnmt.progress import progress_bar
-from cometnmt.training.checkpoint import load_checkpoint
+from cometnmt.training.checkpoint import load_checkpoint, load_weights
 from cometnmt.training.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -277,10 +277,14 @@ class Translator:
         for i, p in enumerate(paths):
             payload = first if i == 0 else load_checkpoint(p)
             if payload["codec"] != first["codec"]:
-                raise CheckpointError(f"{p}: its vocabularies or tokenizers differ from those of {paths[0]}; an ensemble's "
+                parts = {"src_tok": "source tokenizer", "tgt_tok": "target tokenizer", "src_vocab": "source vocabulary",
+                         "tgt_vocab": "target vocabulary", "src_sos_eos": "<s> </s> around sources (data.src_sos_eos)"}
+                differ = [name for key, name in parts.items() if payload["codec"].get(key) != first["codec"].get(key)]
+                raise CheckpointError(f"{p}: its {', '.join(differ) or 'vocabularies or tokenizers'} differ"
+                                      f"{'s' if len(differ) == 1 else ''} from those of {paths[0]}; an ensemble's "
                                       "models must share them (seeds or epochs of one config)")
             model = build_model(config_from_dict(payload["config"]).model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
-            model.load_state_dict(payload["model"])
+            load_weights(model, payload["model"], p)
             models.append(model)
         model = models[0] if len(models) == 1 else Ensemble(models)
         translator = cls(model, codec, config_from_dict(first["config"]), resolve_device(device))

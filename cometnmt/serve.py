@@ -218,6 +218,12 @@ class TranslationServer(ThreadingHTTPServer):
         with self._handlers_lock:
             self._close_wake_when_done()  # else the last handler to end closes it
 
+    def still_running(self) -> int:
+        """How many request threads are still running (after :meth:`server_close`: those that did
+        not finish within its wait)."""
+        with self._handlers_lock:
+            return sum(thread.is_alive() for thread in self._handlers)
+
     def health(self) -> dict:
         cfg = self.translator.cfg
         arch = "ensemble" if isinstance(self.checkpoint, list) else cfg.model.arch

@@ -81,6 +81,58 @@ def test_train_takes_a_path_or_a_config_and_checks_it(tmp_path, data_dir):
     assert not (tmp_path / "a").exists()  # refused before anything was written
 
 
+def test_what_training_could_only_meet_at_its_end_is_refused_before_it(tmp_path, data_dir, monkeypatch):
+    """Each of these trained a whole run first: a test pair that is missing, a folder, of unequal
+    lengths or too long for the model failed only at ``evaluate --split test``; a save_dir that is
+    a file, or under one, was a traceback at its mkdir. ``~`` in save_dir was a folder named ``~``."""
+    val_de, val_en = data_dir / "val.de.gz", data_dir / "val.en.gz"
+    long_de, long_en = tmp_path / "long.de", tmp_path / "long.en"
+    long_de.write_text("Ein Hund .\n" + "Hund " * 45 + "\n", encoding="utf-8")
+    long_en.write_text("A dog .\nDogs .\n", encoding="utf-8")
+    mine = ["data.corpus=files", f"data.train_src={data_dir / 'train.de.gz'}", f"data.train_tgt={data_dir / 'train.en.gz'}",
+            f"data.valid_src={val_de}", f"data.valid_tgt={val_en}", "train.num_threads=1"]
+    refused = [
+        ([f"data.test_src={tmp_path / 'nowhere.de'}", f"data.test_tgt={val_en}"], cometnmt.DataError,
+         r"config key 'data.test_src': .*nowhere.de: file not found"),
+        ([f"data.test_src={tmp_path}", f"data.test_tgt={val_en}"], cometnmt.DataError, r"'data.test_src': .*: is a folder"),
+        ([f"data.test_src={val_de}", f"data.test_tgt={data_dir / 'test_2016_flickr.en.gz'}"], cometnmt.DataError,
+         r"val.de.gz has 1014 lines but .*test_2016_flickr.en.gz has 1000"),
+        ([f"data.test_src={long_de}", f"data.test_tgt={long_en}", "model.max_positions=40", "data.max_len=30"],
+         cometnmt.DataError, r"long.de:2: 45 positions, more than the model's 40 \(model.max_positions\); shorten the test"),
+    ]
+    for overrides, error, needle in refused:
+        save = tmp_path / "run"
+        with pytest.raises(error, match=needle):
+            cometnmt.train(tiny_train_cfg(save, data_dir, *mine, *overrides))
+        assert not (save / "last.pt").exists()
+    (tmp_path / "a_file").write_text("x\n", encoding="utf-8")
+    for save in (tmp_path / "a_file", tmp_path / "a_file" / "run"):
+        with pytest.raises(cometnmt.ConfigError, match=r"config key 'train.save_dir': .*a_file.* is a file, not a folder"):
+            cometnmt.train(tiny_train_cfg(save, data_dir, "train.num_threads=1"))
+    with pytest.raises(cometnmt.DataError, match=r"config key 'data.src_lang': 'cs' is not a language of Multi30k task 1"):
+        cometnmt.train(tiny_train_cfg(tmp_path / "cs", data_dir, "data.src_lang=cs", "train.num_threads=1"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    summary = cometnmt.train(tiny_train_cfg("~/tilde", data_dir, "train.num_threads=1", "data.max_train_pairs=60"))
+    assert summary["save_dir"] == str(tmp_path / "home" / "tilde") and (tmp_path / "home" / "tilde" / "last.pt").exists()
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_model_is_named(run_dir, data_dir, tmp_path):
+    """A damaged (or hand-edited) checkpoint whose weights do not fit the model its config
+    describes was torch's size-mismatch traceback in translate, and in a resume."""
+    import torch
+
+    payload = torch.load(run_dir / "last.pt", weights_only=True)
+    payload["model"]["src_embed.embed.weight"] = payload["model"]["src_embed.embed.weight"][:1]
+    shutil.copytree(run_dir, tmp_path / "run")
+    torch.save(payload, tmp_path / "run" / "last.pt")
+    with pytest.raises(cometnmt.CheckpointError, match=r"last.pt: its weights do not fit the model its config describes "
+                                                       r"\(size mismatch for src_embed.embed.weight: .*\); the file is damaged"):
+        cometnmt.Translator.from_checkpoint(tmp_path / "run" / "last.pt", device="cpu")
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, "train.keep_checkpoints=1", "train.num_threads=1", "train.max_epochs=2")
+    with pytest.raises(cometnmt.CheckpointError, match=r"last.pt: its weights do not fit"):
+        cometnmt.train(cfg, resume=True)
+
+
 def test_train_resume_and_refusal(run_dir, data_dir, tmp_path):
     shutil.copytree(run_dir, tmp_path / "run")
     cfg = tiny_train_cfg(tmp_path / "run", data_dir, "train.keep_checkpoints=1", "train.num_threads=1")
@@ -522,7 +574,12 @@ def test_an_ensemble_of_checkpoints(run_dir, translator, tmp_path, cli):
     other = torch.load(run_dir / "best.pt", weights_only=True)
     other["codec"]["src_vocab"]["itos"] = other["codec"]["src_vocab"]["itos"][:4] + other["codec"]["src_vocab"]["itos"][4:][::-1]
     torch.save(other, tmp_path / "other.pt")
-    with pytest.raises(cometnmt.CheckpointError, match=r"other.pt: its vocabularies or tokenizers differ from those of"):
+    with pytest.raises(cometnmt.CheckpointError, match=r"other.pt: its source vocabulary differs from those of"):
+        cometnmt.Translator.from_checkpoint([run_dir / "best.pt", tmp_path / "other.pt"], device="cpu")
+    other = torch.load(run_dir / "best.pt", weights_only=True)
+    other["codec"]["src_sos_eos"] = True  # was blamed on the vocabularies or tokenizers
+    torch.save(other, tmp_path / "other.pt")
+    with pytest.raises(cometnmt.CheckpointError, match=r"other.pt: its <s> </s> around sources \(data.src_sos_eos\) differs"):
         cometnmt.Translator.from_checkpoint([run_dir / "best.pt", tmp_path / "other.pt"], device="cpu")
     src = tmp_path / "src.de"
     src.write_text("\n".join(sents) + "\n", encoding="utf-8")

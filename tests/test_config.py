@@ -142,6 +142,9 @@ def test_attention_dropout_is_checked_and_named():
     (["decode.max_len_a=.nan"], "config key 'decode.max_len_a': must be a finite number at least 0, got nan"),
     (["decode.max_len_b=-2"], "config key 'decode.max_len_b': must be at least 0, got -2"),
     (["decode.max_len_a=0", "decode.max_len_b=0"], "config key 'decode.max_len_b': must be at least 1 with decode.max_len_a: 0"),
+    (["train.num_threads=-1"], "config key 'train.num_threads': must be at least 1 (or null: torch's default), got -1"),
+    (["train.num_threads=0"], "config key 'train.num_threads': must be at least 1"),  # was ignored without a word
+    (["data.min_freq=-5"], "config key 'data.min_freq': must be at least 1 (1 keeps every word), got -5"),
     (["train.betas=[1.5, 0.98]"], "config key 'train.betas': Adam's two decay rates must be in [0, 1), got [1.5, 0.98]"),
     (["train.betas=[0.9, .nan]"], "config key 'train.betas': Adam's two decay rates must be in [0, 1), got [0.9, nan]"),
 ])
@@ -212,12 +215,16 @@ def test_numbers_in_scientific_notation_are_numbers_in_files_as_in_overrides(tmp
 
 
 def test_yaml_readings_and_sections(tmp_path):
-    with pytest.raises(ConfigError, match=r"got False; YAML reads yes, no, on, off, true and false unquoted as booleans"):
+    with pytest.raises(ConfigError, match=r"got False; YAML reads no, off and false unquoted as the boolean false: "
+                                          r"quote the word you wrote, e.g. data.src_lang='off'$"):
         load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=no"])
+    with pytest.raises(ConfigError, match=r"got True; YAML reads yes, on and true unquoted as the boolean true: "
+                                          r"quote the word you wrote, e.g. data.tgt_lang='on'$"):  # was e.g. 'no'
+        load_config(REPO / "configs" / "tiny.yaml", ["data.tgt_lang=on"])
     assert load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang='no'"]).data.src_lang == "no"
     # a choice of strings read as a boolean or number says why, without a quoting hint that would not help
     with pytest.raises(ConfigError, match=r"'train.stopping': False is not allowed; expected one of .*'none'; "
-                                          r"YAML reads yes, no, on, off, true and false unquoted as booleans$"):
+                                          r"YAML reads no, off and false unquoted as the boolean false$"):
         load_config(REPO / "configs" / "tiny.yaml", ["train.stopping=no"])
     with pytest.raises(ConfigError, match=r"'train.precision': 16 is not allowed; .*; YAML reads an unquoted number as a number$"):
         load_config(REPO / "configs" / "tiny.yaml", ["train.precision=16"])
@@ -230,6 +237,38 @@ def test_yaml_readings_and_sections(tmp_path):
         load_config(child)
     with pytest.raises(ConfigError, match="'model.enc_layers': 1 is too few"):  # before any tagger runs
         load_config(REPO / "configs" / "tiny.yaml", ["model.arch=transformer_pp", "model.enc_layers=1"])
+    # POS alone (unit 1) needs one plain unit after it, 2 in all; NER (unit 2) needs 3 (POS alone asked for 3)
+    assert load_config(REPO / "configs" / "tiny.yaml", ["model.arch=transformer_pp", "model.transformer_pp.tasks=[pos]",
+                                                       "model.enc_layers=2"]).model.enc_layers == 2
+    with pytest.raises(ConfigError, match=r"'model.enc_layers': 2 is too few for .*\['ner'\].* \(>= 3\)"):
+        load_config(REPO / "configs" / "tiny.yaml", ["model.arch=transformer_pp", "model.transformer_pp.tasks=[ner]",
+                                                    "model.enc_layers=2"])
+
+
+@pytest.mark.parametrize("override, key, value", [("name='2024'", "name", "2024"), ('name="2024"', "name", "2024"),
+                                                  ("name='nan'", "name", "nan"), ("train.save_dir='1e5'", "train.save_dir", "1e5"),
+                                                  ("name=2024x", "name", "2024x")])
+def test_a_quoted_override_stays_a_string(override, key, value):
+    """--set turned every string Python reads as a number into one, quoted or not, so a name, a
+    save_dir or a file called 2024 could not be given, and the error's own hint (quote it) failed."""
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [override])
+    section, _, name = key.rpartition(".")
+    assert getattr(getattr(cfg, section) if section else cfg, name) == value
+    with pytest.raises(ConfigError, match=r"config key 'name': expected a string, got nan"):  # unquoted: a number
+        load_config(REPO / "configs" / "tiny.yaml", ["name=nan"])
+
+
+def test_an_error_in_a_base_names_the_base(tmp_path):
+    """A wrong key in a base file was reported against the child config, the wrong file to edit."""
+    (tmp_path / "bad_base.yaml").write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\ndata:\n  lowercase: maybe\n",
+                                            encoding="utf-8")
+    (tmp_path / "child.yaml").write_text("base: bad_base.yaml\ntrain:\n  lr: 0.1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bad_base.yaml: config key 'data.lowercase': expected true or false, got "
+                                          r"'maybe' \(the base of .*child.yaml\)$"):
+        load_config(tmp_path / "child.yaml")
+    (tmp_path / "child.yaml").write_text("base: bad_base.yaml\ndata:\n  lowercase: nope\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bad_base.yaml: config key 'data.lowercase'"):  # the base's own error first
+        load_config(tmp_path / "child.yaml")
 
 
 def test_sampling_config_takes_more_samples_than_the_beam():

@@ -381,6 +381,45 @@ def test_head_answers_as_get_without_a_body(server):
         conn.close()
 
 
+def test_a_request_still_decoding_after_the_wait_is_cut_off_without_an_abort(checkpoint):
+    """SIGTERM while a request was still being decoded 5 s later aborted the process (exit 134,
+    "terminate called without an active exception": the interpreter's exit stopped the thread inside
+    torch's C++ code). Now the server says how many requests it cut off and exits 0 at once. The
+    request is made slow here by a pause before its translation."""
+    import signal
+    import socket
+    import time
+
+    slow = ("import sys, time; import cometnmt.serve as s; t = s.TranslationServer.translate; "
+            "s.TranslationServer.translate = lambda self, body: (time.sleep(120), t(self, body))[1]; "
+            "from cometnmt.cli import main; sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", slow, "serve", str(checkpoint), "--port", "0", "--device", "cpu"],
+                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "serving" in line, line
+        port = int(line.split("http://127.0.0.1:")[1].split()[0])
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        body = b'{"text": "Ein Hund."}'
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(1)  # read and being translated
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert time.monotonic() - start < 30  # the 5 s wait, not the request's 120 s
+        assert sock.recv(1000) == b""  # closed without an answer
+        sock.close()
+        rest = proc.stderr.read()
+        assert "cometnmt serve: stopped (SIGTERM); 1 request still being answered after 5 s was cut off" in rest, rest
+        assert "Traceback" not in rest and "terminate called" not in rest, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
 def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
     """SIGTERM (systemd, Docker, Kubernetes) killed the server outright (exit 143, no message); now
     it stops as Ctrl-C does: no new connections, the request being answered gets its answer, one

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
-from cometnmt.data.multi30k import resolve_dir, split_paths
+from cometnmt.data.multi30k import LANGS, resolve_dir, split_paths
 from cometnmt.data.tokenizers import (Tokenizer, UnknownLanguageError, VocabSizeError, build_tokenizer,
                                        tokenizer_from_state)
 from cometnmt.data.vocab import BOS, EOS, UNK, Vocab
@@ -91,6 +91,10 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
                 raise DataError(f"config key 'data.{split}_{side}': {path}: is a folder, expected a text file")
         return paths
     name = {"train": cfg.train_split, "valid": cfg.valid_split, "test": cfg.test_split}[split]
+    for key in ("src_lang", "tgt_lang"):
+        if getattr(cfg, key) not in LANGS:
+            raise DataError(f"config key 'data.{key}': {getattr(cfg, key)!r} is not a language of Multi30k task 1 that "
+                            f"this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)")
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
     root = resolve_dir(cfg.multi30k_dir, files=files, key="config key 'data.multi30k_dir'")
     return split_paths(root, name, cfg.src_lang, cfg.tgt_lang)

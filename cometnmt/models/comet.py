@@ -75,7 +75,7 @@ class CometConfig:
     features: list[int] = field(default_factory=lambda: [64, 32, 16])  # n_f of F1, F2, F3 (, F4)
     dilations: list[int] = field(default_factory=lambda: [1, 2, 3])
     kernel_size: int = 3
-    unit: Literal["conv", "ffn1", "ffn2"] = "conv"  # section 3.1 | FFN-1 | FFN-2 (section 5.3)
+    unit: Literal["conv", "ffn1", "ffn2"] = "conv"  # conv: the convolution unit (section 3.1); ffn1, ffn2: Table 1's FFN-1, FFN-2 (section 5.3)
     ffn1_hidden: int = 512  # FFN-1: hidden size of the FFN_2 over concat(F1..F3)
     ffn2_hidden: int = 1024  # FFN-2: hidden size of the FFN_2 over concat(F1..F3, x)
     leaky_slope: float = 0.01

@@ -395,10 +395,12 @@ def check_config(cfg) -> None:
             raise ConfigError(f"config key 'model.transformer_pp.{key}': must be a finite number at least 0, got {w}")
     if len(set(c.tasks)) != len(c.tasks):
         raise ConfigError(f"config key 'model.transformer_pp.tasks': {c.tasks} lists a task twice")
-    if c.tasks and cfg.enc_layers < 3:
+    needed = max((TAG_LAYER[task] for task in c.tasks if task in TAG_LAYER), default=-2) + 2
+    if cfg.enc_layers < needed:  # 3 with NER (unit 2), 2 with POS alone (unit 1)
         raise ConfigError(
             f"config key 'model.enc_layers': {cfg.enc_layers} is too few for model.transformer_pp.tasks={c.tasks}; the "
-            "POS and NER base encoders (units 1 and 2) need at least one plain unit after them (>= 3), or set tasks: []"
+            f"POS and NER base encoders (units 1 and 2) need at least one plain unit after the last of them "
+            f"(>= {needed}), or set tasks: []"
         )
     if "ner" in c.tasks and not c.ner_types:
         raise ConfigError("config key 'model.transformer_pp.ner_types': empty, but 'ner' is in model.transformer_pp.tasks")

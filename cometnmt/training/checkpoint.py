@@ -40,7 +40,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for truncated/garbled files
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-        reason = f"{type(exc).__name__}: {first[:160]}" if first else type(exc).__name__
+        first = first.split(". ")[0]  # its first sentence: torch's go on with advice for its own developers
+        first = first if len(first) <= 160 else first[:157].rstrip() + "..."
+        reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
         raise CheckpointError(f"{path}: not a readable cometnmt checkpoint (corrupt or truncated? {reason})") from exc
     if not isinstance(payload, dict) or "format_version" not in payload:
         raise CheckpointError(f"{path}: not a cometnmt checkpoint (no format_version)")
@@ -107,3 +109,21 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     out["model"] = avg
     out["averaged_from"] = [str(p) for p in paths]
     return out
+
+
+def load_weights(model: torch.nn.Module, state: dict, path: str | Path) -> None:
+    """``model.load_state_dict(state)``, where a state that does not fit the model its own
+    checkpoint's config describes (a damaged or hand-edited file, or one from another code
+    version) is a CheckpointError naming ``path`` and the first mismatch, not torch's traceback."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path}: its weights do not fit the model its config describes ({weights_misfit(exc)}); "
+                              "the file is damaged, or was written by another version of cometnmt") from None
+
+
+def weights_misfit(exc: RuntimeError) -> str:
+    """The first mismatch of a ``load_state_dict`` error, not its "Error(s) in loading ..." line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines()]
+    detail = lines[1] if len(lines) > 1 else lines[0]
+    return detail if len(detail) <= 200 else detail[:197].rstrip() + "..."

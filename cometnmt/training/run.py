@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import os
 import random
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataErr
 from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
-from cometnmt.training.checkpoint import load_checkpoint
+from cometnmt.training.checkpoint import load_checkpoint, load_weights, weights_misfit
 from cometnmt.training.distributed import init_from_env, shutdown
 from cometnmt.training.trainer import Trainer
 
@@ -50,6 +52,11 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
     """Never overwrite a run by accident; on --resume, return the last checkpoint."""
     if not cfg.train.save_dir.strip():  # Path("") is the current folder: `--set train.save_dir=` trained into it
         raise ConfigError("config key 'train.save_dir': empty; name a folder for the run's checkpoints and logs")
+    for folder in (Path(cfg.train.save_dir), *Path(cfg.train.save_dir).parents):  # was a traceback at mkdir
+        if folder.exists() and not folder.is_dir():
+            within = "" if folder == Path(cfg.train.save_dir) else f" (in {cfg.train.save_dir})"
+            raise ConfigError(f"config key 'train.save_dir': {folder}{within} is a file, not a folder; name a folder "
+                              "for the run's checkpoints and logs")
     last = Path(cfg.train.save_dir) / "last.pt"
     option = _resume_option(flags)
     if resume:
@@ -140,9 +147,7 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:
-        lines = [line.strip() for line in str(exc).strip().splitlines()]
-        detail = lines[1] if len(lines) > 1 else lines[0]  # the first mismatch, not "Error(s) in loading ..."
-        raise ConfigError(f"{option}: its weights do not fit this model ({detail[:200]}); the config's "
+        raise ConfigError(f"{option}: its weights do not fit this model ({weights_misfit(exc)}); the config's "
                           f"model differs from the checkpoint's in {', '.join(changed) or 'no key (another code version?)'}"
                           ) from None
     if changed:
@@ -187,6 +192,25 @@ def check_positions(cfg: Config, limit: int | None, valid_corpus, valid_data) ->
                             f"({positions_key(cfg.model)}); shorten the validation sentence or raise the positions")
 
 
+def has_test_split(data) -> bool:
+    """Whether the data config names a test pair (Multi30k's always; files only with data.test_src/_tgt)."""
+    return data.corpus != "files" or data.test_src is not None
+
+
+def check_test_positions(cfg: Config, limit: int | None, test_corpus, codec: TextCodec) -> None:
+    """Before any training: every test source must fit the model's positions, as
+    ``cometnmt evaluate --split test`` requires after training (the references need not)."""
+    if limit is None:
+        return
+    # only sentences that could be too long are tokenised: a token (a word, or a piece other than a
+    # lone word-start mark) takes at least one character, and lowercasing rarely lengthens a word
+    lines = [i for i, text in enumerate(test_corpus.src) if 2 * len(text) + 4 > limit]
+    for i, tokens in zip(lines, codec.src_tok.tokenize_many([test_corpus.src[i] for i in lines])):
+        if len(ids := codec.encode_src(tokens)) > limit:
+            raise DataError(f"{test_corpus.src_path}:{i + 1}: {len(ids)} positions, more than the model's {limit} "
+                            f"({positions_key(cfg.model)}); shorten the test sentence or raise the positions")
+
+
 def _log_file(path: Path) -> logging.Handler:
     """A handler on the root logger that also writes the log lines to ``path`` (appending, so a
     resumed run keeps the lines of its earlier parts)."""
@@ -218,6 +242,8 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
     configuration lets through (``cometnmt train`` logs at INFO; a Python caller sets its own,
     e.g. ``logging.basicConfig(level=logging.INFO)``).
     """
+    if cfg.train.save_dir.startswith("~"):  # the home folder, as in the data keys (a config gets no shell)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=os.path.expanduser(cfg.train.save_dir)))
     device = resolve_device(cfg.train.device, "train.device")
     dist = init_from_env(device.type)
     if not dist.is_main:  # rank 0 reports; the other ranks' log lines would repeat its own
@@ -248,6 +274,9 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
 
         train_corpus = read_split(cfg.data, "train")
         valid_corpus = read_split(cfg.data, "valid")
+        # the test pair is scored only after training (cometnmt evaluate --split test), but a missing
+        # file, a folder, a line-count mismatch or an empty line there is known now
+        test_corpus = read_split(cfg.data, "test") if has_test_split(cfg.data) else None
         corpora = {"train": train_corpus, "valid": valid_corpus}
         digests = {split: corpus_digest(c) for split, c in corpora.items()}
         if payload is not None:
@@ -273,12 +302,15 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         else:
             model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
         check_positions(cfg, model.position_limit(), valid_corpus, valid_data)
+        if test_corpus is not None:
+            check_test_positions(cfg, model.position_limit(), test_corpus, codec)
         log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
         trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
         trainer.data_digests = digests
         if init is not None:
             trainer.init_from = str(init_from)
         if payload is not None:
+            load_weights(model, payload["model"], Path(cfg.train.save_dir) / "last.pt")  # a misfit names the file
             trainer.load_state_dict(payload)
             if trainer.done:
                 log.info("the run had already finished at step %d, epoch %d (%s): nothing to train",

@@ -368,7 +368,8 @@ class Trainer:
                         break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
                     self.end_epoch()
             except KeyboardInterrupt:
-                log.warning("interrupted at step %d; saving %s", self.step, self.save_dir / "last.pt")
+                log.warning("interrupted at step %d; %s %s", self.step, "saving" if self.dist.is_main else
+                            f"rank {self.dist.rank} stops, rank 0 saves", self.save_dir / "last.pt")
                 self._save_interrupted(later)
                 raise
         return self.summary()
