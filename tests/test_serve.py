@@ -3,6 +3,7 @@ status with an error naming the field, never a dropped connection or a traceback
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -381,6 +382,22 @@ def test_head_answers_as_get_without_a_body(server):
         conn.close()
 
 
+@contextlib.contextmanager
+def serve_process(command: list[str]):
+    """(the process, its port) of a `cometnmt serve` subprocess that ``command`` starts, once it
+    says it serves; killed afterwards if it is still running."""
+    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "serving" in line, line
+        yield proc, int(line.split("http://127.0.0.1:")[1].split()[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
 def test_a_request_still_decoding_after_the_wait_is_cut_off_without_an_abort(checkpoint):
     """SIGTERM while a request was still being decoded 5 s later aborted the process (exit 134,
     "terminate called without an active exception": the interpreter's exit stopped the thread inside
@@ -393,13 +410,7 @@ def test_a_request_still_decoding_after_the_wait_is_cut_off_without_an_abort(che
     slow = ("import sys, time; import cometnmt.serve as s; t = s.TranslationServer.translate; "
             "s.TranslationServer.translate = lambda self, body: (time.sleep(120), t(self, body))[1]; "
             "from cometnmt.cli import main; sys.exit(main(sys.argv[1:]))")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", slow, "serve", str(checkpoint), "--port", "0", "--device", "cpu"],
-                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-        assert "serving" in line, line
-        port = int(line.split("http://127.0.0.1:")[1].split()[0])
+    with serve_process([sys.executable, "-c", slow, "serve", str(checkpoint), "--port", "0", "--device", "cpu"]) as (proc, port):
         sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         body = b'{"text": "Ein Hund."}'
         sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -413,11 +424,6 @@ def test_a_request_still_decoding_after_the_wait_is_cut_off_without_an_abort(che
         rest = proc.stderr.read()
         assert "cometnmt serve: stopped (SIGTERM); 1 request still being answered after 5 s was cut off" in rest, rest
         assert "Traceback" not in rest and "terminate called" not in rest, rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
 
 
 def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
@@ -429,13 +435,7 @@ def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
     import socket
     import time
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "0", "--device", "cpu"],
-                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-        assert "serving" in line, line
-        port = int(line.split("http://127.0.0.1:")[1].split()[0])
+    with serve_process([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "0", "--device", "cpu"]) as (proc, port):
         sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # answered: a thread serves this connection
         resp = http.client.HTTPResponse(sock)
@@ -462,11 +462,6 @@ def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
         assert proc.wait(timeout=60) == 0
         rest = proc.stderr.read()
         assert "cometnmt serve: stopped (SIGTERM)" in rest and "Traceback" not in rest, rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
 
 
 def first_answer_line(server, request: bytes) -> tuple[bytes, socket.socket, object]:
