@@ -21,7 +21,7 @@ from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataErr
 from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
-from cometnmt.training.checkpoint import load_checkpoint, load_weights, weights_misfit
+from cometnmt.training.checkpoint import load_checkpoint, weights_misfit
 from cometnmt.training.distributed import init_from_env, shutdown
 from cometnmt.training.trainer import Trainer
 
@@ -310,8 +310,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if init is not None:
             trainer.init_from = str(init_from)
         if payload is not None:
-            load_weights(model, payload["model"], Path(cfg.train.save_dir) / "last.pt")  # a misfit names the file
-            trainer.load_state_dict(payload)
+            trainer.load_state_dict(payload, Path(cfg.train.save_dir) / "last.pt")
             if trainer.done:
                 log.info("the run had already finished at step %d, epoch %d (%s): nothing to train",
                          trainer.step, trainer.epoch, "its stopping rule" if trainer.finished else "train.max_epochs")

@@ -47,7 +47,7 @@ from cometnmt.inference import Translator
 from cometnmt.interrupts import deferred, first_raises
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
-from cometnmt.training.checkpoint import epoch_checkpoints, save_checkpoint
+from cometnmt.training.checkpoint import epoch_checkpoints, load_weights, save_checkpoint
 from cometnmt.training.distributed import DistInfo, SyncedRunningStatistics, all_reduce_sum, ddp_buffer_sync
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
@@ -185,8 +185,9 @@ class Trainer:
             },
         }
 
-    def load_state_dict(self, payload: dict[str, Any]) -> None:
-        self.model.load_state_dict(payload["model"])
+    def load_state_dict(self, payload: dict[str, Any], path: str | Path = "the checkpoint") -> None:
+        """Continue from a checkpoint's ``payload`` (read from ``path``, which a misfit of its weights names)."""
+        load_weights(self.model, payload["model"], path)
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         self.scaler.load_state_dict(payload["scaler"])
