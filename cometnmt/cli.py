@@ -400,11 +400,14 @@ def cmd_serve(args) -> int:
         how = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C"
     finally:
         server.server_close()
-    cut = server.still_running()
-    if cut:  # still answering after the wait: a thread stopped by the interpreter's exit inside torch's C++ code
-        # aborted the process ("terminate called without an active exception", exit 134), so the exit skips that
-        print(f"cometnmt serve: stopped ({how}); {cut} request{'s' * (cut != 1)} still being answered after 5 s "
-              f"{'were' if cut != 1 else 'was'} cut off (the connection closes without an answer)", file=sys.stderr, flush=True)
+    if server.still_running():  # still answering after the wait: a thread stopped by the interpreter's exit inside
+        # torch's C++ code aborted the process ("terminate called without an active exception", exit 134), so the
+        # exit skips that; a request still being worked on gets 503 and Retry-After, so its client can send it again
+        refused, cut = server.refuse_running()
+        said = [f"{n} request{'s' * (n != 1)} still being answered after 5 s {what}" for n, what in
+                ((refused, "got 503 Service Unavailable (send again)"),
+                 (cut, "cut off (the connection closes without an answer)")) if n]
+        print(f"cometnmt serve: stopped ({how})" + "".join(f"; {line}" for line in said), file=sys.stderr, flush=True)
         logging.shutdown()
         sys.stdout.flush()
         os._exit(0)

@@ -130,7 +130,7 @@ class TranslationServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         # before binding: when the bind fails (port in use, unknown host) socketserver calls
         # server_close(), which needs these, and the caller gets the OSError rather than an AttributeError
-        self._handlers: set[threading.Thread] = set()  # request threads still running
+        self._handlers: dict[threading.Thread, _Handler | None] = {}  # request threads still running, and their handlers
         self._handlers_lock = threading.Lock()
         self.closing = False  # set by server_close: answers say Connection: close
         # server_close writes a byte here, which stays unread: every handler waiting for a request's
@@ -148,12 +148,12 @@ class TranslationServer(ThreadingHTTPServer):
         thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
                                   daemon=self.daemon_threads)
         with self._handlers_lock:
-            self._handlers.add(thread)
+            self._handlers[thread] = None  # its handler once it has one (_Handler.setup)
         try:
             thread.start()
         except BaseException:  # no thread (out of threads, say): nothing will close the connection
             with self._handlers_lock:
-                self._handlers.discard(thread)
+                self._handlers.pop(thread, None)
             self.shutdown_request(request)
             raise
 
@@ -162,7 +162,7 @@ class TranslationServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             with self._handlers_lock:
-                self._handlers.discard(threading.current_thread())
+                self._handlers.pop(threading.current_thread(), None)
                 self._close_wake_when_done()
 
     def _close_wake_when_done(self) -> None:
@@ -218,11 +218,28 @@ class TranslationServer(ThreadingHTTPServer):
         with self._handlers_lock:
             self._close_wake_when_done()  # else the last handler to end closes it
 
+    def register(self, handler: _Handler) -> None:
+        """Note the handler of the calling request thread, for :meth:`refuse_running`."""
+        with self._handlers_lock:
+            if threading.current_thread() in self._handlers:
+                self._handlers[threading.current_thread()] = handler
+
     def still_running(self) -> int:
         """How many request threads are still running (after :meth:`server_close`: those that did
         not finish within its wait)."""
         with self._handlers_lock:
             return sum(thread.is_alive() for thread in self._handlers)
+
+    def refuse_running(self, retry_after: int = 5) -> tuple[int, int]:
+        """After :meth:`server_close`, just before the process exits: answer each request still
+        being worked on, whose answer has not begun, with 503 Service Unavailable and a Retry-After
+        header, so its client knows to send it again (to this server once restarted, or to another
+        behind the same proxy) rather than seeing its connection close without an answer. Returns
+        (requests refused so, request threads cut off otherwise: an answer half sent, a drain)."""
+        with self._handlers_lock:
+            running = [(thread, handler) for thread, handler in self._handlers.items() if thread.is_alive()]
+        refused = sum(handler is not None and handler.refuse(retry_after) for _, handler in running)
+        return refused, len(running) - refused
 
     def health(self) -> dict:
         cfg = self.translator.cfg
@@ -307,9 +324,14 @@ class _Handler(BaseHTTPRequestHandler):
     _linger = False  # the connection closes after a refusal or with a body unread: drain it first
     linger_seconds = 5.0  # the longest a closing connection is drained (_drain)
     linger_idle = 1.0  # a client silent this long while draining has stopped sending
+    _in_request = False  # a request's head has arrived and its answer is being worked out
+    _answering = False  # this request's answer has begun (or the server refused it: _refused)
+    _refused = False  # the server, stopping, answered 503 in this handler's place (refuse)
 
     def setup(self) -> None:
         super().setup()
+        self._answer_lock = threading.Lock()  # the answer is begun by this thread or by refuse, not both
+        self.server.register(self)
         self.rfile.close()  # the socket's own reader, replaced by one whose reads of a head a stop can end
         self.rfile = io.BufferedReader(_Reads(self))
 
@@ -340,6 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self._in_head, self._cut = True, False  # until parse_request has the headers
         self._length, self._body_read, self._linger = None, False, False
+        with self._answer_lock:
+            self._in_request = self._answering = False
         self._head_deadline = time.monotonic() + self.timeout
         self.requestline = ""  # the last request's, until this one's is read
         try:
@@ -369,6 +393,8 @@ class _Handler(BaseHTTPRequestHandler):
                              self.raw_requestline[:100])
             return False
         self._in_head = False  # the head is here: a stop now lets the request finish, its body included
+        with self._answer_lock:
+            self._in_request = True
         problem = None
         lengths = self.headers.get_all("Content-Length") or []
         if self.headers.defects:  # a line that is not "Name: value" ends the headers there
@@ -415,6 +441,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: HTTPStatus, payload: dict | None, headers: dict[str, str] | None = None) -> None:
         data = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        with self._answer_lock:
+            if self._refused:  # the stopping server has answered 503 in its place: the connection is over
+                self.close_connection, self._linger = True, False
+                return
+            self._answering = True
         if self.server.closing:  # the server is stopping: no further requests on this connection
             self.close_connection = True
         self.send_response(status)
@@ -461,8 +492,10 @@ class _Handler(BaseHTTPRequestHandler):
                                f"the body has {length} bytes, more than this server takes ({self.server.max_body_bytes})")
         if self._expect_continue:  # every check the headers allow has passed: the body is wanted
             self._expect_continue = False
-            self.send_response_only(HTTPStatus.CONTINUE)
-            self.end_headers()
+            with self._answer_lock:  # not into the middle of a 503 from refuse
+                if not self._refused:
+                    self.send_response_only(HTTPStatus.CONTINUE)
+                    self.end_headers()
         try:
             raw = self.rfile.read(length)
         except TimeoutError:  # a body shorter than its Content-Length, its client waiting for an answer
@@ -502,6 +535,28 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("POST %s failed", self.path)
             self.close_connection = True
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error; see the server's log"})
+
+    def refuse(self, retry_after: int) -> bool:
+        """Called by the stopping server from another thread (TranslationServer.refuse_running):
+        answer 503 with ``Retry-After`` in this handler's place, if a request is being worked on and
+        its answer has not begun; its thread, still computing, then writes nothing. True if sent."""
+        with self._answer_lock:
+            if not self._in_request or self._answering or self._refused:
+                return False
+            self._refused = True
+            data = json.dumps({"error": "the server is stopping and did not finish this request; "
+                                        "send it again"}).encode("utf-8")
+            head = (f"{self.protocol_version} 503 Service Unavailable\r\nServer: {self.version_string()}\r\n"
+                    f"Date: {self.date_time_string()}\r\nContent-Type: application/json; charset=utf-8\r\n"
+                    f"Content-Length: {len(data)}\r\nRetry-After: {retry_after}\r\nConnection: close\r\n\r\n")
+            try:
+                self.wfile.flush()  # a 100 Continue written before, if any, goes first
+                self.connection.settimeout(1.0)  # a client that reads nothing must not hold the exit
+                self.connection.sendall(head.encode("latin-1") + data)
+                self.connection.shutdown(socket.SHUT_WR)
+            except OSError:  # gone, or not reading: the connection closes with the process
+                return False
+            return True
 
     def finish(self) -> None:
         super().finish()  # the answer flushed

@@ -398,11 +398,12 @@ def serve_process(command: list[str]):
         proc.stderr.close()
 
 
-def test_a_request_still_decoding_after_the_wait_is_cut_off_without_an_abort(checkpoint):
+def test_a_request_still_decoding_after_the_wait_gets_503_without_an_abort(checkpoint):
     """SIGTERM while a request was still being decoded 5 s later aborted the process (exit 134,
     "terminate called without an active exception": the interpreter's exit stopped the thread inside
-    torch's C++ code). Now the server says how many requests it cut off and exits 0 at once. The
-    request is made slow here by a pause before its translation."""
+    torch's C++ code). Now the server answers that request 503 with Retry-After (it was closed
+    without an answer before that), says so and exits 0 at once. The request is made slow here by a
+    pause before its translation."""
     import signal
     import socket
     import time
@@ -419,10 +420,14 @@ def test_a_request_still_decoding_after_the_wait_is_cut_off_without_an_abort(che
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert time.monotonic() - start < 30  # the 5 s wait, not the request's 120 s
-        assert sock.recv(1000) == b""  # closed without an answer
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert (resp.status, resp.getheader("Retry-After"), resp.getheader("Connection")) == (503, "5", "close")
+        assert "send it again" in json.loads(resp.read())["error"]
         sock.close()
         rest = proc.stderr.read()
-        assert "cometnmt serve: stopped (SIGTERM); 1 request still being answered after 5 s was cut off" in rest, rest
+        assert ("cometnmt serve: stopped (SIGTERM); 1 request still being answered after 5 s got 503 Service "
+                "Unavailable (send again)\n") in rest, rest
         assert "Traceback" not in rest and "terminate called" not in rest, rest
 
 
@@ -1012,3 +1017,54 @@ def test_the_wake_sockets_are_closed_by_a_thread_that_outlived_the_wait(checkpoi
     finally:
         release.set()
         client.close()
+
+
+def test_a_request_outliving_the_stop_gets_503_and_its_thread_writes_nothing(checkpoint, monkeypatch):
+    """refuse_running, called by `cometnmt serve` before it exits with requests still being worked on
+    after server_close's wait, answers each 503 with Retry-After in its thread's place; the thread,
+    once done, writes nothing more. A connection with no request in progress (idle keep-alive) is
+    not answered; it is counted among those cut off."""
+    from cometnmt.serve import TranslationServer
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    entered, release = threading.Event(), threading.Event()
+    health = TranslationServer.health
+
+    def slow_health(self):
+        entered.set()
+        release.wait(60)
+        return health(self)
+
+    monkeypatch.setattr(TranslationServer, "health", slow_health)
+    busy = serve_and_ask_for_health(srv)
+    idle = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
+    try:
+        assert entered.wait(60)
+        idle.sendall(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")  # answered; the connection stays open
+        resp = http.client.HTTPResponse(idle)
+        resp.begin()
+        resp.read()
+        assert resp.status == 404 and not resp.will_close
+        assert srv.refuse_running() == (1, 1)  # the slow request refused; the idle connection not
+        resp = http.client.HTTPResponse(busy)
+        resp.begin()
+        assert (resp.status, resp.getheader("Retry-After"), resp.getheader("Connection")) == (503, "5", "close")
+        assert "send it again" in json.loads(resp.read())["error"]
+        with srv._handlers_lock:
+            thread, handler = next((t, h) for t, h in srv._handlers.items() if h is not None and h._refused)
+        assert srv.refuse_running() == (0, 2)  # refused once only
+        release.set()
+        thread.join(60)
+        assert not thread.is_alive()
+        busy.settimeout(10)
+        assert busy.recv(100) == b""  # the thread's own answer was not written after the 503
+        assert not handler._answering  # nor tried
+        idle.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            idle.recv(100)  # nothing was sent on the idle connection
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close(wait=5)
+        busy.close()
+        idle.close()
