@@ -26,7 +26,7 @@ from typing import Sequence
 from cometnmt.atomic import refuse_overwrite, same_file
 from cometnmt.config import Config, apply_overrides, load_config, to_dict
 from cometnmt.errors import CheckpointError, ConfigError, setting
-from cometnmt.inference import SplitTranslation, Translator, checkpoint_list
+from cometnmt.inference import SplitTranslation, Translator, check_split, checkpoint_list
 
 
 def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume: bool = False,
@@ -82,10 +82,7 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     :return: (scores, with the ``checkpoints``, ``split``, ``limit`` and ``decode`` settings that
         made them; the sources, references and hypotheses).
     """
-    if split not in ("train", "valid", "test"):
-        raise ConfigError(f"split={split!r}: choose train, valid or test")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ConfigError(f"limit={limit!r}: a number of sentences, at least 1 (or None for all)")
+    check_split(split, limit)  # before the checkpoint loads
     from cometnmt.evaluation import paper_tokenizers, score_with
 
     translator = Translator.from_checkpoint(checkpoint, device)

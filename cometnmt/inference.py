@@ -220,6 +220,16 @@ class SplitTranslation:
     hyps: list[str]
 
 
+def check_split(split: str, limit: int | None = None) -> None:
+    """A split of a model's own data and a number of its sentences, as :meth:`Translator.translate_split`
+    and ``evaluate_checkpoint`` take them: a ConfigError naming the keyword (``split='dev'`` was a
+    KeyError 'dev', and ``limit=-1`` dropped the last sentence, as a slice does)."""
+    if split not in ("train", "valid", "test"):
+        raise ConfigError(f"split={split!r}: choose train, valid or test")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit={limit!r}: a number of sentences, at least 1 (or None for all)")
+
+
 _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
 _SPACES = re.compile(" {2,}")
 
@@ -557,6 +567,7 @@ class Translator:
     def split_files(self, split: str = "test") -> tuple[Path, Path]:
         """The source and reference files of a split of the model's own data (as
         :meth:`translate_split` reads them)."""
+        check_split(split)
         return split_files(anchor_paths(self.cfg.data, self.workdir), split)
 
     def translate_split(self, split: str = "test", decode_cfg: DecodeConfig | None = None, *, limit: int | None = None,
@@ -567,6 +578,7 @@ class Translator:
 
         :param limit: only the first ``limit`` sentence pairs (smoke runs).
         """
+        check_split(split, limit)
         corpus = read_split(anchor_paths(self.cfg.data, self.workdir), split)
         src, refs = corpus.src[:limit], corpus.tgt[:limit]
         try:

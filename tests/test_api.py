@@ -239,6 +239,19 @@ def test_evaluate_checkpoint_and_score(run_dir, translator):
         cometnmt.score(["a", "b"], ["a"])
 
 
+def test_translate_split_checks_its_split_and_limit(translator):
+    """Translator.translate_split and split_files, public as evaluate_checkpoint is, name a bad
+    split or limit as it does (split='dev' was a KeyError 'dev'; limit=-1 translated all but the
+    last sentence, as a slice does)."""
+    for call in (lambda: translator.translate_split("dev", limit=2), lambda: translator.split_files("dev")):
+        with pytest.raises(cometnmt.ConfigError, match=r"^split='dev': choose train, valid or test"):
+            call()
+    for limit in (-1, 0, 2.0, True):
+        with pytest.raises(cometnmt.ConfigError, match=rf"^limit={limit!r}: a number of sentences"):
+            translator.translate_split("valid", limit=limit)
+    assert len(translator.translate_split("valid", limit=2).hyps) == 2
+
+
 def test_a_bad_line_of_a_split_names_its_file(translator, tmp_path):
     """evaluate --checkpoint (translate_split): a test line too long for the model's positions is
     an error naming the file and line (it named neither). A carriage return inside a line is text,
