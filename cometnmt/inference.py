@@ -439,6 +439,8 @@ class Translator:
         if isinstance(self.model, Ensemble):
             raise CheckpointError("attention: give one checkpoint; an ensemble's members attend each in their own way")
         layers = len(self.model.cross_attention_modules())
+        if isinstance(layer, bool) or not isinstance(layer, int):  # "1" was a TypeError from the comparison, True layer 1
+            raise ConfigError(f"{setting('layer', repr(layer), flags)}: must be an integer (0..{layers - 1}, or -1 for the last)")
         if not -layers <= layer < layers:
             raise ConfigError(f"{setting('layer', layer, flags)}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
         return layers

@@ -665,6 +665,9 @@ def test_attention_through_the_api(translator):
     assert translator.codec.tgt_tok.detokenize(own[0].target[:-1]) == translator(sources[0])  # its greedy translation
     with pytest.raises(cometnmt.ConfigError, match=r"^layer=9: the decoder has"):
         translator.attention(sources, layer=9)
+    for layer in ("1", 1.0, True, None):  # "1" was a TypeError from a comparison, True taken as layer 1
+        with pytest.raises(cometnmt.ConfigError, match=rf"^layer={re.escape(repr(layer))}: must be an integer"):
+            translator.attention(sources, layer=layer)
 
 
 def test_replace_unk_copies_the_source_word_each_unknown_attends_to_most(translator):
