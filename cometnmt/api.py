@@ -26,7 +26,7 @@ from typing import Sequence
 from cometnmt.atomic import refuse_overwrite, same_file
 from cometnmt.config import Config, apply_overrides, load_config, to_dict
 from cometnmt.errors import CheckpointError, ConfigError, setting
-from cometnmt.inference import SplitTranslation, Translator, check_split, checkpoint_list
+from cometnmt.inference import SplitTranslation, Translator, check_split, checkpoint_list, plain_number
 
 
 def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume: bool = False,
@@ -82,7 +82,7 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     :return: (scores, with the ``checkpoints``, ``split``, ``limit`` and ``decode`` settings that
         made them; the sources, references and hypotheses).
     """
-    check_split(split, limit)  # before the checkpoint loads
+    limit = check_split(split, limit)  # before the checkpoint loads
     from cometnmt.evaluation import paper_tokenizers, score_with
 
     translator = Translator.from_checkpoint(checkpoint, device)
@@ -120,6 +120,7 @@ def _name(keyword: str, flags: bool, flag: str | None = None) -> str:
 def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = False) -> list[Path]:
     """The ``last`` newest ``epochNNN.pt`` files of a run folder, oldest first (errors name the
     arguments as keywords, or with ``flags`` as ``cometnmt average``'s ``--dir``/``--last``)."""
+    last = plain_number(last)
     if isinstance(last, bool) or not isinstance(last, int) or last < 1:
         raise CheckpointError(f"{setting('last', last if isinstance(last, int) else repr(last), flags)}: "
                               "must be an integer at least 1")

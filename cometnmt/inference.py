@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import re
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
     def name(option: str, value: object) -> str:
         return setting(option, value, flags)
 
+    beam, nbest, length_penalty, batch_sentences, topk, topp, temperature, seed = (
+        plain_number(v) for v in (beam, nbest, length_penalty, batch_sentences, topk, topp, temperature, seed))
     _check_search_settings(name, beam, nbest, length_penalty, batch_sentences)
     _check_sampling_settings(name, sampling, topk, topp, temperature, seed)
     if replace_unk is not None and not isinstance(replace_unk, bool):
@@ -124,6 +127,17 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
                     name("length_penalty", length_penalty), "sampling" if data["method"] == "sample" else "greedy search",
                     name("beam", "N"))
     return from_dict(DecodeConfig, data, "decode")
+
+
+def plain_number(value):
+    """A NumPy number (``np.int64`` from ``np.arange``, ``np.float32``) as the Python int or float
+    it holds, so the checks take it as what it is ("beam=np.int64(2): must be an integer"); any
+    other value (bools included) as it is."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral, float)):
+        return float(value)
+    return value
 
 
 def _sampling_flag(flags: bool) -> str:
@@ -220,14 +234,17 @@ class SplitTranslation:
     hyps: list[str]
 
 
-def check_split(split: str, limit: int | None = None) -> None:
+def check_split(split: str, limit: int | None = None) -> int | None:
     """A split of a model's own data and a number of its sentences, as :meth:`Translator.translate_split`
     and ``evaluate_checkpoint`` take them: a ConfigError naming the keyword (``split='dev'`` was a
-    KeyError 'dev', and ``limit=-1`` dropped the last sentence, as a slice does)."""
+    KeyError 'dev', and ``limit=-1`` dropped the last sentence, as a slice does); returns the limit
+    as a Python int."""
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r}: choose train, valid or test")
+    limit = plain_number(limit)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r}: a number of sentences, at least 1 (or None for all)")
+    return limit
 
 
 _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
@@ -439,6 +456,7 @@ class Translator:
         if isinstance(self.model, Ensemble):
             raise CheckpointError("attention: give one checkpoint; an ensemble's members attend each in their own way")
         layers = len(self.model.cross_attention_modules())
+        layer = plain_number(layer)
         if isinstance(layer, bool) or not isinstance(layer, int):  # "1" was a TypeError from the comparison, True layer 1
             raise ConfigError(f"{setting('layer', repr(layer), flags)}: must be an integer (0..{layers - 1}, or -1 for the last)")
         if not -layers <= layer < layers:
@@ -455,6 +473,7 @@ class Translator:
     def attention_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]] | None = None, *, layer: int = -1,
                       batch_size: int | None = None, progress: bool = False, flags: bool = False) -> list[AttentionMap]:
         """:meth:`attention` of already-indexed sentences (targets: None for the model's own)."""
+        layer = plain_number(layer)  # AttentionMap.layer a Python int, for json.dumps
         layers = self._check_attention_layer(layer, flags)
         if tgt_ids is None:
             tgt_ids = self._best_ids(src_ids, progress)
@@ -580,7 +599,7 @@ class Translator:
 
         :param limit: only the first ``limit`` sentence pairs (smoke runs).
         """
-        check_split(split, limit)
+        limit = check_split(split, limit)
         corpus = read_split(anchor_paths(self.cfg.data, self.workdir), split)
         src, refs = corpus.src[:limit], corpus.tgt[:limit]
         try:

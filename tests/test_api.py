@@ -571,6 +571,27 @@ def test_api_arguments_python_callers_pass(run_dir, tmp_path, data_dir):
     assert cometnmt.Translator.from_checkpoint(out, device="cpu")("Zwei Hunde.")
 
 
+def test_numpy_numbers_are_taken_as_the_numbers_they_hold(run_dir, translator):
+    """A sweep over np.arange or a NumPy array hands the API NumPy scalars: np.int64(2) was refused
+    as "beam=np.int64(2): must be an integer", np.float32 as "must be a number"; bools stay refused."""
+    np = pytest.importorskip("numpy")
+    text = ["Zwei Hunde spielen im Schnee."]
+    assert translator(text, beam=np.int64(2), length_penalty=np.float32(0.5)) == translator(text, beam=2, length_penalty=0.5)
+    assert translator.translate(text, beam=np.int32(3), nbest=np.int64(2), batch_size=np.uint8(4)) == \
+        translator.translate(text, beam=3, nbest=2, batch_size=4)
+    sampled = dict(sampling=True, topk=np.int64(5), topp=np.float32(0.5), temperature=np.float16(2), seed=np.int64(3))
+    assert translator(text, **sampled) == translator(text, sampling=True, topk=5, topp=0.5, temperature=2.0, seed=3)
+    amap = translator.attention(text, layer=np.int64(0))[0]
+    assert amap.layer == 0 and type(amap.layer) is int
+    result, _ = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=np.int64(2), device="cpu")
+    assert result["limit"] == 2 and type(result["limit"]) is int  # json-serialisable
+    assert len(cometnmt.last_epoch_checkpoints(run_dir, np.int64(1))) == 1
+    with pytest.raises(cometnmt.ConfigError, match=r"^beam=np.True_: must be an integer"):
+        translator(text, beam=np.bool_(True))
+    with pytest.raises(cometnmt.ConfigError, match=r"^beam=0: must be at least 1"):
+        translator(text, beam=np.int64(0))
+
+
 def test_an_ensemble_of_checkpoints(run_dir, translator, tmp_path, cli):
     """Several checkpoints are one Translator (their probabilities averaged): a checkpoint with
     itself translates as it does alone; checkpoints whose vocabularies differ are refused naming
