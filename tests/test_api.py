@@ -133,6 +133,28 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_model_is_named(run_dir, data_
         cometnmt.train(cfg, resume=True)
 
 
+def test_a_checkpoint_whose_config_does_not_load_is_named(run_dir, tmp_path, cli):
+    """A checkpoint of an architecture registered by the script that trained it (or of a config
+    this version refuses) was "config key 'model.arch': 'mine' is not allowed", naming no file,
+    in translate, evaluate, average and a resume; registered again, it loads."""
+    from cometnmt.models import REGISTRY
+    from cometnmt.training.checkpoint import load_checkpoint, save_checkpoint
+
+    payload = load_checkpoint(run_dir / "best.pt")
+    save_checkpoint({**payload, "config": {**payload["config"], "model": {**payload["config"]["model"], "arch": "mine"}}},
+                    tmp_path / "mine.pt")
+    with pytest.raises(cometnmt.CheckpointError, match=r"mine.pt: its config does not load in this version of cometnmt: "
+                                                       r"config key 'model.arch': 'mine' is not allowed.*register it"):
+        cometnmt.Translator.from_checkpoint(tmp_path / "mine.pt", device="cpu")
+    proc = cli("translate", str(tmp_path / "mine.pt"), input="Ein Hund.\n", check=False)
+    assert proc.returncode == 2 and f"{tmp_path / 'mine.pt'}: its config does not load" in proc.stderr
+    REGISTRY["mine"] = REGISTRY["transformer"]
+    try:
+        assert cometnmt.Translator.from_checkpoint(tmp_path / "mine.pt", device="cpu")("Ein Hund.")
+    finally:
+        del REGISTRY["mine"]
+
+
 def test_train_resume_and_refusal(run_dir, data_dir, tmp_path):
     shutil.copytree(run_dir, tmp_path / "run")
     cfg = tiny_train_cfg(tmp_path / "run", data_dir, "train.keep_checkpoints=1", "train.num_threads=1")

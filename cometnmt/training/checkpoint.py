@@ -13,7 +13,7 @@ import torch
 
 from cometnmt.atomic import atomic_write
 from cometnmt.config import changed_keys, config_from_dict, to_dict
-from cometnmt.errors import CheckpointError
+from cometnmt.errors import CheckpointError, ConfigError
 
 FORMAT_VERSION = 1
 
@@ -51,6 +51,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for key in ("config", "codec", "model"):
         if key not in payload:
             raise CheckpointError(f"{path}: checkpoint lacks '{key}'")
+    try:  # named here, not as a config file's key ("config key 'model.arch': 'mine' is not allowed" named no file)
+        config_from_dict(payload["config"])
+    except ConfigError as exc:
+        hint = (" (an architecture added to cometnmt.models.REGISTRY by the code that trained it? register it before "
+                "loading)" if "'model.arch'" in str(exc) else "")
+        raise CheckpointError(f"{path}: its config does not load in this version of cometnmt: {exc}{hint}") from None
     return payload
 
 
