@@ -288,6 +288,9 @@ def paired_bootstrap_runs(
     outputs concatenated (statistics summed over runs); its ``"paper"`` score is the mean over
     runs. Systems need not have the same number of runs; one run each is :func:`paired_bootstrap`.
     """
+    if isinstance(refs, str) or any(isinstance(run, str) for run in (runs_a, runs_b, *runs_a, *runs_b)):
+        # a string is a sequence of characters: three strings of one length were scored as that many one-character sentences
+        raise TypeError("paired_bootstrap takes lists of sentences (one string per line), not one string")
     for name, runs in (("A", runs_a), ("B", runs_b)):
         if not runs:
             raise DataError(f"paired_bootstrap: system {name} has no runs")

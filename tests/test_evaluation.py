@@ -174,6 +174,15 @@ def test_paired_bootstrap_identical_systems_and_determinism(val_refs, val_hyps):
     json.dumps(r1)  # plain Python types only
 
 
+def test_paired_bootstrap_refuses_one_string_for_a_list():
+    """As score does: three strings of one length were resampled as that many one-character sentences."""
+    for args in (("a dog runs", "a cat sits", "a dog runs"), (["a dog"], ["a cat"], "x"), (["a dog"], "x", ["a dog"])):
+        with pytest.raises(TypeError, match="paired_bootstrap takes lists of sentences"):
+            paired_bootstrap(*args, n_samples=10)
+    with pytest.raises(TypeError, match="paired_bootstrap takes lists of sentences"):
+        paired_bootstrap_runs(["a dog", "a cat"], [["a dog"]], ["a dog"], n_samples=10)  # runs, not one run
+
+
 def _perturb_all(sentences: list[str]) -> list[str]:
     rng = random.Random(99)
     return [_perturb(s, rng) for s in sentences]
