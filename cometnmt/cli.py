@@ -1,4 +1,4 @@
-"""Command line: ``cometnmt train | translate | logprob | evaluate | average | serve | reproduce | compare``.
+"""Command line: ``cometnmt train | translate | logprob | attention | evaluate | average | serve | reproduce | compare``.
 
 Thin by design: parse arguments, load the config or checkpoint, call the library. Any
 :class:`~cometnmt.errors.CometNMTError` becomes a one-line message on stderr and exit code 2.
@@ -534,7 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoints", nargs="*", help="checkpoints of one run to average (or --dir and --last)")
     p.add_argument("--dir", help="run folder holding epochNNN.pt files")
     p.add_argument("--last", type=int, help="average the last N epoch checkpoints of --dir")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", required=True,
+                   help="the averaged checkpoint to write (in the run's folder, a name of its own such as avg.pt)")
     p.set_defaults(func=cmd_average)
 
     p = sub.add_parser("serve", help="serve a checkpoint over HTTP: POST /translate (and /logprob) with JSON")

@@ -31,6 +31,18 @@ def trained(tmp_path_factory, data_dir):
     return run_dir
 
 
+def test_every_option_of_every_command_says_what_it_is():
+    """--help lists each option with its meaning (average's -o OUTPUT had none)."""
+    import argparse
+
+    from cometnmt.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    bare = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, p in commands.items() for a in p._actions
+            if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert not bare
+
+
 def test_train_writes_run_folder(trained):
     for name in ("best.pt", "last.pt", "metrics.jsonl", "config.yaml", "train.log"):
         assert (trained / name).exists(), name
