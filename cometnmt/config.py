@@ -456,9 +456,6 @@ def validate(cfg: Config) -> None:
         "train.accum_steps": cfg.train.accum_steps,
         "train.bucket_width": cfg.train.bucket_width,
         "train.max_epochs": cfg.train.max_epochs,
-        "decode.beam_size": cfg.decode.beam_size,
-        "decode.nbest": cfg.decode.nbest,
-        "decode.batch_sentences": cfg.decode.batch_sentences,
         "data.max_len": cfg.data.max_len,
     }
     if cfg.train.batch_sentences is not None:
@@ -504,10 +501,7 @@ def validate(cfg: Config) -> None:
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
                           f"got {cfg.data.max_vocab}")
-    _check_sampling(cfg.decode)
-    _check_search(cfg.decode)
-    if cfg.decode.method != "sample" and cfg.decode.nbest > cfg.decode.beam_size:
-        raise ConfigError(f"config key 'decode.nbest': {cfg.decode.nbest} exceeds decode.beam_size={cfg.decode.beam_size}")
+    check_decode(cfg.decode)
     if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
         check_transformer_pp(cfg.model)
     _check_split_files(cfg.data)
@@ -603,6 +597,18 @@ def temperature_problem(temperature: float) -> str | None:
     if not low <= temperature <= high:
         return f"must be from {low:g} to {high:g} (float32 keeps it there; below {low:g} sampling is greedy search anyway)"
     return None
+
+
+def check_decode(decode: DecodeConfig) -> None:
+    """A ``decode`` section's own checks: a config's, or one a caller hands ``Translator.translate``
+    (whose ``beam_size=0`` was "nbest=1: more hypotheses than the beam keeps (0)")."""
+    for key in ("beam_size", "nbest", "batch_sentences"):
+        if getattr(decode, key) < 1:
+            raise ConfigError(f"config key 'decode.{key}': must be at least 1, got {getattr(decode, key)}")
+    _check_sampling(decode)
+    _check_search(decode)
+    if decode.method != "sample" and decode.nbest > decode.beam_size:
+        raise ConfigError(f"config key 'decode.nbest': {decode.nbest} exceeds decode.beam_size={decode.beam_size}")
 
 
 def _check_search(decode: DecodeConfig) -> None:

@@ -12,8 +12,8 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, config_from_dict, from_dict, length_penalty_problem, positions_key,
-                             temperature_problem, to_dict)
+from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
+                             length_penalty_problem, positions_key, temperature_problem, to_dict)
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
@@ -101,6 +101,9 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
     def name(option: str, value: object) -> str:
         return setting(option, value, flags)
 
+    if not isinstance(base, DecodeConfig):
+        raise TypeError(f"decode_cfg must be a cometnmt.config.DecodeConfig (or None: the checkpoint's), got {a_type(base)}")
+    check_decode(base)
     beam, nbest, length_penalty, batch_sentences, topk, topp, temperature, seed = (
         plain_number(v) for v in (beam, nbest, length_penalty, batch_sentences, topk, topp, temperature, seed))
     _check_search_settings(name, beam, nbest, length_penalty, batch_sentences)

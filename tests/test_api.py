@@ -593,6 +593,24 @@ def test_api_arguments_python_callers_pass(run_dir, tmp_path, data_dir):
     assert cometnmt.Translator.from_checkpoint(out, device="cpu")("Zwei Hunde.")
 
 
+def test_a_decode_config_given_to_translate_is_checked(translator):
+    """Translator.translate(texts, decode_cfg): a DecodeConfig of the caller's is checked as a
+    config's decode section (beam_size=0 was "nbest=1: more hypotheses than the beam keeps (0)",
+    naming a keyword not given); anything else is a TypeError (a dict was "asdict() should be
+    called on dataclass instances")."""
+    decode = translator.cfg.decode
+    for changes, message in (({"method": "beam", "beam_size": 0}, "'decode.beam_size': must be at least 1, got 0"),
+                             ({"batch_sentences": 0}, "'decode.batch_sentences': must be at least 1, got 0"),
+                             ({"method": "beam", "beam_size": 2, "nbest": 3}, "'decode.nbest': 3 exceeds decode.beam_size=2"),
+                             ({"temperature": 0.0}, "'decode.temperature'")):
+        with pytest.raises(cometnmt.ConfigError, match=rf"^config key {re.escape(message)}"):
+            translator.translate(["Ein Hund."], dataclasses.replace(decode, **changes))
+    with pytest.raises(TypeError, match="decode_cfg must be a cometnmt.config.DecodeConfig .*got a dict"):
+        translator.translate(["Ein Hund."], {"method": "beam"})
+    beam = dataclasses.replace(decode, method="beam", beam_size=3, nbest=2)
+    assert translator.translate(["Ein Hund."], beam) == translator.translate(["Ein Hund."], beam=3, nbest=2)
+
+
 def test_numpy_numbers_are_taken_as_the_numbers_they_hold(run_dir, translator):
     """A sweep over np.arange or a NumPy array hands the API NumPy scalars: np.int64(2) was refused
     as "beam=np.int64(2): must be an integer", np.float32 as "must be a number"; bools stay refused."""
