@@ -301,7 +301,8 @@ def cmd_attention(args) -> int:
     for i, amap in enumerate(progress_bar(shown, desc="plots", unit="png", disable=len(shown) < 2, leave=False)):
         plot_attention(amap, out / f"line_{i + 1:04d}.png", f"{Path(args.input).name}, line {i + 1}; decoder layer {amap.layer + 1} of "
                        f"{len(translator.model.cross_attention_modules())}, heads averaged")
-    print(f"{len(maps)} pairs: {out / 'attention.jsonl'}; {len(shown)} heatmaps {out}/line_*.png", file=sys.stderr)
+    print(f"{len(maps)} pair{'s' * (len(maps) != 1)}: {out / 'attention.jsonl'}; "
+          f"{len(shown)} heatmap{'s' * (len(shown) != 1)} {out}/line_*.png", file=sys.stderr)
     return 0
 
 

@@ -566,6 +566,9 @@ class Translator:
         decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size,
                                   sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
                                   replace_unk=replace_unk)
+        start = plain_number(start)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:  # "x" was a TypeError from an addition
+            raise ConfigError(f"start={start!r}: must be an integer at least 0 (the first sentence's place in the input)")
         texts = _sentence_list(texts, "texts", "Translator.translate")
         _check_sentences(texts)
         words, ids = self._words_and_ids(texts, self.codec.src_tok, self.codec.encode_src)

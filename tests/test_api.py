@@ -632,6 +632,23 @@ def test_numpy_numbers_are_taken_as_the_numbers_they_hold(run_dir, translator):
         translator(text, beam=np.int64(0))
 
 
+def test_start_is_a_place_in_the_input(translator):
+    """translate's ``start`` (a piece's place in a longer input, for seeded samples): "x" was a
+    TypeError from an addition and -5 was taken; a NumPy integer is the integer it holds."""
+    text = ["Ein Hund.", "Zwei Katzen schlafen."]
+    def texts(results):  # the scores may differ in the last bits with the batch
+        return [[h.text for h in hyps] for hyps in results]
+
+    whole = texts(translator.translate(["Ein Mann."] + text, sampling=True, seed=7))
+    assert texts(translator.translate(text, sampling=True, seed=7, start=1)) == whole[1:]
+    assert texts(translator.translate(text, sampling=True, seed=7)) != whole[1:]  # the place matters
+    np = pytest.importorskip("numpy")
+    assert texts(translator.translate(text, sampling=True, seed=7, start=np.int64(1))) == whole[1:]
+    for start in ("x", -5, 1.0, True):
+        with pytest.raises(cometnmt.ConfigError, match=rf"^start={re.escape(repr(start))}: must be an integer at least 0"):
+            translator.translate(text, sampling=True, seed=7, start=start)
+
+
 def test_an_ensemble_of_checkpoints(run_dir, translator, tmp_path, cli):
     """Several checkpoints are one Translator (their probabilities averaged): a checkpoint with
     itself translates as it does alone; checkpoints whose vocabularies differ are refused naming
