@@ -107,7 +107,7 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
     cut to a multiple of the ranks) and a resume at an odd position could hang."""
     import shutil
 
-    common = ["train.batch_tokens=1000", "train.max_epochs=1", DROPOUT]
+    common = ["train.batch_tokens=1000", "train.max_epochs=1", "train.log_every=10", DROPOUT]
     first = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=1", "train.max_steps=2", *common)
     assert first["trainer"]["consumed"] == 2
     shutil.copytree(tmp_path / "one", tmp_path / "ddp")
@@ -122,6 +122,10 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
     assert ddp["epoch"] == one["epoch"] == 1 and ddp["step"] == one["step"] == 5  # 2 + 3 steps, the last short
     assert ddp["trainer"]["history"][0]["val_loss"] == pytest.approx(one["trainer"]["history"][0]["val_loss"], rel=1e-5)
     assert_same_weights(ddp["model"], one["model"])
+    # the log window open at the max_steps checkpoint (steps 1-2, train.log_every=10) is carried into
+    # both resumes: the epoch's one record covers steps 1-5, its saved loss counted once over the ranks
+    assert train_losses(tmp_path / "ddp", "step") == train_losses(tmp_path / "one", "step") == [5]
+    assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
 
 
 # every registered architecture but the Transformer of the tests above, at test size

@@ -53,6 +53,15 @@ def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
     for key, value in reference["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
     assert resumed["trainer"]["history"] == reference["trainer"]["history"]
+    # the log window open at the interrupt (epoch 2's, logged at its end) is carried over: its
+    # record covers the same steps as the uninterrupted run's (it covered only the steps after the resume)
+    assert logged(tmp_path / "cut") == logged(tmp_path / "full")
+
+
+def logged(save_dir: Path) -> list[dict]:
+    """metrics.jsonl without the timings (tokens/s), which no two runs share."""
+    records = map(json.loads, (save_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines())
+    return [{k: v for k, v in r.items() if k != "tgt_tokens_per_s"} for r in records]
 
 
 def test_an_interrupt_during_validation_resumes_exactly(tmp_path, data_dir, monkeypatch):

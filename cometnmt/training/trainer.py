@@ -129,6 +129,8 @@ class Trainer:
         self._step_rng: Optional[dict] = None
         self.step_extra: dict[str, torch.Tensor] = {}  # set by backward
         self.step_lr = 0.0  # the learning rate the last optimizer step took (set by update)
+        self._new_window()
+        self._saved_window: Optional[dict] = None  # a checkpoint's open log window, for the next run_epoch
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
         # spaCy's tokenizer of the target language for the paper metric in validation; None (BLEU and
@@ -182,6 +184,7 @@ class Trainer:
                 "best": self.best,
                 "stale": self.stale,
                 "finished": self.finished,
+                "window": self._window_state(),
             },
         }
 
@@ -197,6 +200,7 @@ class Trainer:
         self.consumed, self.history, self.best, self.stale, self.finished = (
             t["consumed"], t["history"], t["best"], t["stale"], t["finished"]
         )
+        self._saved_window = t.get("window")
         set_rng_state(payload["rng"])
         saved_rule = payload.get("config", {}).get("train", {}).get("stopping")
         if saved_rule is not None and (saved_rule == "bleu_patience") != (self.tc.stopping == "bleu_patience"):
@@ -216,6 +220,32 @@ class Trainer:
             self.history = history[: i + 1]  # update_stopping compares with the record before
             self.update_stopping(record)
         self.history, self.finished = history, finished
+
+    def _new_window(self) -> None:
+        """Start a metrics-log window: the summed loss, auxiliary losses and target tokens of its steps, and its start."""
+        self.window_loss, self.window_tokens, self.window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+        self.window_extra: dict[str, torch.Tensor] = {}
+
+    def _window_state(self) -> Optional[dict]:
+        """The log window a checkpoint is written inside (Ctrl-C, save_every, max_steps), so that the
+        resumed run's next record covers the same steps as an uninterrupted run's; before, it covered
+        only the steps since the resume and the ones before were never logged. None for an empty
+        window, and under DDP, where each rank holds only its own micro-batches' losses (the window
+        then restarts at the resume)."""
+        if self.dist.enabled or not self.window_tokens:
+            return None
+        return {"loss": float(self.window_loss), "tokens": self.window_tokens,
+                "extra": {k: float(v) for k, v in self.window_extra.items()},
+                "seconds": time.perf_counter() - self.window_start}
+
+    def _resume_window(self, saved: dict) -> None:
+        """Reopen a checkpoint's log window. Its sums cover every rank of the run that saved it:
+        rank 0 holds them, the others zeros of the same names (the log's all-reduce adds them)."""
+        main = self.dist.is_main
+        self.window_tokens = saved["tokens"]
+        self.window_start -= saved["seconds"]
+        self.window_loss += saved["loss"] if main else 0.0
+        self.window_extra = {k: torch.tensor(v if main else 0.0, device=self.device) for k, v in saved["extra"].items()}
 
     def save(self, name: str) -> None:
         if self.dist.is_main:
@@ -414,8 +444,10 @@ class Trainer:
         n_steps = math.ceil(len(batches) / G)
         bar = progress_bar(total=n_steps, initial=self.consumed // G, desc=f"epoch {self.epoch + 1}", unit="step",
                    disable=not (self.tc.progress and self.dist.is_main), dynamic_ncols=True)
-        window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
-        window_extra: dict[str, torch.Tensor] = {}
+        self._new_window()
+        if self._saved_window is not None:
+            self._resume_window(self._saved_window)
+            self._saved_window = None
         while self.consumed < len(batches):
             if not self._steps_left():
                 bar.close()
@@ -429,33 +461,32 @@ class Trainer:
                 self.step += 1
                 self.consumed += len(group)
                 self._step_rng = None
-            window_loss += loss
-            window_tokens += n_tokens
+            self.window_loss += loss
+            self.window_tokens += n_tokens
             for name, value in self.step_extra.items():
-                window_extra[name] = window_extra.get(name, 0.0) + value
+                self.window_extra[name] = self.window_extra.get(name, 0.0) + value
             bar.update(1)
             if self.step % self.tc.log_every == 0 or self.consumed >= len(batches):
-                seconds = time.perf_counter() - window_start
+                seconds = time.perf_counter() - self.window_start
                 # the window's loss and auxiliary losses (Transformer++'s tag losses), summed over
                 # ranks in one all-reduce (every rank logs at the same steps) and read in one host sync
-                sums = all_reduce_sum(torch.stack([window_loss.float(), *window_extra.values()]), self.dist).tolist()
+                sums = all_reduce_sum(torch.stack([self.window_loss.float(), *self.window_extra.values()]), self.dist).tolist()
                 record = {
                     "event": "train", "step": self.step, "epoch": self.epoch + 1,
-                    "loss": sums[0] / max(window_tokens, 1),
+                    "loss": sums[0] / max(self.window_tokens, 1),
                     "lr": self.step_lr,  # the rate of the record's step (get_last_lr() is the next step's)
-                    "tgt_tokens_per_s": window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
+                    "tgt_tokens_per_s": self.window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
                 }
                 # per target token, weighted as the objective weights them: the window's mean, not its last micro-batch's
-                record.update({f"loss_{k}": v / max(window_tokens, 1) for k, v in zip(window_extra, sums[1:])})
+                record.update({f"loss_{k}": v / max(self.window_tokens, 1) for k, v in zip(self.window_extra, sums[1:])})
                 self.log_metrics(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}",
                                 refresh=False)  # shown at the bar's next redraw, not a frame of its own
-                window_loss, window_tokens, window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
-                window_extra = {}
+                self._new_window()
             if self.tc.save_every and self.step % self.tc.save_every == 0:
                 saving = time.perf_counter()
                 self.save("last.pt")
-                window_start += time.perf_counter() - saving  # the write is not training: keep it out of tokens/s
+                self.window_start += time.perf_counter() - saving  # the write is not training: keep it out of tokens/s
         bar.close()
         return True
 
