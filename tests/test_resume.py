@@ -90,6 +90,32 @@ def test_an_interrupt_during_validation_resumes_exactly(tmp_path, data_dir, monk
     assert load_checkpoint(tmp_path / "cut" / "best.pt")["step"] == load_checkpoint(tmp_path / "full" / "best.pt")["step"]
 
 
+def test_a_resume_after_a_kill_drops_the_records_past_its_checkpoint(tmp_path, data_dir, monkeypatch):
+    """A run killed without saving (kill -9: here an exit no handler catches) inside step 4 of an
+    epoch, with save_every=2 and a record per step: last.pt holds step 2, metrics.jsonl step 3 too.
+    The resume trains step 3 again; before, its record then stood twice (steps 1, 2, 3, 3, 4, ...)."""
+    overrides = ["train.log_every=1", "train.save_every=2", "train.accum_steps=1"]
+    run_module.train(tiny_train_cfg(tmp_path / "full", data_dir, *overrides))
+    original = Trainer.train_step
+    calls = {"n": 0}
+
+    def killed_in_fourth(self, group):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise SystemExit("killed")
+        return original(self, group)
+
+    monkeypatch.setattr(Trainer, "train_step", killed_in_fourth)
+    cfg = tiny_train_cfg(tmp_path / "cut", data_dir, *overrides)
+    with pytest.raises(SystemExit):
+        run_module.train(cfg)
+    assert [r["step"] for r in logged(tmp_path / "cut")] == [1, 2, 3]
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["step"] == 2
+    monkeypatch.setattr(Trainer, "train_step", original)
+    run_module.train(cfg, resume=True)
+    assert logged(tmp_path / "cut") == logged(tmp_path / "full")
+
+
 class _Term(KeyboardInterrupt):
     """What the CLI's SIGTERM handler raises (cli._Terminated), without importing the CLI."""
 

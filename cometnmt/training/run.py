@@ -311,6 +311,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             trainer.init_from = str(init_from)
         if payload is not None:
             trainer.load_state_dict(payload, Path(cfg.train.save_dir) / "last.pt")
+            trainer.drop_records_after_checkpoint()
             if trainer.done:
                 log.info("the run had already finished at step %d, epoch %d (%s): nothing to train",
                          trainer.step, trainer.epoch, "its stopping rule" if trainer.finished else "train.max_epochs")

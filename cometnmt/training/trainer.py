@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import torch
 
+from cometnmt.atomic import atomic_write
 from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
 from cometnmt.data.pipeline import Examples, TextCodec
@@ -251,6 +252,28 @@ class Trainer:
         if self.dist.is_main:
             with deferred():  # an interrupt would abort the write (it is atomic: the old file stays)
                 save_checkpoint(self.state_dict(), self.save_dir / name)
+
+    def drop_records_after_checkpoint(self) -> None:
+        """On a resume, remove from metrics.jsonl the records the checkpoint does not include: those
+        a run killed without saving (``kill -9``, a lost machine) logged after its last ``save_every``
+        or epoch checkpoint. The resume trains those steps again and logs them anew; before, their
+        records stood twice (step 3, 3, 4, ...), and learning curves drawn from the log doubled back."""
+        path = self.save_dir / "metrics.jsonl"
+        if not self.dist.is_main or not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if self._before_checkpoint(json.loads(line))]
+        if len(kept) < len(lines):
+            log.info("metrics.jsonl: %d record(s) past the checkpoint (step %d) removed; the resume logs them again",
+                     len(lines) - len(kept), self.step)
+            with atomic_write(path) as f:
+                f.write("".join(line + "\n" for line in kept))
+
+    def _before_checkpoint(self, record: dict) -> bool:
+        """Whether a metrics record was logged at or before the position this trainer holds."""
+        if record.get("event") == "valid":  # logged with the checkpoint that counts its epoch done
+            return record["epoch"] <= self.epoch
+        return record.get("step", 0) <= self.step
 
     def log_metrics(self, record: dict) -> None:
         if self.dist.is_main:
