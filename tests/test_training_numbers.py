@@ -51,6 +51,37 @@ def test_a_resume_under_another_stopping_metric_rescores_the_best(tmp_path, data
     assert best["epoch"] == 1
 
 
+def test_a_run_its_stopping_rule_ended_resumes_under_another_rule(tmp_path, data_dir, monkeypatch):
+    """Validation losses 2, 3, 4: train.stopping=loss_rise (2 epochs) ends the run after epoch 3
+    of 5. Resumed with the same rule it stays finished; with ``train.stopping=none`` or
+    ``loss_rise_epochs=3`` it trains on to max_epochs. Before, ``finished`` stayed as the old
+    rule had set it and the resume trained nothing ("already finished ... its stopping rule")."""
+    import shutil
+
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    def validate(self):
+        loss = 2.0 + len(self.history)
+        return {"val_loss": loss, "val_loss_per_100_tokens": 100 * loss}
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+    first = tiny_train_cfg(tmp_path / "run", data_dir, "train.stopping=loss_rise", "train.loss_rise_epochs=2",
+                           "train.max_epochs=5")
+    assert run_module.train(first)["epochs"] == 3
+    for name in ("same", "none", "three"):
+        shutil.copytree(tmp_path / "run", tmp_path / name)
+    assert run_module.train(tiny_train_cfg(tmp_path / "same", data_dir, "train.stopping=loss_rise",
+                                           "train.loss_rise_epochs=2", "train.max_epochs=5"), resume=True)["epochs"] == 3
+    assert run_module.train(tiny_train_cfg(tmp_path / "none", data_dir, "train.stopping=none", "train.max_epochs=4"),
+                            resume=True)["epochs"] == 4
+    three = tiny_train_cfg(tmp_path / "three", data_dir, "train.stopping=loss_rise", "train.loss_rise_epochs=3",
+                           "train.max_epochs=5")
+    assert run_module.train(three, resume=True)["epochs"] == 4  # epoch 4's rise is the third
+    assert load_checkpoint(tmp_path / "three" / "last.pt")["trainer"]["finished"]
+    assert load_checkpoint(tmp_path / "none" / "best.pt")["epoch"] == 1
+
+
 def test_accumulated_micro_batches_give_the_gradient_of_one_batch_of_them(tmp_path, data_dir):
     """The objective is the step's summed loss over its target tokens (label smoothing on), so two
     micro-batches accumulated give the gradient of one batch holding both (no dropout)."""

@@ -42,8 +42,9 @@ def _resume_option(flags: bool) -> str:
 # from the checkpoint (a new lr, betas, eps or weight_decay was silently ignored while config.yaml
 # recorded it; a new schedule or warmup would bend the old curve), and the epochs' batches, which
 # the run's position points into, are made from the seed and batch sizes. The others (max_epochs,
-# stopping rule, clip_norm, label smoothing, accum_steps for another number of ranks, precision,
-# device, ...) may change and are recorded in config.yaml.
+# stopping rule (replayed over the epochs' validation records: a run the old rule ended may go on),
+# clip_norm, label smoothing, accum_steps for another number of ranks, precision, device, ...) may
+# change and are recorded in config.yaml.
 RESUME_FIXED_TRAIN_KEYS = ("lr", "betas", "eps", "weight_decay", "schedule", "warmup_steps", "seed", "batch_tokens",
                            "batch_sentences", "bucket_width")
 

@@ -57,6 +57,9 @@ from cometnmt.training.optim import build_optimizer, build_scheduler
 log = logging.getLogger(__name__)
 
 
+STOPPING_KEYS = ("stopping", "loss_rise_epochs", "patience")  # the train keys of the stopping rule
+
+
 def compile_module(module: torch.nn.Module, mode: str) -> torch.nn.Module:
     """``torch.compile`` in one of ``train.compile_mode``'s modes ("default" = torch's default)."""
     return torch.compile(module, mode=None if mode == "default" else mode)
@@ -203,24 +206,25 @@ class Trainer:
         )
         self._saved_window = t.get("window")
         set_rng_state(payload["rng"])
-        saved_rule = payload.get("config", {}).get("train", {}).get("stopping")
-        if saved_rule is not None and (saved_rule == "bleu_patience") != (self.tc.stopping == "bleu_patience"):
+        saved = payload.get("config", {}).get("train", {})
+        if any(key in saved and saved[key] != getattr(self.tc, key) for key in STOPPING_KEYS):
             self._rescore_history()
 
     def _rescore_history(self) -> None:
-        """A resume whose train.stopping measures another number than the run's (BLEU against
-        validation loss): the saved best and stale count are in the other number (a BLEU of 30
-        read as a loss made the next epoch "best" whatever its loss), so replay the epochs'
-        records under this rule. Records without a validation BLEU are passed over; ``finished``
-        stays as saved."""
-        history, finished = self.history, self.finished
-        self.best, self.stale = None, 0
+        """A resume under another stopping rule than the run's (train.stopping, loss_rise_epochs or
+        patience): replay the epochs' records under this rule. The saved best and stale count may
+        be in the other number (a BLEU of 30 read as a loss made the next epoch "best" whatever its
+        loss), and ``finished`` is the old rule's: a run stopped by it and resumed with
+        ``train.stopping=none``, or a larger patience, and a larger max_epochs trained nothing
+        ("already finished ... its stopping rule"). Records without a validation BLEU are passed over."""
+        history = self.history
+        self.best, self.stale, self.finished = None, 0, False
         for i, record in enumerate(history):
             if self.tc.stopping == "bleu_patience" and "val_bleu" not in record:
                 continue
             self.history = history[: i + 1]  # update_stopping compares with the record before
             self.update_stopping(record)
-        self.history, self.finished = history, finished
+        self.history = history
 
     def _new_window(self) -> None:
         """Start a metrics-log window: the summed loss, auxiliary losses and target tokens of its steps, and its start."""
