@@ -100,7 +100,7 @@ def test_two_ranks_equal_one_process_and_resume_in_one(tmp_path, data_dir):
     assert_same_weights(resumed["model"], one["model"])
 
 
-def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir):
+def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir, monkeypatch):
     """An epoch of 7 micro-batches, started in one process (2 steps of 1) and resumed by two
     ranks: steps [2,3], [4,5] and a short last step [6], where rank 1 has no micro-batch and joins
     the all-reduce with a zero-weighted one. Before, DDP dropped the 7th micro-batch (the epoch was
@@ -108,7 +108,19 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
     import shutil
 
     common = ["train.batch_tokens=1000", "train.max_epochs=1", "train.log_every=10", DROPOUT]
-    first = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=1", "train.max_steps=2", *common)
+    original, calls = Trainer.train_step, []
+
+    def interrupt_third(self, group):  # Ctrl-C after 2 steps, inside a log window (max_steps would log it)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(self, group)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupt_third)
+    with pytest.raises(KeyboardInterrupt):
+        train_in_process(data_dir, tmp_path / "one", "train.accum_steps=1", *common)
+    monkeypatch.setattr(Trainer, "train_step", original)
+    first = load_checkpoint(tmp_path / "one" / "last.pt")
     assert first["trainer"]["consumed"] == 2
     shutil.copytree(tmp_path / "one", tmp_path / "ddp")
     one = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=2", *common, resume=True)
@@ -122,7 +134,7 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
     assert ddp["epoch"] == one["epoch"] == 1 and ddp["step"] == one["step"] == 5  # 2 + 3 steps, the last short
     assert ddp["trainer"]["history"][0]["val_loss"] == pytest.approx(one["trainer"]["history"][0]["val_loss"], rel=1e-5)
     assert_same_weights(ddp["model"], one["model"])
-    # the log window open at the max_steps checkpoint (steps 1-2, train.log_every=10) is carried into
+    # the log window open at the interrupt's checkpoint (steps 1-2, train.log_every=10) is carried into
     # both resumes: the epoch's one record covers steps 1-5, its saved loss counted once over the ranks
     assert train_losses(tmp_path / "ddp", "step") == train_losses(tmp_path / "one", "step") == [5]
     assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)

@@ -31,6 +31,14 @@ def test_the_logged_learning_rate_is_the_one_its_step_took(tmp_path, data_dir):
         assert r["lr"] == pytest.approx(1e-3 * lr_factor(r["step"] - 1, "inverse_sqrt", 4)), r
 
 
+def test_a_run_max_steps_ends_inside_a_log_window_logs_that_window(tmp_path, data_dir):
+    """train.max_steps=3 with train.log_every=10: the record of steps 1-3 is logged at step 3.
+    Before, the run ended with no metrics.jsonl at all."""
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=3", "train.log_every=10"))
+    records = train_records(tmp_path)
+    assert [r["step"] for r in records] == [3] and records[0]["loss"] > 0
+
+
 def test_a_resume_under_another_stopping_metric_rescores_the_best(tmp_path, data_dir, monkeypatch):
     """A run saved with a loss rule (best = lowest validation loss, 2.0) resumed with
     ``train.stopping=bleu_patience``: epoch 2's BLEU 20 is below epoch 1's 30, so best.pt stays

@@ -493,7 +493,9 @@ class Trainer:
             for name, value in self.step_extra.items():
                 self.window_extra[name] = self.window_extra.get(name, 0.0) + value
             bar.update(1)
-            if self.step % self.tc.log_every == 0 or self.consumed >= len(batches):
+            # the epoch's last step and max_steps' last step end a window too (a run max_steps ended
+            # inside its first window logged no training loss at all)
+            if self.step % self.tc.log_every == 0 or self.consumed >= len(batches) or not self._steps_left():
                 seconds = time.perf_counter() - self.window_start
                 # the window's loss and auxiliary losses (Transformer++'s tag losses), summed over
                 # ranks in one all-reduce (every rank logs at the same steps) and read in one host sync
