@@ -111,6 +111,8 @@ def test_a_resume_after_a_kill_drops_the_records_past_its_checkpoint(tmp_path, d
         run_module.train(cfg)
     assert [r["step"] for r in logged(tmp_path / "cut")] == [1, 2, 3]
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["step"] == 2
+    with open(tmp_path / "cut" / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"event": "train", "st')  # a record the kill cut in the middle of its write
     monkeypatch.setattr(Trainer, "train_step", original)
     run_module.train(cfg, resume=True)
     assert logged(tmp_path / "cut") == logged(tmp_path / "full")

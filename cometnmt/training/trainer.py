@@ -265,16 +265,23 @@ class Trainer:
         path = self.save_dir / "metrics.jsonl"
         if not self.dist.is_main or not path.exists():
             return
-        lines = path.read_text(encoding="utf-8").splitlines()
-        kept = [line for line in lines if self._before_checkpoint(json.loads(line))]
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        kept = [line for line in lines if self._before_checkpoint(line)]
         if len(kept) < len(lines):
             log.info("metrics.jsonl: %d record(s) past the checkpoint (step %d) removed; the resume logs them again",
                      len(lines) - len(kept), self.step)
             with atomic_write(path) as f:
                 f.write("".join(line + "\n" for line in kept))
 
-    def _before_checkpoint(self, record: dict) -> bool:
-        """Whether a metrics record was logged at or before the position this trainer holds."""
+    def _before_checkpoint(self, line: str) -> bool:
+        """Whether a metrics record was logged at or before the position this trainer holds. A line
+        that is not a whole record was cut by the kill (it is the last one written): dropped."""
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(record, dict):
+            return False
         if record.get("event") == "valid":  # logged with the checkpoint that counts its epoch done
             return record["epoch"] <= self.epoch
         return record.get("step", 0) <= self.step
