@@ -99,7 +99,7 @@ class TrainConfig:
     cudnn_attention: bool = True  # CUDA: attention may use cuDNN kernels (slow first call per batch shape on an H100)
     num_threads: Optional[int] = None  # torch.set_num_threads on the CPU
     max_epochs: int = 100
-    max_steps: Optional[int] = None  # optimizer steps; None = no limit
+    max_steps: Optional[int] = None  # optimizer steps; None = no limit. Stopping inside an epoch validates there (best.pt kept)
     batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side
     batch_sentences: Optional[int] = None  # cap sentences per micro-batch (the paper: 10)
     # Training batches are cut from sentences sorted by length in buckets this many tokens wide, so

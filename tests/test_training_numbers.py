@@ -39,6 +39,30 @@ def test_a_run_max_steps_ends_inside_a_log_window_logs_that_window(tmp_path, dat
     assert [r["step"] for r in records] == [3] and records[0]["loss"] > 0
 
 
+def test_a_run_max_steps_ends_inside_an_epoch_is_validated_there(tmp_path, data_dir):
+    """train.max_steps=3 inside epoch 1: the run validates at step 3 (a ``valid_mid_epoch`` record,
+    outside the epochs' history) and keeps best.pt. Before, it had neither a validation nor a
+    best.pt. A resume at the same step validates nothing again; one past it goes on to the epoch's
+    own validation, and best.pt is the better of the two."""
+    from cometnmt.training.checkpoint import load_checkpoint
+
+    cfg = tiny_train_cfg(tmp_path, data_dir, "train.max_steps=3", "train.num_threads=1")
+    summary = run_module.train(cfg)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    (mid,) = [r for r in records if r["event"].startswith("valid")]
+    assert (mid["event"], mid["epoch"], mid["step"]) == ("valid_mid_epoch", 1, 3)
+    assert summary["best"] == mid["val_loss"] and summary["history"] == [] and summary["epochs"] == 0
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 3 and load_checkpoint(tmp_path / "last.pt")["step"] == 3
+    run_module.train(cfg, resume=True)  # nothing to train and nothing to validate again
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()] == records
+    summary = run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=null", "train.num_threads=1"), resume=True)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["event"] for r in records if r["event"].startswith("valid")] == ["valid_mid_epoch", "valid"]
+    epoch_end = records[-1]
+    assert summary["epochs"] == 1 and summary["best"] == min(mid["val_loss"], epoch_end["val_loss"])
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == (3 if mid["val_loss"] <= epoch_end["val_loss"] else epoch_end["step"])
+
+
 def test_a_resume_under_another_stopping_metric_rescores_the_best(tmp_path, data_dir, monkeypatch):
     """A run saved with a loss rule (best = lowest validation loss, 2.0) resumed with
     ``train.stopping=bleu_patience``: epoch 2's BLEU 20 is below epoch 1's 30, so best.pt stays

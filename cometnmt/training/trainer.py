@@ -135,6 +135,7 @@ class Trainer:
         self.step_lr = 0.0  # the learning rate the last optimizer step took (set by update)
         self._new_window()
         self._saved_window: Optional[dict] = None  # a checkpoint's open log window, for the next run_epoch
+        self.validated_step: Optional[int] = None  # the step of the last validation inside an epoch (max_steps)
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
         # spaCy's tokenizer of the target language for the paper metric in validation; None (BLEU and
@@ -189,6 +190,7 @@ class Trainer:
                 "stale": self.stale,
                 "finished": self.finished,
                 "window": self._window_state(),
+                "validated_step": self.validated_step,
             },
         }
 
@@ -205,6 +207,7 @@ class Trainer:
             t["consumed"], t["history"], t["best"], t["stale"], t["finished"]
         )
         self._saved_window = t.get("window")
+        self.validated_step = t.get("validated_step")
         set_rng_state(payload["rng"])
         saved = payload.get("config", {}).get("train", {})
         if any(key in saved and saved[key] != getattr(self.tc, key) for key in STOPPING_KEYS):
@@ -284,6 +287,8 @@ class Trainer:
             return False
         if record.get("event") == "valid":  # logged with the checkpoint that counts its epoch done
             return record["epoch"] <= self.epoch
+        if record.get("event") == "valid_mid_epoch":  # logged with the last.pt that notes it (validated_step)
+            return record["step"] < self.step or record["step"] == self.validated_step
         return record.get("step", 0) <= self.step
 
     def log_metrics(self, record: dict) -> None:
@@ -485,7 +490,7 @@ class Trainer:
         while self.consumed < len(batches):
             if not self._steps_left():
                 bar.close()
-                self.save("last.pt")
+                self.end_at_max_steps()
                 return False
             group = batches[self.consumed : self.consumed + G]
             self.net.train()
@@ -556,18 +561,46 @@ class Trainer:
             + (f", {paper_label(self.cfg.data.lowercase)} {metrics['val_paper_bleu']:.2f}" if "val_paper_bleu" in metrics else ""),
         )
 
-    def update_stopping(self, m: dict) -> bool:
-        """Return True if this epoch is the best so far; set self.finished when the rule fires."""
+    def end_at_max_steps(self) -> None:
+        """train.max_steps stopped the run inside an epoch: validate there (a record of its own,
+        ``valid_mid_epoch``, outside the epochs' history and the stopping rule) and keep best.pt if
+        the model beats the best so far, then save last.pt. A run whose max_steps came before its
+        first epoch's end had no validation and no best.pt, so `evaluate --checkpoint best.pt` had
+        nothing to read. A resume at the same step does not validate again."""
+        if self.validated_step != self.step:
+            metrics = {"event": "valid_mid_epoch", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
+            with deferred():
+                self.validated_step = self.step
+                self.log_metrics(metrics)
+                improved = self.improves(metrics)
+                if improved:
+                    self.best = metrics["val_bleu" if self.tc.stopping == "bleu_patience" else "val_loss"]
+                self.save("last.pt")
+                if improved:
+                    self.save("best.pt")
+            log.info("max_steps %d reached inside epoch %d: val loss %.4f/token%s", self.step, self.epoch + 1,
+                     metrics["val_loss"], f", val BLEU {metrics['val_bleu']:.2f}" if "val_bleu" in metrics else "")
+        else:
+            self.save("last.pt")
+
+    def improves(self, m: dict) -> bool:
+        """Whether validation metrics ``m`` beat the best so far (BLEU under bleu_patience, else the loss)."""
         if self.tc.stopping == "bleu_patience":
             if "val_bleu" not in m:
                 raise ValueError("train.stopping=bleu_patience needs train.valid_bleu=true")
-            improved = self.best is None or m["val_bleu"] > self.best
+            return self.best is None or m["val_bleu"] > self.best
+        return self.best is None or m["val_loss"] < self.best
+
+    def update_stopping(self, m: dict) -> bool:
+        """Return True if this epoch is the best so far; set self.finished when the rule fires."""
+        if self.tc.stopping == "bleu_patience":
+            improved = self.improves(m)
             self.best = m["val_bleu"] if improved else self.best
             self.stale = 0 if improved else self.stale + 1
             self.finished = self.stale >= self.tc.patience
             return improved
         prev = self.history[-2]["val_loss"] if len(self.history) > 1 else None
-        improved = self.best is None or m["val_loss"] < self.best
+        improved = self.improves(m)
         self.best = m["val_loss"] if improved else self.best
         if self.tc.stopping == "loss_rise":
             self.stale = self.stale + 1 if prev is not None and m["val_loss"] > prev else 0
