@@ -138,6 +138,25 @@ def test_a_tilde_in_data_paths_is_the_home_folder(tmp_path: Path, monkeypatch: p
     assert cache_dir("~/tags") == tmp_path / "tags"
 
 
+def test_the_default_tag_cache_follows_xdg_cache_home_as_the_multi30k_download_does(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the tags went to ~/.cache/cometnmt/tags whatever XDG_CACHE_HOME said, while the
+    Multi30k downloads went under it; $COMETNMT_CACHE still comes first."""
+    from cometnmt.data.multi30k import default_cache_dir
+    from cometnmt.data.tagging import cache_dir
+
+    monkeypatch.delenv("COMETNMT_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir(None) == tmp_path / "xdg" / "cometnmt" / "tags"
+    assert cache_dir(None).parent == default_cache_dir().parent
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir(None) == tmp_path / "home" / ".cache" / "cometnmt" / "tags"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("COMETNMT_CACHE", str(tmp_path / "mine"))
+    assert cache_dir(None) == tmp_path / "mine" / "tags"
+
+
 # --- vocabulary ----------------------------------------------------------------------------------
 
 

@@ -16,7 +16,8 @@ The flow, run once before training (``attach_training_tags``):
    A tagger that is not installed is a :class:`ConfigError` naming the config key and the package
    to install; a task is only ever left out by removing it from ``model.transformer_pp.tasks``.
 2. The annotations are cached as JSON under ``model.transformer_pp.tag_cache_dir`` (default
-   ``$COMETNMT_CACHE/tags`` or ``~/.cache/cometnmt/tags``), keyed by the SHA-256 of the exact
+   ``$COMETNMT_CACHE/tags``, else ``$XDG_CACHE_HOME/cometnmt/tags`` or ``~/.cache/cometnmt/tags``,
+   beside the Multi30k download cache), keyed by the SHA-256 of the exact
    sentences annotated (the split's source side after filtering) plus the annotator's name and
    version, so a rerun does not tag again.
 3. The word labels are carried onto the tokens of our tokenizer: each token is located in the raw
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from cometnmt.atomic import atomic_write
+from cometnmt.data.multi30k import default_cache_dir
 from cometnmt.errors import ConfigError, DataError
 from cometnmt.models.transformer_pp import IGNORE, UPOS, tag_labels
 
@@ -237,10 +239,13 @@ def build_annotators(c, lang: str) -> list[Annotator]:
 
 
 def cache_dir(configured: Optional[str]) -> Path:
+    """The configured folder, else ``$COMETNMT_CACHE/tags``, else ``tags`` beside the Multi30k
+    download cache (``$XDG_CACHE_HOME/cometnmt``, else ``~/.cache/cometnmt``): before, the tags
+    ignored XDG_CACHE_HOME and filled ~/.cache while the downloads honoured it."""
     if configured:
         return Path(configured).expanduser()  # "~/tags" is not a folder "~" in the working directory
     root = os.environ.get("COMETNMT_CACHE")
-    return Path(root) / "tags" if root else Path.home() / ".cache" / "cometnmt" / "tags"
+    return Path(root) / "tags" if root else default_cache_dir().parent / "tags"
 
 
 def check_cache_dir(c) -> Path:
@@ -250,7 +255,8 @@ def check_cache_dir(c) -> Path:
     annotations were computed first, then writing them failed with a traceback)."""
     folder = cache_dir(c.tag_cache_dir)
     key = ("config key 'model.transformer_pp.tag_cache_dir'" if c.tag_cache_dir else
-           "the tag cache (model.transformer_pp.tag_cache_dir: null, so $COMETNMT_CACHE/tags or ~/.cache/cometnmt/tags)")
+           "the tag cache (model.transformer_pp.tag_cache_dir: null, so $COMETNMT_CACHE/tags, $XDG_CACHE_HOME/cometnmt/tags "
+           "or ~/.cache/cometnmt/tags)")
     fix = "name a folder for the tag cache" if c.tag_cache_dir else "set model.transformer_pp.tag_cache_dir to a folder"
     for part in (folder, *folder.parents):
         if part.is_symlink() and not part.exists():

@@ -118,7 +118,7 @@ class TransformerPPConfig:
     pos_tagger: str = "auto"  # auto | spacy:<installed pipeline> | hanta
     ner_tagger: str = "auto"  # auto | spacy:<installed pipeline>
     ner_types: list[str] = field(default_factory=lambda: list(ONTONOTES_TYPES))  # entity types (BIO labels)
-    tag_cache_dir: Optional[str] = None  # annotations cache; None = $COMETNMT_CACHE/tags or ~/.cache/cometnmt/tags
+    tag_cache_dir: Optional[str] = None  # annotations cache; None = $COMETNMT_CACHE/tags, else $XDG_CACHE_HOME (~/.cache)/cometnmt/tags
 
 
 class ConvAttention(nn.Module):
