@@ -306,6 +306,9 @@ def cmd_attention(args) -> int:
     return 0
 
 
+_NBEST_LINE = re.compile(r"\d+\t[-+0-9.eEinfINFa]+\t")  # translate --nbest: index, score, text
+
+
 def cmd_evaluate(args) -> int:
     from cometnmt.data.corpus import read_lines, read_stdin_lines
     from cometnmt.data.pipeline import read_text_file
@@ -353,6 +356,9 @@ def cmd_evaluate(args) -> int:
         for name, lines in (("<stdin>" if hyp_stdin else args.hyp, hyps), (args.src, src)):
             if lines is not None and len(lines) != len(refs):
                 raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
+        if hyps and all(_NBEST_LINE.match(h) for h in hyps):  # translate --nbest's columns were scored as text
+            raise DataError(f"{'<stdin>' if hyp_stdin else args.hyp}: every line is 'index<TAB>score<TAB>text', "
+                            "translate --nbest output; give the translations alone (cut -f3 of --nbest 1's lines)")
         if args.lang is None:
             log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules: give --lang for another "
                      "target language")
