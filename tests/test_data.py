@@ -254,6 +254,19 @@ def test_no_hyphen_marker_is_left_in_detokenised_text() -> None:
     assert "@" not in tokenizer_from_state(tok.state_dict()).detokenize(["@-@", "@-@", "<unk>", "@-@", "@-@"])
 
 
+def test_sentencepiece_writes_and_reads_the_unknown_piece_as_unk(train_pairs: tuple[list[str], list[str]]) -> None:
+    """A piece the model's vocabulary lacks (past data.max_vocab, say) came out as " ⁇ " with a
+    double space ("a ⁇  dog"); it is now the word <unk>, and the text <unk> tokenises back to it."""
+    tok = SentencePieceTokenizer.train(train_pairs[1][:2000], 500, seed=1)
+    assert tok.detokenize(["\u2581a", "<unk>", "\u2581dog"]) == "a <unk> dog"
+    assert tok.detokenize(["<unk>", "\u2581a", "<unk>", "s", "<unk>"]) == "<unk> a <unk>s <unk>"
+    assert tok.detokenize(["\u2581a", "\u2581dog"]) == "a dog"  # no unknown piece: SentencePiece's own
+    text = "A man <unk> a dog."
+    pieces = tok.tokenize(text)
+    assert pieces.count("<unk>") == 1 and tok.detokenize(pieces) == text
+    assert tok.tokenize_many([text, "A dog."]) == [pieces, tok.tokenize("A dog.")]
+
+
 def test_spacy_tokenizes_the_whole_training_side(train_pairs: tuple[list[str], list[str]]) -> None:
     """Batched (spaCy's pipe) as one sentence at a time. No timing here: speed belongs in bench/
     (this test asserted under 30 s, about a second when unloaded)."""

@@ -226,16 +226,45 @@ class SentencePieceTokenizer:
         return text.lower() if self.lowercase else text
 
     def tokenize(self, text: str) -> list[str]:
-        """Pieces of one sentence."""
-        return self._sp.encode(self._prepare(text), out_type=str)
+        """Pieces of one sentence; the text ``<unk>`` (as :meth:`detokenize` writes the unknown
+        piece) is the unknown piece again, so ``logprob`` scores a translation holding it as the
+        search did (SentencePiece itself cut it into "<", "unk", ">")."""
+        text = self._prepare(text)
+        if UNK_TEXT not in text:
+            return self._sp.encode(text, out_type=str)
+        parts = text.split(UNK_TEXT)
+        pieces: list[str] = []
+        for i, part in enumerate(parts):  # the space on each side of <unk> is the one detokenize puts there
+            part = part[1:] if i and part.startswith(" ") else part
+            part = part[:-1] if i < len(parts) - 1 and part.endswith(" ") else part
+            pieces += ([UNK_TEXT] if i else []) + self._sp.encode(part, out_type=str)
+        return pieces
 
     def tokenize_many(self, texts: Iterable[str]) -> list[list[str]]:
         """Pieces of many sentences (SentencePiece's batched encode)."""
-        return self._sp.encode([self._prepare(t) for t in texts], out_type=str)
+        texts = [self._prepare(t) for t in texts]
+        pieces = self._sp.encode(texts, out_type=str)
+        return [self.tokenize(t) if UNK_TEXT in t else p for t, p in zip(texts, pieces)]
 
     def detokenize(self, tokens: list[str]) -> str:
-        """Text from pieces."""
-        return self._sp.decode_pieces(list(tokens))
+        """Text from pieces. The unknown piece (a piece the model's vocabulary lacks, e.g. past
+        ``data.max_vocab``) is written ``<unk>``, as a word: SentencePiece wrote " ⁇ " with a
+        double space after it ("a ⁇  dog"), which ``logprob`` and ``replace_unk``'s readers could not
+        take for the unknown word."""
+        tokens = list(tokens)
+        if UNK_TEXT not in tokens:
+            return self._sp.decode_pieces(tokens)
+        text, segment = "", []
+        for tok in [*tokens, None]:  # None flushes the last segment
+            if tok is not None and tok != UNK_TEXT:
+                segment.append(tok)
+                continue
+            if segment:  # a piece starting a word (U+2581) is spaced from what is before it
+                text += (" " if text and segment[0].startswith("\u2581") else "") + self._sp.decode_pieces(segment)
+                segment = []
+            if tok == UNK_TEXT:
+                text += (" " if text and not text.endswith(" ") else "") + UNK_TEXT
+        return text
 
     def state_dict(self) -> dict:
         return {
