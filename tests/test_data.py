@@ -73,6 +73,25 @@ def test_only_newline_splits_lines(tmp_path: Path) -> None:
     assert read_lines(empty) == []
 
 
+def test_text_not_in_nfc_is_read_as_it_is_with_a_warning(tmp_path: Path, caplog) -> None:
+    """Decomposed accents (NFD) were read without a word, while their words do not match the
+    precomposed ones a vocabulary knows. Now a warning names the file, how many lines and the first."""
+    import unicodedata
+
+    lines = ["Ein Hund läuft.", "Ein Café.", "Zwei Männer."]
+    nfd = tmp_path / "nfd.de"
+    nfd.write_text("\n".join([lines[0]] + [unicodedata.normalize("NFD", t) for t in lines[1:]]) + "\n", encoding="utf-8")
+    nfc = tmp_path / "nfc.de"
+    nfc.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="cometnmt.data.corpus"):
+        assert read_lines(nfc) == lines
+        assert not caplog.records
+        got = read_lines(nfd)
+    assert got[1] == unicodedata.normalize("NFD", lines[1]) and got != lines  # kept as written
+    (record,) = caplog.records
+    assert f"{nfd}: 2 lines are not in Unicode NFC (first: line 2)" in record.getMessage()
+
+
 def test_undecodable_byte_names_file_line_column(tmp_path: Path) -> None:
     path = tmp_path / "bad.txt"
     path.write_bytes(b"ok\nnoch gut\n\xc3\xbcb\xffer\n")
