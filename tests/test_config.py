@@ -54,6 +54,10 @@ def test_a_split_names_both_its_files_or_neither():
             load_config(iwslt, [f for f in files if not f.startswith(f"data.{split}_src")])
     with pytest.raises(ConfigError, match="'data.valid_src' and 'data.valid_tgt': required when data.corpus is 'files'"):
         load_config(iwslt, files[:2])
+    for key in ("data.multi30k_dir", "data.train_src", "data.test_tgt"):  # `--set data.multi30k_dir=$UNSET_VAR`
+        for empty in ("", "'  '"):  # was taken for the default without a word
+            with pytest.raises(ConfigError, match=f"^config key '{key}': empty; give a path, or null for the default$"):
+                load_config(iwslt, files + [f"{key}={empty}"])
     with pytest.raises(ConfigError, match="data.test_src is 'a.de' but data.test_tgt is null; set both or neither "
                                           "\\(data.corpus is 'multi30k', which reads neither"):
         load_config(REPO / "configs" / "tiny.yaml", ["data.test_src=a.de"])
