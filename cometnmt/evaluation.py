@@ -497,7 +497,8 @@ def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str,
     source's, no BLEU by length (lengths in another language's tokens would be wrong)."""
     why = None
     if tgt_tok is None:
-        why = f"the COMET paper's metric and BLEU by length: spaCy cannot tokenise {lang!r}"
+        why = (f"the COMET paper's metric{' and BLEU by length' if src is not None else ''}: "
+               f"spaCy cannot tokenise {lang!r}")  # BLEU by length only where the sources were given
     elif src is not None and src_tok is None:
         why = f"BLEU by length: spaCy cannot tokenise {src_lang!r}"
     if src is not None and src_tok is None:

@@ -510,6 +510,9 @@ def test_score_without_spacy_for_a_language(caplog):
     assert "spaCy has no tokenizer for language 'foo'" in caplog.text
     assert result["bleu"] == cometnmt.score(hyps, refs, lang="en")["bleu"] and "paper_bleu" not in result
     assert "paper BLEU" not in format_table(result) and "spaCy cannot tokenise 'foo'" in format_table(result)
+    assert result["not_computed"] == "the COMET paper's metric: spaCy cannot tokenise 'foo'"  # no sources: no BLEU by length asked
+    assert cometnmt.score(hyps, refs, lang="foo", src=src, src_lang="en")["not_computed"] == \
+        "the COMET paper's metric and BLEU by length: spaCy cannot tokenise 'foo'"
     with_src = cometnmt.score(hyps, refs, lang="en", src=src, src_lang="foo")
     assert "paper_bleu" in with_src and "bleu_by_length" not in with_src
     assert with_src["not_computed"] == "BLEU by length: spaCy cannot tokenise 'foo'"
