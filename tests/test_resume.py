@@ -313,13 +313,13 @@ def test_an_auxiliary_loss_is_weighed_by_its_own_weight_only(tmp_path, data_dir,
         assert torch.equal(value, aux["model"][key]), key
 
 
-def test_a_resume_on_changed_data_files_is_refused(tmp_path, data_dir):
+def test_a_resume_on_changed_data_files_is_refused(tmp_path, data_dir, monkeypatch):
     """The config alone cannot tell that a data file was edited since the run started: the
     checkpoint records a digest of each split's pairs, and --resume on other sentences (which would
     not continue exactly) is an error naming the files; unchanged files resume."""
     import gzip
 
-    from cometnmt.errors import DataError
+    from cometnmt.errors import ConfigError, DataError
 
     files = []
     for split, name, n in (("train", "train", 120), ("valid", "val", 10)):
@@ -338,6 +338,16 @@ def test_a_resume_on_changed_data_files_is_refused(tmp_path, data_dir):
     (tmp_path / "train.de").write_text("".join(lines), encoding="utf-8")
     run_module.train(longer, resume=True)
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2
+    # the same files named by relative paths (from their folder) are no change; it was refused as
+    # "the config differs from the run ... in data.train_src"; another file still is one
+    monkeypatch.chdir(tmp_path)
+    relative = [f.split("=")[0] + "=" + Path(f.split("=", 1)[1]).name for f in files]
+    assert relative[0] == "data.train_src=train.de"
+    run_module.train(tiny_train_cfg(tmp_path / "run", data_dir, "data.corpus=files", *relative, "train.max_steps=2"), resume=True)
+    (tmp_path / "copy.de").write_text("".join(lines), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"differs from the run in .* in data.train_src \('.*train.de' in the run, 'copy.de' now\)"):
+        run_module.train(tiny_train_cfg(tmp_path / "run", data_dir, "data.corpus=files", "data.train_src=copy.de",
+                                        *relative[1:], "train.max_steps=2"), resume=True)
 
 
 def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, monkeypatch, caplog):

@@ -100,7 +100,7 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
     return split_paths(root, name, cfg.src_lang, cfg.tgt_lang)
 
 
-_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+DATA_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
 
 
 def anchor_paths(cfg, workdir: str | None):
@@ -108,7 +108,7 @@ def anchor_paths(cfg, workdir: str | None):
     ``workdir`` (the folder a run was trained in), so a checkpoint finds its data from anywhere."""
     if workdir is None:
         return cfg
-    changes = {k: str(Path(workdir) / v) for k in _PATH_KEYS
+    changes = {k: str(Path(workdir) / v) for k in DATA_PATH_KEYS
                if (v := getattr(cfg, k)) is not None and not Path(v).expanduser().is_absolute()}
     return dataclasses.replace(cfg, **changes)
 

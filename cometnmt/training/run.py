@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 import yaml
 
+from cometnmt.atomic import same_file
 from cometnmt.config import Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict, unused_model_keys
 from cometnmt.data.corpus import write_text_file
-from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
+from cometnmt.data.pipeline import DATA_PATH_KEYS, TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
@@ -69,6 +70,7 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
             f"{section}.{key} ({old!r} in the run, {new!r} now)"
             for section in ("model", "data")
             for key, old, new in changed_keys(to_dict(getattr(saved, section)), to_dict(getattr(cfg, section)))
+            if not (section == "data" and key in DATA_PATH_KEYS and _same_path(old, new, payload.get("workdir")))
         ]
         if changed:
             raise ConfigError(f"{option}: the config differs from the run in {last} in {', '.join(changed)}; "
@@ -94,6 +96,21 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
             "set train.save_dir to a new folder, or move the old run away"
         )
     return None
+
+
+def _same_path(old: str | None, new: str | None, workdir: str | None) -> bool:
+    """Whether a data path key of a run (relative ones taken from ``workdir``, the folder it was
+    trained in) and of its resume (from this folder) name one file or folder: an absolute path
+    given again as a relative one, or through a link, is no change (it was refused as one). The
+    files' sentences are compared anyway (the split digests)."""
+    if old is None or new is None:
+        return False
+
+    def anchored(path: str, folder: str) -> Path:
+        path = Path(path).expanduser()
+        return path if path.is_absolute() else Path(folder) / path
+
+    return same_file(anchored(old, workdir or os.getcwd()), anchored(new, os.getcwd()))
 
 
 def corpus_digest(corpus) -> str:
