@@ -132,6 +132,25 @@ def test_corrupt_cached_file_is_downloaded_again(server: Server, tmp_path: Path)
     assert multi30k.sha256_file(cache / "val.en.gz") == SHA256["val.en.gz"]
 
 
+def test_a_download_left_unfinished_by_a_kill_is_removed(server: Server, tmp_path: Path) -> None:
+    """A download killed outright (kill -9) left its temporary file, up to the whole file, beside
+    the cache's files for good. The next download of that file removes it once an hour old; a
+    younger one may be another process's download in progress, and another file's is not touched."""
+    import os
+    import time
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old, young, other = (cache / ".val.en.gz.ab12.tmp", cache / ".val.en.gz.cd34.tmp", cache / ".val.de.gz.ef56.tmp")
+    for part in (old, young, other):
+        part.write_bytes(b"part of a download")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    os.utime(other, (hours_ago, hours_ago))
+    resolve_dir(cache_dir=cache, base_url=server.url, files=["val.en.gz"])
+    assert sorted(p.name for p in cache.iterdir()) == sorted([young.name, other.name, "val.en.gz"])
+
+
 def test_network_errors_name_url_and_env_var(server: Server, tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
         resolve_dir(cache_dir=tmp_path / "c1", base_url=server.url, files=["train.fr.gz"])  # 404

@@ -7,6 +7,7 @@ import http.client
 import logging
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -170,6 +171,22 @@ def _is_cached(path: Path, name: str, verify: bool) -> bool:
     return False
 
 
+STALE_PART_SECONDS = 3600  # a temporary download untouched this long was left by a killed process
+
+
+def _remove_stale_parts(dest: Path) -> None:
+    """Remove the temporary files (``.NAME.*.tmp``, atomic_write's) that a download killed outright
+    (``kill -9``, a lost machine) left beside ``dest``: nothing removed them, and each held up to
+    the whole file. One written to within the hour may be another process's download in progress."""
+    for part in dest.parent.glob(f".{dest.name}.*.tmp"):
+        try:
+            if time.time() - part.stat().st_mtime > STALE_PART_SECONDS:
+                part.unlink()
+                logger.info("removed %s, a download left unfinished", part)
+        except OSError:  # gone meanwhile, or not ours to remove: left as it is
+            pass
+
+
 def _download_missing(cache: Path, base_url: str, names: list[str], verify: bool) -> Path:
     """Download every needed file not already cached (with the right sum) into ``cache``."""
     try:
@@ -181,6 +198,7 @@ def _download_missing(cache: Path, base_url: str, names: list[str], verify: bool
         dest = cache / name
         if _is_cached(dest, name, verify):
             continue
+        _remove_stale_parts(dest)
         try:
             _download(base + name, dest, SHA256.get(name) if verify else None)
         except OSError as exc:  # local disk errors; network errors are DataError already
