@@ -6,9 +6,10 @@ Two families of scores are reported side by side, because they are not comparabl
   Scores"), computed on detokenised text with sacreBLEU's defaults (cased, ``13a`` tokeniser,
   ``exp`` smoothing) and reported with their signatures, so that numbers can be reproduced.
 * **The COMET paper's metric** (:data:`PAPER_BLEU_LABEL`): the *average of sentence-level*
-  BLEU-4 scores on tokenised text, smoothed as in Lin and Och (2004), "ORANGE: a Method for
-  Evaluating Automatic Evaluation Metrics for Machine Translation" (COLING 2004), i.e. NLTK's
-  ``SmoothingFunction().method2``. Its Figure 4 plots this metric against source length, which
+  BLEU-4 scores on tokenised text, smoothed by adding 1 to both numerator and denominator as the
+  paper says, citing Lin and Och's ACL 2004 paper (reference [15]); we take the definition of
+  their "ORANGE" paper (COLING 2004: orders n >= 2), i.e. today's NLTK
+  ``SmoothingFunction().method2`` (:func:`paper_sentence_bleu` says why, and what it costs). Its Figure 4 plots this metric against source length, which
   :func:`bleu_by_length` reproduces. Its tokens are spaCy's words with a translation's ``<unk>``
   as one word (``cometnmt.data.tokenizers.metric_tokenizer``), as in the model's own output.
 
