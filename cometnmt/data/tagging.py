@@ -92,7 +92,12 @@ STTS_TO_UPOS = {
 
 
 def stts_to_upos(tag: str) -> str:
-    """'VV(FIN)' -> VERB, 'ADJ(A)' -> ADJ, 'NN_VAR' -> NOUN; unknown tags -> X."""
+    """'VV(FIN)' -> VERB, 'ADJ(A)' -> ADJ, 'NN_VAR' -> NOUN, '$(' -> PUNCT; unknown tags -> X.
+
+    A tag of the table is looked up whole first: STTS's '$(' (brackets, quotes, dashes) has its
+    own "(", and cutting the detail off left '$', an unknown tag (X) instead of PUNCT."""
+    if tag in STTS_TO_UPOS:
+        return STTS_TO_UPOS[tag]
     base = tag.split("(")[0]
     if base in STTS_TO_UPOS:
         return STTS_TO_UPOS[base]
@@ -105,6 +110,11 @@ def stts_to_upos(tag: str) -> str:
 
 # The cache holds tags already mapped (STTS -> UPOS, unknown POS -> X): a change to the mapping
 # changes every annotator's name, and so its cache key, rather than serving stale tags.
+# STTS_REVISION counts changes to how ``stts_to_upos`` reads the table, which the table does not
+# show (2: '$(' is looked up whole; it was X); it is in HanTa's name only, so spaCy's caches stay.
+STTS_REVISION = 2
+
+
 def mapping_fingerprint(stts_to_upos: dict[str, str], upos: list[str]) -> str:
     return hashlib.sha256(json.dumps([stts_to_upos, upos], sort_keys=True).encode("utf-8")).hexdigest()[:8]
 
@@ -164,7 +174,7 @@ class HanTaAnnotator:
 
         self.tagger = HanoverTagger.HanoverTagger("morphmodel_ger.pgz")
         self.tokenizer = spacy.blank("de").tokenizer
-        self.name = f"hanta:ger@{importlib.metadata.version('HanTa')}/spacy{spacy.__version__}/{_MAPPING}"
+        self.name = f"hanta:ger@{importlib.metadata.version('HanTa')}/stts-r{STTS_REVISION}/spacy{spacy.__version__}/{_MAPPING}"
 
     def annotate(self, texts: list[str]) -> dict[str, list[list[Span]]]:
         spans = []
