@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, check_run_configs, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, capped_lines, check_run_args, check_run_configs, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,7 @@ def _evaluate_run(args, run: Path) -> dict:
     out["train_tokens_per_s"] = statistics.median(e["tgt_tokens_per_s"] for e in train) if train else None
     aux = sorted({k for e in train for k in e if k.startswith("loss_")})
     out["aux_losses"] = {k: [[e["step"], e[k]] for e in train if k in e] for k in aux}
+    out.update(how_it_ended(run))  # stopped_by: the rule, or a budget before it
     return out
 
 
@@ -337,6 +338,7 @@ def _markdown(report: dict) -> str:
                      f"{e.get('search', '–')} | {fmt(e['valid_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} | "
                      + (f"{fmt(e['valid_paper_bleu'])} | {fmt(e['test_paper_bleu'])} | " if paper else "")
                      + f"{'–' if tps[0] is None else f'{tps[0]:,.0f}'} |")
+    lines += capped_lines(report["runs"], lambda r: r["row"])
     lines += ["", "Training tokens/s is the median over the run's log windows (target tokens). Runs trained side by "
               "side (`--jobs` > 1) share the machine: compare speeds with `bench/`, not this column.", "",
               "## Every run", "", "| system | seed | epochs | dev BLEU | test BLEU | test chrF |", "|---|---|---|---|---|---|"]

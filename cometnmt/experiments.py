@@ -292,6 +292,35 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def how_it_ended(run: Path) -> dict:
+    """How a finished run's training ended, from its last.pt: ``stopped_by`` "rule" (its stopping
+    rule fired), "max_epochs" or "max_steps", and its ``stopping`` rule; {} without last.pt."""
+    from cometnmt.training.checkpoint import load_checkpoint
+
+    if not (run / "last.pt").is_file():
+        return {}
+    last = load_checkpoint(run / "last.pt")
+    train = last["config"].get("train", {})
+    if last["trainer"]["finished"]:
+        by = "rule"
+    else:
+        by = "max_epochs" if last["epoch"] >= train.get("max_epochs", last["epoch"]) else "max_steps"
+    return {"stopped_by": by, "stopping": train.get("stopping")}
+
+
+def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
+    """A report's line on the runs a budget (train.max_epochs or max_steps) ended before their
+    stopping rule fired: their best.pt is the best of the epochs trained, not the rule's (a Table 1
+    run reached --set train.max_epochs=30 with its validation loss still falling, unsaid)."""
+    capped = sorted((r for r in runs if r.get("stopped_by") in ("max_epochs", "max_steps")
+                     and r.get("stopping") not in (None, "none")), key=lambda r: (r["row"], r["seed"]))
+    if not capped:
+        return []
+    shown = ", ".join(f"{name(r)} seed {r['seed']} ({r['epochs']} epochs, train.{r['stopped_by']})" for r in capped)
+    return ["", f"- **ended by their budget before their stopping rule fired** (best.pt is the best epoch trained, "
+                f"perhaps not the rule's): {shown}"]
+
+
 def run_dir(out: Path, name: str, seed: int) -> Path:
     """The folder of one run of a report: OUT/runs/NAME/seedS."""
     return out / "runs" / name / f"seed{seed}"

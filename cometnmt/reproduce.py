@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, capped_lines, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ def _evaluate_run(args, run: Path) -> dict:
     out["epochs"] = history[-1]["epoch"] if history else 0  # the last validated epoch (not a count: an old resume bug lost one record)
     out["history"] = history
     out["stopping"] = translator.cfg.train.stopping  # what best.pt is best at
+    out.update(how_it_ended(run))  # stopped_by: the rule, or a budget before it
     return out
 
 
@@ -374,6 +375,7 @@ def _markdown(args, report: dict) -> str:
         pt = "–" if e["paper_test"] is None else f"{e['paper_test']:.2f}"
         lines.append(f"| {e['label']} | {len(e['seeds'])} | {fmt(e['epochs'])} | {pd} | {fmt(e['valid_paper_bleu'])} | "
                      f"{fmt(e['valid_bleu'])} | {pt} | {fmt(e['test_paper_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} |")
+    lines += capped_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
     lines += ["", "## How each row was trained (seed of the first run; other seeds differ only in train.seed)", ""]
     for e in report["table"]:
         recs = sorted((r for r in report["runs"] if r["row"] == e["row"]), key=lambda r: r["seed"])

@@ -27,6 +27,10 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     assert all(e["comet_bleu"] != e["transformer_bleu"] for e in report["examples"])  # only sentences that differ
     text = (out / "report.md").read_text()
     assert "| COMET | 1 |" in text and "first 30 sentences" in text and report["provenance"]["hardware"]
+    # the tiny budget (train.max_epochs) ended both runs before the presets' rule (loss_rise): said
+    assert {(r["row"], r["stopped_by"], r["stopping"]) for r in report["runs"]} == \
+        {("comet", "max_epochs", "loss_rise"), ("transformer", "max_epochs", "loss_rise")}
+    assert "ended by their budget before their stopping rule fired" in text and "COMET seed 1 (" in text
 
     done = out / "runs" / "comet" / "seed1" / "done.json"
     stamp = done.stat().st_mtime_ns
@@ -187,3 +191,18 @@ def test_gpu_sweep_arms_train_the_recipes_their_folders_name():
             train = load_config(root / "configs" / "multi30k" / preset, sets).train
             assert (train.lr, train.batch_tokens) == (float(lr), int(tokens)), (name, preset)
             assert train.schedule == ("inverse_sqrt" if "invsqrt" in name else "constant"), (name, preset)
+
+
+def test_only_runs_a_budget_ended_before_their_rule_are_flagged():
+    """A run whose stopping rule fired, or that has none (train.stopping: none), ends by design; one
+    that train.max_epochs or max_steps cut before its rule fired is listed (best.pt is not the rule's)."""
+    from cometnmt.experiments import capped_lines
+
+    runs = [{"row": "comet", "seed": 1, "epochs": 12, "stopped_by": "rule", "stopping": "loss_rise"},
+            {"row": "comet", "seed": 2, "epochs": 30, "stopped_by": "max_epochs", "stopping": "loss_rise"},
+            {"row": "transformer", "seed": 1, "epochs": 30, "stopped_by": "max_epochs", "stopping": "none"},
+            {"row": "transformer", "seed": 2, "epochs": 3, "stopped_by": "max_steps", "stopping": "bleu_patience"},
+            {"row": "transformer", "seed": 3, "epochs": 9}]  # from a report older than the field
+    (line,) = [x for x in capped_lines(runs, lambda r: r["row"].upper()) if x]
+    assert line.endswith(": COMET seed 2 (30 epochs, train.max_epochs), TRANSFORMER seed 2 (3 epochs, train.max_steps)")
+    assert capped_lines(runs[:1] + runs[2:3] + runs[4:], lambda r: r["row"]) == []
