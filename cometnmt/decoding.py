@@ -247,7 +247,7 @@ def beam_search(
         lp = without_specials(F.log_softmax(logits.float(), dim=-1), model.pad_id, bos)  # n*k,V
         top_scores, src_beam, top_tok = _top_candidates(lp, scores, 2 * K)  # n,2K each
         is_eos = top_tok.eq(eos)  # n,2K
-        _collect_eos(finished, active, is_eos[:, :K], top_scores[:, :K], src_beam[:, :K], seqs, k, K, t, length_penalty)
+        _collect_eos(finished, active, is_eos[:, :K], top_scores[:, :K], src_beam[:, :K], seqs, k, t, length_penalty)
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)  # n,K
         rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, pick)).view(-1)  # n*K: rows of the step's input
         tokens = top_tok.gather(1, pick).view(-1)  # n*K
@@ -292,15 +292,15 @@ def _top_candidates(lp: torch.Tensor, scores: torch.Tensor, m: int) -> tuple[tor
     return best, flat // per_row, top_tok.reshape(n, -1).gather(1, flat)
 
 
-def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, k, K, t, alpha) -> None:
+def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, k, t, alpha) -> None:
     """Store hypotheses that end with </s> among the top K candidates (few per step); a sentence's
-    beams are rows i*k .. i*k+k-1 of ``seqs``."""
+    beams are rows i*k .. i*k+k-1 of ``seqs``. All of a step's are kept, even past K: the step that
+    fills a sentence's K ends its search, and one left out (fairseq keeps the first K) could
+    outscore a hypothesis finished earlier, which the n-best list then held in its place."""
     for i, j in eos_mask.nonzero().tolist():
         if scores[i, j].item() == float("-inf"):
             continue
         sent = int(active[i])
-        if len(finished[sent]) >= K:
-            continue
         row = i * k + int(src_beam[i, j])
         norm = float(length_normalise(scores[i, j], t + 1, alpha))
         finished[sent].append((norm, seqs[row].tolist()))

@@ -80,6 +80,18 @@ def test_wide_beam_finds_the_best_hypothesis(alpha):
         assert [h.score for h in results[sent]] == sorted((h.score for h in results[sent]), reverse=True)
 
 
+def test_nbest_keeps_every_hypothesis_that_ends_on_the_last_step():
+    """A sentence stops at the step that brings its finished hypotheses to K; when that step ends
+    two, both are kept. Only the first was (fairseq's cut at K), so the 2-best list held the empty
+    hypothesis, finished at step 1 with -3.10, in place of [4, 5, 5, 5] (-2.25), found and dropped."""
+    model = Markov(n_sent=8, max_len=6, vocab=6, seed=4)
+    src, mask = torch.arange(8)[:, None], torch.zeros(8, 1, dtype=torch.bool)
+    hyps = beam_search(model, src, mask, BOS, EOS, beam_size=2, length_penalty=0.0, nbest=2, max_len_a=0.0, max_len_b=5)[1]
+    assert [h.tokens for h in hyps] == [[4, 4, 5, 5], [4, 5, 5, 5]]
+    assert [h.score for h in hyps] == pytest.approx([model.logprob(1, h.tokens + [EOS]) for h in hyps], abs=1e-4)
+    assert model.logprob(1, [EOS]) < hyps[1].score  # the hypothesis it replaced scores lower
+
+
 def test_markov_beam_one_equals_greedy():
     model = Markov(n_sent=4, max_len=10, vocab=7, seed=1)
     src = torch.tensor([[0], [1], [2], [3]])
