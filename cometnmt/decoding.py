@@ -51,9 +51,13 @@ def max_lengths(src_pad_mask: torch.Tensor, a: float, b: float, cap: Optional[in
     position limit (``Seq2Seq.position_limit``). An output stops at cap - 1 tokens: then <s> and
     its tokens fill the positions, as the longest training target did, and forced decoding (its
     tokens and a </s>) fits. At cap tokens (the step at position t needs only t < cap), logprob
-    and attention refused the search's own output as longer than the model's positions."""
+    and attention refused the search's own output as longer than the model's positions.
+    Worked out in float64 and a hair above: a bound a * length + b that is a whole number as
+    written can land a rounding error below it in binary (1.3 * 90 is 116.99999 in float32, and
+    :func:`search`'s ``b`` less the specials' share, 0.9 * 12 + (0 - 1.8), is 8.99999), which cut a token."""
     src_len = (~src_pad_mask).sum(dim=1)  # B
-    return (src_len.float() * a + b).long().clamp(min=1, max=None if cap is None else max(cap - 1, 1))
+    bound = torch.floor(src_len.double() * a + b + 1e-6).long()  # B
+    return bound.clamp(min=1, max=None if cap is None else max(cap - 1, 1))
 
 
 @torch.no_grad()

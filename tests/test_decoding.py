@@ -161,6 +161,24 @@ def test_output_length_is_bounded(trained_like):
     assert [len(h[0].tokens) for h in search(trained_like, wrapped, wrapped_mask, BOS, EOS, beam_cfg, src_specials=2)] == [11, 5]
 
 
+def test_a_whole_number_bound_is_not_cut_by_rounding():
+    """a * words + b on a whole number as written is that many tokens: in float32, 1.3 * 90 was
+    116.99999 (116 tokens for 117), and with data.src_sos_eos search's b less the specials' share
+    put 0.9 * 10 + 0 at 8.99999: every search stopped a token short."""
+    from cometnmt.decoding import max_lengths
+
+    words = torch.arange(130)[None, :] >= torch.tensor([[90], [10], [20]])  # padding masks of 90, 10 and 20 words
+    assert max_lengths(words, 1.3, 0).tolist() == [117, 13, 26]
+    model = _peaked("transformer", 3).eval()
+    with torch.no_grad():
+        model.out_proj.bias[EOS] -= 100.0  # never stop by itself
+    wrapped, wrapped_mask = random_batch([12, 7], 23, torch.Generator().manual_seed(3))  # 10 and 5 words, <s> </s>
+    for method in ("greedy", "beam", "sample"):
+        cfg = DecodeConfig(method=method, beam_size=2, sampling_seed=1, max_len_a=0.9, max_len_b=0)
+        found = search(model, wrapped, wrapped_mask, BOS, EOS, cfg, src_specials=2)
+        assert [len(h[0].tokens) for h in found] == [9, 4], method  # 0.9 * 10 and int(0.9 * 5)
+
+
 @pytest.mark.parametrize("name", ["transformer", "comet_temporal", "comet_temporal_bn_length", "transformer_pp"])
 def test_grouped_cross_attention_equals_copied_rows(name):
     """Beam search's state keeps one copy of the source side per sentence and lets a sentence's K
