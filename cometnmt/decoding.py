@@ -56,7 +56,8 @@ def max_lengths(src_pad_mask: torch.Tensor, a: float, b: float, cap: Optional[in
     written can land a rounding error below it in binary (1.3 * 90 is 116.99999 in float32, and
     :func:`search`'s ``b`` less the specials' share, 0.9 * 12 + (0 - 1.8), is 8.99999), which cut a token."""
     src_len = (~src_pad_mask).sum(dim=1)  # B
-    bound = torch.floor(src_len.double() * a + b + 1e-6).long()  # B
+    # on the host: MPS has no float64 (one small copy per search call)
+    bound = torch.floor(src_len.to("cpu", torch.float64) * a + b + 1e-6).long().to(src_len.device)  # B
     return bound.clamp(min=1, max=None if cap is None else max(cap - 1, 1))
 
 
