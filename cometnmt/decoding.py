@@ -8,7 +8,7 @@ None of them emits padding or <s> (:func:`without_specials`).
 Greedy decoding is the COMET paper's (section 4.3): start from <s>, append the arg-max token,
 stop at </s>; beyond the paper, it never picks padding or <s> and stops at the length bound above
 (1.5 x source length + 10 by default: a model that never emits </s> would otherwise run on to
-its positions; on trained models the bound is rarely reached). Beam search keeps ``beam_size`` hypotheses per sentence on tensors, finishes a
+its positions). Beam search keeps ``beam_size`` hypotheses per sentence on tensors, finishes a
 hypothesis when it emits </s> among the top ``beam_size`` candidates, ranks finished hypotheses by
 log-probability / ((5 + length) / 6) ** length_penalty (Wu et al. 2016), and stops a sentence once
 it has ``beam_size`` finished hypotheses or reaches its length bound. Sampling (as fairseq's
