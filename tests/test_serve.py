@@ -986,10 +986,9 @@ def test_closing_waits_for_a_connection_whose_thread_had_not_run_yet(checkpoint,
         client.close()
 
 
-def test_the_wake_sockets_are_closed_by_a_thread_that_outlived_the_wait(checkpoint, monkeypatch):
-    """server_close closes its wake socket pair only when no request thread is left; one that
-    outlived the wait left the pair to the garbage collector (a ResourceWarning). The last thread
-    to end now closes it."""
+def server_with_held_health(checkpoint, monkeypatch):
+    """(a server not yet serving, an event set once a GET /health is being answered, an event that
+    lets that answer go on): a request held in its thread for as long as a test likes."""
     from cometnmt.serve import TranslationServer
 
     srv = make_server(str(checkpoint), port=0, device="cpu")
@@ -1002,6 +1001,14 @@ def test_the_wake_sockets_are_closed_by_a_thread_that_outlived_the_wait(checkpoi
         return health(self)
 
     monkeypatch.setattr(TranslationServer, "health", slow_health)
+    return srv, entered, release
+
+
+def test_the_wake_sockets_are_closed_by_a_thread_that_outlived_the_wait(checkpoint, monkeypatch):
+    """server_close closes its wake socket pair only when no request thread is left; one that
+    outlived the wait left the pair to the garbage collector (a ResourceWarning). The last thread
+    to end now closes it."""
+    srv, entered, release = server_with_held_health(checkpoint, monkeypatch)
     client = serve_and_ask_for_health(srv)
     try:
         assert entered.wait(60)
@@ -1024,18 +1031,7 @@ def test_a_request_outliving_the_stop_gets_503_and_its_thread_writes_nothing(che
     after server_close's wait, answers each 503 with Retry-After in its thread's place; the thread,
     once done, writes nothing more. A connection with no request in progress (idle keep-alive) is
     not answered; it is counted among those cut off."""
-    from cometnmt.serve import TranslationServer
-
-    srv = make_server(str(checkpoint), port=0, device="cpu")
-    entered, release = threading.Event(), threading.Event()
-    health = TranslationServer.health
-
-    def slow_health(self):
-        entered.set()
-        release.wait(60)
-        return health(self)
-
-    monkeypatch.setattr(TranslationServer, "health", slow_health)
+    srv, entered, release = server_with_held_health(checkpoint, monkeypatch)
     busy = serve_and_ask_for_health(srv)
     idle = socket.create_connection(("127.0.0.1", srv.server_port), timeout=60)
     try:
