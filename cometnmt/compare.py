@@ -158,7 +158,8 @@ def _search_label(decode: dict) -> str:
         label = (f"sampling (top-k {decode['sampling_topk']}, top-p {decode['sampling_topp']:g}, "
                  f"temperature {decode['temperature']:g}, seed {decode['sampling_seed']})")
     else:
-        label = f"beam {decode['beam_size']}, length penalty {decode['length_penalty']:g}"
+        label = f"beam {decode['beam_size']}, length penalty {decode['length_penalty']:g}" + (
+            " (score / length ** alpha)" if decode.get("length_norm") == "length" else "")  # older reports lack the key
     return label + (", <unk> replaced" if decode.get("replace_unk") else "")  # reports from before it lack the key
 
 

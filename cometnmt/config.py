@@ -143,6 +143,7 @@ class DecodeConfig:
     method: Literal["greedy", "beam", "sample"] = "greedy"  # greedy, beam or sample (random sampling, e.g. for back-translation)
     beam_size: int = 5
     length_penalty: float = 1.0  # GNMT alpha (0 to 10): score / ((5 + len) / 6) ** alpha
+    length_norm: Literal["gnmt", "length"] = "gnmt"  # beam ranking with length_penalty as alpha: gnmt, as above; length: score / len ** alpha (fairseq's --lenpen)
     nbest: int = 1  # hypotheses per sentence: the beam's best, or independent samples (method sample)
     sampling_topk: int = 0  # sample: draw from the k most probable tokens only (0: the whole vocabulary)
     sampling_topp: float = 1.0  # sample: nucleus, the fewest tokens whose probability reaches p (after top-k; 1.0: off)

@@ -10,7 +10,8 @@ stop at </s>; beyond the paper, it never picks padding or <s> and stops at the l
 (1.5 x source length + 10 by default: a model that never emits </s> would otherwise run on to
 its positions). Beam search keeps ``beam_size`` hypotheses per sentence on tensors, finishes a
 hypothesis when it emits </s> among the top ``beam_size`` candidates, ranks finished hypotheses by
-log-probability / ((5 + length) / 6) ** length_penalty (Wu et al. 2016), and stops a sentence once
+log-probability / ((5 + length) / 6) ** length_penalty (Wu et al. 2016; or, with
+``decode.length_norm: length``, log-probability / length ** length_penalty, as fairseq), and stops a sentence once
 it has ``beam_size`` finished hypotheses or reaches its length bound. Sampling (as fairseq's
 ``--sampling``, e.g. for back-translation) decodes like greedy search but draws each token at
 random, with optional temperature, top-k and nucleus (top-p) truncation; ``nbest`` samples per
@@ -213,10 +214,14 @@ def _strip(row: list[int], eos: int) -> list[int]:
     return row[: row.index(eos)] if eos in row else row
 
 
-def length_normalise(score: torch.Tensor, length: int | torch.Tensor, alpha: float) -> torch.Tensor:
-    """GNMT length penalty: score / ((5 + length) / 6) ** alpha."""
+def length_normalise(score: torch.Tensor, length: int | torch.Tensor, alpha: float, norm: str = "gnmt") -> torch.Tensor:
+    """A finished hypothesis's score for ranking (``decode.length_norm``): "gnmt", GNMT's length
+    penalty score / ((5 + length) / 6) ** alpha (Wu et al. 2016); "length", score / length ** alpha,
+    fairseq's ``--lenpen`` (ConvS2S's length normalisation, Gehring et al. 2017, section 5)."""
     if alpha == 0.0:
         return score
+    if norm == "length":
+        return score / length ** alpha
     return score / ((5.0 + length) / 6.0) ** alpha
 
 
@@ -232,8 +237,10 @@ def beam_search(
     nbest: int,
     max_len_a: float,
     max_len_b: float,
+    length_norm: str = "gnmt",
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; returns the ``nbest`` best hypotheses per sentence, best first.
+    """Batched beam search; returns the ``nbest`` best hypotheses per sentence, best first, ranked
+    by :func:`length_normalise` (``length_norm``, with ``length_penalty`` its alpha).
 
     A sentence leaves the batch once it has ``beam_size`` finished hypotheses (as fairseq does):
     with a length penalty a live hypothesis could still have ended above them, so this is the
@@ -254,7 +261,8 @@ def beam_search(
         lp = without_specials(F.log_softmax(logits.float(), dim=-1), model.pad_id, bos)  # n*k,V
         top_scores, src_beam, top_tok = _top_candidates(lp, scores, 2 * K)  # n,2K each
         is_eos = top_tok.eq(eos)  # n,2K
-        _collect_eos(finished, active, is_eos[:, :K], top_scores[:, :K], src_beam[:, :K], seqs, k, t, length_penalty)
+        _collect_eos(finished, active, is_eos[:, :K], top_scores[:, :K], src_beam[:, :K], seqs, k, t, length_penalty,
+                     length_norm)
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)  # n,K
         rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, pick)).view(-1)  # n*K: rows of the step's input
         tokens = top_tok.gather(1, pick).view(-1)  # n*K
@@ -262,7 +270,7 @@ def beam_search(
         scores = alive_scores
         at_limit = limits[active].le(t + 1)  # n
         for i in at_limit.nonzero().squeeze(1).tolist():  # sentences out of length: keep their beams
-            _finish_rows(finished[int(active[i])], scores[i], seqs[i * K : (i + 1) * K], length_penalty)
+            _finish_rows(finished[int(active[i])], scores[i], seqs[i * K : (i + 1) * K], length_penalty, length_norm)
         enough = torch.tensor([len(finished[int(s)]) >= K for s in active.tolist()], device=device)
         done = at_limit | enough  # n
         if bool(done.all()):
@@ -299,7 +307,7 @@ def _top_candidates(lp: torch.Tensor, scores: torch.Tensor, m: int) -> tuple[tor
     return best, flat // per_row, top_tok.reshape(n, -1).gather(1, flat)
 
 
-def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, k, t, alpha) -> None:
+def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, k, t, alpha, norm) -> None:
     """Store hypotheses that end with </s> among the top K candidates (few per step); a sentence's
     beams are rows i*k .. i*k+k-1 of ``seqs``. All of a step's are kept, even past K: the step that
     fills a sentence's K ends its search, and one left out (fairseq keeps the first K) could
@@ -309,15 +317,14 @@ def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, k, t, alpha
             continue
         sent = int(active[i])
         row = i * k + int(src_beam[i, j])
-        norm = float(length_normalise(scores[i, j], t + 1, alpha))
-        finished[sent].append((norm, seqs[row].tolist()))
+        finished[sent].append((float(length_normalise(scores[i, j], t + 1, alpha, norm)), seqs[row].tolist()))
 
 
-def _finish_rows(bucket, scores, seqs, alpha) -> None:
+def _finish_rows(bucket, scores, seqs, alpha, norm) -> None:
     """A sentence hit its length bound: its live beams become finished hypotheses."""
     for score, row in zip(scores.tolist(), seqs.tolist()):
         if score != float("-inf"):
-            bucket.append((float(length_normalise(torch.tensor(score), len(row), alpha)), row))
+            bucket.append((float(length_normalise(torch.tensor(score), len(row), alpha, norm)), row))
 
 
 def sampling_seed(cfg) -> Optional[int]:
@@ -348,7 +355,8 @@ def search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, bos: i
     if cfg.method == "sample":
         return sample_search(model, src, src_pad_mask, bos, eos, a, b, cfg.nbest, cfg.sampling_topk, cfg.sampling_topp,
                              cfg.temperature, seed=sampling_seed(cfg) if seed is None else seed, keys=keys)
-    return beam_search(model, src, src_pad_mask, bos, eos, cfg.beam_size, cfg.length_penalty, cfg.nbest, a, b)
+    return beam_search(model, src, src_pad_mask, bos, eos, cfg.beam_size, cfg.length_penalty, cfg.nbest, a, b,
+                       cfg.length_norm)
 
 
 @torch.no_grad()

@@ -49,7 +49,7 @@ class Markov(Seq2Seq):
         return total
 
 
-def brute_force(model: Markov, sent: int, limit: int, alpha: float) -> tuple[float, list[int]]:
+def brute_force(model: Markov, sent: int, limit: int, alpha: float, norm: str = "gnmt") -> tuple[float, list[int]]:
     """Best length-normalised hypothesis over every sequence ending in EOS or at the length bound."""
     best = (-math.inf, [])
     words = [4, 5, 6]
@@ -61,23 +61,27 @@ def brute_force(model: Markov, sent: int, limit: int, alpha: float) -> tuple[flo
             ends = bool(seq) and seq[-1] == EOS
             if not ends and n != limit:
                 continue
-            score = float(length_normalise(torch.tensor(model.logprob(sent, seq)), len(seq), alpha))
+            score = float(length_normalise(torch.tensor(model.logprob(sent, seq)), len(seq), alpha, norm))
             best = max(best, (score, [t for t in seq if t != EOS]))
     return best
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_wide_beam_finds_the_best_hypothesis(alpha):
+@pytest.mark.parametrize("alpha,norm", [(0.0, "gnmt"), (1.0, "gnmt"), (1.0, "length"), (0.6, "length")])
+def test_wide_beam_finds_the_best_hypothesis(alpha, norm):
+    """Under either ranking (decode.length_norm: GNMT's penalty or fairseq's division by the length)."""
     model = Markov(n_sent=3, max_len=6, vocab=7, seed=0)
     src = torch.tensor([[0, 9], [1, 9], [2, 9]])
     mask = torch.zeros_like(src, dtype=torch.bool)
     # max_len_a=0, b=4: at most 4 generated tokens, EOS included.
-    results = beam_search(model, src, mask, BOS, EOS, beam_size=64, length_penalty=alpha, nbest=3, max_len_a=0.0, max_len_b=4)
+    results = beam_search(model, src, mask, BOS, EOS, beam_size=64, length_penalty=alpha, nbest=3, max_len_a=0.0, max_len_b=4,
+                          length_norm=norm)
     for sent in range(3):
-        score, tokens = brute_force(model, sent, 4, alpha)
+        score, tokens = brute_force(model, sent, 4, alpha, norm)
         assert results[sent][0].tokens == tokens
         assert results[sent][0].score == pytest.approx(score, abs=1e-4)
         assert [h.score for h in results[sent]] == sorted((h.score for h in results[sent]), reverse=True)
+    if (alpha, norm) == (1.0, "length"):  # the rankings pick different bests for sentence 1: the test tells them apart
+        assert brute_force(model, 1, 4, alpha, "gnmt")[1] != results[1][0].tokens
 
 
 def test_nbest_keeps_every_hypothesis_that_ends_on_the_last_step():
