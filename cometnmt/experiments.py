@@ -316,7 +316,8 @@ def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
                      and r.get("stopping") not in (None, "none")), key=lambda r: (r["row"], r["seed"]))
     if not capped:
         return []
-    shown = ", ".join(f"{name(r)} seed {r['seed']} ({r['epochs']} epochs, train.{r['stopped_by']})" for r in capped)
+    shown = ", ".join(f"{name(r)} seed {r['seed']} ({r['epochs']} epoch{'s' * (r['epochs'] != 1)}, train.{r['stopped_by']})"
+                      for r in capped)
     return ["", f"- **ended by their budget before their stopping rule fired** (best.pt is the best epoch trained, "
                 f"perhaps not the rule's): {shown}"]
 
