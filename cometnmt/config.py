@@ -508,12 +508,15 @@ def validate(cfg: Config) -> None:
     _check_split_files(cfg.data)
 
 
+DATA_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")  # data keys naming files
+
+
 def _check_split_files(data: DataConfig) -> None:
     """``data.<split>_src`` and ``data.<split>_tgt`` go together: both or neither (a test pair with
     one side set was accepted, and then evaluate --split test failed or the key was ignored); with
     data.corpus 'files' the train and valid pairs are required, the test pair optional. A path key
     may not be empty: ``--set data.multi30k_dir=`` was taken for null without a word."""
-    for key in ("multi30k_dir", *(f"{split}_{side}" for split in ("train", "valid", "test") for side in ("src", "tgt"))):
+    for key in DATA_PATH_KEYS:
         if isinstance(getattr(data, key), str) and not getattr(data, key).strip():
             raise ConfigError(f"config key 'data.{key}': empty; give a path, or null for the default")
     for split in ("train", "valid", "test"):

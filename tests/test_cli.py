@@ -651,7 +651,7 @@ def test_ctrl_c_while_train_starts_says_nothing_was_written(monkeypatch, capsys)
     assert capsys.readouterr().err.strip() == "interrupted while starting; nothing was written (run the same command again)"
 
 
-def test_a_second_signal_while_the_first_is_handled_is_not_a_traceback(monkeypatch, capsys, sigint_handled):
+def test_a_second_signal_while_the_first_is_handled_is_not_a_traceback(monkeypatch, capsys):
     """SIGTERM right behind SIGINT (reproduce stopping a training the terminal's Ctrl-C reached):
     the second was raised in the command's own interrupt handling and cut it short (here the
     print; in main's except clause, a _Terminated traceback and exit 1). Now it is noted: the

@@ -200,7 +200,7 @@ def test_a_report_keeps_the_search_and_checkpoint_its_runs_were_evaluated_with(t
     assert len(reports) == 2
 
 
-def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, monkeypatch, sigint_handled):
+def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, monkeypatch):
     """Before, Ctrl-C let the thread pool start every queued run and train it to the end."""
     import _thread
     import threading
@@ -237,7 +237,7 @@ def test_an_interrupt_stops_the_running_trainings_and_starts_no_more(tmp_path, m
     assert not any((s.run_dir / "done.json").exists() for s in specs)
 
 
-def test_an_interrupt_while_runs_are_still_being_queued_stops_the_started_ones(tmp_path, monkeypatch, sigint_handled):
+def test_an_interrupt_while_runs_are_still_being_queued_stops_the_started_ones(tmp_path, monkeypatch):
     """Ctrl-C that reached the command while it was still queueing runs (a loaded machine can let two
     runs start before the third is queued) left the running training going to its end and then
     started the third: the submissions were outside the interrupt handler."""

@@ -137,7 +137,7 @@ def test_unknown_paths_and_methods(server):
     assert call(server, "/health")[0] == 200  # and the server still answers
 
 
-def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path, sigint_handled):
+def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     bad = subprocess.run([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "70000"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=120)

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from cometnmt.config import DATA_PATH_KEYS
 from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
 from cometnmt.data.multi30k import LANGS, resolve_dir, split_paths
 from cometnmt.data.tokenizers import (Tokenizer, UnknownLanguageError, VocabSizeError, build_tokenizer,
@@ -98,9 +99,6 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
     root = resolve_dir(cfg.multi30k_dir, files=files, key="config key 'data.multi30k_dir'")
     return split_paths(root, name, cfg.src_lang, cfg.tgt_lang)
-
-
-DATA_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
 
 
 def anchor_paths(cfg, workdir: str | None):

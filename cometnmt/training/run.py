@@ -13,9 +13,9 @@ import torch
 import yaml
 
 from cometnmt.atomic import same_file
-from cometnmt.config import Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict, unused_model_keys
+from cometnmt.config import DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict, unused_model_keys
 from cometnmt.data.corpus import write_text_file
-from cometnmt.data.pipeline import DATA_PATH_KEYS, TextCodec, build_codec, encode_pairs, read_split, unknown_share
+from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
