@@ -432,6 +432,36 @@ def warm_up(trainer: Trainer, groups: list, device: torch.device, args: argparse
     return warm_shapes
 
 
+class StepTimer:
+    """Seconds of each timed step. CPU: the wall clock around the step. CUDA: a step returns before
+    its kernels finish, and a synchronisation after each would stall the queue that the timed loop
+    keeps full, so a CUDA event is recorded before and after each step and read once the loop has
+    synchronised: each step's time on the GPU stream (before, the GPU had no per-step times and
+    ``median_step_s`` held the mean)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def start(self) -> None:
+        self.marks.append(self._mark())
+
+    def stop(self) -> None:
+        self.marks.append(self._mark())
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self) -> list[float]:
+        """Per step, after the loop (and, on CUDA, a synchronisation)."""
+        pairs = zip(self.marks[::2], self.marks[1::2])
+        return [a.elapsed_time(b) / 1e3 if self.cuda else b - a for a, b in pairs]
+
+
 def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, args: argparse.Namespace) -> dict:
     trainer, groups = training_groups(cfg, model, data, device, args, args.steps)
     G = cfg.train.accum_steps
@@ -439,21 +469,22 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
     memory = PeakMemory(device)
     memory.start()
     warm_shapes = warm_up(trainer, groups, device, args)
-    step_seconds, probes, tokens = [], [], 0
+    timer, probes, tokens = StepTimer(device), [], 0
     cpu_start = _cpu_seconds()
     probe_seconds = 0.0
     t_start = time.perf_counter()
     for group in groups[args.warmup :]:
-        t0 = time.perf_counter()
+        timer.start()
         _, n = trainer.train_step(group)
+        timer.stop()
         tokens += n
-        if device.type == "cpu":  # on a GPU a step returns before its kernels finish
-            step_seconds.append(time.perf_counter() - t0)
+        if device.type == "cpu":
             t1 = time.perf_counter()
             probes.append(matmul_probe())  # the machine's speed right after this step
             probe_seconds += time.perf_counter() - t1
     sync(device)
     seconds = time.perf_counter() - t_start - probe_seconds
+    step_seconds = timer.seconds()
     cpu_share = (_cpu_seconds() - cpu_start) / ((seconds + probe_seconds) * torch.get_num_threads())
     mem = memory.stop()
     counter = OpCounter()  # one more (untimed) step, counting its operators
@@ -477,7 +508,8 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
         "step_seconds": step_seconds,
-        "median_step_s": statistics.median(step_seconds) if step_seconds else seconds / args.steps,
+        "median_step_s": statistics.median(step_seconds),
+        "mean_step_s": seconds / args.steps,
         "cpu_share": cpu_share,
         "flops": sum(flops),
         "flops_per_target_token": sum(flops) / tokens,

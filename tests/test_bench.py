@@ -6,6 +6,7 @@ here rather than on the next GPU session."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -33,6 +34,8 @@ def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
     for m in result["models"]:
         training, decoding = m["training"], m["decoding"]
         assert training["timed_steps"] == 2 and training["tokens_per_s"] > 0
+        assert len(training["step_seconds"]) == 2 and training["median_step_s"] == statistics.median(training["step_seconds"])
+        assert training["mean_step_s"] == pytest.approx(training["seconds"] / 2)
         assert training["flops_per_target_token"] > 0 and training["aten_ops_per_step"] > 0
         assert decoding["sentences"] == 8 and decoding["greedy_equals_full_prefix"] == 1.0
     ratio = result["comet_over_transformer"]
@@ -42,6 +45,40 @@ def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
     transformer, comet = (m["training"]["flops_per_target_token"] for m in result["models"])
     assert ratio["mfu_ratio"] == pytest.approx(ratio["ratio"] * comet / transformer)
     assert "COMET/Transformer training tokens/s" in proc.stdout
+
+
+def test_gpu_step_times_come_from_cuda_events_so_the_median_is_one(monkeypatch):
+    """On CUDA a training step returns before its kernels finish, so bench.py had no per-step times
+    there and its JSON's ``median_step_s`` held seconds / steps, the mean (0.0318 s for both
+    columns of bench/results/gpu_h100/2026-11-23/bf16.json). Now a CUDA event is recorded before
+    and after each step and read after the loop's synchronisation. Checked here with stand-in
+    events that report one slow step among fast ones: the median is the fast steps' time."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    clock = iter([0.0, 0.1, 0.1, 1.1, 1.1, 1.2])  # seconds on the GPU stream: steps of 0.1, 1.0 and 0.1 s
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            self.at = next(clock)
+
+        def elapsed_time(self, end: "Event") -> float:  # milliseconds, as torch.cuda.Event's
+            return (end.at - self.at) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    timer = bench.StepTimer(torch.device("cuda"))
+    for _ in range(3):
+        timer.start()
+        timer.stop()
+    assert timer.seconds() == pytest.approx([0.1, 1.0, 0.1])
+    assert statistics.median(timer.seconds()) == pytest.approx(0.1)  # the mean would be 0.4
 
 
 def test_count_ops_compares_two_presets_operator_by_operator():
