@@ -385,7 +385,14 @@ _VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "uns
 class OpCounter(TorchDispatchMode):
     """Counts the ATen operators a step dispatches, views (no kernel, no launch) apart. With the
     small batches of Multi30k a GPU step is bound by kernel launches, not FLOPs, so this count
-    explains GPU step times that MFU does not."""
+    explains GPU step times that MFU does not. A custom operator counts once, as the dispatcher
+    sees it: on the CPU the output layer's forward is ``cometnmt::blocked_linear`` (13 ``addmm`` of
+    512 columns for Multi30k's 6,191 words), counted as 1, like the single ``addmm`` of the
+    ``F.linear`` that CUDA runs; its backward (2 ``mm``, 1 ``sum``) is CUDA's too. So the count
+    stands for a GPU step's kernels, not for the CPU's, and every model with the Transformer's
+    output layer (COMET, Transformer++) has it alike. Counted on the CPU, COMET's gated convolutions
+    take their CPU path (im2col), more operators than CUDA's ``F.conv1d``; ``count_ops.py --conv1d``
+    counts the CUDA path."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -745,7 +752,8 @@ def format_report(res: dict) -> str:
         lines.append(f"  batch_tokens {t['batch_tokens']}, accum {t['accum_steps']}, {t['precision']}"
                      f"{', compiled (' + str(t.get('compile_mode')) + ')' if t['compile'] else ''}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
                      f" peak mem = {t['memory']['method']}; ops/step = ATen operators (views apart) one training"
-                     " step dispatches, about the kernels it launches on a GPU")
+                     " step dispatches, about the kernels it launches on a GPU (the CPU output layer's"
+                     " blocked product, a custom operator, counts as 1)")
         if "mfu_interleaved" in t:
             lines.append(f"  MFU/step = median over steps of {t['mfu_interleaved']['method']} (issue 6 target >= {100 * MFU_TARGET:.0f}%)")
     if "comet_over_transformer" in res:

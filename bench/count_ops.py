@@ -2,7 +2,10 @@
 operators by name where the first two differ. A GPU step at Multi30k's batch sizes is bound by
 kernel launches, so this count is a proxy for GPU step time that needs no GPU. It is counted on
 the CPU: CPU and CUDA code paths differ (SDPA's math path, autocast's casts), and ``--conv1d``
-makes COMET's gated convolutions take their CUDA path (``GatedConv.use_conv1d``).
+makes COMET's gated convolutions take their CUDA path (``GatedConv.use_conv1d``). The CPU output
+layer's fp32 forward is one custom operator, ``cometnmt::blocked_linear``, counted once although
+it runs one product per 512 columns (16 for 8,000 words), as CUDA's ``F.linear`` is one kernel
+(``bench.OpCounter``); both models of a comparison have that layer, so the ratio is not skewed.
 
 The source side is unpadded by default, as most training batches are (they are cut from one
 source length), and the models get the mask the trainer gives them (``training_source_mask``:
