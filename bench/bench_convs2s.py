@@ -144,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         for group, cfgs in groups.items():
             for name, cfg in cfgs.items():
                 model = build(cfg, v_src, v_tgt).to(device)
-                with torch.no_grad():  # warm-up (allocator, lazy init)
-                    b = collate(ids[:8], None, list(range(8))).to(device)
+                with torch.no_grad():  # warm-up (allocator, lazy init) on up to 8 sentences
+                    warm = ids[:8]
+                    b = collate(warm, None, list(range(len(warm)))).to(device)
                     greedy_search(model, b.src, b.src_pad_mask, BOS, EOS, args.max_len_a, args.max_len_b)
                 seconds, tokens = time_greedy(model, ids, size, args, device)
                 rows.append({"batch": size, "group": group, "arch": name, "params": model.num_parameters(),

@@ -101,6 +101,20 @@ def test_bench_transformer_pp_steps_both_models(data_dir, tmp_path):
     assert all(r["timed_steps"] == 2 for r in result["results"].values()) and result["ratio_pp_over_transformer"] > 0
 
 
+def test_bench_convs2s_decodes_a_few_sentences(tmp_path):
+    """bench_convs2s.py on its smallest setting: the tokenised test source from an --ids cache (no
+    spaCy), the presets as they are, 3 sentences. Its warm-up decoded the first 8 sentences with 8
+    indices whatever --sentences said, so under 8 it stopped with "collate: 3 sources, 8 indices"."""
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps({"ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13]], "src_vocab": 20, "tgt_vocab": 20}))
+    out = tmp_path / "convs2s.json"
+    run("bench_convs2s.py", "--ids", str(ids), "--which", "preset", "--sentences", "3", "--repeats", "1", "--batch", "2",
+        "--threads", "1", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["arch"] for r in rows] == ["transformer", "convs2s", "rnn"]
+    assert all(r["tokens"] == 3 + 2 + 4 + 3 * 2 for r in rows)  # </s> suppressed: 1.0 * S + 2 tokens each
+
+
 def test_each_checkpoint_replaces_the_model_it_was_trained_as(tmp_path):
     """--checkpoint files are matched to --models entries by config name, else by the only entry
     of their architecture; one that matches none, or a second for one entry, stops the bench
