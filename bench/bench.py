@@ -549,7 +549,7 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
         "greedy": lambda src, mask: greedy_search(model, src, mask, BOS, EOS, a, b),
         "greedy_full_prefix": lambda src, mask: greedy_search_full_prefix(model, src, mask, BOS, EOS, a, b),
         f"beam{args.beam}": lambda src, mask: [h[0] for h in beam_search(
-            model, src, mask, BOS, EOS, args.beam, cfg.decode.length_penalty, 1, a, b)],
+            model, src, mask, BOS, EOS, args.beam, cfg.decode.length_penalty, 1, a, b, cfg.decode.length_norm)],
     }
     model.eval()
     out = {"sentences": len(ids), "batch_sentences": size, "max_len_a": a, "max_len_b": b,

@@ -144,6 +144,41 @@ def test_each_checkpoint_replaces_the_model_it_was_trained_as(tmp_path):
         bench.assign_checkpoints([bn, bn], ["comet_bn_length"])
 
 
+def test_beam_search_ranks_as_the_config_says(monkeypatch):
+    """bench.py's beam search ranks hypotheses by the model config's ``decode.length_norm``, as
+    ``cometnmt translate`` does (``decoding.search``); it passed only ``length_penalty``, so a
+    checkpoint trained with ``length_norm: length`` (configs/iwslt/convs2s_iwslt.yaml) was decoded
+    with GNMT's penalty instead."""
+    import argparse
+    import importlib.util
+
+    import torch
+
+    from cometnmt.data.pipeline import Examples
+    from cometnmt.data.vocab import PAD
+
+    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = bench.load_config(bench.PRESETS / "transformer.yaml", ["model.d_model=16", "model.n_heads=2", "model.d_ff=32",
+                                                                "model.enc_layers=1", "model.dec_layers=1",
+                                                                "decode.length_norm=length"])
+    torch.manual_seed(0)
+    model = bench.build_model(cfg.model, 30, 30, PAD)
+    data = bench.Data(Examples([], [], [], []), [[5, 6, 7], [8, 9]], 30, 30)
+    seen = []
+    real = bench.beam_search
+
+    def beam_search(*args):
+        seen.append(args[10] if len(args) > 10 else "gnmt (the default)")
+        return real(*args)
+
+    monkeypatch.setattr(bench, "beam_search", beam_search)
+    args = argparse.Namespace(decode_sentences=None, beam=2)
+    bench.bench_decoding(model, cfg, data, torch.device("cpu"), args, 1.0, 2)
+    assert seen and set(seen) == {"length"}
+
+
 def test_flop_count_equals_the_transformer_written_out():
     """bench.py's model FLOPs (FlopCounterMode on a meta-device copy) are exactly the Transformer's
     matrix products counted by hand: per layer the projections, FFN, QK^T and PV, the decoder's
