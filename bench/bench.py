@@ -25,7 +25,7 @@ What it measures (bench/README.md says how to read it):
   no-cache reference) and beam search (beam 5), batched as ``translate`` batches them, the three
   methods taking turns batch by batch so that a machine's drift slows them alike. A
   randomly initialised model would stop at random lengths, so </s> is suppressed and every
-  method generates exactly ``max_len_a * source_length + max_len_b`` tokens (default 1.0 * S + 2,
+  method generates exactly ``max_len_a * source_words + max_len_b`` tokens (default 1.0 * S + 2,
   about a real translation's length); with ``--checkpoint`` the trained model decodes with its
   own length bound and stops at </s>. The mean output length is reported either way.
 * the COMET/Transformer training tokens-per-second ratio (issue 3's target: at least 0.80).
@@ -540,8 +540,13 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
 
 
 def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torch.device, args: argparse.Namespace,
-                   a: float, b: int) -> dict:
+                   a: float, b: float) -> dict:
+    """Output bound ``a * words + b``: with ``data.src_sos_eos`` the source's <s> </s> are no words,
+    as in ``cometnmt translate`` (``decoding.search``'s ``src_specials``), so every model decodes
+    the same lengths."""
     ids = data.test_src[: args.decode_sentences] if args.decode_sentences else data.test_src
+    specials = 2 if cfg.data.src_sos_eos else 0
+    bound_b, b = b, b - specials * a  # b: the offset over source tokens, <s> </s> included
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # as Translator batches
     size = cfg.decode.batch_sentences
     batches = [order[s : s + size] for s in range(0, len(order), size)]
@@ -552,7 +557,7 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
             model, src, mask, BOS, EOS, args.beam, cfg.decode.length_penalty, 1, a, b, cfg.decode.length_norm)],
     }
     model.eval()
-    out = {"sentences": len(ids), "batch_sentences": size, "max_len_a": a, "max_len_b": b,
+    out = {"sentences": len(ids), "batch_sentences": size, "max_len_a": a, "max_len_b": bound_b, "src_specials": specials,
            "schedule": "methods interleaved batch by batch (a drifting machine slows all alike)", "methods": {}}
     hyps = {name: [] for name in methods}
     seconds = dict.fromkeys(methods, 0.0)
@@ -650,8 +655,6 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, check
             model.load_state_dict(trained_state)  # decode the checkpoint, not the benchmark's updates
             a = cfg.decode.max_len_a if args.max_len_a is None else args.max_len_a
             b = cfg.decode.max_len_b if args.max_len_b is None else args.max_len_b
-            if cfg.data.src_sos_eos:  # as `cometnmt translate` (decoding.search): the bound counts words, not <s> </s>
-                b -= 2 * a
         else:
             a = 1.0 if args.max_len_a is None else args.max_len_a
             b = 2 if args.max_len_b is None else args.max_len_b

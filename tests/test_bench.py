@@ -179,6 +179,41 @@ def test_beam_search_ranks_as_the_config_says(monkeypatch):
     assert seen and set(seen) == {"length"}
 
 
+def test_decoding_bound_counts_source_words_not_sos_eos():
+    """With ``data.src_sos_eos`` (configs/multi30k/comet_src_sos_eos.yaml) the sources carry <s> </s>;
+    the bench's output bound ``a * S + b`` counted them as words for a random-init model, so such a
+    model decoded 2 tokens a sentence more than the others (1.0 * S + 2 became S + 4), unlike
+    ``cometnmt translate`` and the README's like-with-like comparison."""
+    import argparse
+    import importlib.util
+
+    import torch
+
+    from cometnmt.data.pipeline import Examples
+    from cometnmt.data.vocab import BOS, EOS, PAD
+
+    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    words = [[5, 6, 7], [8, 9]]
+    args = argparse.Namespace(decode_sentences=None, beam=2)
+    lengths = {}
+    for sos_eos in (False, True):
+        cfg = bench.load_config(bench.PRESETS / "transformer.yaml", [
+            "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.enc_layers=1", "model.dec_layers=1",
+            f"data.src_sos_eos={str(sos_eos).lower()}"])
+        torch.manual_seed(0)
+        model = bench.build_model(cfg.model, 30, 30, PAD)
+        with torch.no_grad():
+            model.out_proj.bias[EOS] = -1e4  # as bench_model does for a random-init model
+        src = [[BOS, *w, EOS] for w in words] if sos_eos else words
+        result = bench.bench_decoding(model, cfg, bench.Data(Examples([], [], [], []), src, 30, 30), torch.device("cpu"),
+                                      args, 1.0, 2)
+        lengths[sos_eos] = {name: m["mean_output_tokens"] for name, m in result["methods"].items()}
+        assert result["max_len_b"] == 2
+    assert lengths[True] == lengths[False] == dict.fromkeys(lengths[False], (3 + 2) / 2 + 2)
+
+
 def test_flop_count_equals_the_transformer_written_out():
     """bench.py's model FLOPs (FlopCounterMode on a meta-device copy) are exactly the Transformer's
     matrix products counted by hand: per layer the projections, FFN, QK^T and PV, the decoder's
