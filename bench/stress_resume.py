@@ -5,7 +5,8 @@ uninterrupted reference run's, bit for bit.
 
     COMETNMT_MULTI30K_DIR=... PYTHONPATH=. python bench/stress_resume.py --minutes 50 --jobs 2 --out /tmp/stress
 
-Each finished trial is one JSON line in OUT/results.jsonl; a failing trial keeps its folder.
+Each finished trial is one JSON line in OUT/results.jsonl; a failing trial keeps its folder. The exit
+status is 1 when any trial failed (so a script or CI job running it sees the failure), else 0.
 """
 
 from __future__ import annotations
@@ -328,7 +329,7 @@ def trial(i: int, seed: int, out: Path, refs: dict, config_names: list[str]) -> 
     return result
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=50, help="start no trial after this long")
     ap.add_argument("--jobs", type=int, default=2, help="trials side by side (each trains with 1 thread)")
@@ -378,7 +379,8 @@ def main() -> None:
     for t in threads:
         t.join()
     print(f"{counter['i']} trials, {counter['fail']} failing", flush=True)
+    return 1 if counter["fail"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -260,3 +260,22 @@ def test_flop_count_equals_the_transformer_written_out():
             macs += B * T * d * V
         expected.append(3 * 2 * macs)  # 2 FLOPs a multiply-add; forward + backward (input and weight gradients)
     assert bench.count_flops(cfg, data, groups) == expected
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_stress_resume_exits_1_when_a_trial_fails(monkeypatch, tmp_path, failing):
+    """bench/stress_resume.py printed "N trials, K failing" and exited 0 whatever K was, so a script
+    or CI job running it passed with failing trials. Trials and references stubbed (a real trial
+    trains for about a minute): exit 1 when one of two trials failed, else 0."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stress_script", REPO / "bench" / "stress_resume.py")
+    stress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stress)
+    monkeypatch.setattr(stress, "run_reference", lambda name, out: {"steps": 1, "epoch_end_steps": [1], "wall": 0.0})
+    monkeypatch.setattr(stress, "trial", lambda i, seed, out, refs, configs: {
+        "trial": i, "config": "tf", "attempts": [], "problems": ["differs"] if i < failing else []})
+    monkeypatch.setattr(sys, "argv", ["stress_resume.py", "--trials", "2", "--jobs", "1", "--configs", "tf",
+                                      "--out", str(tmp_path)])
+    assert stress.main() == (1 if failing else 0)
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
