@@ -141,6 +141,49 @@ def test_accumulated_micro_batches_give_the_gradient_of_one_batch_of_them(tmp_pa
         torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-6)
 
 
+def test_accumulated_tag_losses_give_the_gradient_of_one_batch_of_them(tmp_path, data_dir):
+    """Transformer++'s tag losses are means over labelled source tokens; accumulated over a step's
+    micro-batches they are the step's mean over its labelled tokens too, so two micro-batches give
+    the gradient (and the logged loss_pos) of one batch holding both. Before, each micro-batch's
+    mean was weighed by its share of the step's target tokens: a micro-batch with few labelled
+    tokens weighed as much as one fully labelled (on Multi30k with the presets' 8 micro-batches of
+    1,024 tokens, a micro-batch's weight was up to 50% off its share of the labelled tokens)."""
+    import torch
+
+    from cometnmt.data.pipeline import build_codec, encode_pairs, read_split
+    from cometnmt.models import build_model
+    from cometnmt.models.transformer_pp import IGNORE
+    from cometnmt.training.trainer import Trainer
+
+    cfg = tiny_train_cfg(tmp_path, data_dir, "model.arch=transformer_pp", "model.dropout=0", "model.enc_layers=2",
+                         "model.transformer_pp.tasks=[pos]", "model.transformer_pp.weight_dropout=0",
+                         "model.transformer_pp.embed_dropout=0", "model.transformer_pp.pos_weight=0.5",
+                         "data.max_train_pairs=40")
+    corpus = read_split(cfg.data, "train")
+    codec, src_tokens, tgt_tokens = build_codec(cfg.data, corpus)
+    train = encode_pairs(codec, corpus, None, (src_tokens, tgt_tokens))
+    gen = torch.Generator().manual_seed(0)
+    a, b = list(range(0, 7)), list(range(7, 19))
+    # gold tags without a tagger: micro-batch a has a few labelled tokens, b has all of its own
+    train.src_tags = {"pos": [[int(torch.randint(0, 17, (1,), generator=gen)) if i in b or j == 0 else IGNORE
+                               for j in range(len(row))] for i, row in enumerate(train.src_ids)]}
+    valid = encode_pairs(codec, read_split(cfg.data, "valid"), None)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), 0)
+    trainer = Trainer(cfg, model, codec, train, valid, torch.device("cpu"))
+    n_tokens = sum(len(train.tgt_ids[i]) + 1 for i in a + b)
+
+    def gradients(group):
+        model.zero_grad(set_to_none=True)
+        trainer.backward(group, n_tokens)
+        return [p.grad.clone() for p in model.parameters()], float(trainer.step_extra["pos"]) / trainer.step_extra_tokens["pos"]
+
+    (split, logged_split), (whole, logged_whole) = gradients([a, b]), gradients([a + b])
+    for x, y in zip(split, whole):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+    assert logged_split == pytest.approx(logged_whole, rel=1e-5)
+
+
 def test_keep_checkpoints_keeps_the_last_n_after_a_resume_with_a_smaller_n(tmp_path, data_dir):
     """train.keep_checkpoints=2 for two epochs, then a resume with 1 for a third: only epoch003.pt
     is left. Before, each epoch removed only the file N epochs back, and epoch001.pt stayed."""

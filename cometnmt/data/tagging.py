@@ -446,6 +446,13 @@ def attach_training_tags(cfg, codec, examples) -> None:
     examples.src_tags = annotate_examples(cfg.model.transformer_pp, cfg.data.src_lang, codec, examples)
 
 
+def labelled_counts(examples) -> dict[str, list[int]]:
+    """Labelled source tokens (tags other than IGNORE) of each example, per task; {} without tags.
+    The trainer weighs each micro-batch's tag loss, a mean over them, by its share of a step's."""
+    tags = getattr(examples, "src_tags", None) or {}
+    return {task: [sum(t != IGNORE for t in row) for row in rows] for task, rows in tags.items()}
+
+
 def select_tags(examples, idx: list[int]) -> Optional[dict[str, list[list[int]]]]:
     """The tag rows of one batch (for ``collate(..., tags=...)``), or None when there are none."""
     tags = getattr(examples, "src_tags", None)

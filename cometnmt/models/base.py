@@ -87,8 +87,10 @@ class Seq2Seq(nn.Module):
 
     def extra_losses(self) -> dict[str, tuple[torch.Tensor, float]]:
         """Auxiliary losses of the last forward as ``name -> (mean loss, weight)`` (e.g.
-        Transformer++ POS/NER tags). The trainer adds ``weight * loss`` to the objective and logs
-        each as ``loss_<name>``. None by default."""
+        Transformer++ POS/NER tags). The trainer adds ``weight * loss`` to the objective, each
+        micro-batch's weighed by its share of the step's tokens (target tokens; for a tag task of
+        ``Examples.src_tags``, its labelled source tokens, which the mean is over), and logs each as
+        ``loss_<name>``. None by default."""
         return {}
 
     def training_source_mask(self, batch) -> Optional[torch.Tensor]:

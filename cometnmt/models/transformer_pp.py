@@ -59,8 +59,10 @@ Choices the paper leaves open, made here:
   = dropout on attention probabilities (self and cross), ``transformer_pp.weight_dropout`` =
   DropConnect on the convolution kernels. W_A starts near uniform (xavier-uniform logits).
 * Tag losses are means over labelled source tokens (subwords carry their word's tag, see
-  ``cometnmt/data/tagging.py``); the tag label sets are fixed by the config (UPOS for POS,
-  BIO over ``ner_types`` for NER), so a checkpoint rebuilds its tag heads from its config alone.
+  ``cometnmt/data/tagging.py``), and so are a step's over its accumulated micro-batches (the
+  trainer weighs each by its share of the step's labelled tokens); the tag label sets are fixed
+  by the config (UPOS for POS, BIO over ``ner_types`` for NER), so a checkpoint rebuilds its tag
+  heads from its config alone.
 """
 
 from __future__ import annotations

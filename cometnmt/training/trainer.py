@@ -40,7 +40,7 @@ from cometnmt.atomic import atomic_write
 from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
 from cometnmt.data.pipeline import Examples, TextCodec
-from cometnmt.data.tagging import select_tags
+from cometnmt.data.tagging import labelled_counts, select_tags
 from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import corpus_scores, paper_bleu, paper_label
@@ -132,6 +132,9 @@ class Trainer:
         self.finished = False
         self._step_rng: Optional[dict] = None
         self.step_extra: dict[str, torch.Tensor] = {}  # set by backward
+        self.step_extra_tokens: dict[str, int] = {}  # set by backward: the tokens each auxiliary loss of the step averages over
+        # Transformer++: labelled source tokens per example and tag task (a tag loss is a mean over them)
+        self.tag_counts = labelled_counts(train)
         self.step_lr = 0.0  # the learning rate the last optimizer step took (set by update)
         self._new_window()
         self._saved_window: Optional[dict] = None  # a checkpoint's open log window, for the next run_epoch
@@ -230,9 +233,11 @@ class Trainer:
         self.history = history
 
     def _new_window(self) -> None:
-        """Start a metrics-log window: the summed loss, auxiliary losses and target tokens of its steps, and its start."""
+        """Start a metrics-log window: the summed loss, auxiliary losses and target tokens of its
+        steps (and the tokens each auxiliary loss averages over), and its start."""
         self.window_loss, self.window_tokens, self.window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
         self.window_extra: dict[str, torch.Tensor] = {}
+        self.window_extra_tokens: dict[str, int] = {}
 
     def _window_state(self) -> Optional[dict]:
         """The log window a checkpoint is written inside (Ctrl-C, save_every, max_steps), so that the
@@ -244,6 +249,7 @@ class Trainer:
             return None
         return {"loss": float(self.window_loss), "tokens": self.window_tokens,
                 "extra": {k: float(v) for k, v in self.window_extra.items()},
+                "extra_tokens": dict(self.window_extra_tokens),
                 "seconds": time.perf_counter() - self.window_start}
 
     def _resume_window(self, saved: dict) -> None:
@@ -254,6 +260,8 @@ class Trainer:
         self.window_start -= saved["seconds"]
         self.window_loss += saved["loss"] if main else 0.0
         self.window_extra = {k: torch.tensor(v if main else 0.0, device=self.device) for k, v in saved["extra"].items()}
+        # a window saved before the tag losses were averaged over labelled tokens: its sums were per target token
+        self.window_extra_tokens = {k: saved.get("extra_tokens", {}).get(k, saved["tokens"]) for k in saved["extra"]}
 
     def save(self, name: str) -> None:
         if self.dist.is_main:
@@ -374,7 +382,12 @@ class Trainer:
         if not mine:  # a short last step (or a resume at another world size) left this rank nothing:
             mine, share = group[:1], 0.0  # it still joins DDP's all-reduce, with a zero gradient
         total = torch.zeros((), device=self.device)
-        self.step_extra = {}  # auxiliary losses x target tokens, summed (for the log)
+        # A tag loss is a mean over the micro-batch's labelled source tokens: weighed by its share of
+        # the step's (every rank's), the step's objective holds the mean over all of them, as one
+        # batch of the step's micro-batches would. Other auxiliary losses weigh by target tokens.
+        step_tags = {task: sum(counts[i] for idx in group for i in idx) for task, counts in self.tag_counts.items()}
+        self.step_extra = {}  # auxiliary losses x the tokens they average over, summed (for the log)
+        self.step_extra_tokens = {}
         self.running_stats.start_step()
         for i, idx in enumerate(mine):
             torch.manual_seed(micro_batch_seed(self.tc.seed, self.epoch, first + i))  # the same masks on any rank
@@ -388,9 +401,14 @@ class Trainer:
                 loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
                 objective = loss / n_tokens
                 for name, (value, weight) in self.model.extra_losses().items():
-                    objective = objective + weight * value * (batch.n_tgt_tokens / n_tokens)
-                    weighted = value.detach().float() * (batch.n_tgt_tokens * share)
+                    if name in step_tags:
+                        count, step_count = sum(self.tag_counts[name][j] for j in idx), step_tags[name]
+                    else:
+                        count, step_count = batch.n_tgt_tokens, n_tokens
+                    objective = objective + weight * value * (count / max(step_count, 1))
+                    weighted = value.detach().float() * (count * share)
                     self.step_extra[name] = self.step_extra.get(name, 0.0) + weighted
+                    self.step_extra_tokens[name] = step_count
             self.scaler.scale(objective * (self.dist.world_size * share)).backward()  # DDP averages over ranks
             if share:  # a zero-weighted micro-batch leaves the batch-norm statistics alone
                 self.running_stats.record()
@@ -504,6 +522,7 @@ class Trainer:
             self.window_tokens += n_tokens
             for name, value in self.step_extra.items():
                 self.window_extra[name] = self.window_extra.get(name, 0.0) + value
+                self.window_extra_tokens[name] = self.window_extra_tokens.get(name, 0) + self.step_extra_tokens[name]
             bar.update(1)
             # the epoch's last step and max_steps' last step end a window too (a run max_steps ended
             # inside its first window logged no training loss at all)
@@ -518,8 +537,10 @@ class Trainer:
                     "lr": self.step_lr,  # the rate of the record's step (get_last_lr() is the next step's)
                     "tgt_tokens_per_s": self.window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
                 }
-                # per target token, weighted as the objective weights them: the window's mean, not its last micro-batch's
-                record.update({f"loss_{k}": v / max(self.window_tokens, 1) for k, v in zip(self.window_extra, sums[1:])})
+                # per token they average over (target tokens; a tag loss's labelled source tokens), weighted as the
+                # objective weights them: the window's mean, not its last micro-batch's
+                record.update({f"loss_{k}": v / max(self.window_extra_tokens.get(k, 0), 1)
+                               for k, v in zip(self.window_extra, sums[1:])})
                 self.log_metrics(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}",
                                 refresh=False)  # shown at the bar's next redraw, not a frame of its own
