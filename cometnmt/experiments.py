@@ -55,7 +55,7 @@ _stopping = threading.Event()
 def check_run_configs(configs) -> None:
     """What the runs' trainings will need and a config alone can tell, checked before any run
     starts (not after the others trained): file pairs data.corpus multi30k would ignore, and
-    Transformer++'s tag cache folder. ``configs`` are (config file, loaded config) pairs; an error
+    Transformer++'s tag cache folder and taggers. ``configs`` are (config file, loaded config) pairs; an error
     names the file."""
     from cometnmt.config import check_unread_files
     from cometnmt.data.tagging import check_training_tags

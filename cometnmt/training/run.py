@@ -279,7 +279,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
                               f"{_resume_option(flags)} continues the run in train.save_dir; give one of them")
         payload = _check_save_dir(cfg, resume, flags)  # before anything is written to the folder
         check_unread_files(cfg.data)  # file pairs that data.corpus multi30k would ignore
-        check_training_tags(cfg)  # Transformer++'s tag cache: before the corpus is read and tagged
+        check_training_tags(cfg)  # Transformer++'s tag cache and taggers: before the corpus is read and tagged
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
         if dist.is_main:
             Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
