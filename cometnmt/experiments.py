@@ -328,9 +328,12 @@ def run_dir(out: Path, name: str, seed: int) -> Path:
 
 
 def test_hyps(out: Path, rec: dict) -> Optional[list[str]]:
-    """The test hypotheses of a finished run of the report in ``out``; None when its folder is gone."""
+    """The test hypotheses of a finished run of the report in ``out``; None when its folder is gone.
+    Split on "\\n" only, as the file was written: str.splitlines also splits inside a hypothesis
+    holding U+2028, \\x85 or \\x1c, and read_text's universal newlines at "\\r" (a SentencePiece
+    model keeps such characters of its training text)."""
     path = run_dir(out, rec["row"], rec["seed"]) / "test.hyp"
-    return path.read_text(encoding="utf-8").splitlines() if path.exists() else None
+    return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.exists() else None
 
 
 def run_test_split(run: Path, limit: Optional[int]):

@@ -418,3 +418,20 @@ def test_the_reports_say_which_standard_deviation(monkeypatch):
                                       "significance": [], "aux_losses": []})
     assert said in reproduce._markdown(args, {"provenance": prov, "table": [], "runs": []})
     assert mean_sd([1.0, 2.0, 3.0])[1] == 1.0  # sample, not population (0.816...)
+
+
+def test_test_hypotheses_are_read_back_line_for_line(tmp_path):
+    """test.hyp is written one hypothesis per "\\n"; reading it back with str.splitlines also split
+    inside a hypothesis holding U+2028, \\x85 or \\x1c, and read_text at "\\r" (a SentencePiece model
+    keeps such characters of its training text): these 3 hypotheses came back as 7, and a report
+    stopped after training ("paired_bootstrap: run 1 of system A has 41 hypotheses for 40
+    references") where the examples would have shown every later sentence beside another's reference."""
+    from cometnmt.experiments import run_dir, test_hyps
+
+    hyps = ["a man\u2028rides", "q\x85r \x1cthe\rdog", ""]
+    run = run_dir(tmp_path, "comet", 1)
+    run.mkdir(parents=True)
+    (run / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")  # as _evaluate_run writes it
+    assert test_hyps(tmp_path, {"row": "comet", "seed": 1}) == hyps
+    (run / "test.hyp").write_text("", encoding="utf-8")
+    assert test_hyps(tmp_path, {"row": "comet", "seed": 1}) == []
