@@ -438,17 +438,27 @@ def hardware(device: str) -> str:
     return f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
 
 
-def _report_commit() -> str:
+def _report_commit(out: Optional[str] = None) -> str:
     """``$COMETNMT_COMMIT`` where the caller named the code (a copy of the tree on another machine,
     whose .git may be stale or absent: scripts/gpu_session.sh sets it), else git's HEAD, flagged
-    when the tree has uncommitted changes."""
+    when the tree has uncommitted changes. The report folder ``out`` is not such a change: a
+    report inside the checkout (the default reports/reproduce) flagged its own earlier report.md
+    on every later call."""
     named = os.environ.get("COMETNMT_COMMIT")
     if named:
         return named
     head = _git("rev-parse", "HEAD")
     if not head:
         return "unknown (no git checkout)"
-    return head + (" (uncommitted changes)" if _git("status", "--porcelain") else "")
+    paths: list[str] = []
+    if out is not None:
+        try:
+            inside = Path(out).resolve().relative_to(REPO.resolve())
+        except ValueError:  # a report folder outside the checkout
+            inside = None
+        if inside is not None and inside != Path("."):
+            paths = ["--", ".", f":(exclude){inside}"]
+    return head + (" (uncommitted changes)" if _git("status", "--porcelain", *paths) else "")
 
 
 def _runs_without(records: list[dict], overrides: list[str]) -> dict[str, list[str]]:
@@ -472,7 +482,7 @@ def provenance(args, seconds: float, records: list[dict], missing: list[str]) ->
     recorded, else this machine's. ``overrides`` are this call's; ``runs_without_overrides`` names
     the runs whose recorded commands lack some of them."""
     return {
-        "commit": _report_commit(),
+        "commit": _report_commit(getattr(args, "out", None)),
         "command": "cometnmt " + shlex.join(sys.argv[1:]),
         "hardware": ", ".join(sorted({r["hardware"] for r in records if "hardware" in r})) or hardware(args.device),
         "torch": ", ".join(sorted({r["torch"] for r in records if "torch" in r})) or torch_version(),

@@ -435,3 +435,32 @@ def test_test_hypotheses_are_read_back_line_for_line(tmp_path):
     assert test_hyps(tmp_path, {"row": "comet", "seed": 1}) == hyps
     (run / "test.hyp").write_text("", encoding="utf-8")
     assert test_hyps(tmp_path, {"row": "comet", "seed": 1}) == []
+
+
+def test_the_report_folder_is_not_an_uncommitted_change(tmp_path, monkeypatch):
+    """A report inside the checkout (the default reports/reproduce) is untracked: a second call
+    (a seed added, --report-only) found its first call's report.md and said "(uncommitted
+    changes)" of a clean tree. Changes elsewhere are still flagged."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "code.py").write_text("x = 1\n")
+    for cmd in (["init", "-q"], ["add", "code.py"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        subprocess.run(["git", *cmd], cwd=repo, check=True)
+    monkeypatch.delenv("COMETNMT_COMMIT", raising=False)
+    monkeypatch.setattr(experiments, "REPO", repo)
+    head = experiments._git("rev-parse", "HEAD")
+    out = repo / "reports" / "reproduce"
+    (out / "runs").mkdir(parents=True)
+    (out / "report.md").write_text("# an earlier call's report\n")
+
+    def commit(out_dir) -> str:
+        return provenance(argparse.Namespace(device="cpu", set=[], eval_limit=None, out=str(out_dir)), 1.0, [], [])["commit"]
+
+    assert commit(out) == head
+    monkeypatch.chdir(repo)
+    assert commit("reports/reproduce") == head  # --out as given, relative to the current folder
+    assert commit(tmp_path / "elsewhere") == f"{head} (uncommitted changes)"  # the report is a change of this tree
+    (repo / "code.py").write_text("x = 2\n")
+    assert commit(out) == f"{head} (uncommitted changes)"
