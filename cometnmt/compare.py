@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, capped_lines, check_run_args, check_run_configs, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, capped_lines, case_note, check_run_args, check_run_configs, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +325,8 @@ def _markdown(report: dict) -> str:
     from cometnmt.evaluation import PAPER_BLEU_LABEL
 
     lines = [f"# {names[0]} compared with {', '.join(names[1:])}", ""] + provenance_lines(p)
-    lines += ["", "BLEU and chrF: sacreBLEU, cased, on detokenised text (signatures in report.json)"
+    lines += ["", f"BLEU and chrF: sacreBLEU, {case_note(report['runs'], lambda r: r['row'])}, on detokenised text "
+              "(signatures in report.json)"
               + (f"; paper = {PAPER_BLEU_LABEL}" if paper else "") + ". Each run is "
               "decoded with its config's search on the checkpoint shown. Mean ± sample sd (n − 1) over seeds; one seed has no ±.", "",
               "| system | architecture | parameters | seeds | epochs | checkpoint | search | dev BLEU | test BLEU | test chrF | "

@@ -375,6 +375,18 @@ def validation_bleu_label(records: list[dict]) -> str:
     return f"validation BLEU (sacreBLEU, greedy, {shown} sentences)"
 
 
+def case_note(runs: list[dict], name: Callable[[dict], str]) -> str:
+    """How a report's runs were scored: "cased", or "lowercased" where they were trained with
+    data.lowercase (their BLEU signatures say case:lc, and the paper's metric was lowercased too),
+    naming the runs where only some were (``name`` gives a run's name)."""
+    lowered = sorted({name(r) for r in runs if "case:lc" in r.get("test", {}).get("bleu_signature", "")})
+    if not lowered:
+        return "cased"
+    if len(lowered) == len({name(r) for r in runs}):
+        return "lowercased"
+    return f"cased; lowercased for {', '.join(lowered)} (data.lowercase)"
+
+
 def fmt_p(test: dict) -> str:
     """A bootstrap p-value as a reader may quote it: none of ``n_samples`` samples is not p = 0,
     only p < 1/n_samples."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, capped_lines, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, capped_lines, case_note, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +367,7 @@ def _markdown(args, report: dict) -> str:
                      "(their folders were gone); where COMET's and the Transformer's hypotheses were gone too, "
                      "the bootstrap rows and examples are that report's")
     lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
-              "(signatures in report.json). Greedy decoding, " + _checkpoint_label(report["runs"]) + ". Mean ± sample sd (n − 1) over seeds; one seed has no ±.", ""]
+              f"(signatures in report.json); scores {case_note(report['runs'], lambda r: short_label(r['row']) if r['row'] in ROWS else r['row'])}. Greedy decoding, " + _checkpoint_label(report["runs"]) + ". Mean ± sample sd (n − 1) over seeds; one seed has no ±.", ""]
     lines.append("| model | seeds | epochs | paper dev | ours dev (paper) | ours dev BLEU | paper test | ours test (paper) | ours test BLEU | ours test chrF |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for e in report["table"]:

@@ -464,3 +464,33 @@ def test_the_report_folder_is_not_an_uncommitted_change(tmp_path, monkeypatch):
     assert commit(tmp_path / "elsewhere") == f"{head} (uncommitted changes)"  # the report is a change of this tree
     (repo / "code.py").write_text("x = 2\n")
     assert commit(out) == f"{head} (uncommitted changes)"
+
+
+def test_the_reports_say_when_the_runs_were_scored_lowercased(monkeypatch):
+    """Runs trained with data.lowercase are scored on lowercased text (BLEU signature case:lc),
+    but compare's report said "sacreBLEU, cased" whatever the runs were, and reproduce's said
+    nothing of it."""
+    from cometnmt import compare, reproduce
+
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=None, out=".")
+    prov = provenance(args, 1.0, [], [])
+
+    def run(row: str, case: str) -> dict:
+        return {"row": row, "seed": 1, "epochs": 1, "valid": {"bleu": 1.0}, "command": "cometnmt train x.yaml",
+                "test": {"bleu": 1.0, "chrf": 1.0, "bleu_signature": f"nrefs:1|case:{case}|eff:no|tok:13a|smooth:exp"}}
+
+    def said(runs: list[dict]) -> tuple[str, str]:
+        cmp = compare._markdown({"provenance": prov, "systems": ["comet", "transformer"], "table": [], "runs": runs,
+                                 "significance": [], "aux_losses": []})
+        rep = reproduce._markdown(args, {"provenance": prov, "table": [], "runs": runs})
+        return cmp, rep
+
+    cmp, rep = said([run("comet", "lc"), run("transformer", "lc")])
+    assert "sacreBLEU, lowercased, on detokenised text" in cmp and "sacreBLEU, cased" not in cmp
+    assert "scores lowercased." in rep
+    cmp, rep = said([run("comet", "mixed"), run("transformer", "mixed")])
+    assert "sacreBLEU, cased, on detokenised text" in cmp and "scores cased." in rep
+    cmp, rep = said([run("comet", "lc"), run("transformer", "mixed")])
+    assert "sacreBLEU, cased; lowercased for comet (data.lowercase), on" in cmp
+    assert "scores cased; lowercased for COMET (data.lowercase)." in rep
