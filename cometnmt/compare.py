@@ -225,7 +225,9 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
 
 def significance(args, out: Path, names: list[str], records: list[dict]) -> list[dict]:
     """Paired bootstrap (test; each of ``args.metrics``) of the first system against each other
-    one: per seed both finished, and pooled over those seeds."""
+    one: per seed both finished, and pooled over those seeds. Both are scored lowercased where
+    either was trained with data.lowercase: with the first system's setting alone, a lowercased
+    second system was scored cased, far below its own table row, and the first declared better."""
     from cometnmt.data.tokenizers import metric_tokenizer
     from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
@@ -235,13 +237,14 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
         seeds = [s for s in args.seeds if (names[0], s) in by and (other, s) in by]
         if not seeds:
             continue
-        first = by[(names[0], seeds[0])]
+        first, second = by[(names[0], seeds[0])], by[(other, seeds[0])]
         _, refs, cfg = run_test_split(run_dir(out, first["row"], first["seed"]), args.eval_limit)
+        lowercase = cfg.data.lowercase or "case:lc" in second["test"].get("bleu_signature", "")  # as its table row
         tokenize = metric_tokenizer(cfg.data.tgt_lang).tokenize if "paper" in args.metrics else None  # spaCy only when needed
         runs_a = [test_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [test_hyps(out, by[(other, s)]) for s in seeds]
         for metric in args.metrics:
-            kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize, "lowercase": cfg.data.lowercase}
+            kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize, "lowercase": lowercase}
             for s, a, b in zip(seeds, runs_a, runs_b):
                 results.append({"a_system": names[0], "b_system": other, "seeds": [s], **paired_bootstrap(a, b, refs, **kw)})
             if len(seeds) > 1:

@@ -152,3 +152,24 @@ def test_a_run_without_epoch_checkpoints_says_how_to_get_them(tmp_path):
     with pytest.raises(CometNMTError, match="has no epochNNN.pt checkpoints to average \\(trained with "
                                             "train.keep_checkpoints=0\\); they are written only while it trains"):
         compare._checkpoint(argparse.Namespace(average_last=2), run)
+
+
+def test_a_lowercased_system_is_tested_as_it_was_scored(monkeypatch, tmp_path):
+    """The bootstrap scored both systems with the first one's data.lowercase: a second system
+    trained lowercased (its table row scored so: 100.00) was scored cased, 79.53, and the first
+    was declared better with p < 0.02 (0 of 50 samples) though both translate alike."""
+    import argparse
+    import types
+
+    from cometnmt import compare
+
+    refs = ["A man rides a bike .", "Two dogs play in the snow .", "A woman sings on a stage ."]
+    hyps = {"cased": refs, "lower": [r.lower() for r in refs]}
+    cfg = types.SimpleNamespace(data=types.SimpleNamespace(lowercase=False, tgt_lang="en"))
+    monkeypatch.setattr(compare, "run_test_split", lambda run, limit: (refs, refs, cfg))
+    monkeypatch.setattr(compare, "test_hyps", lambda out, rec: hyps[rec["row"]])
+    sig = {"cased": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp", "lower": "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp"}
+    records = [{"row": name, "seed": 1, "test": {"bleu": 100.0, "bleu_signature": sig[name]}} for name in ("cased", "lower")]
+    args = argparse.Namespace(seeds=[1], eval_limit=None, bootstrap=50, metrics=["bleu"])
+    [test] = compare.significance(args, tmp_path, ["cased", "lower"], records)
+    assert test["b"] == pytest.approx(100.0) and test["delta"] == pytest.approx(0.0) and test["p_value"] == 1.0
