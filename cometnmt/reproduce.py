@@ -357,7 +357,7 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
 
 
 def _markdown(args, report: dict) -> str:
-    from cometnmt.evaluation import PAPER_BLEU_LABEL
+    from cometnmt.evaluation import BY_LENGTH_MIN_COUNT, PAPER_BLEU_LABEL
 
     p = report["provenance"]
     lines = ["# COMET Table 1, reproduced", ""]
@@ -391,9 +391,12 @@ def _markdown(args, report: dict) -> str:
         for s in report["significance"]:
             seed = s["seed"] if s["seed"] != "pooled" else ", ".join(map(str, s["seeds"])) + " (pooled)"
             lines.append(f"| {seed} | {s['metric']} | {s['a']:.2f} | {s['b']:.2f} | {s['delta']:+.2f} | {fmt_p(s)} |")
-    if report.get("figure4"):
-        lines += ["", "## Figure 4: BLEU difference by source length", "", "![figure 4](figure4_bleu_by_length.png)", ""]
-    lines += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
+    if "figure4" in report:  # empty: said, not left out with an empty PNG beside the report
+        lines += ["", "## Figure 4: BLEU difference by source length", "",
+                  "![figure 4](figure4_bleu_by_length.png)" if report["figure4"] else
+                  f"None to plot: no source length has {BY_LENGTH_MIN_COUNT} or more test sentences decoded by both "
+                  f"{name} and the Transformer of a seed"]
+    lines += ["", "## Learning curves", "", "![learning curves](learning_curves.png)", ""]
     if report.get("examples"):
         seed = report["examples"][0].get("seed")
         lines += ["## Table 2-style examples (test sentences where the models differ most)", "",

@@ -206,3 +206,28 @@ def test_only_runs_a_budget_ended_before_their_rule_are_flagged():
     (line,) = [x for x in capped_lines(runs, lambda r: r["row"].upper()) if x]
     assert line.endswith(": COMET seed 2 (30 epochs, train.max_epochs), TRANSFORMER seed 2 (3 epochs, train.max_steps)")
     assert capped_lines(runs[:1] + runs[2:3] + runs[4:], lambda r: r["row"]) == []
+
+
+def test_an_empty_figure_4_is_said(monkeypatch):
+    """With no source length of 3 or more test sentences (a short --eval-limit), the Figure 4
+    section was left out of report.md without a word, beside an empty figure4_bleu_by_length.png,
+    and "## Learning curves" followed the bootstrap table on the next line."""
+    import argparse
+
+    from cometnmt import reproduce
+    from cometnmt.experiments import provenance
+
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=2, out=".")
+
+    test = {"metric": "bleu", "a": 1.0, "b": 2.0, "delta": -1.0, "p_value": 0.5, "n_samples": 20}
+    report = {"provenance": provenance(args, 1.0, [], []), "table": [], "runs": [], "significance": [{"seed": 1, **test}],
+              "figure4": []}
+    text = reproduce._markdown(args, report)
+    assert "## Figure 4: BLEU difference by source length\n\nNone to plot: no source length has 3 or more" in text
+    assert "| -1.00 | 0.500 |\n\n## Figure 4" in text
+    report["figure4"] = [{"length": 7, "diff": 1.0, "pairs": 1}]
+    assert "## Figure 4: BLEU difference by source length\n\n![figure 4](figure4_bleu_by_length.png)\n\n## Learning curves" \
+        in reproduce._markdown(args, report)
+    del report["figure4"], report["significance"]  # no Transformer among the rows
+    assert "Figure 4" not in reproduce._markdown(args, report)
