@@ -76,6 +76,7 @@ def _systems(args) -> list[tuple[str, Path]]:
     configs = [load_config(path, args.set) for path in args.configs]
     _check_average_last(args, configs)
     check_run_configs(zip(args.configs, configs))
+    _check_test_sets(args, configs)
     if "paper" in args.metrics:  # the paper metric needs spaCy's tokenizer: fail now, not after training
         from cometnmt.data.tokenizers import SpacyTokenizer
 
@@ -91,6 +92,26 @@ def _systems(args) -> list[tuple[str, Path]]:
             same = [str(p) for n, p in systems if n == name]
             raise CometNMTError(f"configs {', '.join(same)} share the name '{name}'; runs are kept by name, so give each its own")
     return systems
+
+
+def _check_test_sets(args, configs) -> None:
+    """The bootstrap test scores every system's test hypotheses against the first system's test
+    references: a config of another test set (de-en beside en-de, another split or file) was
+    scored against references in another language or of other sentences, silently. Refused
+    before any run trains, naming the keys that differ."""
+    def test_set(data) -> dict:
+        keys = ("src_lang", "tgt_lang", "test_split") if data.corpus == "multi30k" else ("test_src", "test_tgt")
+        return {"corpus": data.corpus, **{key: getattr(data, key) for key in keys}}
+
+    first = test_set(configs[0].data)
+    for path, cfg in zip(args.configs[1:], configs[1:]):
+        other = test_set(cfg.data)
+        differ = [f"data.{key} {first.get(key)!r} there, {other.get(key)!r} here" for key in {**first, **other}
+                  if first.get(key) != other.get(key)]
+        if differ:
+            raise CometNMTError(f"{path}: its test set is not that of {args.configs[0]} ({'; '.join(differ)}); compare "
+                                "tests every system against the first on the first one's test references, so all must "
+                                "translate the same test set")
 
 
 def _check_average_last(args, configs) -> None:

@@ -75,6 +75,13 @@ def test_compare_rejects_bad_invocations(cli, tmp_path):
                "--deadline", "0", check=False)
     assert proc.returncode == 2 and (f"{PRESETS[0]}: config key 'model.transformer_pp.tag_cache_dir': {tmp_path / 'tags'} "
                                      "is a file, not a folder") in proc.stderr
+    # the bootstrap scores every system against the first one's test references: de-en beside en-de
+    # was scored against German references, silently
+    proc = cli("compare", PRESETS[0], "configs/multi30k/transformer_pp_baseline_de_en.yaml", "--out", out, "--deadline", "0",
+               check=False)
+    assert proc.returncode == 2 and ("configs/multi30k/transformer_pp_baseline_de_en.yaml: its test set is not that of "
+                                     f"{PRESETS[0]} (data.src_lang 'en' there, 'de' here; data.tgt_lang 'de' there, 'en' "
+                                     "here)") in proc.stderr
     assert not (tmp_path / "bad" / "runs").exists()  # nothing trained
 
 
