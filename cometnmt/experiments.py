@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.progress import progress_bar
 
@@ -75,7 +76,7 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     run = spec.run_dir
     done = run / "done.json"
     if done.exists():
-        return json.loads(done.read_text())
+        return read_done(done)
     cmd = [sys.executable, "-m", "cometnmt", "train", str(spec.preset), "--set", f"train.seed={spec.seed}",
            "--set", f"train.save_dir={run}", "--set", f"train.device={device}", "--set", "train.progress=false"]
     for override in overrides:
@@ -129,8 +130,19 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     if len(commits) > 1:  # resumed at other code: every commit the run trained at, in order
         record["commits"] = commits
     record.update(evaluate(run))
-    done.write_text(json.dumps(record, indent=1))
+    write_text_file(done, json.dumps(record, indent=1))  # whole or not at all: a torn one stopped every later call
     return record
+
+
+def read_done(done: Path) -> dict:
+    """A finished run's done.json record; one that is not JSON (a write cut short by a kill or a
+    full disk, before done.json was written atomically) is an error naming the file and the fix,
+    not json's traceback naming no file on every later call."""
+    try:
+        return json.loads(done.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CometNMTError(f"{done}: not a finished run's record ({exc}); delete it to evaluate the run again "
+                            "(its checkpoints are kept)") from None
 
 
 def _call_commits(run: Path) -> list[str]:
@@ -254,7 +266,7 @@ def evaluation_mismatch(runs: list[tuple[str, dict]], options: dict, where: str 
 
 def _check_evaluations(specs: list[RunSpec], options: dict) -> None:
     """Runs finished by an earlier call must have been evaluated as this call would (above)."""
-    evaluation_mismatch([(str(s.run_dir), json.loads((s.run_dir / "done.json").read_text())) for s in specs
+    evaluation_mismatch([(str(s.run_dir), read_done(s.run_dir / "done.json")) for s in specs
                          if (s.run_dir / "done.json").exists()], options)
 
 
@@ -280,7 +292,7 @@ def finished(specs: list[RunSpec]) -> tuple[list[dict], list[str]]:
     for s in specs:
         done = s.run_dir / "done.json"
         if done.exists():
-            records.append(json.loads(done.read_text()))
+            records.append(read_done(done))
         else:
             missing.append(f"{s.name} seed {s.seed}")
     return records, missing

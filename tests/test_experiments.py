@@ -494,3 +494,17 @@ def test_the_reports_say_when_the_runs_were_scored_lowercased(monkeypatch):
     cmp, rep = said([run("comet", "lc"), run("transformer", "mixed")])
     assert "sacreBLEU, cased; lowercased for comet (data.lowercase), on" in cmp
     assert "scores cased; lowercased for COMET (data.lowercase)." in rep
+
+
+def test_a_torn_done_json_is_named_not_a_traceback(tmp_path):
+    """done.json was written with Path.write_text: one cut short (a kill, a full disk) made every
+    later call on the report stop with json's traceback ("Expecting ',' delimiter: line 96 column
+    29"), naming no file. It is written atomically now, and one that is not JSON is named."""
+    run = tmp_path / "runs" / "comet" / "seed1"
+    run.mkdir(parents=True)
+    (run / "done.json").write_text('{"row": "comet", "seed": 1, "test": {"bleu": 3')
+    spec = RunSpec("comet", tmp_path / "comet.yaml", 1, run)
+    for call in (lambda: experiments.finished([spec]),
+                 lambda: run_and_report(_args(tmp_path, report_only=True), [spec], lambda run: {}, lambda *a: None)):
+        with pytest.raises(CometNMTError, match=f"{run / 'done.json'}: not a finished run's record .*delete it"):
+            call()
