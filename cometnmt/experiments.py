@@ -518,6 +518,9 @@ def provenance(args, seconds: float, records: list[dict], missing: list[str]) ->
         "overrides": args.set,
         "runs_without_overrides": _runs_without(records, args.set),
         "eval_limit": args.eval_limit,
+        # as decoded: data.max_valid_pairs cuts the dev split too, below --eval-limit or without it
+        "sentences": {split: sorted({r[split]["n_sentences"] for r in records if "n_sentences" in r.get(split, {})})
+                      for split in ("valid", "test")},
     }
 
 
@@ -534,5 +537,9 @@ def provenance_lines(p: dict) -> list[str]:
     if p["missing_runs"]:
         lines.append(f"- **not finished (not in the table): {', '.join(p['missing_runs'])}**")
     if p["eval_limit"]:
-        lines.append(f"- **smoke setting: only the first {p['eval_limit']} sentences of each split were decoded**")
+        lines.append(f"- **smoke setting: at most the first {p['eval_limit']} sentences of each split were decoded**")
+    counts = p.get("sentences") or {}  # reports from before it lack the key
+    if any(counts.values()):
+        lines.append("- sentences scored per run: " + "; ".join(
+            f"{label} {', '.join(f'{n:,}' for n in counts[split]) or '–'}" for split, label in (("valid", "dev"), ("test", "test"))))
     return lines

@@ -508,3 +508,22 @@ def test_a_torn_done_json_is_named_not_a_traceback(tmp_path):
                  lambda: run_and_report(_args(tmp_path, report_only=True), [spec], lambda run: {}, lambda *a: None)):
         with pytest.raises(CometNMTError, match=f"{run / 'done.json'}: not a finished run's record .*delete it"):
             call()
+
+
+def test_the_report_says_how_many_sentences_were_scored(monkeypatch):
+    """data.max_valid_pairs cuts the dev split as the runs decode it: test_reproduce's tiny setting
+    (max_valid_pairs 20, --eval-limit 30) scored 20 dev sentences under "only the first 30
+    sentences of each split were decoded", and without --eval-limit a dev column beside the
+    paper's full-set number said nothing of its subset."""
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+
+    def run(seed: int, dev: int, test: int) -> dict:
+        return {"row": "comet", "seed": seed, "valid": {"n_sentences": dev}, "test": {"n_sentences": test}}
+
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=30, out=".")
+    text = "\n".join(provenance_lines(provenance(args, 1.0, [run(1, 20, 30), run(2, 20, 30)], [])))
+    assert "at most the first 30 sentences of each split" in text and "- sentences scored per run: dev 20; test 30" in text
+    args.eval_limit = None
+    text = "\n".join(provenance_lines(provenance(args, 1.0, [run(1, 500, 1000), run(2, 1014, 1000)], [])))
+    assert "- sentences scored per run: dev 500, 1,014; test 1,000" in text and "smoke" not in text
+    assert "sentences scored" not in "\n".join(provenance_lines(provenance(args, 1.0, [], [])))
