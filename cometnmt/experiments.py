@@ -330,8 +330,11 @@ def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
         return []
     shown = ", ".join(f"{name(r)} seed {r['seed']} ({r['epochs']} epoch{'s' * (r['epochs'] != 1)}, train.{r['stopped_by']})"
                       for r in capped)
-    return ["", f"- **ended by their budget before their stopping rule fired** (best.pt is the best epoch trained, "
-                f"perhaps not the rule's): {shown}"]
+    # compare --average-last decodes the average of the last epochs, not best.pt
+    what = ("the epochs averaged are the last trained, not those before the rule would have fired"
+            if any(r.get("checkpoint", ["best.pt"]) != ["best.pt"] for r in capped)
+            else "best.pt is the best epoch trained, perhaps not the rule's")
+    return ["", f"- **ended by their budget before their stopping rule fired** ({what}): {shown}"]
 
 
 def run_dir(out: Path, name: str, seed: int) -> Path:

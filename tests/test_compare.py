@@ -180,3 +180,17 @@ def test_a_lowercased_system_is_tested_as_it_was_scored(monkeypatch, tmp_path):
     args = argparse.Namespace(seeds=[1], eval_limit=None, bootstrap=50, metrics=["bleu"])
     [test] = compare.significance(args, tmp_path, ["cased", "lower"], records)
     assert test["b"] == pytest.approx(100.0) and test["delta"] == pytest.approx(0.0) and test["p_value"] == 1.0
+
+
+def test_budget_ended_runs_name_what_was_decoded():
+    """compare --average-last decodes the average of each run's last epochs, but the line on runs a
+    budget ended said "best.pt is the best epoch trained" of them too."""
+    from cometnmt.experiments import capped_lines
+
+    run = {"row": "a", "seed": 1, "epochs": 3, "stopped_by": "max_epochs", "stopping": "loss_rise"}
+    (line,) = [x for x in capped_lines([{**run, "checkpoint": ["epoch002.pt", "epoch003.pt"]}], lambda r: r["row"]) if x]
+    assert "(the epochs averaged are the last trained, not those before the rule would have fired)" in line
+    assert "best.pt" not in line
+    for best in ({**run, "checkpoint": ["best.pt"]}, run):  # compare without --average-last; reproduce
+        (line,) = [x for x in capped_lines([best], lambda r: r["row"]) if x]
+        assert "(best.pt is the best epoch trained, perhaps not the rule's)" in line
