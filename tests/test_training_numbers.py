@@ -31,6 +31,34 @@ def test_the_logged_learning_rate_is_the_one_its_step_took(tmp_path, data_dir):
         assert r["lr"] == pytest.approx(1e-3 * lr_factor(r["step"] - 1, "inverse_sqrt", 4)), r
 
 
+def test_a_step_the_fp16_loss_scaler_skips_does_not_advance_the_schedule(tmp_path, data_dir, monkeypatch):
+    """train.precision=fp16 (GradScaler on the CPU too): step 2's gradients overflow (an inf
+    written into one), so the scaler skips it and halves its scale. Steps 3-5 then take the rates
+    of updates 2-4: 1e-3 * lr_factor(1, 2, 3). Before, the schedule moved on at the skipped step as
+    well, and they took lr_factor(2, 3, 4); the checkpoint's schedule counted 5 updates for 4."""
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    backward = Trainer.backward
+
+    def overflowing_second(self, group, n_tokens):
+        total = backward(self, group, n_tokens)
+        if self.step == 1:
+            next(self.model.parameters()).grad.view(-1)[0] = float("inf")
+        return total
+
+    monkeypatch.setattr(Trainer, "backward", overflowing_second)
+    cfg = tiny_train_cfg(tmp_path, data_dir, "train.precision=fp16", "train.schedule=inverse_sqrt",
+                         "train.warmup_steps=4", "train.lr=1e-3", "train.log_every=1", "train.accum_steps=1",
+                         "train.max_steps=5", "train.num_threads=1")
+    run_module.train(cfg)
+    records = train_records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["lr"] for r in records] == pytest.approx([1e-3 * lr_factor(k, "inverse_sqrt", 4) for k in (0, 1, 1, 2, 3)])
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["scaler"]["scale"] == 2.0**15 and last["scheduler"]["last_epoch"] == 4 and last["step"] == 5
+
+
 def test_a_run_max_steps_ends_inside_a_log_window_logs_that_window(tmp_path, data_dir):
     """train.max_steps=3 with train.log_every=10: the record of steps 1-3 is logged at step 3.
     Before, the run ended with no metrics.jsonl at all."""

@@ -17,7 +17,8 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
 
 
 def lr_factor(step: int, schedule: str, warmup_steps: int) -> float:
-    """Multiplier of train.lr at optimizer step ``step`` (0-based count of steps taken).
+    """Multiplier of train.lr at optimizer step ``step`` (0-based count of updates applied: a step
+    the fp16 loss scaler skipped for overflowing gradients is not one).
 
     constant: 1 (the paper). inverse_sqrt: linear warmup to 1 over ``warmup_steps``, then
     sqrt(warmup_steps / step) (Vaswani et al. 2017, normalised to peak at train.lr).

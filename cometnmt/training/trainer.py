@@ -338,16 +338,24 @@ class Trainer:
         return total, n_tokens
 
     def update(self) -> None:
-        """After ``backward``: clip the gradients, step the optimizer and the schedule, clear the gradients."""
+        """After ``backward``: clip the gradients, step the optimizer and the schedule, clear the gradients.
+
+        Under ``train.precision: fp16`` the loss scaler skips a step whose gradients overflowed (and
+        halves its scale); the schedule then stays where it is, as in fairseq, so that it counts the
+        updates applied (warmup included). Before, it moved on, and every skipped step put the rate
+        of the later updates one step further along (``step`` counts the skipped step: it is the
+        run's position in the data, for the log, checkpoints and max_steps)."""
         self.scaler.unscale_(self.optimizer)
         if self.tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
         # the step's own rate, for the log: after scheduler.step() the optimizer holds the next step's
         self.step_lr = self.optimizer.param_groups[0]["lr"]
+        scale = self.scaler.get_scale()  # 1.0 (no host sync) unless fp16
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        if not self.scaler.is_enabled() or self.scaler.get_scale() >= scale:  # a skip lowers the scale, else it stays or grows
+            self.scheduler.step()
 
     def _compiled_backward(self, group: list[list[int]], n_tokens: int) -> torch.Tensor:
         """``backward`` through the compiled model. torch.compile compiles at the first call (and
