@@ -142,6 +142,25 @@ def test_a_run_its_stopping_rule_ended_resumes_under_another_rule(tmp_path, data
     assert load_checkpoint(tmp_path / "none" / "best.pt")["epoch"] == 1
 
 
+def test_a_resume_under_another_stopping_rule_keeps_a_better_mid_epoch_best(tmp_path, data_dir, monkeypatch):
+    """train.max_steps=3 stops epoch 1 inside it; its validation there (loss 2.0) is the best and
+    best.pt. Resumed to the epoch's end (loss 3.0) with loss_rise_epochs=3 (the same measure, the
+    loss), the replay of the stopping rule counts the mid-epoch best: best.pt stays step 3's and
+    the best 2.0. Before, the replay knew the epochs' records only, found no best, and the worse
+    epoch-end model overwrote best.pt (step 5, best 3.0)."""
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    scores = iter([{"val_loss": 2.0, "val_loss_per_100_tokens": 200.0}, {"val_loss": 3.0, "val_loss_per_100_tokens": 300.0}])
+    monkeypatch.setattr(Trainer, "validate", lambda self: next(scores))
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.stopping=loss_rise", "train.max_steps=3"))
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 3
+    summary = run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.stopping=loss_rise", "train.loss_rise_epochs=3"),
+                               resume=True)
+    assert summary["epochs"] == 1 and summary["best"] == 2.0
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 3 and load_checkpoint(tmp_path / "last.pt")["step"] == 5
+
+
 def test_accumulated_micro_batches_give_the_gradient_of_one_batch_of_them(tmp_path, data_dir):
     """The objective is the step's summed loss over its target tokens (label smoothing on), so two
     micro-batches accumulated give the gradient of one batch holding both (no dropout)."""

@@ -127,6 +127,7 @@ class Trainer:
         self.net = self._wrap(model)
         self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
         self.history: list[dict] = []
+        self.mid_epoch: list[dict] = []  # the valid_mid_epoch records (max_steps), outside the history
         self.best: Optional[float] = None
         self.stale = 0  # epochs of rising loss (loss_rise) or without better BLEU (bleu_patience)
         self.finished = False
@@ -189,6 +190,7 @@ class Trainer:
             "trainer": {
                 "consumed": self.consumed,
                 "history": self.history,
+                "mid_epoch": self.mid_epoch,
                 "best": self.best,
                 "stale": self.stale,
                 "finished": self.finished,
@@ -209,6 +211,7 @@ class Trainer:
         self.consumed, self.history, self.best, self.stale, self.finished = (
             t["consumed"], t["history"], t["best"], t["stale"], t["finished"]
         )
+        self.mid_epoch = t.get("mid_epoch", [])  # checkpoints before it was kept: none
         self._saved_window = t.get("window")
         self.validated_step = t.get("validated_step")
         set_rng_state(payload["rng"])
@@ -222,14 +225,24 @@ class Trainer:
         be in the other number (a BLEU of 30 read as a loss made the next epoch "best" whatever its
         loss), and ``finished`` is the old rule's: a run stopped by it and resumed with
         ``train.stopping=none``, or a larger patience, and a larger max_epochs trained nothing
-        ("already finished ... its stopping rule"). Records without a validation BLEU are passed over."""
+        ("already finished ... its stopping rule"). The max_steps validations inside an epoch
+        (``valid_mid_epoch``) count for the best, in their place among the epochs, as they did when
+        run: before, they were left out, and with the rule's measure unchanged (a new
+        loss_rise_epochs or patience) the next epoch better than the epochs' best overwrote a
+        better mid-epoch best.pt. Records without a validation BLEU are passed over."""
         history = self.history
         self.best, self.stale, self.finished = None, 0, False
+        scored = lambda record: self.tc.stopping != "bleu_patience" or "val_bleu" in record  # noqa: E731
+        pending = [r for r in sorted(self.mid_epoch, key=lambda r: (r["epoch"], r["step"])) if scored(r)]
         for i, record in enumerate(history):
-            if self.tc.stopping == "bleu_patience" and "val_bleu" not in record:
+            while pending and pending[0]["epoch"] <= record["epoch"]:  # validated inside this epoch (or at its start)
+                self._update_best(pending.pop(0))
+            if not scored(record):
                 continue
             self.history = history[: i + 1]  # update_stopping compares with the record before
             self.update_stopping(record)
+        for record in pending:
+            self._update_best(record)
         self.history = history
 
     def _new_window(self) -> None:
@@ -600,10 +613,9 @@ class Trainer:
             metrics = {"event": "valid_mid_epoch", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
             with deferred():
                 self.validated_step = self.step
+                self.mid_epoch.append(metrics)
                 self.log_metrics(metrics)
-                improved = self.improves(metrics)
-                if improved:
-                    self.best = metrics["val_bleu" if self.tc.stopping == "bleu_patience" else "val_loss"]
+                improved = self._update_best(metrics)
                 self.save("last.pt")
                 if improved:
                     self.save("best.pt")
@@ -619,6 +631,14 @@ class Trainer:
                 raise ValueError("train.stopping=bleu_patience needs train.valid_bleu=true")
             return self.best is None or m["val_bleu"] > self.best
         return self.best is None or m["val_loss"] < self.best
+
+    def _update_best(self, m: dict) -> bool:
+        """A validation outside the stopping rule (``valid_mid_epoch``): take ``m`` as the best if it
+        beats it; whether it did."""
+        improved = self.improves(m)
+        if improved:
+            self.best = m["val_bleu" if self.tc.stopping == "bleu_patience" else "val_loss"]
+        return improved
 
     def update_stopping(self, m: dict) -> bool:
         """Return True if this epoch is the best so far; set self.finished when the rule fires."""
