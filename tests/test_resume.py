@@ -138,7 +138,10 @@ def test_a_signal_inside_a_step_stops_after_it_and_resumes_exactly(tmp_path, dat
     """A real Ctrl-C lands between any two bytecodes. After COMET's forward (its batch norms'
     running statistics updated) or after the optimizer step, the step used to be cut there and
     last.pt held half of it (the resume redid the step: statistics counted twice, or the weights
-    updated twice). Now the step runs to its end and the run stops after it."""
+    updated twice). Now the step runs to its end and the run stops after it, its loss in the log
+    window last.pt keeps: before, the interrupt came after the step was counted but before its loss
+    and tokens joined the window, so the resumed run's record of steps 6-10 left step 7 out (and a
+    record due at the step was never logged)."""
     run_module.train(tiny_cfg(tmp_path / "full", data_dir, "comet"))
     reference = load_checkpoint(tmp_path / "full" / "last.pt")
     calls = {"n": 0}
@@ -163,6 +166,7 @@ def test_a_signal_inside_a_step_stops_after_it_and_resumes_exactly(tmp_path, dat
     assert resumed["step"] == reference["step"]
     for key, value in reference["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
+    assert logged(tmp_path / "cut") == logged(tmp_path / "full")
 
 
 def test_a_second_signal_does_not_abort_the_interrupt_save(tmp_path, data_dir, monkeypatch, sigterm_raises, caplog):

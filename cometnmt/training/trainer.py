@@ -533,39 +533,42 @@ class Trainer:
                 return False
             group = batches[self.consumed : self.consumed + G]
             self.net.train()
-            with deferred():  # a step is whole or not begun: Ctrl-C/SIGTERM waits for its end
+            # a step is whole or not begun, its share of the log window and its record included:
+            # Ctrl-C/SIGTERM waits for its end (the interrupt came after the step's count, so a
+            # step it landed in was missing from the saved window, and its record was never logged)
+            with deferred():
                 self._step_rng = rng_state()
                 loss, n_tokens = self.train_step(group)
                 self.step += 1
                 self.consumed += len(group)
                 self._step_rng = None
-            self.window_loss += loss
-            self.window_tokens += n_tokens
-            for name, value in self.step_extra.items():
-                self.window_extra[name] = self.window_extra.get(name, 0.0) + value
-                self.window_extra_tokens[name] = self.window_extra_tokens.get(name, 0) + self.step_extra_tokens[name]
-            bar.update(1)
-            # the epoch's last step and max_steps' last step end a window too (a run max_steps ended
-            # inside its first window logged no training loss at all)
-            if self.step % self.tc.log_every == 0 or self.consumed >= len(batches) or not self._steps_left():
-                seconds = time.perf_counter() - self.window_start
-                # the window's loss and auxiliary losses (Transformer++'s tag losses), summed over
-                # ranks in one all-reduce (every rank logs at the same steps) and read in one host sync
-                sums = all_reduce_sum(torch.stack([self.window_loss.float(), *self.window_extra.values()]), self.dist).tolist()
-                record = {
-                    "event": "train", "step": self.step, "epoch": self.epoch + 1,
-                    "loss": sums[0] / max(self.window_tokens, 1),
-                    "lr": self.step_lr,  # the rate of the record's step (get_last_lr() is the next step's)
-                    "tgt_tokens_per_s": self.window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
-                }
-                # per token they average over (target tokens; a tag loss's labelled source tokens), weighted as the
-                # objective weights them: the window's mean, not its last micro-batch's
-                record.update({f"loss_{k}": v / max(self.window_extra_tokens.get(k, 0), 1)
-                               for k, v in zip(self.window_extra, sums[1:])})
-                self.log_metrics(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}",
-                                refresh=False)  # shown at the bar's next redraw, not a frame of its own
-                self._new_window()
+                self.window_loss += loss
+                self.window_tokens += n_tokens
+                for name, value in self.step_extra.items():
+                    self.window_extra[name] = self.window_extra.get(name, 0.0) + value
+                    self.window_extra_tokens[name] = self.window_extra_tokens.get(name, 0) + self.step_extra_tokens[name]
+                bar.update(1)
+                # the epoch's last step and max_steps' last step end a window too (a run max_steps ended
+                # inside its first window logged no training loss at all)
+                if self.step % self.tc.log_every == 0 or self.consumed >= len(batches) or not self._steps_left():
+                    seconds = time.perf_counter() - self.window_start
+                    # the window's loss and auxiliary losses (Transformer++'s tag losses), summed over
+                    # ranks in one all-reduce (every rank logs at the same steps) and read in one host sync
+                    sums = all_reduce_sum(torch.stack([self.window_loss.float(), *self.window_extra.values()]), self.dist).tolist()
+                    record = {
+                        "event": "train", "step": self.step, "epoch": self.epoch + 1,
+                        "loss": sums[0] / max(self.window_tokens, 1),
+                        "lr": self.step_lr,  # the rate of the record's step (get_last_lr() is the next step's)
+                        "tgt_tokens_per_s": self.window_tokens / max(seconds, 1e-9),  # window_tokens counts all ranks
+                    }
+                    # per token they average over (target tokens; a tag loss's labelled source tokens), weighted as the
+                    # objective weights them: the window's mean, not its last micro-batch's
+                    record.update({f"loss_{k}": v / max(self.window_extra_tokens.get(k, 0), 1)
+                                   for k, v in zip(self.window_extra, sums[1:])})
+                    self.log_metrics(record)
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}",
+                                    refresh=False)  # shown at the bar's next redraw, not a frame of its own
+                    self._new_window()
             if self.tc.save_every and self.step % self.tc.save_every == 0:
                 saving = time.perf_counter()
                 self.save("last.pt")
