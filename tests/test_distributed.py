@@ -140,6 +140,49 @@ def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir
     assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
 
 
+def _interrupted_rank(rank: int, world: int, port: int, data_dir: str, save_dir: str, *extra: str) -> None:
+    """One rank of ``test_an_interrupted_ddp_run_saves_the_log_window_of_every_rank``: the CLI's
+    training under torchrun's environment, Ctrl-C (a KeyboardInterrupt) at its third step."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    original, calls = Trainer.train_step, []
+
+    def interrupt_third(self, group):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(self, group)
+
+    Trainer.train_step = interrupt_third
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
+    except KeyboardInterrupt:
+        return
+    raise AssertionError(f"rank {rank} was not interrupted")
+
+
+def test_an_interrupted_ddp_run_saves_the_log_window_of_every_rank(tmp_path, data_dir):
+    """Two ranks stopped by Ctrl-C after 2 steps inside a log window (train.log_every=10): last.pt
+    holds the window of both ranks' micro-batches, and the resumed epoch's one record (step 5)
+    covers steps 1-5 as one uninterrupted process's does. Before, a DDP checkpoint kept no window
+    (each rank held its own losses only), and the record covered steps 3-5 alone."""
+    import socket
+
+    common = ["train.max_epochs=1", "train.log_every=10", DROPOUT]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_interrupted_rank, nprocs=2, join=True,
+                                args=(2, port, str(data_dir), str(tmp_path / "ddp"), "train.accum_steps=1", *common))
+    saved = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    assert saved["step"] == 2 and saved["trainer"]["window"] is not None
+    one = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=2", *common)
+    resumed = train_in_process(data_dir, tmp_path / "ddp", "train.accum_steps=2", *common, resume=True)
+    assert resumed["step"] == one["step"] == 5
+    assert train_losses(tmp_path / "ddp", "step") == train_losses(tmp_path / "one", "step") == [5]
+    assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
+
+
 # every registered architecture but the Transformer of the tests above, at test size
 ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked

@@ -255,10 +255,11 @@ class Trainer:
     def _window_state(self) -> Optional[dict]:
         """The log window a checkpoint is written inside (Ctrl-C, save_every, max_steps), so that the
         resumed run's next record covers the same steps as an uninterrupted run's; before, it covered
-        only the steps since the resume and the ones before were never logged. None for an empty
-        window, and under DDP, where each rank holds only its own micro-batches' losses (the window
-        then restarts at the resume)."""
-        if self.dist.enabled or not self.window_tokens:
+        only the steps since the resume and the ones before were never logged. Under DDP too: the
+        window's sums cover every rank (each step's losses are all-reduced); before, each rank held
+        only its own micro-batches' losses, no window was saved, and the first record after a resume
+        covered only the steps since it. None for an empty window."""
+        if not self.window_tokens:
             return None
         return {"loss": float(self.window_loss), "tokens": self.window_tokens,
                 "extra": {k: float(v) for k, v in self.window_extra.items()},
@@ -266,13 +267,12 @@ class Trainer:
                 "seconds": time.perf_counter() - self.window_start}
 
     def _resume_window(self, saved: dict) -> None:
-        """Reopen a checkpoint's log window. Its sums cover every rank of the run that saved it:
-        rank 0 holds them, the others zeros of the same names (the log's all-reduce adds them)."""
-        main = self.dist.is_main
+        """Reopen a checkpoint's log window. Its sums cover every rank of the run that saved it, as
+        every rank's window does (each step's losses are summed over the ranks): each rank takes them."""
         self.window_tokens = saved["tokens"]
         self.window_start -= saved["seconds"]
-        self.window_loss += saved["loss"] if main else 0.0
-        self.window_extra = {k: torch.tensor(v if main else 0.0, device=self.device) for k, v in saved["extra"].items()}
+        self.window_loss += saved["loss"]
+        self.window_extra = {k: torch.tensor(v, device=self.device) for k, v in saved["extra"].items()}
         # a window saved before the tag losses were averaged over labelled tokens: its sums were per target token
         self.window_extra_tokens = {k: saved.get("extra_tokens", {}).get(k, saved["tokens"]) for k in saved["extra"]}
 
@@ -542,6 +542,12 @@ class Trainer:
                 self.step += 1
                 self.consumed += len(group)
                 self._step_rng = None
+                if self.dist.enabled:
+                    # the step's losses of every rank, in one small all-reduce: each rank's window then
+                    # covers all ranks, and so does the one rank 0 saves in last.pt at any step (on
+                    # Ctrl-C too, where the ranks stop on their own and no collective could run)
+                    sums = all_reduce_sum(torch.stack([loss.float(), *self.step_extra.values()]), self.dist)
+                    loss, self.step_extra = sums[0], dict(zip(self.step_extra, sums[1:]))
                 self.window_loss += loss
                 self.window_tokens += n_tokens
                 for name, value in self.step_extra.items():
@@ -553,8 +559,8 @@ class Trainer:
                 if self.step % self.tc.log_every == 0 or self.consumed >= len(batches) or not self._steps_left():
                     seconds = time.perf_counter() - self.window_start
                     # the window's loss and auxiliary losses (Transformer++'s tag losses), summed over
-                    # ranks in one all-reduce (every rank logs at the same steps) and read in one host sync
-                    sums = all_reduce_sum(torch.stack([self.window_loss.float(), *self.window_extra.values()]), self.dist).tolist()
+                    # ranks (step by step, above) and read in one host sync
+                    sums = torch.stack([self.window_loss.float(), *self.window_extra.values()]).tolist()
                     record = {
                         "event": "train", "step": self.step, "epoch": self.epoch + 1,
                         "loss": sums[0] / max(self.window_tokens, 1),
