@@ -91,6 +91,20 @@ def test_a_run_max_steps_ends_inside_an_epoch_is_validated_there(tmp_path, data_
     assert load_checkpoint(tmp_path / "best.pt")["step"] == (3 if mid["val_loss"] <= epoch_end["val_loss"] else epoch_end["step"])
 
 
+def test_max_steps_at_an_epochs_end_validates_once(tmp_path, data_dir, monkeypatch):
+    """train.max_steps=5 is epoch 1's last step (5 steps an epoch) and max_epochs=2: the epoch's
+    validation is the run's only one. Before, epoch 2 began, found max_steps reached and validated
+    the same model again, logged as a ``valid_mid_epoch`` of epoch 2 (of which nothing was trained)."""
+    from cometnmt.training.trainer import Trainer
+
+    validate, calls = Trainer.validate, []
+    monkeypatch.setattr(Trainer, "validate", lambda self: calls.append(self.step) or validate(self))
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=5", "train.max_epochs=2"))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [(r["event"], r["epoch"], r["step"]) for r in records if r["event"] != "train"] == [("valid", 1, 5)]
+    assert calls == [5]
+
+
 def test_a_resume_under_another_stopping_metric_rescores_the_best(tmp_path, data_dir, monkeypatch):
     """A run saved with a loss rule (best = lowest validation loss, 2.0) resumed with
     ``train.stopping=bleu_patience``: epoch 2's BLEU 20 is below epoch 1's 30, so best.pt stays

@@ -617,8 +617,11 @@ class Trainer:
         ``valid_mid_epoch``, outside the epochs' history and the stopping rule) and keep best.pt if
         the model beats the best so far, then save last.pt. A run whose max_steps came before its
         first epoch's end had no validation and no best.pt, so `evaluate --checkpoint best.pt` had
-        nothing to read. A resume at the same step does not validate again."""
-        if self.validated_step != self.step:
+        nothing to read. A resume at the same step does not validate again, nor does a max_steps
+        reached at an epoch's end, whose validation is the epoch's (it was validated twice, the second
+        time as a ``valid_mid_epoch`` of the next epoch, of which it had trained nothing)."""
+        at_epoch_end = bool(self.history) and self.history[-1]["step"] == self.step
+        if self.validated_step != self.step and not at_epoch_end:
             metrics = {"event": "valid_mid_epoch", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
             with deferred():
                 self.validated_step = self.step
