@@ -434,6 +434,17 @@ def test_a_resume_refuses_train_keys_the_checkpoint_fixes(tmp_path, data_dir):
     assert (run_dir / "config.yaml").read_text(encoding="utf-8") == saved
 
 
+def test_a_resume_may_turn_fp16_on(tmp_path, data_dir):
+    """train.precision may change on a resume (README): a run trained in fp32, resumed with fp16,
+    goes on with a fresh loss scaler. Before, the fp32 run's empty scaler state was loaded into the
+    enabled scaler and the resume failed with torch's RuntimeError ("The source state dict is
+    empty, possibly because it was saved from a disabled instance of GradScaler")."""
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=2"))
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=3", "train.precision=fp16"), resume=True)
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["step"] == 3 and last["scaler"]["scale"] == 2.0**16
+
+
 def test_deferred_delivers_the_first_signal_after_the_block_and_nests():
     """cometnmt.interrupts.deferred: the block runs to its end, then the interrupt is raised; a
     nested block hands its signal to the outer one; redeliver=False drops it; handlers come back."""

@@ -204,7 +204,8 @@ class Trainer:
         load_weights(self.model, payload["model"], path)
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
-        self.scaler.load_state_dict(payload["scaler"])
+        if payload["scaler"]:  # empty from a run without fp16 (train.precision may change on a resume): a fresh scaler
+            self.scaler.load_state_dict(payload["scaler"])
         self.step, self.epoch = payload["step"], payload["epoch"]
         self.init_from = payload.get("init_from")
         t = payload["trainer"]
