@@ -361,8 +361,13 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
 
 
 def _merge(base: dict, override: dict) -> dict:
+    """``override``'s keys over ``base``'s, section by section. An empty section (``model:`` with its
+    keys commented out, read as null) keeps the base's section: it replaced it with the defaults, so
+    a child of comet.yaml with an empty ``model:`` trained a Transformer without a word."""
     out = dict(base)
     for key, value in override.items():
+        if value is None and isinstance(out.get(key), dict):
+            continue
         out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 

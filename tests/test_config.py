@@ -307,3 +307,18 @@ def test_a_list_written_without_brackets_gets_the_brackets_hint():
                                           r"written in brackets: \[0.9,0.98\]$"):
         load_config(REPO / "configs" / "tiny.yaml", ["train.betas=0.9,0.98"])
     assert load_config(REPO / "configs" / "tiny.yaml", ["train.betas=[0.9,0.98]"]).train.betas == [0.9, 0.98]
+
+
+def test_an_empty_section_in_a_child_keeps_the_base_section(tmp_path):
+    """A child whose ``model:`` had every key commented out (YAML null) replaced the base's whole
+    model section with the defaults: a child of comet.yaml trained a 256-wide Transformer silently."""
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {REPO / 'configs' / 'multi30k' / 'comet_conv4.yaml'}\nmodel:\n  # d_model: 128\n"
+                     "train:\n  max_epochs: 3\n", encoding="utf-8")
+    cfg = load_config(child)
+    assert (cfg.model.arch, cfg.model.comet.features, cfg.train.max_epochs) == ("comet", [64, 32, 16, 8], 3)
+    child.write_text(f"base: {REPO / 'configs' / 'multi30k' / 'comet_conv4.yaml'}\nmodel:\n  comet:\n", encoding="utf-8")
+    assert load_config(child).model.comet.dilations == [1, 2, 3, 4]  # nested sections too
+    child.write_text(f"base: {REPO / 'configs' / 'multi30k' / 'comet_bn_length.yaml'}\nmodel:\n  comet:\n"
+                     "    bn_length_bounds: null\n", encoding="utf-8")
+    assert load_config(child).model.comet.bn_length_bounds is None  # a null value still overrides the base's
