@@ -266,10 +266,14 @@ def to_dict(cfg: Any) -> dict:
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    """Set ``value`` at the dotted key. A section the file left empty (``data:``, read as null) is
+    an empty section here too: ``--set data.max_len=50`` on such a file said 'data' is not a section."""
     node = data
     parts = dotted.split(".")
     for part in parts[:-1]:
-        child = node.setdefault(part, {})
+        if node.get(part) is None:
+            node[part] = {}
+        child = node[part]
         if not isinstance(child, dict):
             raise ConfigError(f"override '{dotted}': '{part}' is not a section")
         node = child

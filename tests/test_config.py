@@ -322,3 +322,14 @@ def test_an_empty_section_in_a_child_keeps_the_base_section(tmp_path):
     child.write_text(f"base: {REPO / 'configs' / 'multi30k' / 'comet_bn_length.yaml'}\nmodel:\n  comet:\n"
                      "    bn_length_bounds: null\n", encoding="utf-8")
     assert load_config(child).model.comet.bn_length_bounds is None  # a null value still overrides the base's
+
+
+def test_an_override_into_an_empty_section(tmp_path):
+    """A file with an empty section (``data:``, null to YAML) loads with its defaults, but
+    ``--set data.max_len=50`` on it failed: "override 'data.max_len': 'data' is not a section"."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("data:\nmodel:\n  arch: comet\n  comet:\n", encoding="utf-8")
+    cfg = load_config(empty, ["data.max_len=50", "model.comet.kernel_size=5"])
+    assert (cfg.data.max_len, cfg.model.comet.kernel_size, cfg.model.arch) == (50, 5, "comet")
+    with pytest.raises(ConfigError, match="override 'model.arch.x': 'arch' is not a section"):  # a value still is not one
+        load_config(empty, ["model.arch.x=1"])
