@@ -302,17 +302,28 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")  # 1e-3, 5E4
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting a string that :class:`_Loader` reads as a number: a name or
+    save_dir ``1e5`` was written unquoted to a run's config.yaml and read back as 100000.0, so the
+    saved config did not load ("config key 'name': expected a string")."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def yaml_load(stream) -> Any:
     """A YAML document (text or an open file) with :class:`_Loader`: configs, overrides and a
     run's saved ``config.yaml`` read alike."""
     return yaml.load(stream, Loader=_Loader)
+
+
+def yaml_dump(data: Any) -> str:
+    """``data`` as YAML text that :func:`yaml_load` reads back equal (a run's ``config.yaml``)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -476,3 +476,20 @@ def test_init_from_with_other_batch_norm_length_buckets_warns(tmp_path, data_dir
         run_module.train(tiny_train_cfg(tmp_path / "tuned", data_dir, *comet, "model.comet.bn_length_bounds=[4, 9]"),
                          init_from=tmp_path / "base" / "last.pt")
     assert "model.comet.bn_length_bounds [4, 9] differs from the checkpoint's [4, 8]" in caplog.text
+
+
+def test_the_saved_config_loads_back_as_it_was(tmp_path, data_dir, monkeypatch):
+    """config.yaml was written with yaml.safe_dump, which leaves a string such as the name '1e5'
+    unquoted; cometnmt's loader reads 1e5 as the number 100000.0, so the run's own config.yaml did
+    not load (`cometnmt train run/config.yaml`, reproduce's and compare's test split of a run):
+    "config key 'name': expected a string, got 100000.0"."""
+    from cometnmt.config import load_config
+    from cometnmt.experiments import run_test_split
+
+    monkeypatch.setattr(Trainer, "fit", lambda self: {})  # the config is written before the first step
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, "name='1e5'", "data.src_lang='de'", "decode.temperature=1e-3")
+    run_module.train(cfg)
+    saved = tmp_path / "run" / "config.yaml"
+    assert "name: '1e5'" in saved.read_text(encoding="utf-8")
+    assert load_config(saved) == cfg
+    assert run_test_split(tmp_path / "run", 3)[2].name == "1e5"

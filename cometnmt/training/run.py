@@ -10,10 +10,10 @@ import random
 from pathlib import Path
 
 import torch
-import yaml
 
 from cometnmt.atomic import same_file
-from cometnmt.config import DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict, unused_model_keys
+from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict,
+                             unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags
@@ -336,7 +336,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             else:
                 log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
         if dist.is_main and not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
-            write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml_dump(to_dict(cfg)))
         summary = trainer.fit()
         clean = True
         return summary
