@@ -61,6 +61,14 @@ class DataConfig:
     max_len: int = 100  # training pairs longer than this (tokens, either side) are skipped
     src_sos_eos: bool = False  # COMET Table 1 "source SOS/EOS": wrap source in <s> ... </s>
 
+    def __post_init__(self) -> None:
+        # Language codes are case-insensitive, as `cometnmt evaluate --lang` takes them: 'DE' was
+        # "not a language of Multi30k task 1" (whose files are train.de.gz, ...) and no language spaCy
+        # tokenises, and under SentencePiece the paper's metric was skipped for want of an 'EN' tokenizer.
+        for key in ("src_lang", "tgt_lang"):
+            if isinstance(getattr(self, key), str):
+                setattr(self, key, getattr(self, key).lower())
+
 
 @dataclass
 class ModelConfig:

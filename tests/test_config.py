@@ -333,3 +333,15 @@ def test_an_override_into_an_empty_section(tmp_path):
     assert (cfg.data.max_len, cfg.model.comet.kernel_size, cfg.model.arch) == (50, 5, "comet")
     with pytest.raises(ConfigError, match="override 'model.arch.x': 'arch' is not a section"):  # a value still is not one
         load_config(empty, ["model.arch.x=1"])
+
+
+def test_language_codes_are_case_insensitive():
+    """data.src_lang: DE was refused once training read the data ("'DE' is not a language of Multi30k
+    task 1 ... expected one of de, en, fr"), and with data.corpus files spaCy had no tokenizer for
+    'DE'; evaluate --lang EN meanwhile took EN as en. A code is now lower-cased as it loads."""
+    from cometnmt.data.pipeline import split_files
+
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=DE", "data.tgt_lang=En"])
+    assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("de", "en")
+    assert [p.name for p in split_files(cfg.data, "valid")] == ["val.de.gz", "val.en.gz"]
+    assert cfg == load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=de"])  # one config, one run
