@@ -310,17 +310,40 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+    def construct_yaml_int(self, node):
+        """Integers as YAML 1.2 reads them: YAML 1.1 took a leading zero for octal and colons for base
+        60, so ``seed: 010`` trained with seed 8 and ``max_epochs: 1:30`` ran 90 epochs, without a
+        word. A leading zero is decimal (010 is 10); ``1:30`` is the text it is."""
+        text = self.construct_scalar(node)
+        if ":" in text:
+            return text
+        digits = text.replace("_", "").lstrip("+-")
+        if len(digits) > 1 and digits[0] == "0" and digits.isdigit():
+            return int(text.replace("_", ""), 10)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        """``1:30.5`` is text, not YAML 1.1's base-60 float 90.5 (as :meth:`construct_yaml_int`)."""
+        text = self.construct_scalar(node)
+        return text if ":" in text else super().construct_yaml_float(node)
+
+
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")  # 1e-3, 5E4
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+_LEADING_ZERO_INT = re.compile(r"^[-+]?0[0-9_]+$")  # 08 and 09 too, which YAML 1.1 read as text (no octal digits)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _LEADING_ZERO_INT, list("-+0"))
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
 
 
 class _Dumper(yaml.SafeDumper):
     """PyYAML's safe dumper, quoting a string that :class:`_Loader` reads as a number: a name or
-    save_dir ``1e5`` was written unquoted to a run's config.yaml and read back as 100000.0, so the
-    saved config did not load ("config key 'name': expected a string")."""
+    save_dir ``1e5`` (or ``09``) was written unquoted to a run's config.yaml and read back as
+    100000.0, so the saved config did not load ("config key 'name': expected a string")."""
 
 
 _Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:int", _LEADING_ZERO_INT, list("-+0"))
 
 
 def yaml_load(stream) -> Any:

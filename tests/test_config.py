@@ -345,3 +345,20 @@ def test_language_codes_are_case_insensitive():
     assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("de", "en")
     assert [p.name for p in split_files(cfg.data, "valid")] == ["val.de.gz", "val.en.gz"]
     assert cfg == load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=de"])  # one config, one run
+
+
+def test_integers_are_read_as_yaml_1_2_reads_them(tmp_path):
+    """PyYAML follows YAML 1.1: a leading zero made an octal number and colons a base-60 one, so
+    seed: 010 trained with seed 8 and max_epochs: 1:30 ran 90 epochs, without a word (09 was text)."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\ntrain:\n  seed: 010\n  max_epochs: 09\n", encoding="utf-8")
+    cfg = load_config(mine, ["data.max_train_pairs=0300", "name=1:30"])
+    assert (cfg.train.seed, cfg.train.max_epochs, cfg.data.max_train_pairs, cfg.name) == (10, 9, 300, "1:30")
+    assert load_config(mine, ["train.max_epochs=0x10", "train.batch_tokens=1_000"]).train.max_epochs == 16  # as before
+    with pytest.raises(ConfigError, match="config key 'train.max_epochs': expected an integer, got '1:30'"):
+        load_config(mine, ["train.max_epochs=1:30"])
+    with pytest.raises(ConfigError, match="config key 'train.lr': expected a number, got '1:30.5'"):
+        load_config(mine, ["train.lr=1:30.5"])
+    from cometnmt.config import yaml_dump, yaml_load
+
+    assert yaml_load(yaml_dump({"name": "09", "save_dir": "1:30"})) == {"name": "09", "save_dir": "1:30"}
