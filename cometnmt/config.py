@@ -497,6 +497,8 @@ def validate(cfg: Config) -> None:
     if cfg.model.tie_embeddings and cfg.model.arch not in TIED_ARCHS:
         raise ConfigError(f"config key 'model.tie_embeddings': applies to the {', '.join(TIED_ARCHS)} architectures, "
                           f"not {cfg.model.arch!r}")
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", cfg.train.device):  # whether this machine has it: when training starts
+        raise ConfigError(f"config key 'train.device': {cfg.train.device!r} is not a device; use auto, cpu, cuda or cuda:N")
     if cfg.train.compile_mode != "default" and not cfg.train.compile:
         raise ConfigError(f"config key 'train.compile_mode': {cfg.train.compile_mode!r} needs train.compile: true")
     if len(cfg.train.betas) != 2:

@@ -197,7 +197,7 @@ def test_missing_file(cli, tmp_path):
         ("train.stopping=never", "train.stopping"),
         ("model.comet.unit=ffn9", "model.comet.unit"),
         ("decode.beam_size=0", "decode.beam_size"),
-        ("train.device=tpu", "train.device='tpu' is not a device"),
+        ("train.device=tpu", "config key 'train.device': 'tpu' is not a device"),
         ("model.n_heads=0", "model.n_heads"),
         ("model.d_model=0", "model.d_model"),
         ("model.max_positions=0", "model.max_positions"),

@@ -108,6 +108,8 @@ def test_attention_dropout_is_checked_and_named():
 
 @pytest.mark.parametrize("overrides, needle", [
     (["train.log_every=0"], "'train.log_every': must be at least 1"),
+    (["train.device=gpu"], "config key 'train.device': 'gpu' is not a device; use auto, cpu, cuda or cuda:N"),
+    (["train.device=cuda:x"], "config key 'train.device': 'cuda:x' is not a device"),
     (["train.seed=99999999999999999999999"], "'train.seed': must be in [0, 2**63), got 99999999999999999999999"),
     (["train.seed=-1"], "'train.seed': must be in [0, 2**63), got -1"),
     (["decode.sampling_seed=9223372036854775808"], "'decode.sampling_seed': must be in [0, 2**63) (or null)"),
@@ -154,7 +156,8 @@ def test_attention_dropout_is_checked_and_named():
 ])
 def test_values_that_used_to_fail_mid_run_are_config_errors(overrides, needle):
     """Each of these trained until a traceback after an epoch, or (warmup 0) silently at lr 0; the
-    sampling keys' ranges are checked as they load too."""
+    sampling keys' ranges are checked as they load too, and train.device's spelling (it was checked
+    only as training started; whether the machine has the device still is)."""
     with pytest.raises(ConfigError) as info:
         load_config(REPO / "configs" / "tiny.yaml", overrides)
     assert needle in str(info.value)
