@@ -108,6 +108,8 @@ def test_attention_dropout_is_checked_and_named():
 
 @pytest.mark.parametrize("overrides, needle", [
     (["train.log_every=0"], "'train.log_every': must be at least 1"),
+    (["model.arch=transformer_pp", "model.enc_layers=3", "model.transformer_pp.tag_cache_dir="],  # was the default cache
+     "config key 'model.transformer_pp.tag_cache_dir': empty; give a folder, or null for the default"),
     (["train.device=gpu"], "config key 'train.device': 'gpu' is not a device; use auto, cpu, cuda or cuda:N"),
     (["train.device=cuda:x"], "config key 'train.device': 'cuda:x' is not a device"),
     (["train.seed=99999999999999999999999"], "'train.seed': must be in [0, 2**63), got 99999999999999999999999"),

@@ -406,6 +406,8 @@ def check_config(cfg) -> None:
         )
     if "ner" in c.tasks and not c.ner_types:
         raise ConfigError("config key 'model.transformer_pp.ner_types': empty, but 'ner' is in model.transformer_pp.tasks")
+    if c.tag_cache_dir is not None and not c.tag_cache_dir.strip():  # `--set ...tag_cache_dir=$UNSET` was the default
+        raise ConfigError("config key 'model.transformer_pp.tag_cache_dir': empty; give a folder, or null for the default")
 
 
 def tag_classes(c: TransformerPPConfig) -> dict[str, int]:
