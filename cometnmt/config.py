@@ -230,7 +230,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            hint = f"; a list is written in brackets: [{value}]" if isinstance(value, str) and "," in value else ""
+            # (0.9, 0.98), Python's tuple, was told to write [(0.9, 0.98)], which fails the same way
+            hint = (f"; a list is written in brackets: [{value.strip().removeprefix('(').removesuffix(')')}]"
+                    if isinstance(value, str) and "," in value else "")
             raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{hint}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]

@@ -312,6 +312,8 @@ def test_a_list_written_without_brackets_gets_the_brackets_hint():
                                           r"written in brackets: \[0.9,0.98\]$"):
         load_config(REPO / "configs" / "tiny.yaml", ["train.betas=0.9,0.98"])
     assert load_config(REPO / "configs" / "tiny.yaml", ["train.betas=[0.9,0.98]"]).train.betas == [0.9, 0.98]
+    with pytest.raises(ConfigError, match=r"got '\(0.9, 0.98\)'; a list is written in brackets: \[0.9, 0.98\]$"):  # was [(0.9, 0.98)]
+        load_config(REPO / "configs" / "tiny.yaml", ["train.betas=(0.9, 0.98)"])
 
 
 def test_an_empty_section_in_a_child_keeps_the_base_section(tmp_path):
