@@ -199,7 +199,10 @@ def _yaml_hint(value: Any, key: str, quote: bool = True) -> str:
         return hint + (f": quote the word you wrote, e.g. {key}='{words[1]}'" if quote else "")
     if isinstance(value, (int, float)):
         hint = "; YAML reads an unquoted number as a number"
-        return hint + (f": quote the value, e.g. {key}='{value}'" if quote else "")
+        if not quote:
+            return hint
+        # a float's text is YAML's reading, not the value as written: 1e5 was told to quote '100000.0'
+        return hint + (f": quote the value, e.g. {key}='{value}'" if isinstance(value, int) else ": quote the value as you wrote it")
     return ""
 
 

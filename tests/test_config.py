@@ -265,6 +265,12 @@ def test_a_quoted_override_stays_a_string(override, key, value):
     assert getattr(getattr(cfg, section) if section else cfg, name) == value
     with pytest.raises(ConfigError, match=r"config key 'name': expected a string, got nan"):  # unquoted: a number
         load_config(REPO / "configs" / "tiny.yaml", ["name=nan"])
+    with pytest.raises(ConfigError, match=r"got 100000.0; YAML reads an unquoted number as a number: quote the value as you "
+                                          r"wrote it$"):  # was: e.g. name='100000.0', another name than 1e5
+        load_config(REPO / "configs" / "tiny.yaml", ["name=1e5"])
+    with pytest.raises(ConfigError, match=r"got 2024; YAML reads an unquoted number as a number: quote the value, e.g. "
+                                          r"name='2024'$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["name=2024"])
 
 
 def test_an_error_in_a_base_names_the_base(tmp_path):
