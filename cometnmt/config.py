@@ -206,6 +206,14 @@ def _yaml_hint(value: Any, key: str, quote: bool = True) -> str:
     return ""
 
 
+def _list_hint(value: Any) -> str:
+    """For a list key given ``0.9,0.98`` (or Python's ``(0.9, 0.98)``, which was told to write
+    ``[(0.9, 0.98)]``, failing the same way): how to write the list."""
+    if isinstance(value, str) and "," in value:
+        return f"; a list is written in brackets: [{value.strip().removeprefix('(').removesuffix(')')}]"
+    return ""
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against type ``tp``; return it (int -> float allowed). Raise ConfigError."""
     origin = typing.get_origin(tp)
@@ -226,17 +234,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+        # the hints of the one type a null-or-X key takes (data.multi30k_dir=2024 had none, README promises it)
+        hint = _yaml_hint(value, key) if str in args else _list_hint(value) if any(typing.get_origin(a) is list for a in args) else ""
+        raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{hint}")
     if origin is Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"config key '{key}': {value!r} is not allowed; expected {_type_name(tp)}{_yaml_hint(value, key, quote=False)}")
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            # (0.9, 0.98), Python's tuple, was told to write [(0.9, 0.98)], which fails the same way
-            hint = (f"; a list is written in brackets: [{value.strip().removeprefix('(').removesuffix(')')}]"
-                    if isinstance(value, str) and "," in value else "")
-            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{hint}")
+            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{_list_hint(value)}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:

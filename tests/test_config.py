@@ -375,3 +375,18 @@ def test_integers_are_read_as_yaml_1_2_reads_them(tmp_path):
     from cometnmt.config import yaml_dump, yaml_load
 
     assert yaml_load(yaml_dump({"name": "09", "save_dir": "1:30"})) == {"name": "09", "save_dir": "1:30"}
+
+
+def test_a_key_that_may_be_null_gets_the_hints_too():
+    """The YAML and bracket hints were given for str and list keys but not for those that may also be
+    null (the data paths, model.comet.bn_length_bounds): data.multi30k_dir=2024 said only "expected
+    str or null, got 2024"."""
+    with pytest.raises(ConfigError, match=r"^config key 'data.multi30k_dir': expected str or null, got 2024; YAML reads an "
+                                          r"unquoted number as a number: quote the value, e.g. data.multi30k_dir='2024'$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["data.multi30k_dir=2024"])
+    with pytest.raises(ConfigError, match=r"got False; YAML reads no, off and false unquoted as the boolean false"):
+        load_config(REPO / "configs" / "tiny.yaml", ["data.multi30k_dir=off"])
+    with pytest.raises(ConfigError, match=r"^config key 'model.comet.bn_length_bounds': expected list of int or null, got "
+                                          r"'8,11'; a list is written in brackets: \[8,11\]$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["model.comet.bn_length_bounds=8,11"])
+    assert load_config(REPO / "configs" / "tiny.yaml", ["data.multi30k_dir='2024'"]).data.multi30k_dir == "2024"
