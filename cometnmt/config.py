@@ -742,7 +742,9 @@ def _reference_lines(cls: type, indent: int) -> list[str]:
             lines.append(f"{pad}{f.name}:")
             lines += _reference_lines(type(value), indent + 1)
             continue
-        text = yaml.safe_dump(value, default_flow_style=True).strip()
+        # one line per key: wrapped at 80 columns, ner_types went on at an indentation below its key's
+        # (PyYAML tolerates it), and a copy of its first line was no list at all
+        text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
         text = text.removesuffix("\n...").removesuffix("...").strip()
         comment = f"  # {comments[f.name]}" if f.name in comments else ""
         lines.append(f"{pad}{f.name}: {text}{comment}")

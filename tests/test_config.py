@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,15 @@ def test_defaults_are_the_papers_transformer():
     assert (m.enc_layers, m.d_model, m.n_heads, m.d_ff, m.dropout) == (3, 256, 8, 2048, 0.1)
     t = Config().train
     assert (t.lr, t.betas, t.eps) == (1e-4, [0.9, 0.98], 1e-9)
+
+
+def test_reference_yaml_gives_each_key_one_line():
+    """model.transformer_pp.ner_types' default was wrapped onto a second line indented less than its
+    key: PyYAML reads it, a YAML 1.2 parser need not, and a user copying the key's line got half a list."""
+    from cometnmt.config import reference_yaml
+
+    for line in reference_yaml().splitlines():
+        assert line.lstrip().startswith("#") or re.match(r"^( *)\w+:( |$)", line), line
 
 
 def test_reference_yaml_is_up_to_date():
