@@ -44,7 +44,7 @@ class DataConfig:
     valid_split: str = "val"
     test_split: str = "test_2016_flickr"
     # corpus: files -- explicit paths (plain or gzip UTF-8, one sentence per line)
-    train_src: Optional[str] = None
+    train_src: Optional[str] = None  # corpus files: the training source file (each split's _src and _tgt set together)
     train_tgt: Optional[str] = None
     valid_src: Optional[str] = None
     valid_tgt: Optional[str] = None
@@ -130,7 +130,7 @@ class TrainConfig:
     valid_bleu_max_sentences: Optional[int] = None
     # at each validation, heatmaps of the first N validation sentences' attention (last decoder layer,
     # heads averaged, on the model's greedy translation) in save_dir/attention/; 0: none
-    attention_plots: int = 0
+    attention_plots: int = 0  # attention heatmaps of the first N validation sentences at each validation; 0: none
     log_every: int = 50  # optimizer steps between metrics-log lines
     save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps
     keep_checkpoints: int = 0  # keep the last N epoch checkpoints for averaging

@@ -98,6 +98,14 @@ def test_reference_yaml_gives_each_key_one_line():
         assert line.lstrip().startswith("#") or re.match(r"^( *)\w+:( |$)", line), line
 
 
+def test_reference_yaml_says_what_the_less_evident_keys_do():
+    """train.attention_plots and data.train_src had their comments on the lines above the field, which
+    the generator does not read: reference.yaml listed them bare ("attention_plots: 0")."""
+    ref = (REPO / "configs" / "reference.yaml").read_text(encoding="utf-8")
+    for key in ("attention_plots", "train_src"):
+        assert re.search(rf"^ +{key}: [^#\n]+  # \S", ref, re.M), key
+
+
 def test_reference_yaml_is_up_to_date():
     from cometnmt.config import reference_yaml
 
