@@ -550,12 +550,21 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'data.sp_vocab_size': must be at least 5 (an unknown piece and a few characters), "
                           f"got {cfg.data.sp_vocab_size}")
     if cfg.data.corpus == "multi30k":
-        from cometnmt.data.multi30k import SPLITS
+        from cometnmt.data.multi30k import LANGS, SPLITS
 
         for key in ("train_split", "valid_split", "test_split"):
             if getattr(cfg.data, key) not in SPLITS:
                 raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a Multi30k task-1 split "
                                   f"this package knows; expected one of {', '.join(SPLITS)} (other files: data.corpus: files)")
+        # as the splits, now rather than when training reads the data: compare and reproduce load every
+        # config first, but a language Multi30k lacks stopped only its own runs, after the others trained
+        for key in ("src_lang", "tgt_lang"):
+            if getattr(cfg.data, key) not in LANGS:
+                raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a language of Multi30k task 1 "
+                                  f"that this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)")
+        if cfg.data.src_lang == cfg.data.tgt_lang:
+            raise ConfigError(f"config keys 'data.src_lang' and 'data.tgt_lang': both {cfg.data.src_lang!r}; Multi30k's "
+                              "source and target language must differ")
     if cfg.decode.replace_unk and cfg.data.tokenizer != "spacy":
         raise ConfigError(f"config key 'decode.replace_unk': copies source words in place of <unk>, for word "
                           f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}")
