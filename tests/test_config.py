@@ -150,6 +150,7 @@ def test_attention_dropout_is_checked_and_named():
     (["data.test_split=test_2017_flickr"], "'data.test_split': 'test_2017_flickr' is not a Multi30k task-1 split"),
     (["model.comet.features=[]"], "'model.comet.features': needs at least one layer"),
     (["model.comet.dilations=[1]"], "'model.comet.dilations': one dilation of at least 1 per layer"),
+    (["model.comet.leaky_slope=.nan"], "'model.comet.leaky_slope': must be a finite number, got nan"),
     (["model.comet.kernel_size=0"], "'model.comet.kernel_size': must be at least 1"),
     (["model.comet.bn_length_bounds=[5, 3]"], "'model.comet.bn_length_bounds': ascending positive"),
     (["model.comet.batch_norm=false", "model.comet.bn_length_bounds=[8]"],

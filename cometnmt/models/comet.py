@@ -56,6 +56,7 @@ with pooled statistics score 32.99 (scripts/bn_length_ablation.py, same report).
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -104,6 +105,8 @@ class CometConfig:
         for name in ("kernel_size", "ffn1_hidden", "ffn2_hidden"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{key(name)}: must be at least 1, got {getattr(self, name)}")
+        if not math.isfinite(self.leaky_slope):  # nan or inf: every unit's output nan, the loss nan from the first step
+            raise ConfigError(f"{key('leaky_slope')}: must be a finite number, got {self.leaky_slope}")
         if not self.decoder_batch_norm and self.decoder != "temporal_conv":
             raise ConfigError(f"{key('decoder_batch_norm')}: false only applies to a temporal-convolution decoder "
                               f"(model.comet.decoder: temporal_conv), got decoder {self.decoder!r}")
