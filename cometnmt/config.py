@@ -379,6 +379,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{text}' has no key")
     try:
         value = yaml_load(raw) if raw.strip() else ""
+        # ' #' starts a YAML comment: --set 'train.save_dir=runs/exp #3' trained into runs/exp, and
+        # data.multi30k_dir=#2 was null, without a word
+        node = yaml.compose(raw.strip(), Loader=_Loader) if raw.strip() else None
+        if raw.strip().startswith("#") or (node is not None and node.end_mark.index < len(raw.strip())):
+            raise ConfigError(f"override '{text}': ' #' starts a YAML comment, which would leave the value {value!r}; "
+                              f"quote the value to keep the '#' ({key}='{raw.strip()}')")
     except yaml.YAMLError as exc:  # was a traceback (train.lr=[1, train.betas={a: 1, a: 2})
         raise ConfigError(f"override '{text}': the value is not valid YAML: {' '.join(str(exc).split())}") from None
     if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):

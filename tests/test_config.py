@@ -413,3 +413,14 @@ def test_a_key_that_may_be_null_gets_the_hints_too():
                                           r"'8,11'; a list is written in brackets: \[8,11\]$"):
         load_config(REPO / "configs" / "tiny.yaml", ["model.comet.bn_length_bounds=8,11"])
     assert load_config(REPO / "configs" / "tiny.yaml", ["data.multi30k_dir='2024'"]).data.multi30k_dir == "2024"
+
+
+@pytest.mark.parametrize("override, left", [("train.save_dir=runs/exp #3", "'runs/exp'"), ("data.multi30k_dir=#2", "None"),
+                                            ("model.comet.features=[8, 4] # two", "[8, 4]")])
+def test_a_comment_in_an_override_is_refused(override, left):
+    """An override's value is YAML, where ' #' starts a comment: --set 'train.save_dir=runs/exp #3'
+    trained into runs/exp and data.multi30k_dir=#2 was null (the default folder), without a word."""
+    with pytest.raises(ConfigError, match=rf"^override '{re.escape(override)}': ' #' starts a YAML comment, which would "
+                                          rf"leave the value {re.escape(left)}; quote the value"):
+        load_config(REPO / "configs" / "tiny.yaml", [override])
+    assert load_config(REPO / "configs" / "tiny.yaml", ["train.save_dir='runs/exp #3'", "name=a#b"]).train.save_dir == "runs/exp #3"
