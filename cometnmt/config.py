@@ -214,15 +214,16 @@ def _list_hint(value: Any) -> str:
     return ""
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against type ``tp``; return it (int -> float allowed). Raise ConfigError."""
+def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
+    """Check ``value`` against type ``tp``; return it (int -> float allowed). Raise ConfigError.
+    ``build`` False: sections stay dicts (:func:`from_dict`)."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if value is None:  # an empty section ("data:" with nothing under it) keeps the defaults
             value = {}
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping of {tp.__name__} fields, got {value!r}")
-        return from_dict(tp, value, key)
+        return from_dict(tp, value, key, build)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -231,7 +232,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg, key)
+                return _coerce(value, arg, key, build)
             except ConfigError:
                 continue
         # the hints of the one type a null-or-X key takes (data.multi30k_dir=2024 had none, README promises it)
@@ -267,8 +268,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
 
 
-def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> Any:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types. ``build`` False
+    checks the keys and types only and returns the checked dict: a file or base may leave a
+    cross-key rule (model.comet.dilations, one per feature layer, say) for a child or an override to
+    meet, which the sections' own checks, run as they are built, would refuse."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -276,8 +280,8 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in hints:
             raise ConfigError(f"unknown config key '{dotted}'; allowed keys here: {', '.join(names)}")
-        kwargs[key] = _coerce(value, hints[key], dotted)
-    return cls(**kwargs)
+        kwargs[key] = _coerce(value, hints[key], dotted, build)
+    return cls(**kwargs) if build else kwargs
 
 
 def to_dict(cfg: Any) -> dict:
@@ -402,7 +406,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = _read_yaml(Path(path)) if path is not None else {}
     if path is not None:  # the file's own keys and types first, so an error there names the file
         try:
-            from_dict(Config, copy.deepcopy(data))
+            from_dict(Config, copy.deepcopy(data), build=False)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
     if isinstance(overrides, str):
@@ -463,7 +467,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: config key 'base' must be a file name, got {base!r}")
     if seen:  # a base: its own keys and types, so that an error names the file to edit, not the child
         try:
-            from_dict(Config, copy.deepcopy(data))
+            from_dict(Config, copy.deepcopy(data), build=False)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc} (the base of {seen[-1]})") from None
     if base is None:

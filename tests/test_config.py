@@ -424,3 +424,21 @@ def test_a_comment_in_an_override_is_refused(override, left):
                                           rf"leave the value {re.escape(left)}; quote the value"):
         load_config(REPO / "configs" / "tiny.yaml", [override])
     assert load_config(REPO / "configs" / "tiny.yaml", ["train.save_dir='runs/exp #3'", "name=a#b"]).train.save_dir == "runs/exp #3"
+
+
+def test_a_rule_across_keys_may_be_met_by_a_child_or_an_override(tmp_path):
+    """The file's (and each base's) keys were checked alone with the sections' cross-key rules, so
+    features of four layers in a file with --set model.comet.dilations=[1,2,3,4] were refused
+    ("one dilation ... per layer"), as was a base a child completes."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"base: {REPO / 'configs' / 'multi30k' / 'comet.yaml'}\nmodel:\n  comet:\n    features: [64, 32, 16, 8]\n",
+                    encoding="utf-8")
+    assert load_config(mine, ["model.comet.dilations=[1, 2, 3, 4]"]).model.comet.dilations == [1, 2, 3, 4]
+    child = tmp_path / "child.yaml"
+    child.write_text("base: mine.yaml\nmodel:\n  comet:\n    dilations: [1, 2, 3, 4]\n", encoding="utf-8")
+    assert load_config(child).model.comet.features == [64, 32, 16, 8]
+    with pytest.raises(ConfigError, match=r"'model.comet.dilations': one dilation of at least 1 per layer"):
+        load_config(mine)  # unmet, it is still refused
+    with pytest.raises(ConfigError, match=r"mine.yaml: config key 'model.comet.features\[1\]': expected an integer"):
+        mine.write_text("model:\n  comet:\n    features: [64, x]\n", encoding="utf-8")  # a type error still names the file
+        load_config(child)
