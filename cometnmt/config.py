@@ -36,28 +36,28 @@ from cometnmt.models.transformer_pp import TransformerPPConfig, check_config as 
 class DataConfig:
     """Where the parallel text comes from and how it becomes token ids."""
 
-    corpus: Literal["multi30k", "files"] = "multi30k"
-    multi30k_dir: Optional[str] = None  # None: $COMETNMT_MULTI30K_DIR, else download + verify
-    src_lang: str = "de"
-    tgt_lang: str = "en"
-    train_split: str = "train"
-    valid_split: str = "val"
-    test_split: str = "test_2016_flickr"
+    corpus: Literal["multi30k", "files"] = "multi30k"  # multi30k: task 1, splits by *_split; files: the *_src/*_tgt paths
+    multi30k_dir: Optional[str] = None  # folder of Multi30k's .gz files; null: $COMETNMT_MULTI30K_DIR, else download + verify
+    src_lang: str = "de"  # source language code (lowercased): spaCy's tokenizer language; multi30k: de, en or fr
+    tgt_lang: str = "en"  # target language code, as src_lang; also the paper metric's tokenizer language
+    train_split: str = "train"  # corpus multi30k: the split trained on (train, val or test_2016_flickr)
+    valid_split: str = "val"  # corpus multi30k: the split of validation loss and BLEU (train, val or test_2016_flickr)
+    test_split: str = "test_2016_flickr"  # corpus multi30k: the split of evaluate --split test (train, val or test_2016_flickr)
     # corpus: files -- explicit paths (plain or gzip UTF-8, one sentence per line)
-    train_src: Optional[str] = None  # corpus files: the training source file (each split's _src and _tgt set together)
-    train_tgt: Optional[str] = None
-    valid_src: Optional[str] = None
-    valid_tgt: Optional[str] = None
-    test_src: Optional[str] = None
-    test_tgt: Optional[str] = None
-    max_train_pairs: Optional[int] = None  # first N pairs only (smoke runs)
-    max_valid_pairs: Optional[int] = None
-    tokenizer: Literal["spacy", "sentencepiece"] = "spacy"
-    lowercase: bool = False
+    train_src: Optional[str] = None  # corpus files: the training source file, plain or gzip UTF-8 (each split's _src and _tgt set together)
+    train_tgt: Optional[str] = None  # corpus files: the training target file (required, with train_src)
+    valid_src: Optional[str] = None  # corpus files: the validation source file (required, with valid_tgt)
+    valid_tgt: Optional[str] = None  # corpus files: the validation target file (required, with valid_src)
+    test_src: Optional[str] = None  # corpus files: the test source file (optional, with test_tgt; evaluate --split test)
+    test_tgt: Optional[str] = None  # corpus files: the test target file (optional, with test_src)
+    max_train_pairs: Optional[int] = None  # first N non-empty training pairs only (smoke runs); null: all
+    max_valid_pairs: Optional[int] = None  # first N validation pairs only (validation loss and BLEU, --split valid); null: all
+    tokenizer: Literal["spacy", "sentencepiece"] = "spacy"  # spacy: spaCy's words (min_freq applies); sentencepiece: subwords (sp_*)
+    lowercase: bool = False  # lowercase both sides before tokenising (lowercase output; BLEU compares lowercased text)
     min_freq: int = 2  # word vocabularies (spacy): drop rarer tokens
     max_vocab: Optional[int] = None  # cap per language, the 4 special tokens included; most frequent kept
     sp_vocab_size: int = 8000  # sentencepiece: per language
-    sp_model_type: Literal["unigram", "bpe"] = "unigram"
+    sp_model_type: Literal["unigram", "bpe"] = "unigram"  # sentencepiece: the model's algorithm, unigram or bpe
     max_len: int = 100  # training pairs longer than this (tokens, either side) are skipped
     src_sos_eos: bool = False  # COMET Table 1 "source SOS/EOS": wrap source in <s> ... </s>
 
@@ -74,15 +74,15 @@ class DataConfig:
 class ModelConfig:
     """Shared Transformer-family sizes plus one section per architecture."""
 
-    arch: str = "transformer"
-    d_model: int = 256
-    n_heads: int = 8
-    enc_layers: int = 3
-    dec_layers: int = 3
-    d_ff: int = 2048
-    dropout: float = 0.1
+    arch: str = "transformer"  # transformer, comet, transformer_pp, convs2s or rnn (the last two read only their own section)
+    d_model: int = 256  # transformer, comet, transformer_pp: width of embeddings and every unit's output; a multiple of n_heads
+    n_heads: int = 8  # heads of every attention sublayer (transformer_pp self-attention: dot-product and convolution heads together)
+    enc_layers: int = 3  # encoder units (N)
+    dec_layers: int = 3  # decoder units
+    d_ff: int = 2048  # hidden size of FFN_2 (eq. 6): every unit (transformer, transformer_pp), comet's ffn decoder units
+    dropout: float = 0.1  # sublayer outputs, embeddings + positions (comet ffn1: its unit too; transformer_pp: see embed_dropout)
     attention_dropout: float = 0.0  # on attention probabilities (transformer, comet); 0 as in both papers
-    max_positions: int = 1024
+    max_positions: int = 1024  # sinusoidal position table: the longest source (src_sos_eos specials included) or target + BOS
     tie_embeddings: bool = False  # one matrix for target embeddings and output projection (Press & Wolf 2017): transformer, comet, transformer_pp
     comet: CometConfig = field(default_factory=CometConfig)
     convs2s: ConvS2SConfig = field(default_factory=ConvS2SConfig)
@@ -94,47 +94,47 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, stopping, checkpointing and logging."""
 
-    seed: int = 1
+    seed: int = 1  # seeds weight initialisation, the epochs' batch order and dropout masks; 0 to 2**63 - 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA; fp16 uses loss scaling
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # fp32; bf16, fp16: autocast (training, validation loss), fp16 with loss scaling
     compile: bool = False  # torch.compile the model (falls back to eager on failure)
     # torch.compile mode: reduce-overhead adds CUDA graphs (one recorded graph per batch shape; on the
     # CPU it compiles as default); max-autotune also searches kernels. Needs train.compile: true.
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"  # torch.compile mode (reduce-overhead = CUDA graphs)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"  # torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune(-no-cudagraphs)
     # CUDA: let scaled_dot_product_attention use its cuDNN kernels (PyTorch's default). On an H100 in
     # bf16 they cost a slow first call per new batch shape: COMET's first epoch ran at 7k target
     # tokens/s, later ones at 32-37k (bench/README.md). false = flash / memory-efficient kernels only.
     cudnn_attention: bool = True  # CUDA: attention may use cuDNN kernels (slow first call per batch shape on an H100)
-    num_threads: Optional[int] = None  # torch.set_num_threads on the CPU
-    max_epochs: int = 100
-    max_steps: Optional[int] = None  # optimizer steps; None = no limit. Stopping inside an epoch validates there (best.pt kept)
+    num_threads: Optional[int] = None  # torch.set_num_threads on the CPU; null: torch's default
+    max_epochs: int = 100  # train at most this many epochs (the stopping rule or max_steps may end sooner)
+    max_steps: Optional[int] = None  # optimizer steps; null: no limit. Stopping inside an epoch validates there (best.pt kept)
     batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side
-    batch_sentences: Optional[int] = None  # cap sentences per micro-batch (the paper: 10)
+    batch_sentences: Optional[int] = None  # cap sentences per micro-batch (the paper: 10); null: batch_tokens alone
     # Training batches are cut from sentences sorted by length in buckets this many tokens wide, so
     # 1 gives batches of one length (least padding) and a width above the longest sentence gives
     # batches of mixed lengths (more padding; batch-norm statistics then mix lengths as at test time).
     bucket_width: int = 1  # tokens per length bucket of training batches; large = mixed-length batches
     accum_steps: int = 1  # micro-batches per optimizer step
-    lr: float = 1e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    schedule: Literal["constant", "inverse_sqrt"] = "constant"
-    warmup_steps: int = 4000  # inverse_sqrt: linear warmup to lr, then lr * sqrt(warmup/step)
-    label_smoothing: float = 0.0
-    clip_norm: Optional[float] = 1.0
-    stopping: Literal["loss_rise", "bleu_patience", "none"] = "loss_rise"
+    lr: float = 1e-4  # Adam's learning rate (inverse_sqrt: the peak, reached at warmup_steps)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's beta1, beta2, each in [0, 1)
+    eps: float = 1e-9  # Adam's epsilon (added to the denominator)
+    weight_decay: float = 0.0  # Adam's L2 penalty, added to the gradients (torch.optim.Adam, not AdamW); 0: none
+    schedule: Literal["constant", "inverse_sqrt"] = "constant"  # constant: lr at every step (the paper); inverse_sqrt: see warmup_steps
+    warmup_steps: int = 4000  # inverse_sqrt: linear warmup to lr, then lr * sqrt(warmup/step); constant: unused
+    label_smoothing: float = 0.0  # eps in [0, 1), training loss only (validation loss and loss_rise: plain cross-entropy); 0: none
+    clip_norm: Optional[float] = 1.0  # max total L2 norm of the gradients (all parameters) at each step; 0 or null: no clipping
+    stopping: Literal["loss_rise", "bleu_patience", "none"] = "loss_rise"  # loss_rise, bleu_patience: see below; none: max_epochs/max_steps only
     loss_rise_epochs: int = 2  # paper: stop once validation loss rose this many epochs in a row
     patience: int = 5  # bleu_patience: epochs without a better validation BLEU
     valid_bleu: bool = True  # greedy-decode the validation set every epoch
-    valid_bleu_max_sentences: Optional[int] = None
+    valid_bleu_max_sentences: Optional[int] = None  # validation BLEU on the first N validation sentences only; null: all
     # at each validation, heatmaps of the first N validation sentences' attention (last decoder layer,
     # heads averaged, on the model's greedy translation) in save_dir/attention/; 0: none
     attention_plots: int = 0  # attention heatmaps of the first N validation sentences at each validation; 0: none
     log_every: int = 50  # optimizer steps between metrics-log lines
-    save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps
+    save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps; null: at epoch ends only
     keep_checkpoints: int = 0  # keep the last N epoch checkpoints for averaging
-    save_dir: str = "runs/default"
+    save_dir: str = "runs/default"  # checkpoints, metrics.jsonl, train.log, config.yaml (relative: to the current folder)
     progress: bool = True  # tqdm bar on stderr
 
 
@@ -149,7 +149,7 @@ class DecodeConfig:
     """Search used by `translate`, validation BLEU and evaluation."""
 
     method: Literal["greedy", "beam", "sample"] = "greedy"  # greedy, beam or sample (random sampling, e.g. for back-translation)
-    beam_size: int = 5
+    beam_size: int = 5  # method beam: hypotheses kept per sentence (at least nbest)
     length_penalty: float = 1.0  # GNMT alpha (0 to 10): score / ((5 + len) / 6) ** alpha
     length_norm: Literal["gnmt", "length"] = "gnmt"  # beam ranking with length_penalty as alpha: gnmt, as above; length: score / len ** alpha (fairseq's --lenpen)
     nbest: int = 1  # hypotheses per sentence: the beam's best, or independent samples (method sample)
@@ -159,15 +159,15 @@ class DecodeConfig:
     sampling_seed: Optional[int] = None  # sample: seed of each line's random stream (null: drawn from torch's global RNG)
     replace_unk: bool = False  # put the source word the decoder attends to most in place of each <unk> output (spacy tokenizer)
     max_len_a: float = 1.5  # output length bound: a * source tokens (without src_sos_eos specials) + b
-    max_len_b: int = 10
-    batch_sentences: int = 128
+    max_len_b: int = 10  # the b of max_len_a's bound (tokens, </s> included)
+    batch_sentences: int = 128  # source sentences per search batch, sorted by length (validation BLEU, translate, evaluate, logprob)
 
 
 @dataclass
 class Config:
     """A complete, self-describing run."""
 
-    name: str = "run"
+    name: str = "run"  # the run's label: cometnmt compare keeps and reports each config's runs under it
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -74,14 +74,14 @@ class CometConfig:
     """Hyper-parameters of the convolution unit (``model.comet.*``)."""
 
     features: list[int] = field(default_factory=lambda: [64, 32, 16])  # n_f of F1, F2, F3 (, F4)
-    dilations: list[int] = field(default_factory=lambda: [1, 2, 3])
-    kernel_size: int = 3
+    dilations: list[int] = field(default_factory=lambda: [1, 2, 3])  # dilation l of each layer's gated convolution, one per features entry
+    kernel_size: int = 3  # width of every gated convolution (encoder and temporal-conv decoder alike)
     unit: Literal["conv", "ffn1", "ffn2"] = "conv"  # conv: the convolution unit (section 3.1); ffn1, ffn2: Table 1's FFN-1, FFN-2 (section 5.3)
     ffn1_hidden: int = 512  # FFN-1: hidden size of the FFN_2 over concat(F1..F3)
     ffn2_hidden: int = 1024  # FFN-2: hidden size of the FFN_2 over concat(F1..F3, x)
-    leaky_slope: float = 0.01
-    batch_norm: bool = True
-    decoder: Literal["ffn", "temporal_conv"] = "ffn"  # temporal_conv: section 5.2
+    leaky_slope: float = 0.01  # negative slope of the leaky ReLU on the unit's output (conv, ffn1; ffn2 has none)
+    batch_norm: bool = True  # batch norm over real tokens after each gated convolution (encoder, temporal-conv decoder); false: none
+    decoder: Literal["ffn", "temporal_conv"] = "ffn"  # ffn: FFN_2 (model.d_ff); temporal_conv: causal convolution units (section 5.2)
     # The temporal-convolution decoder's batch norm (the paper keeps it: "all other features
     # identical"). False: its convolutions only zero padding, no normalisation. Its statistics depend
     # on length, and in training they come from the batch's teacher-forced targets, later and other
@@ -90,10 +90,10 @@ class CometConfig:
     # Encoder batch norm: running statistics per source-length bucket (not in the paper; see the
     # module docstring). Inclusive upper bounds on a sentence's real source positions, ascending,
     # e.g. [8, 11, 14, 18]: buckets <= 8, 9-11, 12-14, 15-18, > 18. None: one set of statistics.
-    bn_length_bounds: Optional[list[int]] = None  # per-length encoder BN statistics (not in the paper), e.g. [8, 11, 14, 18]
+    bn_length_bounds: Optional[list[int]] = None  # per-length encoder BN statistics (not in the paper), e.g. [8, 11, 14, 18]; null: one set
     # The temporal-convolution decoder's batch norm, per source-length bucket (not in the paper; the
     # same bounds' meaning, on the source sentence's real positions). None: one set of statistics.
-    decoder_bn_length_bounds: Optional[list[int]] = None  # per-source-length decoder BN statistics (not in the paper)
+    decoder_bn_length_bounds: Optional[list[int]] = None  # per-source-length decoder BN statistics (not in the paper); null: one set
 
     def __post_init__(self) -> None:
         key = "config key 'model.comet.{}'".format

@@ -72,10 +72,10 @@ class ConvS2SConfig:
     """
 
     embed_dim: int = 256  # f: token/position embeddings, attention keys and values
-    enc_layers: list[list[int]] = field(default_factory=lambda: [[512, 3, 10]])
-    dec_layers: list[list[int]] = field(default_factory=lambda: [[512, 3, 10]])
+    enc_layers: list[list[int]] = field(default_factory=lambda: [[512, 3, 10]])  # [channels, kernel_width(, repeat)] entries, in order
+    dec_layers: list[list[int]] = field(default_factory=lambda: [[512, 3, 10]])  # as enc_layers; every decoder layer attends
     out_embed_dim: int = 256  # decoder output before the vocabulary projection
-    dropout: float = 0.25
+    dropout: float = 0.25  # on embeddings, each convolution's input and the decoder output before out_proj
     max_positions: int = 1024  # learned position embeddings: longest sentence + 1 (target BOS)
     scale_encoder_grad: bool = True  # encoder gradient / (2 * decoder attention layers)
 

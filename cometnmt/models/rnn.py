@@ -46,15 +46,15 @@ from cometnmt.modules.output import VocabProjection
 class RNNConfig:
     """Hyper-parameters of the RNN encoder-decoder (``model.rnn.*``). Defaults: the Multi30k preset."""
 
-    cell: Literal["gru", "lstm"] = "gru"
-    embed_dim: int = 256
+    cell: Literal["gru", "lstm"] = "gru"  # gru or lstm, encoder and decoder
+    embed_dim: int = 256  # source and target token embeddings
     hidden_size: int = 512  # decoder state and encoder annotation size (hidden_size/2 per direction)
-    enc_layers: int = 1
-    dec_layers: int = 1
-    attention: Literal["dot", "scaled_dot", "general", "additive"] = "additive"
-    dropout: float = 0.3
-    input_feeding: bool = True
-    bridge: bool = True  # False: the decoder starts from zeros
+    enc_layers: int = 1  # stacked bidirectional encoder layers
+    dec_layers: int = 1  # stacked decoder cells
+    attention: Literal["dot", "scaled_dot", "general", "additive"] = "additive"  # score: dot, scaled_dot, general (Luong) or additive (Bahdanau)
+    dropout: float = 0.3  # on embeddings, between stacked layers and on the attentional vector before out_proj
+    input_feeding: bool = True  # the previous attentional vector joins the decoder input (Luong); false: the embedding alone
+    bridge: bool = True  # the decoder starts from tanh(W_b [encoder final states]); false: from zeros
 
     def __post_init__(self) -> None:
         for name in ("embed_dim", "hidden_size", "enc_layers", "dec_layers"):

@@ -110,17 +110,17 @@ class TransformerPPConfig:
 
     kernel_sizes: list[int] = field(default_factory=lambda: [3, 5, 7, 11, 15])  # F of unit i (enc and dec)
     dilations: list[int] = field(default_factory=lambda: [1, 1, 1, 1, 1])  # dilation of unit i
-    conv_heads: Optional[int] = None  # convolution heads per unit; None = n_heads // 2 (the paper)
+    conv_heads: Optional[int] = None  # convolution heads per unit; null: n_heads // 2 (the paper)
     weight_dropout: float = 0.1  # DropConnect on softmax(W_A)
     attention_dropout: float = 0.0  # dropout on attention probabilities
-    embed_dropout: Optional[float] = None  # token-embedding dropout; None = model.dropout
-    tasks: list[Literal["pos", "ner"]] = field(default_factory=lambda: ["pos", "ner"])  # [] = translation only
+    embed_dropout: Optional[float] = None  # dropout on embeddings + positions; null: model.dropout
+    tasks: list[Literal["pos", "ner"]] = field(default_factory=lambda: ["pos", "ner"])  # auxiliary tagging tasks, pos and/or ner; [] = translation only
     pos_weight: float = 1.0  # weight of the POS loss (encoder unit 1)
     ner_weight: float = 1.0  # weight of the NER loss (encoder unit 2)
     pos_tagger: str = "auto"  # auto | spacy:<installed pipeline> | hanta
     ner_tagger: str = "auto"  # auto | spacy:<installed pipeline>
     ner_types: list[str] = field(default_factory=lambda: list(ONTONOTES_TYPES))  # entity types (BIO labels)
-    tag_cache_dir: Optional[str] = None  # annotations cache; None = $COMETNMT_CACHE/tags, else $XDG_CACHE_HOME (~/.cache)/cometnmt/tags
+    tag_cache_dir: Optional[str] = None  # annotations cache; null: $COMETNMT_CACHE/tags, else $XDG_CACHE_HOME (~/.cache)/cometnmt/tags
 
 
 class ConvAttention(nn.Module):
