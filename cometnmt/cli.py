@@ -166,6 +166,9 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
     return 0
 
 
+_NBEST_LINE = re.compile(r"\d+\t[-+0-9.eEinfINFa]+\t")  # translate --nbest: index, score, text
+
+
 def _read_nbest(path: str, n_sources: int) -> tuple[list[int], list[str]]:
     """``translate --nbest`` output (index, score, text; tab-separated) -> source indices and texts."""
     from cometnmt.data.corpus import read_lines
@@ -194,6 +197,9 @@ def _logprob_pairs(args) -> tuple[list[str], list[str], list[int]]:
         if len(targets) != len(sources):
             raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; "
                             "they must be line-aligned (or give --nbest-input for translate --nbest output)")
+        if targets and all(_NBEST_LINE.match(t) for t in targets):  # translate --nbest 1's columns were scored as words
+            raise DataError(f"{args.target}: every line is 'index<TAB>score<TAB>text', translate --nbest output; "
+                            "give --nbest-input to rescore it (or the translations alone: cut -f3)")
         index = list(range(len(sources)))
     return [sources[i] for i in index], targets, index
 
@@ -304,9 +310,6 @@ def cmd_attention(args) -> int:
     print(f"{len(maps)} pair{'s' * (len(maps) != 1)}: {out / 'attention.jsonl'}; "
           f"{len(shown)} heatmap{'s' * (len(shown) != 1)} {out}/line_*.png", file=sys.stderr)
     return 0
-
-
-_NBEST_LINE = re.compile(r"\d+\t[-+0-9.eEinfINFa]+\t")  # translate --nbest: index, score, text
 
 
 def cmd_evaluate(args) -> int:
