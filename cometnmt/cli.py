@@ -285,6 +285,9 @@ def cmd_attention(args) -> int:
     targets = read_lines(args.target) if args.target else None
     if targets is not None and len(targets) != len(sources):
         raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; they must be line-aligned")
+    if targets and all(_NBEST_LINE.match(t) for t in targets):  # translate --nbest 1's columns were attended as words
+        raise DataError(f"{args.target}: every line is 'index<TAB>score<TAB>text', translate --nbest output; "
+                        "give the translations alone (cut -f3 of --nbest 1's lines)")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     try:
         maps = translator.attention(sources, targets, layer=args.layer, batch_size=args.batch_sentences, progress=True,

@@ -500,6 +500,19 @@ def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):
     assert "t.en has 1 lines but" in _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(own), check=False))
 
 
+
+def test_attention_refuses_translate_nbest_columns_as_targets(trained, cli, tmp_path):
+    """attention -t with translate --nbest 1 output attended with the index and score as the
+    first target tokens ('0', '-1.2500', then the translation): rows and labels of words no
+    translation holds, exit 0."""
+    ckpt = str(trained / "best.pt")
+    src, tgt, out = tmp_path / "s.de", tmp_path / "t.en", tmp_path / "att"
+    src.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
+    tgt.write_text("0\t-1.2500\tA dog.\n1\t-0.5000\tTwo cats.\n", encoding="utf-8")
+    err = _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(out), check=False))
+    assert f"{tgt}: every line is 'index<TAB>score<TAB>text'" in err and "Traceback" not in err
+    assert not (out / "attention.jsonl").exists()
+
 def test_attention_of_blank_lines_and_a_rerun_into_the_same_folder(trained, cli, tmp_path):
     """Without -t, a blank or whitespace-only line was decoded ('<unk>' x 11 where translate leaves
     it blank); its translation is now empty (</s> alone). A rerun into the same --out with fewer
