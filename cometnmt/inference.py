@@ -173,6 +173,16 @@ def _check_search_settings(name, beam, nbest, length_penalty, batch_sentences) -
         raise ConfigError(f"{name('length_penalty', length_penalty)}: {problem}")
 
 
+def check_batch_size(batch_size, flags: bool = False) -> int | None:
+    """A ``batch_size`` (sentences per batch; None: the decode config's) as forced decoding and
+    attention take it, checked as :func:`decode_config` checks translate's: -1 made no batches,
+    so ``log_prob`` returned 0.0 for every pair and ``attention`` None for every map, and 0 was
+    taken for the default. Returns it as a Python int."""
+    batch_size = plain_number(batch_size)
+    _check_search_settings(lambda option, value: setting(option, value, flags), None, None, None, batch_size)
+    return batch_size
+
+
 def _check_sampling_settings(name, sampling, topk, topp, temperature, seed) -> None:
     if sampling is not None and not isinstance(sampling, bool):
         raise ConfigError(f"{name('sampling', repr(sampling))}: must be true or false")
@@ -395,6 +405,7 @@ class Translator:
         </s>), in input order; batches of ``batch_size`` sentences (default the decode config's)."""
         if len(src_ids) != len(tgt_ids):
             raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets")
+        batch_size = check_batch_size(batch_size)
         self._check_positions(src_ids, "source", "source", 0)
         self._check_positions(tgt_ids, "target", "target", 1)
         out = [0.0] * len(src_ids)
@@ -426,6 +437,7 @@ class Translator:
             raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
         _check_sentences(sources)
         _check_sentences(targets)
+        check_batch_size(batch_size)
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
         tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
         scores = self.log_prob_ids(src_ids, tgt_ids, batch_size, progress)
@@ -444,6 +456,7 @@ class Translator:
         _check_sentences(sources)
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
         self._check_attention_layer(layer, flags)
+        check_batch_size(batch_size, flags)  # before the model's own translations are decoded
         if targets is None:  # a blank line's translation is empty, as translate() leaves it, not decoded
             tgt_ids = self._best_ids(src_ids, progress, skip=[not text.strip() for text in sources])
         else:
@@ -478,6 +491,7 @@ class Translator:
         """:meth:`attention` of already-indexed sentences (targets: None for the model's own)."""
         layer = plain_number(layer)  # AttentionMap.layer a Python int, for json.dumps
         layers = self._check_attention_layer(layer, flags)
+        batch_size = check_batch_size(batch_size, flags)
         if tgt_ids is None:
             tgt_ids = self._best_ids(src_ids, progress)
         self._check_positions(src_ids, "source", "source", 0)

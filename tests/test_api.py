@@ -712,6 +712,22 @@ def test_log_prob_is_forced_decoding(run_dir, translator):
         translator.log_prob(["Ein Hund.", "Ein Hund."], ["A dog.", " ".join(["dog"] * 1100)])
 
 
+def test_log_prob_and_attention_check_their_batch_size(translator):
+    """batch_size=-1 made no batches: log_prob returned 0.0 for every pair, attention None for
+    every map; 0 was taken for the default. Refused by name, as translate refuses it."""
+    for bad, message in ((-1, "batch_size=-1: must be at least 1"), (0, "batch_size=0: must be at least 1"),
+                         (2.5, "batch_size=2.5: must be an integer")):
+        with pytest.raises(cometnmt.ConfigError, match=re.escape(message)):
+            translator.log_prob(["Ein Hund."], ["A dog."], batch_size=bad)
+        with pytest.raises(cometnmt.ConfigError, match=re.escape(message)):
+            translator.attention(["Ein Hund."], ["A dog."], batch_size=bad)
+        with pytest.raises(cometnmt.ConfigError, match=re.escape(message)):
+            translator.attention(["Ein Hund."], batch_size=bad)
+    with pytest.raises(cometnmt.ConfigError, match=re.escape("--batch-size -1: must be at least 1")):
+        translator.attention(["Ein Hund."], batch_size=-1, flags=True)
+    assert translator.log_prob(["Ein Hund."], ["A dog."], batch_size=1)[0].log_prob < 0
+
+
 def test_log_prob_of_translations_is_their_search_score(translator):
     """Forced decoding of translate's own n-best texts (detokenised, then tokenised again, as
     logprob --nbest-input reads them) gives beam search's scores (length penalty 0), for
