@@ -120,6 +120,7 @@ def cmd_translate(args) -> int:
                                   "is a checkpoint of an ensemble)") from None
         raise
     decode = _decode_cfg(translator.cfg.decode, args)
+    translator._check_replace_unk(decode, flags=True)  # named as the flag given, before any input is read
     columns = args.nbest is not None or decode.nbest > 1  # an explicit --nbest 1 too, as logprob --nbest-input reads
     if interactive:
         return _translate_interactively(translator, decode, columns)

@@ -651,6 +651,28 @@ def test_missing_data_file_names_the_config_key(cli, tmp_path):
     assert "config key 'data.train_src': nope.de: file not found" in err and "current folder" in err
 
 
+def test_translate_names_replace_unk_as_the_flag_given(trained, monkeypatch, capsys):
+    """translate --replace-unk on a SentencePiece model named 'decode.replace_unk', a config key
+    the checkpoint has false, where evaluate --checkpoint and serve name '--replace-unk'."""
+    import copy
+    import types
+
+    from cometnmt import cli
+    from cometnmt.inference import Translator
+
+    load = Translator.from_checkpoint
+
+    def pieces(*args, **kwargs):  # the tiny model with a SentencePiece target side, as far as the check looks
+        translator = load(*args, **kwargs)
+        translator.codec = copy.deepcopy(translator.codec)
+        translator.codec.tgt_tok = types.SimpleNamespace(kind="sentencepiece")
+        return translator
+
+    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(pieces))
+    code = cli.main(["translate", str(trained / "best.pt"), "--replace-unk", "--device", "cpu", "-i", "/dev/null"])
+    assert code == 2 and capsys.readouterr().err.startswith("cometnmt: error: --replace-unk: copies source words")
+
+
 def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     from cometnmt import cli
 
