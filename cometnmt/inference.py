@@ -15,6 +15,7 @@ import torch
 from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
                              length_penalty_problem, positions_key, temperature_problem, to_dict)
 from cometnmt.data.batching import collate
+from cometnmt.data.corpus import read_lines
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
@@ -625,5 +626,18 @@ class Translator:
         try:
             results = self.translate(src, decode_cfg, progress)
         except DataError as exc:  # name the file ("input line 3: ..." alone names no file)
-            raise DataError(f"{corpus.src_path}: {exc}") from None
+            raise DataError(f"{corpus.src_path}: {_file_line(exc, corpus)}") from None
         return SplitTranslation(src, refs, [h[0].text for h in results])
+
+
+def _file_line(exc: DataError, corpus) -> str:
+    """``exc``'s "input line N: ..." with N the line of the split's file: the training split skips
+    blank pairs (``read_parallel``), after which N counted the pairs kept and named another line
+    (one skipped pair before it: the line above)."""
+    message = str(exc)
+    match = re.match(r"input line (\d+):", message)
+    if not corpus.skipped or match is None:
+        return message
+    kept = [number for number, (s, t) in enumerate(zip(read_lines(corpus.src_path), read_lines(corpus.tgt_path)), 1)
+            if s.strip() and t.strip()]
+    return f"input line {kept[int(match.group(1)) - 1]}:{message[match.end():]}"

@@ -288,6 +288,13 @@ def test_a_bad_line_of_a_split_names_its_file(translator, tmp_path):
         ours.translate_split("test")
     src.write_text("Ein Hund.\nEine\rKatze.\n", encoding="utf-8", newline="")
     assert ours.translate_split("test").hyps == translator(["Ein Hund.", "Eine Katze."])
+    # the training split skips blank pairs: its lines were counted after them ("input line 2" for line 3)
+    ours.cfg = dataclasses.replace(ours.cfg, data=dataclasses.replace(
+        ours.cfg.data, train_src=str(src), train_tgt=str(tgt), max_train_pairs=None))
+    src.write_text(f"Ein Hund.\n\n{' '.join(['Hund'] * 1100)}\n", encoding="utf-8")
+    tgt.write_text("A dog.\nA cat.\nA dog.\n", encoding="utf-8")
+    with pytest.raises(cometnmt.DataError, match=rf"^{re.escape(str(src))}: input line 3: 1100 source tokens"):
+        ours.translate_split("train")
 
 
 def test_a_translation_is_one_line(translator, monkeypatch):
