@@ -487,7 +487,11 @@ def validate(cfg: Config) -> None:
 
     if cfg.model.arch not in REGISTRY:
         raise ConfigError(f"config key 'model.arch': {cfg.model.arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}")
-    sizes = {f"model.{key}": getattr(cfg.model, key) for key in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "max_positions")}
+    # the shared Transformer sizes only where the architecture reads them: ConvS2S and the RNN take
+    # theirs from their own sections, and a ConvS2S config with model.n_heads: 7 was refused
+    shared = cfg.model.arch in TIED_ARCHS
+    sizes = {f"model.{key}": getattr(cfg.model, key) for key in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "max_positions")
+             if shared}
     for key, value in sizes.items():
         if value < 1:
             raise ConfigError(f"config key '{key}': must be at least 1, got {value}")
@@ -506,9 +510,9 @@ def validate(cfg: Config) -> None:
     if cfg.train.clip_norm is not None and not (math.isfinite(cfg.train.clip_norm) and cfg.train.clip_norm >= 0):
         raise ConfigError(f"config key 'train.clip_norm': must be a finite number at least 0 (0 or null: no clipping), "
                           f"got {cfg.train.clip_norm}")
-    if cfg.model.d_model % cfg.model.n_heads:
+    if shared and cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}")
-    if not 0.0 <= cfg.model.dropout < 1.0:
+    if shared and not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)")
     if not 0.0 <= cfg.model.attention_dropout < 1.0:
         raise ConfigError(f"config key 'model.attention_dropout': {cfg.model.attention_dropout} must be in [0, 1)")

@@ -453,3 +453,16 @@ def test_a_rule_across_keys_may_be_met_by_a_child_or_an_override(tmp_path):
     with pytest.raises(ConfigError, match=r"mine.yaml: config key 'model.comet.features\[1\]': expected an integer"):
         mine.write_text("model:\n  comet:\n    features: [64, x]\n", encoding="utf-8")  # a type error still names the file
         load_config(child)
+
+
+def test_shared_transformer_sizes_are_checked_only_where_read():
+    """ConvS2S and the RNN never read model.d_model, n_heads, dropout or the other shared sizes, yet
+    a ConvS2S config with model.n_heads: 7 (not dividing d_model) was refused."""
+    for arch in ("convs2s", "rnn"):
+        cfg = load_config(None, [f"model.arch={arch}", "model.n_heads=7", "model.d_ff=0", "model.dropout=1.0"])
+        assert cfg.model.n_heads == 7
+    for arch in ("transformer", "comet", "transformer_pp"):
+        with pytest.raises(ConfigError, match="'model.n_heads': 7 does not divide"):
+            load_config(None, [f"model.arch={arch}", "model.n_heads=7"])
+        with pytest.raises(ConfigError, match="'model.d_ff': must be at least 1"):
+            load_config(None, [f"model.arch={arch}", "model.d_ff=0"])
