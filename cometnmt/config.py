@@ -590,10 +590,26 @@ def validate(cfg: Config) -> None:
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
                           f"got {cfg.data.max_vocab}")
+    _check_max_len(cfg)
     check_decode(cfg.decode)
     if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
         check_transformer_pp(cfg.model)
     _check_split_files(cfg.data)
+
+
+def _check_max_len(cfg: Config) -> None:
+    """A training pair may have ``data.max_len`` tokens a side, plus <s> </s> around the source with
+    ``data.src_sos_eos`` and the target's BOS: all must fit the architecture's position table (none
+    for the RNN). Checked at load, as train's own check (which remains for --init-from's tables)
+    came only after the corpus was read and, for Transformer++, tagged."""
+    if cfg.model.arch == "rnn":
+        return
+    limit = cfg.model.convs2s.max_positions if cfg.model.arch == "convs2s" else cfg.model.max_positions
+    extra = 2 if cfg.data.src_sos_eos else 1
+    if cfg.data.max_len + extra > limit:
+        raise ConfigError(f"config keys 'data.max_len' and '{positions_key(cfg.model)}': {cfg.data.max_len} tokens "
+                          f"(+{extra} for {'<s> </s> around sources' if extra == 2 else 'the target BOS'}) exceed the "
+                          f"model's {limit} positions; lower data.max_len or raise {positions_key(cfg.model)}")
 
 
 DATA_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")  # data keys naming files

@@ -424,7 +424,7 @@ def test_data_that_cannot_train_is_refused_before_training(tmp_path, data_dir):
     files = _files(tmp_path, data_dir)
     with pytest.raises(cometnmt.DataError, match=r"train.de: no training pairs left of 60 read \(.*data.max_len=1"):
         cometnmt.train(tiny_train_cfg(tmp_path / "a", data_dir, *files, "data.max_len=1"))
-    with pytest.raises(cometnmt.ConfigError, match=r"'data.max_len': 30 tokens \(\+2 for <s> </s> around sources\) exceed the model's 31"):
+    with pytest.raises(cometnmt.ConfigError, match=r"'data.max_len' and 'model.max_positions': 30 tokens \(\+2 for <s> </s> around sources\) exceed the model's 31"):
         cometnmt.train(tiny_train_cfg(tmp_path / "b", data_dir, *files, "data.max_len=30", "data.src_sos_eos=true",
                                       "model.max_positions=31"))
     long_line = " ".join(["Hund"] * 40)

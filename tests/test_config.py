@@ -466,3 +466,17 @@ def test_shared_transformer_sizes_are_checked_only_where_read():
             load_config(None, [f"model.arch={arch}", "model.n_heads=7"])
         with pytest.raises(ConfigError, match="'model.d_ff': must be at least 1"):
             load_config(None, [f"model.arch={arch}", "model.d_ff=0"])
+
+
+def test_max_len_beyond_the_position_table_is_refused_at_load():
+    """data.max_len (+2 for <s> </s> with data.src_sos_eos, else +1 for the target BOS) above the
+    position table was refused only when training had read (and for Transformer++ tagged) the corpus."""
+    with pytest.raises(ConfigError, match=r"'data.max_len' and 'model.max_positions': 64 tokens \(\+1 .*64 positions"):
+        load_config(None, ["data.max_len=64", "model.max_positions=64"])
+    assert load_config(None, ["data.max_len=63", "model.max_positions=64"]).data.max_len == 63
+    with pytest.raises(ConfigError, match=r"'data.max_len' and 'model.max_positions': 63 tokens \(\+2"):
+        load_config(None, ["data.max_len=63", "model.max_positions=64", "data.src_sos_eos=true"])
+    with pytest.raises(ConfigError, match="'data.max_len' and 'model.convs2s.max_positions'"):
+        load_config(None, ["model.arch=convs2s", "data.max_len=64", "model.convs2s.max_positions=64"])
+    assert load_config(None, ["model.arch=convs2s", "data.max_len=64", "model.max_positions=8"]).data.max_len == 64
+    assert load_config(None, ["model.arch=rnn", "data.max_len=5000"]).data.max_len == 5000
