@@ -87,6 +87,13 @@ def _systems(args) -> list[tuple[str, Path]]:
                 raise CometNMTError(f"--metrics paper: {path}: {exc}") from None
     systems = [(cfg.name, Path(path)) for cfg, path in zip(configs, args.configs)]
     names = [name for name, _ in systems]
+    for name, path in systems:
+        # runs are kept in OUT/runs/NAME/seedS: such a name wrote outside the report ('../x', '/tmp/x'),
+        # under another system's folder ('a/b') or into OUT/runs or OUT itself ('', '.', '..'). Checked
+        # here, not when any config loads: a checkpoint trained under such a name still translates.
+        if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+            raise CometNMTError(f"{path}: config key 'name': {name!r} is not a plain folder name (compare keeps runs "
+                                f"under OUT/runs/NAME); give a non-empty name without '/', '\\' or a leading '.'")
     for name in names:
         if names.count(name) > 1:
             same = [str(p) for n, p in systems if n == name]

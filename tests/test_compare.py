@@ -86,6 +86,22 @@ def test_compare_rejects_bad_invocations(cli, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="makes training fail by asking for CUDA where there is none")
+def test_a_name_that_is_not_one_folder_name_is_refused_before_anything_trains(cli, tmp_path):
+    """compare keeps a config's runs in OUT/runs/NAME/seedS, and name was not checked: '../x' put
+    them outside the report folder, 'a/b' under another name's folder, '.hidden' in a hidden one.
+    A config loads with such a name (a checkpoint trained under it still translates); compare
+    refuses it, naming the file and the key."""
+    from cometnmt.config import load_config
+
+    out = tmp_path / "report"
+    for name in ("../x", "a/b", ".hidden"):
+        proc = cli("compare", *PRESETS, "--out", str(out), "--set", f"name={name}", "--deadline", "0", check=False)
+        assert proc.returncode == 2 and f"config key 'name': {name!r} is not a plain folder name" in proc.stderr
+        assert PRESETS[0] in proc.stderr
+        assert load_config(None, [f"name={name}"]).name == name
+    assert not (tmp_path / "x").exists() and not (out / "runs").exists()
+
+
 def test_compare_reports_failed_runs_and_exits_1(cli, tmp_path):
     out = tmp_path / "fail"
     proc = cli("compare", *PRESETS, "--seeds", "1", "--out", str(out), "--device", "cuda", *_tiny(tmp_path), check=False)
