@@ -141,7 +141,7 @@ class TrainConfig:
 COMPILE_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])  # train.compile_mode's choices
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the ones that replay CUDA graphs (on CUDA)
 SEED_LIMIT = 2**63  # seeds are 63-bit: torch.manual_seed refuses 2**64 and above
-TIED_ARCHS = ("transformer", "comet", "transformer_pp")  # those with model.tie_embeddings
+TIED_ARCHS = ("transformer", "comet", "transformer_pp")  # the Transformer family: they read the shared sizes (model.d_model, ...) and may tie embeddings
 
 
 @dataclass

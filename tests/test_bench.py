@@ -25,6 +25,16 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def _script(name: str):
+    """bench/NAME (a script, not a package module) imported for its functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name.removesuffix('.py')}", REPO / "bench" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
     out = tmp_path / "cpu.json"
     proc = run("bench.py", "--steps", "2", "--warmup", "1", "--rounds", "2", "--decode-sentences", "8",
@@ -53,13 +63,9 @@ def test_gpu_step_times_come_from_cuda_events_so_the_median_is_one(monkeypatch):
     columns of bench/results/gpu_h100/2026-11-23/bf16.json). Now a CUDA event is recorded before
     and after each step and read after the loop's synchronisation. Checked here with stand-in
     events that report one slow step among fast ones: the median is the fast steps' time."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("bench.py")
     clock = iter([0.0, 0.1, 0.1, 1.1, 1.1, 1.2])  # seconds on the GPU stream: steps of 0.1, 1.0 and 0.1 s
 
     class Event:
@@ -131,15 +137,12 @@ def test_each_checkpoint_replaces_the_model_it_was_trained_as(tmp_path):
     of their architecture; one that matches none, or a second for one entry, stops the bench
     (before: filed by architecture and looked up by preset name, so a comet_bn_length checkpoint
     left comet_bn_length a random-init model without a word)."""
-    import importlib.util
 
     import torch
 
     from cometnmt.training.checkpoint import FORMAT_VERSION
 
-    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("bench.py")
 
     def ckpt(file: str, name: str, arch: str) -> str:
         torch.save({"format_version": FORMAT_VERSION, "config": {"name": name, "model": {"arch": arch}}, "codec": {},
@@ -161,16 +164,13 @@ def test_beam_search_ranks_as_the_config_says(monkeypatch):
     checkpoint trained with ``length_norm: length`` (configs/iwslt/convs2s_iwslt.yaml) was decoded
     with GNMT's penalty instead."""
     import argparse
-    import importlib.util
 
     import torch
 
     from cometnmt.data.pipeline import Examples
     from cometnmt.data.vocab import PAD
 
-    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("bench.py")
     cfg = bench.load_config(bench.PRESETS / "transformer.yaml", ["model.d_model=16", "model.n_heads=2", "model.d_ff=32",
                                                                 "model.enc_layers=1", "model.dec_layers=1",
                                                                 "decode.length_norm=length"])
@@ -196,16 +196,13 @@ def test_decoding_bound_counts_source_words_not_sos_eos():
     model decoded 2 tokens a sentence more than the others (1.0 * S + 2 became S + 4), unlike
     ``cometnmt translate`` and the README's like-with-like comparison."""
     import argparse
-    import importlib.util
 
     import torch
 
     from cometnmt.data.pipeline import Examples
     from cometnmt.data.vocab import BOS, EOS, PAD
 
-    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("bench.py")
     words = [[5, 6, 7], [8, 9]]
     args = argparse.Namespace(decode_sentences=None, beam=2)
     lengths = {}
@@ -233,14 +230,11 @@ def test_flop_count_equals_the_transformer_written_out():
     same formula gives the bench's 116,741,099,520 exactly. (FlopCounterMode around a real CPU step
     reports 6% less: it does not see inside the custom operator cometnmt::blocked_linear, the CPU
     output layer's forward; the meta copy takes F.linear.)"""
-    import importlib.util
     import random
 
     from cometnmt.data.pipeline import Examples
 
-    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("bench.py")
     cfg = bench.load_config(bench.PRESETS / "transformer.yaml", ["model.d_model=32", "model.n_heads=2", "model.d_ff=64"])
     rng = random.Random(0)
     src = [[rng.randrange(4, 50) for _ in range(rng.randrange(3, 9))] for _ in range(6)]
@@ -267,11 +261,7 @@ def test_stress_resume_exits_1_when_a_trial_fails(monkeypatch, tmp_path, failing
     """bench/stress_resume.py printed "N trials, K failing" and exited 0 whatever K was, so a script
     or CI job running it passed with failing trials. Trials and references stubbed (a real trial
     trains for about a minute): exit 1 when one of two trials failed, else 0."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("stress_script", REPO / "bench" / "stress_resume.py")
-    stress = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stress)
+    stress = _script("stress_resume.py")
     monkeypatch.setattr(stress, "run_reference", lambda name, out: {"steps": 1, "epoch_end_steps": [1], "wall": 0.0})
     monkeypatch.setattr(stress, "trial", lambda i, seed, out, refs, configs: {
         "trial": i, "config": "tf", "attempts": [], "problems": ["differs"] if i < failing else []})
