@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "its share of the timed steps in every round (order alternating), and report the median of the "
                         "per-round ratios; a machine whose speed drifts between the models' runs (seen on the GPU "
                         "host: 0.48-1.04 for the same line) slows both alike within a round (default: 8 with --gpu, "
-                        "else 0 = off)")
+                        "at most --steps; else 0 = off)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="training precision (default: the preset's)")
     p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    help="train.compile=true with this train.compile_mode (default: default; reduce-overhead = CUDA "
@@ -117,7 +117,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-cache", type=Path, help="JSON(.gz) of the encoded corpus: read if present, else written (skips spaCy next time)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="JSON results (default bench/results/cpu.json or gpu.json)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # checked here, before anything trains: the rounds run after the per-model runs, and a refusal there
+    # lost their results (``--gpu --steps 4`` trained both models, then stopped with "--rounds 8 exceeds
+    # --steps 4", a flag nobody had given, and wrote no JSON)
+    if args.rounds is None:
+        args.rounds = min(8, args.steps) if args.gpu else 0
+    elif args.rounds < 0 or args.rounds > args.steps:
+        p.error(f"--rounds {args.rounds} must be between 0 and --steps {args.steps} (a round runs at least one "
+                "timed step of each model)")
+    return args
 
 
 # -- machine -----------------------------------------------------------------------------------
@@ -823,8 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     res["matmul_start"] = measure_matmul(device, args.precision or "fp32")
     data_cache: dict = {}
     res["models"] = []
-    rounds = (8 if args.gpu else 0) if args.rounds is None else args.rounds
-    args.rounds = rounds
+    rounds = args.rounds  # parse_args: the default filled in, checked against --steps
     both = "transformer" in args.models and "comet" in args.models
     turns = None
     with tempfile.TemporaryDirectory(prefix="cometnmt-bench-") as tmp:

@@ -57,6 +57,20 @@ def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
     assert "COMET/Transformer training tokens/s" in proc.stdout
 
 
+def test_rounds_default_fits_the_steps_and_a_bad_rounds_stops_before_training(capsys):
+    """``bench.py --gpu --steps 4`` trained and timed both models, then stopped in the rounds with
+    "--rounds 8 exceeds --steps 4": a flag nobody had given (its GPU default), and no JSON written.
+    The default is now 8 rounds or --steps if fewer, and a --rounds the steps cannot fill is refused
+    by the argument parser, naming both flags, before anything trains."""
+    bench = _script("bench.py")
+    assert bench.parse_args(["--gpu", "--steps", "4"]).rounds == 4
+    assert bench.parse_args(["--gpu"]).rounds == 8 and bench.parse_args([]).rounds == 0
+    assert bench.parse_args(["--steps", "4", "--rounds", "2"]).rounds == 2
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(["--gpu", "--steps", "4", "--rounds", "8"])
+    assert stop.value.code == 2 and "--rounds 8 must be between 0 and --steps 4" in capsys.readouterr().err
+
+
 def test_gpu_step_times_come_from_cuda_events_so_the_median_is_one(monkeypatch):
     """On CUDA a training step returns before its kernels finish, so bench.py had no per-step times
     there and its JSON's ``median_step_s`` held seconds / steps, the mean (0.0318 s for both
