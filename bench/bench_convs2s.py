@@ -3,6 +3,7 @@
 Decodes the source side of Multi30k test_2016_flickr (1,000 sentences, spaCy-tokenised with the
 vocabularies of the presets' data config) with ``cometnmt.decoding.greedy_search``, batched as
 ``translate`` batches (sorted by length, ``--batch`` sentences), and reports sentences per second.
+The models of a group take turns batch by batch, so their ratios are measured side by side.
 
 The models are RANDOMLY INITIALISED (no training), so their output would stop at random lengths.
 To give every model the same work, </s> is suppressed (its output bias set to -1e4, as
@@ -97,25 +98,32 @@ def matched_configs(v_src: int, v_tgt: int) -> dict[str, Config]:
     return out
 
 
-def time_greedy(model: Seq2Seq, ids: list[list[int]], size: int, args, device: torch.device) -> tuple[float, int]:
-    """Seconds to greedy-decode every sentence in batches of ``size`` (best of --repeats) and the
-    tokens generated."""
+def time_greedy(models: dict[str, Seq2Seq], ids: list[list[int]], size: int, args,
+                device: torch.device) -> dict[str, tuple[float, int]]:
+    """Per model: seconds to greedy-decode every sentence in batches of ``size`` (best of --repeats)
+    and the tokens generated. The models take turns batch by batch (which goes first rotating), so a
+    drift of the machine's speed slows them alike and the speed ratios are measured side by side;
+    one model's whole run after another's let the drift between them into the ratios."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     batches = [collate([ids[i] for i in order[s : s + size]], None, order[s : s + size]).to(device)
                for s in range(0, len(order), size)]
-    best, tokens = float("inf"), 0
-    for _ in range(args.repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        tokens = 0
-        for b in batches:
-            hyps = greedy_search(model, b.src, b.src_pad_mask, BOS, EOS, args.max_len_a, args.max_len_b)
-            tokens += sum(len(h.tokens) for h in hyps)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best, tokens
+    names = list(models)
+    best, tokens = dict.fromkeys(names, float("inf")), dict.fromkeys(names, 0)
+    for r in range(args.repeats):
+        seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+        for j, b in enumerate(batches):
+            k = (r * len(batches) + j) % len(names)  # the turn goes on rotating from one repeat to the next
+            for name in names[k:] + names[:k]:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                hyps = greedy_search(models[name], b.src, b.src_pad_mask, BOS, EOS, args.max_len_a, args.max_len_b)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds[name] += time.perf_counter() - start
+                tokens[name] += sum(len(h.tokens) for h in hyps)
+        best = {name: min(best[name], seconds[name]) for name in names}
+    return {name: (best[name], tokens[name]) for name in names}
 
 
 def describe(cfg: Config) -> dict:
@@ -142,18 +150,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for size in [int(b) for b in args.batch.split(",")]:
         for group, cfgs in groups.items():
-            for name, cfg in cfgs.items():
-                model = build(cfg, v_src, v_tgt).to(device)
+            models = {name: build(cfg, v_src, v_tgt).to(device) for name, cfg in cfgs.items()}
+            for model in models.values():
                 with torch.no_grad():  # warm-up (allocator, lazy init) on up to 8 sentences
                     warm = ids[:8]
                     b = collate(warm, None, list(range(len(warm)))).to(device)
                     greedy_search(model, b.src, b.src_pad_mask, BOS, EOS, args.max_len_a, args.max_len_b)
-                seconds, tokens = time_greedy(model, ids, size, args, device)
-                rows.append({"batch": size, "group": group, "arch": name, "params": model.num_parameters(),
+            timed = time_greedy(models, ids, size, args, device)
+            for name, cfg in cfgs.items():
+                seconds, tokens = timed[name]
+                rows.append({"batch": size, "group": group, "arch": name, "params": models[name].num_parameters(),
                              "config": describe(cfg), "seconds": seconds, "sentences_per_s": len(ids) / seconds,
                              "ms_per_sentence": 1000 * seconds / len(ids), "tokens": tokens, "tokens_per_s": tokens / seconds})
                 print(f"batch {size:4d} {group:8s} {name:12s} {rows[-1]['params'] / 1e6:6.2f}M "
                       f"{rows[-1]['sentences_per_s']:8.1f} sent/s", file=sys.stderr)
+            del models
     for row in rows:
         ref = next(r for r in rows if (r["batch"], r["group"], r["arch"]) == (row["batch"], row["group"], "transformer"))
         row["speed_vs_transformer"] = row["sentences_per_s"] / ref["sentences_per_s"]
@@ -170,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"sentences": len(ids), "src_vocab": v_src, "tgt_vocab": v_tgt, "batches": args.batch, "max_len_a": args.max_len_a,
             "max_len_b": args.max_len_b, "device": args.device, "threads": torch.get_num_threads(), "repeats": args.repeats,
             "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
+            "schedule": "the models of a group interleaved batch by batch (a drifting machine slows all alike)",
             "note": "random-init models; </s> suppressed so every model decodes the same number of tokens"}
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -146,6 +146,29 @@ def test_bench_convs2s_decodes_a_few_sentences(tmp_path):
     assert all(r["tokens"] == 3 + 2 + 4 + 3 * 2 for r in rows)  # </s> suppressed: 1.0 * S + 2 tokens each
 
 
+def test_bench_convs2s_models_take_turns_batch_by_batch(monkeypatch, tmp_path):
+    """bench_convs2s.py timed each model's --repeats passes over the whole test set, then the next
+    model's, so a drift of the machine's speed between the models went into "vs transformer". The
+    models of a group now take turns batch by batch, which goes first rotating: after the warm-ups,
+    no model decodes two batches in a row."""
+    bench = _script("bench_convs2s.py")
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps({"ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13], [5, 6]], "src_vocab": 20, "tgt_vocab": 20}))
+    calls, real = [], bench.greedy_search
+
+    def greedy_search(model, *args):
+        calls.append(type(model).__name__)
+        return real(model, *args)
+
+    monkeypatch.setattr(bench, "greedy_search", greedy_search)
+    bench.main(["--ids", str(ids), "--which", "preset", "--repeats", "2", "--batch", "2", "--threads", "1",
+                "--out", str(tmp_path / "out.json")])
+    archs = sorted(set(calls))
+    assert len(archs) == 3 and sorted(calls[:3]) == archs  # one warm-up each, then the timed batches
+    timed = calls[3:]
+    assert len(timed) == 2 * 2 * 3 and all(a != b for a, b in zip(timed, timed[1:]))
+
+
 def test_profile_step_times_and_profiles_a_tiny_step(monkeypatch):
     """bench/profile_step.py on its smallest setting (it had no test): the mean step time line, then
     the profiler's table. One thread: two OpenMP threads on a shared 2-core machine took a minute."""
