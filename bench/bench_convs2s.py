@@ -56,21 +56,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=None, help="first N test sentences only (smoke runs)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per model; the fastest is reported")
     p.add_argument("--which", default="matched,preset", help="comma-separated: matched, preset")
-    p.add_argument("--ids", help="JSON cache of the tokenised test source: read if it exists, else written "
-                                 "(lets a machine without spaCy run the benchmark)")
+    p.add_argument("--ids", help="JSON cache of the tokenised test source: read if it exists and was written for "
+                                 "the Transformer preset's data config, else (re)written (lets a machine without "
+                                 "spaCy run the benchmark)")
     return p.parse_args(argv)
 
 
 def load_test_ids(cfg: Config, cache: str | None) -> tuple[list[list[int]], int, int]:
-    """Source ids of the test split and the two vocabulary sizes (vocabularies fit on train)."""
+    """Source ids of the test split and the two vocabulary sizes (vocabularies fit on train).
+
+    ``cache`` holds them with the data config they came from (``data``); one written for another
+    data config (or without it) is rebuilt: read as it was, it gave the models the old vocabularies'
+    sizes and ids, and every number of the run was for them, without a word."""
+    key = to_dict(cfg.data)
     if cache and Path(cache).exists():
         data = json.loads(Path(cache).read_text(encoding="utf-8"))
-        return data["ids"], data["src_vocab"], data["tgt_vocab"]
+        if data.get("data") == key:
+            return data["ids"], data["src_vocab"], data["tgt_vocab"]
+        stored = data.get("data") or {}
+        changed = sorted(k for k in key if stored.get(k, "<absent>") != key[k])
+        print(f"--ids {cache}: written for another data config (data.{', data.'.join(changed)} differ); rebuilding it",
+              file=sys.stderr)
     codec, _, _ = build_codec(cfg.data, read_split(cfg.data, "train"))
     test = read_split(cfg.data, "test").src
     ids = [codec.encode_src(t) or [EOS] for t in codec.src_tok.tokenize_many(test)]
     if cache:
-        Path(cache).write_text(json.dumps({"ids": ids, "src_vocab": len(codec.src_vocab), "tgt_vocab": len(codec.tgt_vocab)}), encoding="utf-8")
+        Path(cache).write_text(json.dumps({"data": key, "ids": ids, "src_vocab": len(codec.src_vocab),
+                                           "tgt_vocab": len(codec.tgt_vocab)}), encoding="utf-8")
     return ids, len(codec.src_vocab), len(codec.tgt_vocab)
 
 

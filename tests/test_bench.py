@@ -132,12 +132,45 @@ def test_bench_transformer_pp_steps_both_models(data_dir, tmp_path):
     assert all(r["timed_steps"] == 2 for r in result["results"].values()) and result["ratio_pp_over_transformer"] > 0
 
 
+def _ids_key() -> dict:
+    """The data config a bench_convs2s.py --ids cache must have been written for: the Transformer preset's."""
+    from cometnmt.config import load_config, to_dict
+
+    return to_dict(load_config(REPO / "configs" / "multi30k" / "transformer.yaml").data)
+
+
+def test_bench_convs2s_ids_cache_of_another_data_config_is_rebuilt(monkeypatch, tmp_path, capsys):
+    """bench_convs2s.py --ids read any cache file that existed: one written before the preset's data
+    config changed (here data.min_freq) gave the models its old vocabulary sizes (20 words) and ids,
+    and the run's parameter counts, matched sizes and speeds were for them, without a word. The cache
+    now stores the data config it was built for; another one (or none) is rebuilt and rewritten.
+    The corpus and codec are stubbed (a real rebuild tokenises Multi30k with spaCy)."""
+    from types import SimpleNamespace
+
+    bench = _script("bench_convs2s.py")
+    cfg = bench.load_config(bench.PRESETS["transformer"])
+    vocab = SimpleNamespace(src_vocab=[0] * 30, tgt_vocab=[0] * 40,
+                            src_tok=SimpleNamespace(tokenize_many=lambda texts: [t.split() for t in texts]),
+                            encode_src=lambda words: [4 + len(w) for w in words])
+    monkeypatch.setattr(bench, "read_split", lambda data, split: SimpleNamespace(src=["ab c", "d"]))
+    monkeypatch.setattr(bench, "build_codec", lambda data, corpus: (vocab, None, None))
+    cache = tmp_path / "ids.json"
+    stale = {**_ids_key(), "min_freq": cfg.data.min_freq + 1}
+    cache.write_text(json.dumps({"data": stale, "ids": [[5, 6]], "src_vocab": 20, "tgt_vocab": 20}))
+    assert bench.load_test_ids(cfg, str(cache)) == ([[6, 5], [5]], 30, 40)
+    assert "data.min_freq differ" in capsys.readouterr().err
+    assert json.loads(cache.read_text())["data"] == _ids_key()
+    monkeypatch.setattr(bench, "build_codec", None)  # the rewritten cache is read as it is
+    assert bench.load_test_ids(cfg, str(cache)) == ([[6, 5], [5]], 30, 40)
+
+
 def test_bench_convs2s_decodes_a_few_sentences(tmp_path):
     """bench_convs2s.py on its smallest setting: the tokenised test source from an --ids cache (no
     spaCy), the presets as they are, 3 sentences. Its warm-up decoded the first 8 sentences with 8
     indices whatever --sentences said, so under 8 it stopped with "collate: 3 sources, 8 indices"."""
     ids = tmp_path / "ids.json"
-    ids.write_text(json.dumps({"ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13]], "src_vocab": 20, "tgt_vocab": 20}))
+    ids.write_text(json.dumps({"data": _ids_key(), "ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13]], "src_vocab": 20,
+                               "tgt_vocab": 20}))
     out = tmp_path / "convs2s.json"
     run("bench_convs2s.py", "--ids", str(ids), "--which", "preset", "--sentences", "3", "--repeats", "1", "--batch", "2",
         "--threads", "1", "--out", str(out))
@@ -153,7 +186,8 @@ def test_bench_convs2s_models_take_turns_batch_by_batch(monkeypatch, tmp_path):
     no model decodes two batches in a row."""
     bench = _script("bench_convs2s.py")
     ids = tmp_path / "ids.json"
-    ids.write_text(json.dumps({"ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13], [5, 6]], "src_vocab": 20, "tgt_vocab": 20}))
+    ids.write_text(json.dumps({"data": _ids_key(), "ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13], [5, 6]], "src_vocab": 20,
+                               "tgt_vocab": 20}))
     calls, real = [], bench.greedy_search
 
     def greedy_search(model, *args):
