@@ -2,13 +2,20 @@
 
 Both models are built from their presets (by default ``configs/multi30k/transformer_pp_en_de.yaml``
 and ``transformer_pp_baseline_en_de.yaml``: d 512, 16 heads, 5 + 5 units), see the same
-micro-batches of the training split (token-budget batches as the trainer makes them), and take
-full training steps: forward, loss (Transformer++ adds its POS/NER losses when ``--tags``),
-backward, Adam. Timed steps alternate between the two models (which goes first alternating too), so a change in machine
-load hits both alike. Prints a table and writes JSON to ``--out``.
+micro-batches of the training split (token-budget batches as the trainer makes them, epoch 1's
+order), and take the trainer's own step, ``Trainer.train_step``: the config's ``accum_steps``
+micro-batches forward and backward (the loss with label smoothing; Transformer++ adds its POS/NER
+losses when ``--tags``), gradient clipping, one step of the configured Adam (fused where the
+trainer fuses it) and of the schedule. A step is an optimizer step, as in training (8 micro-batches
+for the presets). Timed steps alternate between the two models (which goes first alternating too),
+so a change in machine load hits both alike. Prints a table and writes JSON to ``--out``.
 
-    python bench/bench_transformer_pp.py --steps 20 --out bench/results/transformer_pp_cpu.json
-    python bench/bench_transformer_pp.py --device cuda --steps 100 --batch-tokens 4096 --out ...
+Until 2026-11-27 the bench stepped a plain Adam (lr 1e-4, unfused) after every micro-batch, with
+no clipping, schedule or label smoothing: eight optimizer steps where training takes one, so
+results files written before then time more optimizer work than training does.
+
+    python bench/bench_transformer_pp.py --steps 4 --out transformer_pp_cpu.json
+    python bench/bench_transformer_pp.py --device cuda --steps 20 --batch-tokens 4096 --out ...
 """
 
 from __future__ import annotations
@@ -18,20 +25,18 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from cometnmt.config import COMPILE_MODES, CUDA_GRAPH_MODES, load_config
-from cometnmt.data.batching import collate, make_batches
-from cometnmt.data.pipeline import read_split
-from cometnmt.data.tagging import select_tags
+from cometnmt.config import COMPILE_MODES, load_config
+from cometnmt.data.pipeline import Examples, read_split
 from cometnmt.data.vocab import PAD
 from cometnmt.models import build_model
 from cometnmt.training.run import training_examples
-from cometnmt.training.trainer import compile_module
+from cometnmt.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,8 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], help="override for both configs, e.g. model.d_model=256")
     p.add_argument("--max-pairs", type=int, default=3000, help="training pairs to read (batches come from these)")
     p.add_argument("--batch-tokens", type=int, default=None, help="micro-batch token budget (default: the preset's)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per model")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per model (optimizer steps of train.accum_steps "
+                                                        "micro-batches each)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per model first")
     p.add_argument("--warm-shapes", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the timed batches once untimed first, so the first call of a batch shape is "
                         "not timed (default: on with CUDA, where it made the model stepping first look slower)")
@@ -51,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train Transformer++ with its POS/NER losses (needs the taggers); --no-tags: translation loss only")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on the CPU")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (CUDA)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="train.precision (bf16: autocast)")
     p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    help="torch.compile both models in this mode (reduce-overhead = CUDA graphs); the warm-up then "
                         "runs the timed batches twice where graphs are replayed (a shape's second call records)")
@@ -59,10 +65,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_pair(args):
+def load_pair(args, save_dir: str = "."):
+    """Both presets with the bench's options as the trainer's config keys (``save_dir``: a scratch
+    folder; the bench saves nothing there; no validation BLEU, and so no stopping rule on it, so the
+    trainer loads no spaCy tokenizer for it: the bench validates nothing, and with --no-tags needs no
+    spaCy)."""
+    common = [f"data.max_train_pairs={args.max_pairs}", f"train.precision={args.precision}", "train.progress=false",
+              "train.valid_bleu=false", "train.stopping=none",
+              *([f"train.batch_tokens={args.batch_tokens}"] if args.batch_tokens else []),
+              *(["train.compile=true", f"train.compile_mode={args.compile}"] if args.compile else []), *args.set]
     pp_cfg = load_config(REPO / f"configs/multi30k/transformer_pp_{args.pair}.yaml",
-                         [f"data.max_train_pairs={args.max_pairs}", *args.set] + ([] if args.tags else ["model.transformer_pp.tasks=[]"]))
-    base_cfg = load_config(REPO / f"configs/multi30k/transformer_pp_baseline_{args.pair}.yaml", [f"data.max_train_pairs={args.max_pairs}", *args.set])
+                         common + [f"train.save_dir={save_dir}/transformer_pp"] + ([] if args.tags else ["model.transformer_pp.tasks=[]"]))
+    base_cfg = load_config(REPO / f"configs/multi30k/transformer_pp_baseline_{args.pair}.yaml",
+                           common + [f"train.save_dir={save_dir}/transformer"])
     return pp_cfg, base_cfg
 
 
@@ -72,43 +87,29 @@ def sync(device: torch.device) -> None:
 
 
 class Runner:
-    """One model, its optimizer and a cycle over the shared micro-batches."""
+    """One model and its trainer: ``Trainer.train_step``, the step ``cometnmt train`` takes (the
+    config's accum_steps micro-batches forward and backward with its loss, label smoothing and tag
+    losses, gradient clipping at train.clip_norm, the configured Adam, fused where the trainer fuses
+    it, and schedule), timed on the shared steps' micro-batches."""
 
-    def __init__(self, name, cfg, codec, data, batches, device, precision, compile_mode=None) -> None:
-        self.name, self.cfg, self.data, self.batches, self.device = name, cfg, data, batches, device
+    def __init__(self, name, cfg, codec, data, device) -> None:
+        self.name, self.cfg, self.data, self.device = name, cfg, data, device
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device).train()
-        self.net = self.model if compile_mode is None else compile_module(self.model, compile_mode)
-        self.cuda_graphs = compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        self.dtype = torch.bfloat16 if precision == "bf16" else None
-        self.cursor = 0
+        self.trainer = Trainer(cfg, self.model, codec, data, Examples([], [], [], []), device)
+        self.cuda_graphs = self.trainer.cuda_graphs
         self.seconds: list[float] = []
         self.src_tokens = self.tgt_tokens = 0
 
-    def step(self, timed: bool) -> None:
-        idx = self.batches[self.cursor % len(self.batches)]
-        self.cursor += 1
-        d = self.data
-        batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx, tags=select_tags(d, idx)).to(self.device)
-        extra = {"tags": batch.tags} if batch.tags else {}
+    def step(self, group: list[list[int]], timed: bool) -> None:
         sync(self.device)
         start = time.perf_counter()
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            if self.cuda_graphs:  # as the trainer: the last step's graph outputs are dead
-                torch.compiler.cudagraph_mark_step_begin()
-            logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V (as the trainer)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD)
-            for value, weight in self.model.extra_losses().values():
-                loss = loss + weight * value
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        _, n_tgt = self.trainer.train_step(group)  # collates its micro-batches, as in training
         sync(self.device)
         if timed:
             self.seconds.append(time.perf_counter() - start)
-            self.src_tokens += batch.n_src_tokens
-            self.tgt_tokens += batch.n_tgt_tokens
+            self.src_tokens += sum(len(self.data.src_ids[i]) for idx in group for i in idx)
+            self.tgt_tokens += n_tgt
 
     def result(self) -> dict:
         total = sum(self.seconds)
@@ -130,27 +131,31 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    pp_cfg, base_cfg = load_pair(args)
-    codec, data = training_examples(pp_cfg, read_split(pp_cfg.data, "train"))  # the same data for both models
-    budget = args.batch_tokens or pp_cfg.train.batch_tokens
-    batches = make_batches([len(s) for s in data.src_ids], [len(t) for t in data.tgt_ids], max_tokens=budget, shuffle=True, seed=1)
-    untagged = type(data)(data.src_ids, data.tgt_ids, data.src_text, data.tgt_text)
-    runners = [Runner("transformer_pp", pp_cfg, codec, data, batches, device, args.precision, args.compile),
-               Runner("transformer", base_cfg, codec, untagged, batches, device, args.precision, args.compile)]
-    warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
-    for r in runners:
-        for _ in range(args.warmup):
-            r.step(timed=False)
-        # the timed batches untimed first: once, or twice where CUDA graphs are replayed (a new shape's
-        # first call runs eagerly, its second records the graph)
-        for _ in range((2 if r.cuda_graphs else 1) if warm_shapes else 0):
-            r.cursor = 0
-            for _ in range(args.steps):
-                r.step(timed=False)
-        r.cursor = 0  # both time the same batches
-    for i in range(args.steps):  # interleaved step by step, the order alternating so neither always goes first
-        for r in (runners if i % 2 == 0 else runners[::-1]):
-            r.step(timed=True)
+    with tempfile.TemporaryDirectory(prefix="cometnmt-bench-pp-") as tmp:
+        pp_cfg, base_cfg = load_pair(args, tmp)
+        if pp_cfg.train.accum_steps != base_cfg.train.accum_steps:
+            raise SystemExit(f"train.accum_steps: {pp_cfg.train.accum_steps} in the Transformer++ preset, "
+                             f"{base_cfg.train.accum_steps} in its baseline's; both must step alike")
+        codec, data = training_examples(pp_cfg, read_split(pp_cfg.data, "train"))  # the same data for both models
+        untagged = type(data)(data.src_ids, data.tgt_ids, data.src_text, data.tgt_text)
+        runners = [Runner("transformer_pp", pp_cfg, codec, data, device),
+                   Runner("transformer", base_cfg, codec, untagged, device)]
+        # training epoch 1's micro-batches in the trainer's order, accum_steps to a step; both models
+        # step through the same ones (from --max-pairs pairs; taken again from the start where the
+        # steps need more)
+        batches = runners[0].trainer.epoch_batches(0)
+        G = pp_cfg.train.accum_steps
+        groups = [[batches[(i * G + j) % len(batches)] for j in range(G)] for i in range(args.warmup + args.steps)]
+        warm_shapes = device.type == "cuda" if args.warm_shapes is None else args.warm_shapes
+        for r in runners:
+            # the warm-up steps, then the timed batches untimed: once, or twice where CUDA graphs are
+            # replayed (a new shape's first call runs eagerly, its second records the graph)
+            passes = (2 if r.cuda_graphs else 1) if warm_shapes else 0
+            for group in groups[: args.warmup] + groups[args.warmup :] * passes:
+                r.step(group, timed=False)
+        for i, group in enumerate(groups[args.warmup :]):  # interleaved step by step, the order alternating
+            for r in (runners if i % 2 == 0 else runners[::-1]):
+                r.step(group, timed=True)
     results = {r.name: r.result() for r in runners}
     ratio = results["transformer_pp"]["tgt_tokens_per_s"] / results["transformer"]["tgt_tokens_per_s"]
     report = {
@@ -165,7 +170,10 @@ def main(argv=None) -> int:
         "warm_shapes": warm_shapes,
         "compile": args.compile,
         "train_pairs_read": len(data),
-        "batch_tokens": budget,
+        "batch_tokens": pp_cfg.train.batch_tokens,
+        "accum_steps": G,
+        "micro_batches_in_epoch": len(batches),
+        "step": "Trainer.train_step: accum_steps micro-batches, clipping, the configured (fused) Adam and schedule",
         "sizes": {k: getattr(pp_cfg.model, k) for k in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff")},
         "results": results,
         "ratio_pp_over_transformer": ratio,
@@ -174,7 +182,8 @@ def main(argv=None) -> int:
     for name, r in results.items():
         print(f"{name:<16}{r['parameters']:>12,}{r['tgt_tokens_per_s']:>12.0f}{r['src_tgt_tokens_per_s']:>15.0f}{r['median_step_s']:>15.4f}")
     print(f"ratio Transformer++ / Transformer (tgt tokens/s): {ratio:.3f}  [{report['device']}, {report['threads']} threads, "
-          f"{args.steps} steps of <= {budget} tokens, tags {'on' if results['transformer_pp']['tag_tasks'] else 'off'}]")
+          f"{args.steps} steps of {G} micro-batches of <= {pp_cfg.train.batch_tokens} tokens, "
+          f"tags {'on' if results['transformer_pp']['tag_tasks'] else 'off'}]")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -230,11 +230,11 @@ case "$part" in
     # records them in epoch 1 and replays them after). Issue 3's ratio in rounds, then issue 4's
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --compile reduce-overhead --out "$out/gpu_bf16_cudagraphs.json"
-    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --compile reduce-overhead \
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 8 --compile reduce-overhead \
       --out "$out/gpu_transformer_pp_cudagraphs.json" ;;
   benchpp)  # Transformer++ against its same-size Transformer at the preset's micro-batches and the GPU recipe's
-    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --out "$out/gpu_transformer_pp.json"
-    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --out "$out/gpu_transformer_pp_8192.json" ;;
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 8 --out "$out/gpu_transformer_pp.json"
+    python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --set train.accum_steps=1 --out "$out/gpu_transformer_pp_8192.json" ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;

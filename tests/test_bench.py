@@ -164,6 +164,47 @@ def test_bench_convs2s_ids_cache_of_another_data_config_is_rebuilt(monkeypatch, 
     assert bench.load_test_ids(cfg, str(cache)) == ([[6, 5], [5]], 30, 40)
 
 
+def test_bench_transformer_pp_times_the_trainers_step(data_dir, tmp_path, monkeypatch):
+    """bench_transformer_pp.py timed a step of its own: a plain Adam (lr 1e-4, not the fused one the
+    trainer uses on the CPU and CUDA) after every micro-batch, no gradient clipping, no schedule, no
+    label smoothing, where training (the thing whose speed the ratio claims) takes one optimizer
+    step with clipping per train.accum_steps micro-batches (8 in the presets). It now times
+    ``Trainer.train_step`` on groups of accum_steps micro-batches: here 2, each step clipped."""
+    import torch
+
+    from cometnmt.training import trainer as trainer_module
+
+    bench = _script("bench_transformer_pp.py")
+    steps, clipped = [], []
+    real_step, real_clip = trainer_module.Trainer.train_step, torch.nn.utils.clip_grad_norm_
+
+    def train_step(self, group):
+        steps.append((self.cfg.model.arch, len(group)))
+        return real_step(self, group)
+
+    def clip_grad_norm_(*args, **kwargs):
+        clipped.append(kwargs.get("max_norm", args[1] if len(args) > 1 else None))
+        return real_clip(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", train_step)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+    out = tmp_path / "pp.json"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        bench.main(["--steps", "2", "--warmup", "1", "--no-tags", "--max-pairs", "300", "--set", "model.d_model=32",
+                    "--set", "model.n_heads=4", "--set", "model.transformer_pp.conv_heads=2", "--set", "model.d_ff=64",
+                    "--set", "model.enc_layers=1", "--set", "model.dec_layers=1", "--set", "train.accum_steps=2",
+                    "--batch-tokens", "256", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    # per model: 1 warm-up step and 2 timed ones, each of 2 micro-batches and clipped at train.clip_norm
+    assert sorted(steps) == sorted([("transformer_pp", 2)] * 3 + [("transformer", 2)] * 3)
+    assert clipped == [1.0] * 6
+    result = json.loads(out.read_text())
+    assert result["accum_steps"] == 2 and all(r["timed_steps"] == 2 for r in result["results"].values())
+
+
 def test_bench_convs2s_decodes_a_few_sentences(tmp_path):
     """bench_convs2s.py on its smallest setting: the tokenised test source from an --ids cache (no
     spaCy), the presets as they are, 3 sentences. Its warm-up decoded the first 8 sentences with 8
