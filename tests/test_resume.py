@@ -354,6 +354,46 @@ def test_a_resume_on_changed_data_files_is_refused(tmp_path, data_dir, monkeypat
                                         *relative[1:], "train.max_steps=2"), resume=True)
 
 
+def test_a_resume_on_other_tags_is_refused_and_the_resolved_tagger_is_recorded(tmp_path, data_dir, monkeypatch):
+    """Transformer++ with pos_tagger 'auto': the checkpoint's config says only 'auto', which another
+    machine may resolve to another pipeline (or version), and a --resume trained on with its other
+    tags. The checkpoint records the tagger 'auto' resolved to and a digest of the tags; other tags
+    are refused naming both taggers; the same tags resume, from a tagger named as the run's too."""
+    from cometnmt.data import tagging
+    from cometnmt.errors import DataError
+
+    class Tagger:
+        tasks = ("pos",)
+
+        def __init__(self, name, label):
+            self.name, self.label = name, label
+
+        def annotate(self, texts):
+            return {"pos": [[(0, len(t), self.label)] for t in texts]}
+
+    def tagged_by(name, label="NOUN"):
+        monkeypatch.setattr(tagging, "build_annotators", lambda c, lang: [Tagger(name, label)])
+
+    def cfg(steps, *more):
+        return tiny_train_cfg(tmp_path / "run", data_dir, "model.arch=transformer_pp", "model.transformer_pp.tasks=[pos]",
+                              "model.transformer_pp.conv_heads=2", f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}",
+                              f"train.max_steps={steps}", *more)
+
+    tagged_by("hanta:ger@1.1.2")  # what 'auto' finds here: no German spaCy pipeline is installed
+    run_module.train(cfg(1))
+    payload = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert payload["config"]["model"]["transformer_pp"]["pos_tagger"] == "auto"
+    assert payload["tags"]["pos"]["tagger"] == "hanta:ger@1.1.2"
+    tagged_by("spacy:de_core_news_sm@3.8.0", "VERB")  # 'auto' on a machine with the German pipeline
+    with pytest.raises(DataError, match=r"--resume: the POS tags of the training sentences differ from those the run in "
+                                        r".*last.pt was trained on \(tagged by hanta:ger@1.1.2; now by spacy:de_core_news_sm@3.8.0\)"):
+        run_module.train(cfg(2), resume=True)
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 1
+    tagged_by("hanta:ger@1.1.2")  # the run's tagger, named instead of 'auto'
+    run_module.train(cfg(2, "model.transformer_pp.pos_tagger=hanta"), resume=True)
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2
+
+
 def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, monkeypatch, caplog):
     """train --init-from: a new run (fresh optimizer, schedule and step count) starts from another
     run's weights and vocabularies, here on other sentences; keys that would not fit are errors

@@ -71,6 +71,7 @@ class Examples:
     src_text: list[str]
     tgt_text: list[str]
     src_tags: dict[str, list[list[int]]] | None = None  # Transformer++: task -> tag ids per source token (data/tagging.py)
+    src_taggers: dict[str, str] | None = None  # Transformer++: task -> the annotator that tagged (name and version)
 
     def __len__(self) -> int:
         return len(self.src_ids)

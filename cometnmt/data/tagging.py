@@ -335,7 +335,7 @@ def annotate_cached(annotator: Annotator, texts: list[str], folder: Path) -> dic
     if path.exists():
         cached = _read_cache(path, annotator, len(texts))
         if cached is not None:
-            log.info("tags: %d sentences from cache %s", len(texts), path)
+            log.info("tags: %d sentences tagged by %s, from cache %s", len(texts), annotator.name, path)
             return cached
     log.info("tags: annotating %d sentences with %s (once; cached in %s)", len(texts), annotator.name, folder)
     spans = annotator.annotate(texts)
@@ -422,8 +422,9 @@ def tag_ids(
 # entry points
 
 
-def annotate_examples(c, lang: str, codec, examples) -> dict[str, list[list[int]]]:
-    """Tag ids of ``examples`` (source side) for every task in ``c.tasks``, aligned with src_ids."""
+def annotate_examples(c, lang: str, codec, examples, taggers: Optional[dict[str, str]] = None) -> dict[str, list[list[int]]]:
+    """Tag ids of ``examples`` (source side) for every task in ``c.tasks``, aligned with src_ids;
+    ``taggers``, when given, gets each task's annotator name (``auto`` resolved, with versions)."""
     tokens = codec.src_tok.tokenize_many(examples.src_text)
     lowercase = bool(getattr(codec.src_tok, "lowercase", False))
     folder = check_cache_dir(c)
@@ -431,6 +432,8 @@ def annotate_examples(c, lang: str, codec, examples) -> dict[str, list[list[int]
     for annotator in build_annotators(c, lang):
         spans = annotate_cached(annotator, examples.src_text, folder)
         for task in annotator.tasks:
+            if taggers is not None:
+                taggers[task] = annotator.name
             ids, failed = tag_ids(examples.src_text, tokens, spans[task], tag_labels(task, c.ner_types), lowercase)
             if failed:
                 log.warning("tags (%s): %d of %d sentences could not be aligned to their tokens; their tokens are unlabelled", task, failed, len(ids))
@@ -460,7 +463,23 @@ def attach_training_tags(cfg, codec, examples) -> None:
     """Set ``examples.src_tags`` for a Transformer++ run with tagging tasks; otherwise do nothing."""
     if cfg.model.arch != "transformer_pp" or not cfg.model.transformer_pp.tasks:
         return
-    examples.src_tags = annotate_examples(cfg.model.transformer_pp, cfg.data.src_lang, codec, examples)
+    examples.src_taggers = {}
+    examples.src_tags = annotate_examples(cfg.model.transformer_pp, cfg.data.src_lang, codec, examples, examples.src_taggers)
+
+
+def tag_record(examples) -> dict[str, dict[str, str]]:
+    """What the checkpoint keeps of a run's training tags, per task: the annotator that tagged
+    (``auto`` resolved: the config says only 'auto', and another machine may resolve it to another
+    pipeline) and a SHA-256 of the tag ids, so that a --resume on other tags (another pipeline or
+    version) is refused rather than training on with them. {} without tags."""
+    taggers = getattr(examples, "src_taggers", None) or {}
+    record = {}
+    for task, rows in (getattr(examples, "src_tags", None) or {}).items():
+        h = hashlib.sha256()
+        for row in rows:
+            h.update(",".join(map(str, row)).encode("ascii") + b"\n")
+        record[task] = {"tagger": taggers.get(task, "?"), "digest": h.hexdigest()}
+    return record
 
 
 def labelled_counts(examples) -> dict[str, list[int]]:

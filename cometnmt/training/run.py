@@ -16,7 +16,7 @@ from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_
                              unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
-from cometnmt.data.tagging import attach_training_tags, check_training_tags
+from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag_record
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
 from cometnmt.inference import resolve_device, set_cuda_backends
@@ -50,6 +50,12 @@ RESUME_FIXED_TRAIN_KEYS = ("lr", "betas", "eps", "weight_decay", "schedule", "wa
                            "batch_sentences", "bucket_width")
 
 
+# Transformer++'s tagger keys (model.transformer_pp.*) -> their task: a resume may name another
+# tagger (the one 'auto' resolved to in the run, say) when the checkpoint records the run's tags,
+# which are then compared (_check_same_tags)
+TAGGER_KEYS = {"transformer_pp.pos_tagger": "pos", "transformer_pp.ner_tagger": "ner"}
+
+
 def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | None:
     """Never overwrite a run by accident; on --resume, return the last checkpoint."""
     if not cfg.train.save_dir.strip():  # Path("") is the current folder: `--set train.save_dir=` trained into it
@@ -71,6 +77,7 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
             for section in ("model", "data")
             for key, old, new in changed_keys(to_dict(getattr(saved, section)), to_dict(getattr(cfg, section)))
             if not (section == "data" and key in DATA_PATH_KEYS and _same_path(old, new, payload.get("workdir")))
+            and not (section == "model" and key in TAGGER_KEYS and TAGGER_KEYS[key] in payload.get("tags", {}))
         ]
         if changed:
             raise ConfigError(f"{option}: the config differs from the run in {last} in {', '.join(changed)}; "
@@ -133,6 +140,20 @@ def _check_same_data(payload: dict, digests: dict[str, str], corpora: dict, last
                             f"those the run in {last} was trained on, so it would not continue exactly; restore those "
                             f"files, or start a new run in another train.save_dir ({setting('init_from', last, flags)} "
                             "starts it from these weights)")
+
+
+def _check_same_tags(payload: dict, record: dict[str, dict[str, str]], last: Path, flags: bool = True) -> None:
+    """--resume continues exactly only on the tags the run was trained on: a task whose tags differ
+    (``auto`` resolved to another pipeline on this machine, another version of it) is an error
+    naming both taggers. Checkpoints written before the tags were recorded are not checked."""
+    for task, old in payload.get("tags", {}).items():
+        new = record.get(task)
+        if new is not None and new["digest"] != old["digest"]:
+            key = f"model.transformer_pp.{task}_tagger"
+            raise DataError(f"{_resume_option(flags)}: the {task.upper()} tags of the training sentences differ from those "
+                            f"the run in {last} was trained on (tagged by {old['tagger']}; now by {new['tagger']}), so it "
+                            f"would not continue exactly; install the run's tagger and name it with {key}, or start a new "
+                            f"run in another train.save_dir ({setting('init_from', last, flags)} starts it from these weights)")
 
 
 # data keys the vocabularies and tokenizers were built with: a run started from another's weights
@@ -302,6 +323,9 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         source = payload if payload is not None else init
         codec = None if source is None else TextCodec.from_state(source["codec"])
         codec, train_data = training_examples(cfg, train_corpus, codec)
+        tags = tag_record(train_data)
+        if payload is not None:
+            _check_same_tags(payload, tags, Path(cfg.train.save_dir) / "last.pt", flags)
         valid_data = encode_pairs(codec, valid_corpus, None)
         log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
         log.info("tokens %s vocabularies lack (<unk>): training %.2f%% of source, %.2f%% of target; validation %.2f%%, "
@@ -325,6 +349,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
         trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
         trainer.data_digests = digests
+        trainer.tag_record = tags
         if init is not None:
             trainer.init_from = str(init_from)
         if payload is not None:

@@ -142,6 +142,7 @@ class Trainer:
         self.validated_step: Optional[int] = None  # the step of the last validation inside an epoch (max_steps)
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
+        self.tag_record: dict[str, dict[str, str]] = {}  # Transformer++: task -> tagger and digest of its tags (set by run.train)
         # spaCy's tokenizer of the target language for the paper metric in validation; None (BLEU and
         # chrF alone, with a warning) for a SentencePiece model of a language spaCy cannot tokenise
         self._eval_tok = paper_tokenizer(cfg.data.tgt_lang, lowercase=cfg.data.lowercase) if self.tc.valid_bleu else None
@@ -187,6 +188,7 @@ class Trainer:
             "workdir": os.getcwd(),  # what the config's relative data paths are relative to
             "data_digests": self.data_digests,  # a --resume on changed files is refused
             "init_from": self.init_from,  # the checkpoint a fine-tuning run started from (None: from scratch)
+            "tags": self.tag_record,  # Transformer++: the taggers ('auto' resolved); a --resume on other tags is refused
             "trainer": {
                 "consumed": self.consumed,
                 "history": self.history,
