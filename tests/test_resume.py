@@ -394,6 +394,28 @@ def test_a_resume_on_other_tags_is_refused_and_the_resolved_tagger_is_recorded(t
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 2
 
 
+def test_a_resume_may_keep_its_tags_in_another_cache_folder(tmp_path, data_dir):
+    """model.transformer_pp.tag_cache_dir says where annotations are cached, not what is trained (a
+    cache file is keyed by the sentences and the annotator): a resume naming another folder (on
+    another machine, say) was refused as 'the config differs from the run in
+    model.transformer_pp.tag_cache_dir'. Other model keys still are."""
+    from cometnmt.config import to_dict
+    from cometnmt.errors import ConfigError
+    from cometnmt.training.checkpoint import FORMAT_VERSION
+
+    def cfg(folder, *more):
+        return tiny_train_cfg(tmp_path / "run", data_dir, "model.arch=transformer_pp", "model.enc_layers=3",
+                              f"model.transformer_pp.tag_cache_dir={folder}", *more)
+
+    (tmp_path / "run").mkdir()
+    torch.save({"format_version": FORMAT_VERSION, "config": to_dict(cfg(tmp_path / "a")), "codec": {}, "model": {}},
+               tmp_path / "run" / "last.pt")
+    assert run_module._check_save_dir(cfg(tmp_path / "b"), resume=True)["config"]["model"]["transformer_pp"][
+        "tag_cache_dir"] == str(tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"in model.transformer_pp.pos_weight \(1.0 in the run, 2.0 now\)"):
+        run_module._check_save_dir(cfg(tmp_path / "b", "model.transformer_pp.pos_weight=2.0"), resume=True)
+
+
 def test_init_from_starts_a_new_run_from_trained_weights(tmp_path, data_dir, monkeypatch, caplog):
     """train --init-from: a new run (fresh optimizer, schedule and step count) starts from another
     run's weights and vocabularies, here on other sentences; keys that would not fit are errors

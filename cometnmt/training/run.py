@@ -54,6 +54,9 @@ RESUME_FIXED_TRAIN_KEYS = ("lr", "betas", "eps", "weight_decay", "schedule", "wa
 # tagger (the one 'auto' resolved to in the run, say) when the checkpoint records the run's tags,
 # which are then compared (_check_same_tags)
 TAGGER_KEYS = {"transformer_pp.pos_tagger": "pos", "transformer_pp.ner_tagger": "ner"}
+# Model keys that say where things are kept, not what is trained: a resume may change them (the tag
+# cache of another machine, say: a cache file is keyed by the sentences and the annotator's name)
+RESUME_FREE_MODEL_KEYS = ("transformer_pp.tag_cache_dir",)
 
 
 def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | None:
@@ -78,6 +81,7 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
             for key, old, new in changed_keys(to_dict(getattr(saved, section)), to_dict(getattr(cfg, section)))
             if not (section == "data" and key in DATA_PATH_KEYS and _same_path(old, new, payload.get("workdir")))
             and not (section == "model" and key in TAGGER_KEYS and TAGGER_KEYS[key] in payload.get("tags", {}))
+            and not (section == "model" and key in RESUME_FREE_MODEL_KEYS)
         ]
         if changed:
             raise ConfigError(f"{option}: the config differs from the run in {last} in {', '.join(changed)}; "
