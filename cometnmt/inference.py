@@ -124,8 +124,17 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
         if value is not None and data["method"] != "sample":
             raise ConfigError(f"{name(option, value)}: a sampling setting; add {_sampling_flag(flags)}")
     if data["method"] == "beam" and data["nbest"] > data["beam_size"]:
-        raise ConfigError(f"{name('nbest', data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
-                          f"use {name('beam', data['nbest'])} or more")
+        if nbest is not None:
+            raise ConfigError(f"{name('nbest', data['nbest'])}: more hypotheses than the beam keeps ({data['beam_size']}); "
+                              f"use {name('beam', data['nbest'])} or more")
+        # the nbest is the base's (a checkpoint's decode.nbest): --beam 1 on one of nbest 3 was
+        # refused as '--nbest 3: ...', a flag not given
+        fix = f"give {name('nbest', 1)}, or {name('beam', data['nbest'])} or more"
+        if beam is not None:
+            raise ConfigError(f"{name('beam', beam)}: keeps fewer hypotheses than the default nbest, {data['nbest']} "
+                              f"(decode.nbest); {fix}")
+        raise ConfigError(f"sampling=False: greedy search of the default nbest, {data['nbest']} (decode.nbest), is a beam "
+                          f"search, and the default beam, {data['beam_size']} (decode.beam_size), keeps fewer; {fix}")
     if length_penalty is not None and data["method"] != "beam" and length_penalty != base.length_penalty:
         log.warning("%s: %s has no length penalty; it applies with a beam of 2 or more (%s)",
                     name("length_penalty", length_penalty), "sampling" if data["method"] == "sample" else "greedy search",

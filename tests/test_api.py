@@ -242,6 +242,27 @@ def test_sampling_false_leaves_a_sampling_config_for_greedy_search():
         method="sample", nbest=6, sampling_topp=0.5, sampling_seed=2)
 
 
+def test_a_beam_narrower_than_the_default_nbest_names_what_was_given():
+    """--beam 1 (or beam=2) on a checkpoint whose decode.nbest is 3 was refused as '--nbest 3: more
+    hypotheses than the beam keeps', naming a flag nobody gave; the error names the beam and the
+    key the 3 came from."""
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import decode_config
+
+    for flags, beam, needle in ((True, 1, "--beam 1: keeps fewer hypotheses than the default nbest, 3 (decode.nbest); "
+                                          "give --nbest 1, or --beam 3 or more"),
+                                (False, 2, "beam=2: keeps fewer hypotheses than the default nbest, 3 (decode.nbest); "
+                                           "give nbest=1, or beam=3 or more")):
+        with pytest.raises(cometnmt.ConfigError, match="^" + re.escape(needle) + "$"):
+            decode_config(DecodeConfig(nbest=3), beam=beam, flags=flags)
+    assert decode_config(DecodeConfig(nbest=3), beam=1, nbest=1, flags=True).method == "greedy"  # the way out it names
+    with pytest.raises(cometnmt.ConfigError, match=r"^sampling=False: greedy search of the default nbest, 8 \(decode.nbest\), "
+                                                   r"is a beam search, and the default beam, 2 \(decode.beam_size\)"):
+        decode_config(DecodeConfig(method="sample", nbest=8, beam_size=2), sampling=False, flags=False)
+    with pytest.raises(cometnmt.ConfigError, match=r"^--nbest 5: more hypotheses than the beam keeps \(2\)"):
+        decode_config(DecodeConfig(nbest=3), beam=2, nbest=5, flags=True)  # a given --nbest is still the one named
+
+
 def test_evaluate_checkpoint_and_score(run_dir, translator):
     result, out = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu")
     assert len(out.src) == len(out.refs) == len(out.hyps) == 7 == result["n_sentences"]
