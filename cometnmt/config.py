@@ -193,10 +193,10 @@ def _type_name(tp: Any) -> str:
 def _yaml_hint(value: Any, key: str, quote: bool = True) -> str:
     """For a string key that YAML read as a boolean or a number: why, and (``quote``) how to quote it.
     A choice of strings takes the why alone: quoting the value does not make it one of the choices."""
-    if isinstance(value, bool):  # the word as written is gone: name the three it can have been
-        words = ("yes", "on", "true") if value else ("no", "off", "false")
-        hint = f"; YAML reads {', '.join(words[:2])} and {words[2]} unquoted as the boolean {str(value).lower()}"
-        return hint + (f": quote the word you wrote, e.g. {key}='{words[1]}'" if quote else "")
+    if isinstance(value, bool):  # true, True or TRUE: the word as written is gone
+        word = str(value).lower()
+        hint = f"; YAML reads {word} unquoted as the boolean {word}"
+        return hint + (f": quote it, e.g. {key}='{word}'" if quote else "")
     if isinstance(value, (int, float)):
         hint = "; YAML reads an unquoted number as a number"
         if not quote:
@@ -249,7 +249,9 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+            # YAML 1.1's yes/no/on/off are text to cometnmt's loader (YAML 1.2, as data.src_lang: no needs)
+            hint = "; YAML 1.2 reads only true and false as booleans" if str(value).lower() in YAML11_BOOLEANS else ""
+            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}{hint}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -307,7 +309,8 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading ``1e-3`` and ``5E4`` as numbers (YAML 1.2 does; PyYAML follows
     YAML 1.1, where a float needs a dot and a signed exponent, so ``lr: 1e-3`` was the string
-    "1e-3" and failed as "expected a number"). A key given twice in one mapping is an error naming
+    "1e-3" and failed as "expected a number"), and only true and false as booleans (YAML 1.2;
+    ``yes``, ``no``, ``on`` and ``off`` are text). A key given twice in one mapping is an error naming
     both lines: PyYAML kept the last silently, so a ``lr:`` further down the file (a base's key
     pasted in, say) overrode the one being edited."""
 
@@ -350,6 +353,13 @@ _LEADING_ZERO_INT = re.compile(r"^[-+]?0[0-9_]+$")  # 08 and 09 too, which YAML 
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", _LEADING_ZERO_INT, list("-+0"))
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+# Booleans as YAML 1.2 reads them: true and false only. YAML 1.1 also took yes, no, on and off, so
+# the language code of Norwegian (data.src_lang: no) was the boolean false and refused.
+for _first in list(_Loader.yaml_implicit_resolvers):
+    _Loader.yaml_implicit_resolvers[_first] = [(tag, regexp) for tag, regexp in _Loader.yaml_implicit_resolvers[_first]
+                                               if tag != "tag:yaml.org,2002:bool"]
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+YAML11_BOOLEANS = ("yes", "no", "on", "off")  # text to cometnmt's loader, booleans to YAML 1.1's (any case)
 
 
 class _Dumper(yaml.SafeDumper):

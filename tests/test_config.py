@@ -257,18 +257,41 @@ def test_numbers_in_scientific_notation_are_numbers_in_files_as_in_overrides(tmp
     assert load_config(mine, ["name=e5"]).name == "e5"  # not a number: stays text
 
 
+def test_yes_no_on_off_are_text_as_in_yaml_1_2(tmp_path):
+    """YAML 1.1 (PyYAML's) read yes, no, on and off as booleans: data.src_lang: no, Norwegian, was the
+    boolean false and refused ("expected a string, got False"). As in YAML 1.2 they are text, in a
+    file as in --set; a boolean key given one says that only true and false are booleans."""
+    from cometnmt.config import yaml_dump, yaml_load
+
+    mine = tmp_path / "no.yaml"
+    mine.write_text("data:\n  corpus: files\n  src_lang: no\n  tgt_lang: en\n  train_src: a.no\n  train_tgt: a.en\n"
+                    "  valid_src: b.no\n  valid_tgt: b.en\nname: Off\n", encoding="utf-8")
+    cfg = load_config(mine)
+    assert (cfg.data.src_lang, cfg.name) == ("no", "Off")
+    assert load_config(mine, ["data.tgt_lang=on", "name=YES"]).data.tgt_lang == "on"
+    assert yaml_load("[yes, No, ON, off, y, n, true, False, TRUE]") == ["yes", "No", "ON", "off", "y", "n", True, False, True]
+    assert yaml_load(yaml_dump({"name": "no", "save_dir": "true"})) == {"name": "no", "save_dir": "true"}
+    for word in ("yes", "off"):
+        with pytest.raises(ConfigError, match=rf"^config key 'train.compile': expected true or false, got '{word}'; "
+                                              r"YAML 1.2 reads only true and false as booleans$"):
+            load_config(REPO / "configs" / "tiny.yaml", [f"train.compile={word}"])
+    with pytest.raises(ConfigError, match=r"^config key 'train.stopping': 'no' is not allowed; expected one of "
+                                          r"'loss_rise', 'bleu_patience', 'none'$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["train.stopping=no"])
+
+
 def test_yaml_readings_and_sections(tmp_path):
-    with pytest.raises(ConfigError, match=r"got False; YAML reads no, off and false unquoted as the boolean false: "
-                                          r"quote the word you wrote, e.g. data.src_lang='off'$"):
-        load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=no"])
-    with pytest.raises(ConfigError, match=r"got True; YAML reads yes, on and true unquoted as the boolean true: "
-                                          r"quote the word you wrote, e.g. data.tgt_lang='on'$"):  # was e.g. 'no'
-        load_config(REPO / "configs" / "tiny.yaml", ["data.tgt_lang=on"])
+    with pytest.raises(ConfigError, match=r"got False; YAML reads false unquoted as the boolean false: "
+                                          r"quote it, e.g. data.src_lang='false'$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["data.src_lang=False"])
+    with pytest.raises(ConfigError, match=r"got True; YAML reads true unquoted as the boolean true: "
+                                          r"quote it, e.g. data.tgt_lang='true'$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["data.tgt_lang=TRUE"])
     assert load_config(REPO / "configs" / "tiny.yaml", ["name='no'"]).name == "no"
     # a choice of strings read as a boolean or number says why, without a quoting hint that would not help
     with pytest.raises(ConfigError, match=r"'train.stopping': False is not allowed; expected one of .*'none'; "
-                                          r"YAML reads no, off and false unquoted as the boolean false$"):
-        load_config(REPO / "configs" / "tiny.yaml", ["train.stopping=no"])
+                                          r"YAML reads false unquoted as the boolean false$"):
+        load_config(REPO / "configs" / "tiny.yaml", ["train.stopping=false"])
     with pytest.raises(ConfigError, match=r"'train.precision': 16 is not allowed; .*; YAML reads an unquoted number as a number$"):
         load_config(REPO / "configs" / "tiny.yaml", ["train.precision=16"])
     empty = tmp_path / "empty.yaml"
@@ -418,8 +441,8 @@ def test_a_key_that_may_be_null_gets_the_hints_too():
     with pytest.raises(ConfigError, match=r"^config key 'data.multi30k_dir': expected str or null, got 2024; YAML reads an "
                                           r"unquoted number as a number: quote the value, e.g. data.multi30k_dir='2024'$"):
         load_config(REPO / "configs" / "tiny.yaml", ["data.multi30k_dir=2024"])
-    with pytest.raises(ConfigError, match=r"got False; YAML reads no, off and false unquoted as the boolean false"):
-        load_config(REPO / "configs" / "tiny.yaml", ["data.multi30k_dir=off"])
+    with pytest.raises(ConfigError, match=r"got False; YAML reads false unquoted as the boolean false: quote it"):
+        load_config(REPO / "configs" / "tiny.yaml", ["data.multi30k_dir=false"])
     with pytest.raises(ConfigError, match=r"^config key 'model.comet.bn_length_bounds': expected list of int or null, got "
                                           r"'8,11'; a list is written in brackets: \[8,11\]$"):
         load_config(REPO / "configs" / "tiny.yaml", ["model.comet.bn_length_bounds=8,11"])
