@@ -291,9 +291,23 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def _section_type(dotted: str) -> Any:
+    """The dataclass of the section at ``dotted`` (``model.comet``: CometConfig); None for a key that
+    is no section (a value, or unknown: :func:`from_dict` names those)."""
+    tp: Any = Config
+    for part in dotted.split("."):
+        tp = typing.get_type_hints(tp).get(part) if dataclasses.is_dataclass(tp) else None
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     """Set ``value`` at the dotted key. A section the file left empty (``data:``, read as null) is
-    an empty section here too: ``--set data.max_len=50`` on such a file said 'data' is not a section."""
+    an empty section here too: ``--set data.max_len=50`` on such a file said 'data' is not a section.
+    A section may not be set to null: it reset the section to the defaults (``--set model=null`` on
+    comet.yaml trained a Transformer), while in a file an empty (null) section keeps the base's."""
+    if value is None and _section_type(dotted) is not None:
+        raise ConfigError(f"override '{dotted}=null': '{dotted}' is a section, not a value (null neither resets nor "
+                          f"clears it); set its keys, {dotted}.KEY=VALUE (configs/reference.yaml lists them)")
     node = data
     parts = dotted.split(".")
     for part in parts[:-1]:

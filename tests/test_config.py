@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cometnmt.config import Config, load_config, to_dict
+from cometnmt.config import Config, apply_overrides, load_config, to_dict
 from cometnmt.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -403,6 +403,21 @@ def test_an_override_into_an_empty_section(tmp_path):
     assert (cfg.data.max_len, cfg.model.comet.kernel_size, cfg.model.arch) == (50, 5, "comet")
     with pytest.raises(ConfigError, match="override 'model.arch.x': 'arch' is not a section"):  # a value still is not one
         load_config(empty, ["model.arch.x=1"])
+
+
+def test_a_section_set_to_null_is_refused():
+    """--set model.comet=null reset the section to the defaults (comet_bn_length.yaml lost its
+    bn_length_bounds; --set model=null trained a Transformer), while an empty section in a child keeps
+    the base's: one null, two meanings. Null for a section is now refused, naming the section."""
+    for key in ("model.comet", "model", "data"):
+        for written in ("null", "~"):
+            with pytest.raises(ConfigError, match=rf"^override '{key}=null': '{key}' is a section, not a value \(null "
+                                                  rf"neither resets nor clears it\); set its keys, {key}.KEY=VALUE"):
+                load_config(REPO / "configs" / "multi30k" / "comet_bn_length.yaml", [f"{key}={written}"])
+        with pytest.raises(ConfigError, match=rf"^override '{key}=null': '{key}' is a section"):
+            apply_overrides(Config(), [f"{key}=null"])
+    cfg = load_config(REPO / "configs" / "multi30k" / "comet_bn_length.yaml", ["model.comet.bn_length_bounds=null"])
+    assert (cfg.model.arch, cfg.model.comet.bn_length_bounds) == ("comet", None)  # a key that may be null still may
 
 
 def test_language_codes_are_case_insensitive():
