@@ -317,6 +317,10 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override '{dotted}': '{part}' is not a section")
         node = child
+    if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict) and _section_type(dotted) is not None:
+        # key by key, as a child file's section merges over its base's: --set 'model.comet={kernel_size: 5}'
+        # replaced the whole section, so comet_bn_length.yaml's bn_length_bounds fell back to null
+        value = _merge(node[parts[-1]], value)
     node[parts[-1]] = value
 
 

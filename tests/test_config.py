@@ -420,6 +420,21 @@ def test_a_section_set_to_null_is_refused():
     assert (cfg.model.arch, cfg.model.comet.bn_length_bounds) == ("comet", None)  # a key that may be null still may
 
 
+def test_a_section_given_as_a_mapping_merges_as_in_a_file(tmp_path):
+    """--set 'model.comet={kernel_size: 5}' replaced the whole section: comet_bn_length.yaml's other
+    comet keys fell back to their defaults (bn_length_bounds null: no length-bucketed batch norm),
+    without a word, while the same mapping in a child file merges key by key over the base's."""
+    preset = REPO / "configs" / "multi30k" / "comet_bn_length.yaml"
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {preset}\nmodel:\n  comet: {{kernel_size: 5}}\n", encoding="utf-8")
+    from_file = load_config(child)
+    for overrides in (["model.comet={kernel_size: 5}"], ["model={comet: {kernel_size: 5}}"]):
+        for cfg in (load_config(preset, overrides), apply_overrides(load_config(preset), overrides)):
+            assert cfg.model.comet.bn_length_bounds == [8, 11, 14, 18] and cfg.model.comet.kernel_size == 5
+            assert cfg == from_file
+    assert load_config(preset, ["model.comet={bn_length_bounds: null}"]).model.comet.bn_length_bounds is None
+
+
 def test_language_codes_are_case_insensitive():
     """data.src_lang: DE was refused once training read the data ("'DE' is not a language of Multi30k
     task 1 ... expected one of de, en, fr"), and with data.corpus files spaCy had no tokenizer for
