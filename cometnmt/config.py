@@ -679,6 +679,20 @@ def check_unread_files(data: DataConfig) -> None:
                           f"{data.train_split} split): set data.corpus: files to train on them, or remove them")
 
 
+def unread_multi30k_dir(data: DataConfig) -> str | None:
+    """The words of a warning when ``data.multi30k_dir`` is set beside data.corpus 'files', which
+    reads no such folder (nor takes relative file paths from it): a config setting both trained on
+    the files without a word about the folder. None when there is nothing to say. A warning, not an
+    error as :func:`check_unread_files`' is: the run reads the data its config names, and a base
+    preset may set the folder. ``$COMETNMT_MULTI30K_DIR`` is a machine's setting, not a run's, and
+    goes unnamed."""
+    if data.corpus != "files" or data.multi30k_dir is None:
+        return None
+    return (f"config key 'data.multi30k_dir' is set ({data.multi30k_dir!r}) but unused: data.corpus is 'files', which "
+            f"reads the data.<split>_src/_tgt files (relative paths from the current folder, not from that one); "
+            f"remove the key (or null it) to silence this")
+
+
 _SHARED_MODEL_KEYS = ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "dropout", "attention_dropout",
                       "max_positions", "tie_embeddings")  # the Transformer family's; ConvS2S and the RNN read none
 

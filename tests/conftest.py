@@ -26,12 +26,15 @@ def multi30k_dir() -> Path:
 
 
 def tiny_train_cfg(save_dir, data_dir, *overrides):
-    """configs/tiny.yaml on 300 Multi30k pairs in 600-token batches, two micro-batches a step, one
-    epoch, no validation BLEU, checkpoints in ``save_dir``; ``overrides`` (dotted keys) come last."""
+    """configs/tiny.yaml on 300 Multi30k pairs (from the folder ``data_dir``) in 600-token batches,
+    two micro-batches a step, one epoch, no validation BLEU, checkpoints in ``save_dir``;
+    ``overrides`` (dotted keys) come last. With data.corpus=files among them no folder is set, as
+    that corpus reads none (train warns of a data.multi30k_dir beside it)."""
     from cometnmt.config import load_config
 
+    folder = [] if "data.corpus=files" in overrides else [f"data.multi30k_dir={data_dir}"]
     return load_config(REPO / "configs" / "tiny.yaml", [
-        f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
+        *folder, "data.max_train_pairs=300", "data.max_valid_pairs=20",
         "train.batch_tokens=600", "train.max_epochs=1", "train.valid_bleu=false", "train.progress=false",
         "train.accum_steps=2", f"train.save_dir={save_dir}", *overrides,
     ])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
@@ -422,6 +423,25 @@ def test_a_checkpoint_finds_its_relative_data_paths_from_anywhere(tmp_path, data
     result, out = cometnmt.evaluate_checkpoint(avg, "test", device="cpu", hyp_out=tmp_path / "h.txt", json_out=tmp_path / "r.json")
     assert (tmp_path / "h.txt").read_text(encoding="utf-8") == "".join(h + "\n" for h in out.hyps)
     assert json.loads((tmp_path / "r.json").read_text())["bleu"] == result["bleu"]
+
+
+def test_a_multi30k_folder_beside_corpus_files_is_named(tmp_path, data_dir, caplog):
+    """data.multi30k_dir set beside data.corpus files is read by nothing (relative file paths are not
+    taken from it either), and training said nothing of it. train warns, naming both keys; nothing
+    is said without the key, nor of $COMETNMT_MULTI30K_DIR (a machine's setting, which tests set)."""
+    files = _files(tmp_path, data_dir)
+    assert os.environ.get("COMETNMT_MULTI30K_DIR")
+    for save, folder, warned in (("a", [f"data.multi30k_dir={data_dir}"], True), ("b", [], False)):
+        caplog.clear()
+        cfg = tiny_train_cfg(tmp_path / save, data_dir, *files, *folder, "train.max_steps=1", "train.num_threads=1")
+        assert (cfg.data.multi30k_dir is not None) == warned
+        with caplog.at_level(logging.WARNING, logger="cometnmt"):
+            cometnmt.train(cfg)
+        found = [r.getMessage() for r in caplog.records if "data.multi30k_dir" in r.getMessage()]
+        assert found == ([f"config key 'data.multi30k_dir' is set ({str(data_dir)!r}) but unused: data.corpus is 'files', "
+                          "which reads the data.<split>_src/_tgt files (relative paths from the current folder, not from "
+                          "that one); remove the key (or null it) to silence this"] if warned else [])
+        assert ("data.multi30k_dir" in (tmp_path / save / "train.log").read_text(encoding="utf-8")) == warned
 
 
 def _files(tmp_path, data_dir, n_train=60, n_valid=6):

@@ -13,7 +13,7 @@ import torch
 
 from cometnmt.atomic import same_file
 from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict,
-                             unused_model_keys, yaml_dump)
+                             unread_multi30k_dir, unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import write_text_file
 from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag_record
@@ -313,6 +313,8 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if unused:
             log.warning("model.arch=%s does not use %s (set away from their defaults; trained without them: check "
                         "model.arch)", cfg.model.arch, ", ".join(unused))
+        if (unread := unread_multi30k_dir(cfg.data)) is not None:
+            log.warning("%s", unread)
         seed_everything(cfg.train.seed)
 
         train_corpus = read_split(cfg.data, "train")
