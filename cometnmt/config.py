@@ -431,7 +431,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML file (or defaults when ``path`` is None), apply dotted overrides, validate."""
-    data = _read_yaml(Path(path)) if path is not None else {}
+    data = _read_yaml(Path(path).expanduser()) if path is not None else {}  # "~": as base: and the data paths
     if path is not None:  # the file's own keys and types first, so an error there names the file
         try:
             from_dict(Config, copy.deepcopy(data), build=False)
@@ -469,8 +469,8 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    """Read one preset. A top-level ``base: other.yaml`` (relative to this file) is read first and
-    this file's keys are merged over it, section by section."""
+    """Read one preset. A top-level ``base: other.yaml`` (relative to this file; "~" is the home
+    folder) is read first and this file's keys are merged over it, section by section."""
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder, expected a YAML config file" + (f" (the base of {seen[-1]})" if seen else ""))
     if not path.is_file():
@@ -500,7 +500,9 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
             raise ConfigError(f"{path}: {exc} (the base of {seen[-1]})") from None
     if base is None:
         return data
-    return _merge(_read_yaml(path.parent / base, seen + (path.resolve(),)), data)
+    # "~" is the home folder, as in the data paths and train.save_dir: base: ~/presets/x.yaml was
+    # looked for in a folder named "~" beside this file
+    return _merge(_read_yaml(path.parent / Path(base).expanduser(), seen + (path.resolve(),)), data)
 
 
 def config_from_dict(data: dict) -> Config:

@@ -330,6 +330,24 @@ def test_a_quoted_override_stays_a_string(override, key, value):
         load_config(REPO / "configs" / "tiny.yaml", ["name=2024"])
 
 
+def test_a_tilde_in_a_config_path_is_the_home_folder(tmp_path, monkeypatch):
+    """base: ~/presets/tiny.yaml was looked for in a folder named '~' beside the child ("config file
+    not found: .../~/presets/tiny.yaml"), and load_config('~/x.yaml') in one under the current
+    folder, though "~" is the home folder in the data paths and train.save_dir."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "presets").mkdir(parents=True)
+    (tmp_path / "home" / "presets" / "tiny.yaml").write_text((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"),
+                                                             encoding="utf-8")
+    child = tmp_path / "home" / "child.yaml"
+    child.write_text("base: ~/presets/tiny.yaml\nname: child\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for path in (child, "~/child.yaml"):
+        cfg = load_config(path)
+        assert (cfg.name, cfg.model.d_model) == ("child", load_config(REPO / "configs" / "tiny.yaml").model.d_model)
+    child.write_text("base: ~\nname: child\n", encoding="utf-8")  # ~ alone is YAML's null: no base
+    assert load_config(child).data.max_train_pairs is None
+
+
 def test_an_error_in_a_base_names_the_base(tmp_path):
     """A wrong key in a base file was reported against the child config, the wrong file to edit."""
     (tmp_path / "bad_base.yaml").write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\ndata:\n  lowercase: maybe\n",
