@@ -818,6 +818,7 @@ def _reference_lines(cls: type, indent: int) -> list[str]:
     if doc:
         lines.append(f"{pad}# {doc[0]}")
     comments = _field_comments(cls)
+    hints = typing.get_type_hints(cls)
     defaults = cls()
     for f in dataclasses.fields(cls):
         value = getattr(defaults, f.name)
@@ -830,6 +831,8 @@ def _reference_lines(cls: type, indent: int) -> list[str]:
         text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
         text = text.removesuffix("\n...").removesuffix("...").strip()
         comment = f"  # {comments[f.name]}" if f.name in comments else ""
+        if value is None:  # a null default shows no type: the schema's ("int or null"), so one knows what to write
+            comment = f"  # ({_type_name(hints[f.name])}){comment.removeprefix('  #')}"
         lines.append(f"{pad}{f.name}: {text}{comment}")
     return lines
 

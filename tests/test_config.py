@@ -117,6 +117,30 @@ def test_reference_yaml_comments_every_key():
     assert not bare, f"keys without an inline comment in their dataclass: {bare}"
 
 
+def test_reference_yaml_gives_the_type_of_a_key_whose_default_is_null():
+    """A null default shows no type: reference.yaml said "max_steps: null" and "multi30k_dir: null" with
+    nothing telling an integer from a path or a list (bn_length_bounds). Their comments now start with
+    the schema's type, generated (not written out a second time)."""
+    import dataclasses
+    import typing
+
+    from cometnmt.config import _type_name
+
+    ref = (REPO / "configs" / "reference.yaml").read_text(encoding="utf-8")
+
+    def check(cls):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            value = getattr(cls(), f.name)
+            if dataclasses.is_dataclass(value):
+                yield from check(type(value))
+            elif value is None:
+                assert re.search(rf"^ +{f.name}: null  # \({re.escape(_type_name(hints[f.name]))}\) \S", ref, re.M), f.name
+                yield f.name
+
+    assert {"multi30k_dir", "max_steps", "bn_length_bounds", "embed_dropout"} <= set(check(Config))
+
+
 def test_reference_yaml_is_up_to_date():
     from cometnmt.config import reference_yaml
 
