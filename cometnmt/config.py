@@ -350,10 +350,12 @@ class _Loader(yaml.SafeLoader):
     def construct_yaml_int(self, node):
         """Integers as YAML 1.2 reads them: YAML 1.1 took a leading zero for octal and colons for base
         60, so ``seed: 010`` trained with seed 8 and ``max_epochs: 1:30`` ran 90 epochs, without a
-        word. A leading zero is decimal (010 is 10); ``1:30`` is the text it is."""
+        word. A leading zero is decimal (010 is 10), ``0o17`` octal (15); ``1:30`` is the text it is."""
         text = self.construct_scalar(node)
         if ":" in text:
             return text
+        if text.startswith("0o"):  # YAML 1.2's octal (1.1 had none: seed: 0o17 was text, refused)
+            return int(text[2:], 8)
         digits = text.replace("_", "").lstrip("+-")
         if len(digits) > 1 and digits[0] == "0" and digits.isdigit():
             return int(text.replace("_", ""), 10)
@@ -369,6 +371,8 @@ _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 _LEADING_ZERO_INT = re.compile(r"^[-+]?0[0-9_]+$")  # 08 and 09 too, which YAML 1.1 read as text (no octal digits)
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", _LEADING_ZERO_INT, list("-+0"))
+_OCTAL_INT = re.compile(r"^0o[0-7]+$")  # YAML 1.2's octal: 0o17 is 15
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _OCTAL_INT, list("0"))
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
 # Booleans as YAML 1.2 reads them: true and false only. YAML 1.1 also took yes, no, on and off, so
@@ -388,6 +392,7 @@ class _Dumper(yaml.SafeDumper):
 
 _Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 _Dumper.add_implicit_resolver("tag:yaml.org,2002:int", _LEADING_ZERO_INT, list("-+0"))
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:int", _OCTAL_INT, list("0"))
 
 
 def yaml_load(stream) -> Any:

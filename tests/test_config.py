@@ -506,6 +506,17 @@ def test_integers_are_read_as_yaml_1_2_reads_them(tmp_path):
     assert yaml_load(yaml_dump({"name": "09", "save_dir": "1:30"})) == {"name": "09", "save_dir": "1:30"}
 
 
+def test_yaml_1_2_octal_is_a_number():
+    """YAML 1.2 writes octal as 0o17; the loader (YAML 1.1's int resolver) read it as text, so
+    train.seed: 0o17 was refused ("expected an integer, got '0o17'") and a name '0o17' was written
+    to config.yaml unquoted. 0o17 is 15, in files as in --set; the dumper quotes the text."""
+    from cometnmt.config import yaml_dump, yaml_load
+
+    assert load_config(REPO / "configs" / "tiny.yaml", ["train.seed=0o17", "name='0o17'"]).train.seed == 15
+    assert yaml_load("[0o17, 0o0, 0o8, -0o7, 0o]") == [15, 0, "0o8", "-0o7", "0o"]  # 1.2 has no signed or bare one
+    assert yaml_load(yaml_dump({"name": "0o17"})) == {"name": "0o17"}
+
+
 def test_a_key_that_may_be_null_gets_the_hints_too():
     """The YAML and bracket hints were given for str and list keys but not for those that may also be
     null (the data paths, model.comet.bn_length_bounds): data.multi30k_dir=2024 said only "expected
