@@ -201,7 +201,9 @@ def _evaluate_run(args, run: Path) -> dict:
 
     path, used = _checkpoint(args, run)
     translator = Translator.from_checkpoint(path, args.device)
-    decode = decode_config(translator.cfg.decode, beam=args.beam, length_penalty=args.length_penalty)
+    # the best hypothesis is scored, as evaluate does: a config of decode.nbest 3 with method greedy
+    # was decoded by a beam of decode.beam_size, and with --beam 1 refused after every run had trained
+    decode = decode_config(translator.cfg.decode, beam=args.beam, nbest=1, length_penalty=args.length_penalty)
     data = translator.cfg.data
     tok = paper_tokenizer(data.tgt_lang)  # None: BLEU and chrF alone (a language spaCy cannot tokenise)
     out = {"checkpoint": used, "decode": to_dict(decode), "arch": translator.cfg.model.arch,

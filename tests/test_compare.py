@@ -210,3 +210,35 @@ def test_budget_ended_runs_name_what_was_decoded():
     for best in ({**run, "checkpoint": ["best.pt"]}, run):  # compare without --average-last; reproduce
         (line,) = [x for x in capped_lines([best], lambda r: r["row"]) if x]
         assert "(best.pt is the best epoch trained, perhaps not the rule's)" in line
+
+
+def test_a_config_of_several_hypotheses_is_scored_on_its_best_as_evaluate_does(monkeypatch, tmp_path):
+    """compare decoded each run with its config's search as it stands: decode.nbest 3 beside method
+    greedy made it a beam search of decode.beam_size (evaluate --checkpoint, which scores one
+    hypothesis, searched greedily), and with --beam 1 every run trained before evaluation was refused
+    ("--nbest 3: more hypotheses than the beam keeps (1)", a flag compare does not have)."""
+    import argparse
+    import types
+
+    from cometnmt import compare
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import Translator
+
+    class Decoded(Exception):
+        pass
+
+    def translate_split(split, decode, limit=None):
+        raise Decoded(decode)
+
+    translator = types.SimpleNamespace(cfg=types.SimpleNamespace(decode=DecodeConfig(nbest=3)), translate_split=translate_split,
+                                       model=torch.nn.Linear(1, 1))
+    translator.cfg.data = types.SimpleNamespace(tgt_lang="en", src_lang="de", lowercase=False)
+    translator.cfg.model = types.SimpleNamespace(arch="transformer")
+    monkeypatch.setattr(compare, "_checkpoint", lambda args, run: (run / "best.pt", ["best.pt"]))
+    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(lambda path, device: translator))
+    for beam, method in ((None, "greedy"), (1, "greedy"), (4, "beam")):
+        args = argparse.Namespace(beam=beam, length_penalty=None, device="cpu", eval_limit=None)
+        with pytest.raises(Decoded) as caught:
+            compare._evaluate_run(args, tmp_path)
+        decode = caught.value.args[0]
+        assert (decode.method, decode.nbest) == (method, 1)
