@@ -152,7 +152,7 @@ class DecodeConfig:
     beam_size: int = 5  # method beam: hypotheses kept per sentence (at least nbest)
     length_penalty: float = 1.0  # GNMT alpha (0 to 10): score / ((5 + len) / 6) ** alpha
     length_norm: Literal["gnmt", "length"] = "gnmt"  # beam ranking with length_penalty as alpha: gnmt, as above; length: score / len ** alpha (fairseq's --lenpen)
-    nbest: int = 1  # hypotheses per sentence: the beam's best, or independent samples (method sample)
+    nbest: int = 1  # hypotheses per sentence (translate, serve): the beam's best (method greedy too: a beam of beam_size), or independent samples (method sample)
     sampling_topk: int = 0  # sample: draw from the k most probable tokens only (0: the whole vocabulary)
     sampling_topp: float = 1.0  # sample: nucleus, the fewest tokens whose probability reaches p (after top-k; 1.0: off)
     temperature: float = 1.0  # sample: divides the logits (below 1: sharper, above: flatter; 1e-30 to 1e30)

@@ -141,6 +141,19 @@ def test_reference_yaml_gives_the_type_of_a_key_whose_default_is_null():
     assert {"multi30k_dir", "max_steps", "bn_length_bounds", "embed_dropout"} <= set(check(Config))
 
 
+def test_reference_yaml_says_that_nbest_beside_greedy_search_is_a_beam_search():
+    """decode.method: greedy with decode.nbest: 3 loads, and translate and serve then search with a
+    beam of decode.beam_size (as --nbest 3 alone does); reference.yaml said method greedy and "the
+    beam's best" without a word of it."""
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import decode_config
+
+    decode = decode_config(load_config(None, ["decode.nbest=3"]).decode)
+    assert (decode.method, decode.beam_size, decode.nbest) == ("beam", DecodeConfig().beam_size, 3)
+    ref = (REPO / "configs" / "reference.yaml").read_text(encoding="utf-8")
+    assert re.search(r"^  nbest: 1  # .*method greedy too: a beam of beam_size", ref, re.M)
+
+
 def test_reference_yaml_is_up_to_date():
     from cometnmt.config import reference_yaml
 
