@@ -193,7 +193,7 @@ def _type_name(tp: Any) -> str:
 def _yaml_hint(value: Any, key: str, quote: bool = True) -> str:
     """For a string key that YAML read as a boolean or a number: why, and (``quote``) how to quote it.
     A choice of strings takes the why alone: quoting the value does not make it one of the choices."""
-    if isinstance(value, bool):  # true, True or TRUE: the word as written is gone
+    if isinstance(value, bool):  # true or false (True, TRUE, ...): the word as written is gone
         word = str(value).lower()
         hint = f"; YAML reads {word} unquoted as the boolean {word}"
         return hint + (f": quote it, e.g. {key}='{word}'" if quote else "")
