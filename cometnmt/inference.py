@@ -486,7 +486,10 @@ class Translator:
         if isinstance(layer, bool) or not isinstance(layer, int):  # "1" was a TypeError from the comparison, True layer 1
             raise ConfigError(f"{setting('layer', repr(layer), flags)}: must be an integer (0..{layers - 1}, or -1 for the last)")
         if not -layers <= layer < layers:
-            raise ConfigError(f"{setting('layer', layer, flags)}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
+            # counted as the layers that attend to the source: the RNN's decoder attends once, after its
+            # top layer, whatever model.rnn.dec_layers is (a 2-layer one was said to have 1 layer)
+            raise ConfigError(f"{setting('layer', layer, flags)}: the decoder has {layers} layer{'s' * (layers != 1)} attending "
+                              f"to the source (0..{layers - 1}, or -1 for the last)")
         return layers
 
     def _best_ids(self, src_ids: list[list[int]], progress: bool, skip: list[bool] | None = None) -> list[list[int]]:

@@ -797,6 +797,22 @@ def test_log_prob_of_translations_is_their_search_score(translator):
     assert [s.tokens for s in scores] == [len(h.tokens) + 1 for _, h in rows]
 
 
+def test_a_wrong_attention_layer_of_an_rnn_counts_its_one_attention(translator):
+    """The RNN's decoder attends to the source once, after its top layer: with model.rnn.dec_layers 2
+    the refusal of layer=1 said 'the decoder has 1 layers', which that decoder does not."""
+    from cometnmt.config import ModelConfig
+    from cometnmt.models import build_model
+
+    cfg = ModelConfig(arch="rnn")
+    cfg.rnn.embed_dim, cfg.rnn.hidden_size, cfg.rnn.dec_layers = 8, 16, 2
+    codec = translator.codec
+    model = build_model(cfg, len(codec.src_vocab), len(codec.tgt_vocab), 0)
+    rnn = cometnmt.Translator(model, codec, translator.cfg, translator.device)
+    with pytest.raises(cometnmt.ConfigError, match=r"^layer=1: the decoder has 1 layer attending to the source \(0\.\.0, or -1"):
+        rnn.attention(["Ein Hund läuft."], ["A dog runs."], layer=1)
+    assert rnn.attention(["Ein Hund läuft."], ["A dog runs."], layer=0)[0].layer == 0
+
+
 def test_attention_through_the_api(translator):
     """Translator.attention: one map per pair, rows summing to 1 over the source tokens, teacher-forced
     on given targets or on the model's own greedy translation; a wrong layer is named as the keyword."""
