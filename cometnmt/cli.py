@@ -309,7 +309,9 @@ def cmd_attention(args) -> int:
     if stale:
         log.info("removed %d heatmaps of an earlier run from %s", len(stale), out)
     for i, amap in enumerate(progress_bar(shown, desc="plots", unit="png", disable=len(shown) < 2, leave=False)):
-        plot_attention(amap, out / f"line_{i + 1:04d}.png", f"{Path(args.input).name}, line {i + 1}; decoder layer {amap.layer + 1} of "
+        # counted among the layers that attend to the source, as --layer counts them (the RNN's one
+        # attention reads the top of a decoder of model.rnn.dec_layers layers)
+        plot_attention(amap, out / f"line_{i + 1:04d}.png", f"{Path(args.input).name}, line {i + 1}; attention layer {amap.layer + 1} of "
                        f"{len(translator.model.cross_attention_modules())}, heads averaged")
     print(f"{len(maps)} pair{'s' * (len(maps) != 1)}: {out / 'attention.jsonl'}; "
           f"{len(shown)} heatmap{'s' * (len(shown) != 1)} {out}/line_*.png", file=sys.stderr)

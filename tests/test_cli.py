@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
+from conftest import tiny_train_cfg
 
 TINY = ["configs/tiny.yaml", "--set", "data.max_train_pairs=600", "--set", "data.max_valid_pairs=40",
         "--set", "train.max_epochs=1", "--set", "train.progress=false", "--set", "train.attention_plots=2"]
@@ -467,6 +468,26 @@ def test_logprob_refuses_translate_nbest_columns_as_targets(trained, cli, tmp_pa
     assert len(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), "--nbest-input").stdout.splitlines()) == 2
     tgt.write_text("0\t-1.2500\tA dog.\nTwo cats.\n", encoding="utf-8")  # one such line is text
     assert cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), check=False).returncode == 0
+
+
+def test_attention_heatmap_of_a_two_layer_rnn_names_its_one_attention(tmp_path, data_dir, monkeypatch):
+    """The RNN attends to the source once, after the top of its model.rnn.dec_layers layers: a
+    two-layer decoder's heatmap was titled 'decoder layer 1 of 1'. The title counts attention
+    layers, as --layer does."""
+    import cometnmt.plots
+    from cometnmt.cli import main
+    from cometnmt.training.run import train
+
+    save = tmp_path / "rnn"
+    train(tiny_train_cfg(save, data_dir, "data.max_train_pairs=60", "model.arch=rnn", "model.rnn.embed_dim=8",
+                         "model.rnn.hidden_size=16", "model.rnn.dec_layers=2", "train.num_threads=1"))
+    titles = []
+    monkeypatch.setattr(cometnmt.plots, "plot_attention", lambda amap, path, title: titles.append(title))
+    src = tmp_path / "s.de"
+    src.write_text("Ein Hund läuft.\n", encoding="utf-8")
+    assert main(["attention", str(save / "best.pt"), "-i", str(src), "-t", str(src), "--out", str(tmp_path / "att"),
+                 "--plots", "1", "--device", "cpu"]) == 0
+    assert titles == ["s.de, line 1; attention layer 1 of 1, heads averaged"]
 
 
 def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):
