@@ -312,3 +312,29 @@ def test_tied_embeddings_share_one_matrix(name):
     unused = [r for r in range(V_TGT) if r not in rows]  # rows no input token looks up: output gradient only
     torch.testing.assert_close(shared[unused], weight.grad[unused])
     assert not torch.allclose(shared[sorted(rows)], weight.grad[sorted(rows)])  # the looked-up rows get both
+
+
+def test_convs2s_scales_the_encoder_gradient_by_one_over_twice_the_attention_layers():
+    """Gehring et al. section 3.4 (fairseq's GradMultiply): gradients reaching the encoder through
+    the decoder's m attention layers are scaled by 1/(2m); the decoder's are not. convs2s_mixed has
+    m = 3, so its encoder convolutions and projections get 1/6 of the unscaled gradient. The source
+    embeddings also reach the attention values directly, unscaled, so they are left out."""
+    gen = torch.Generator().manual_seed(3)
+    src, mask = random_batch([6, 4, 5], V_SRC, gen)
+    tgt, _ = random_batch([5, 6, 3], V_TGT, gen)
+    grads = {}
+    for scale in (True, False):
+        torch.manual_seed(0)
+        case = {**CASES["convs2s_mixed"], "convs2s": {**CASES["convs2s_mixed"]["convs2s"], "scale_encoder_grad": scale}}
+        model = build_model(from_dict(ModelConfig, {**SMALL, **case}, "model"), V_SRC, V_TGT, PAD).double().eval()
+        model(src, mask, tgt).logsumexp(-1).sum().backward()
+        grads[scale] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys()
+    encoder = [n for n in grads[True] if n.startswith(("enc_in", "encoder.", "enc_out"))]
+    decoder = [n for n in grads[True] if n.startswith(("tgt_embed", "dec_in", "decoder.", "dec_out", "out_proj"))]
+    assert len(encoder) >= 6 and len(decoder) >= 6
+    for n in encoder:
+        assert torch.allclose(grads[True][n], grads[False][n] / 6, rtol=1e-9, atol=1e-12), n
+        assert grads[False][n].abs().max() > 1e-6, n  # a gradient to scale
+    for n in decoder:
+        assert torch.allclose(grads[True][n], grads[False][n], rtol=1e-9, atol=1e-12), n
