@@ -7,7 +7,8 @@ Endpoints:
 * ``POST /translate`` with ``{"text": "..."}`` (one sentence) or ``{"texts": ["...", ...]}`` and
   optionally ``beam``, ``nbest``, ``length_penalty``, ``sampling`` (true: random samples, ``nbest``
   of them; false: greedy search), ``topk``, ``topp``, ``temperature``, ``seed``, ``replace_unk``:
-  ``{"translation": "..."}`` or ``{"translations": [...]}``; with ``nbest`` above 1 each
+  ``{"translation": "..."}`` or ``{"translations": [...]}``; with ``nbest`` in the request (``1``
+  included, as ``translate --nbest 1`` writes columns) or a server default above 1, each
   translation is a list of ``{"text", "score"}``, best first.
 * ``POST /logprob`` with ``{"source": "...", "target": "..."}`` or ``{"sources": [...], "targets":
   [...]}``: forced decoding (:meth:`Translator.log_prob`), ``{"log_prob", "tokens", "unknown"}`` or
@@ -262,7 +263,9 @@ class TranslationServer(ThreadingHTTPServer):
                 results = self.translator.translate(texts, **settings)
         except CometNMTError as exc:  # a bad setting or sentence, or one longer than the model's positions
             raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
-        nbest = settings.get("nbest", self.translator.cfg.decode.nbest) > 1
+        # one shape per request option, as translate writes columns for an explicit --nbest 1: a client
+        # that sends nbest gets lists whatever its value (an "nbest": 1 got a bare string, "nbest": 2 lists)
+        nbest = "nbest" in settings or self.translator.cfg.decode.nbest > 1
         out = [[{"text": h.text, "score": h.score} for h in hyps] if nbest else hyps[0].text for hyps in results]
         return {"translation": out[0]} if single else {"translations": out}
 

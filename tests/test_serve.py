@@ -72,6 +72,20 @@ def test_translations_equal_the_translators(server, checkpoint):
     assert (health["src_lang"], health["tgt_lang"]) == ("de", "en") and health["decode"]["method"] == "greedy"
 
 
+def test_a_request_with_nbest_gets_lists_whatever_its_value(server, checkpoint):
+    """One shape per request option, as translate writes columns for an explicit --nbest 1:
+    "nbest": 1 got a bare string where "nbest": 2 got lists of {"text", "score"}."""
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    best = translator.translate(["Zwei Hunde."], nbest=1)[0][0]
+    status, out = call(server, "/translate", {"text": "Zwei Hunde.", "nbest": 1})
+    assert status == 200 and [h["text"] for h in out["translation"]] == [best.text], out
+    assert out["translation"][0]["score"] == pytest.approx(best.score)
+    status, out = call(server, "/translate", {"texts": ["Zwei Hunde.", ""], "nbest": 1, "beam": 2})
+    assert status == 200 and [[h["text"] for h in r] for r in out["translations"]] == \
+        [[translator("Zwei Hunde.", beam=2)], [""]], out
+    assert call(server, "/translate", {"text": "Zwei Hunde."}) == (200, {"translation": best.text})  # without nbest: text
+
+
 def test_concurrent_requests_each_get_their_own_answer(server):
     sentences = [f"Ein Hund läuft {n} Meter." for n in range(8)]
     expected = {s: call(server, "/translate", {"text": s})[1]["translation"] for s in sentences}
