@@ -21,7 +21,8 @@ since a beam's (or the samples') memory grows with its width. With a seed (the r
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
 Content-Length, 413 for too many sentences or too large a body, 408 for a body that stops
 short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
-from http.server itself) and ``{"error": "..."}`` naming the field; a query string is ignored. A
+from http.server itself) and ``{"error": "..."}`` naming the field (one sentence of a list as
+``"texts"[2]``, counted from 0 as JSON indexes it); a query string is ignored. A
 request whose length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
 line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
 be taken for the next request (request smuggling). ``Expect: 100-continue`` is answered with
@@ -83,11 +84,37 @@ def _request_texts(body: dict, max_sentences: int) -> tuple[list[str], bool]:
         if len(texts) > max_sentences:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f'"texts" has {len(texts)} sentences, more than this server takes at once ({max_sentences})')
-    for i, text in enumerate(texts):
-        if "\n" in text:  # a carriage return is text, as for Translator
-            where = '"text"' if single else f'"texts"[{i}]'
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} holds a newline; send one sentence per string")
+    for i, text in enumerate(texts):  # a carriage return is text, as for Translator
+        _check_text(text, '"text"' if single else f'"texts"[{i}]')
     return texts, single
+
+
+def _check_text(text: str, where: str) -> None:
+    """One sentence of a request, named as the request has it (``where``: ``"texts"[2]``, 0-based as
+    JSON counts): no newline, and UTF-8 (no lone surrogate, which JSON's \\ud800 can carry). The
+    Translator's own checks said "sentence 3", counting from 1 and naming no field."""
+    if "\n" in text:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} holds a newline; send one sentence per string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} is not valid Unicode (a lone surrogate at "
+                                                   f"column {exc.start + 1})") from None
+
+
+_LINE = re.compile(r"(input|source|target) line (\d+): ")  # Translator's errors about one sentence, counting from 1
+
+
+def _name_field(message: str, fields: dict[str, str], single: bool) -> str:
+    """A Translator error about one sentence ("input line 3: ...") naming it as the request does
+    (``"texts"[2]: ...``), so every error about a sentence counts from 0 as JSON does; ``fields``
+    maps the Translator's word for the side to the request's list field."""
+    match = _LINE.match(message)
+    if not match or match.group(1) not in fields:
+        return message
+    field = fields[match.group(1)]
+    where = f'"{field[:-1]}"' if single else f'"{field}"[{int(match.group(2)) - 1}]'
+    return f"{where}: {message[match.end():]}"
 
 
 def _request_pairs(body: dict, max_sentences: int) -> tuple[list[str], list[str], bool]:
@@ -107,9 +134,7 @@ def _request_pairs(body: dict, max_sentences: int) -> tuple[list[str], list[str]
         if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
             raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be {"a string" if single else "a list of strings"}')
         for i, text in enumerate(value):
-            if "\n" in text:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}"{"" if single else f"[{i}]"} holds a newline; '
-                                                           "send one sentence per string")
+            _check_text(text, f'"{field}"' if single else f'"{field}"[{i}]')
         pairs[key] = value
     if len(pairs["source"]) != len(pairs["target"]):
         raise RequestError(HTTPStatus.BAD_REQUEST, f'"sources" has {len(pairs["source"])} sentences but "targets" has '
@@ -262,7 +287,7 @@ class TranslationServer(ThreadingHTTPServer):
             with self.lock:
                 results = self.translator.translate(texts, **settings)
         except CometNMTError as exc:  # a bad setting or sentence, or one longer than the model's positions
-            raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
+            raise RequestError(HTTPStatus.BAD_REQUEST, _name_field(str(exc), {"input": "texts"}, single)) from None
         # one shape per request option, as translate writes columns for an explicit --nbest 1: a client
         # that sends nbest gets lists whatever its value (an "nbest": 1 got a bare string, "nbest": 2 lists)
         nbest = "nbest" in settings or self.translator.cfg.decode.nbest > 1
@@ -278,7 +303,8 @@ class TranslationServer(ThreadingHTTPServer):
             with self.lock:
                 scores = self.translator.log_prob(sources, targets)
         except CometNMTError as exc:  # a sentence longer than the model's positions, say
-            raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
+            raise RequestError(HTTPStatus.BAD_REQUEST,
+                               _name_field(str(exc), {"source": "sources", "target": "targets"}, single)) from None
         out = [{"log_prob": s.log_prob, "tokens": s.tokens, "unknown": s.unknown} for s in scores]
         return out[0] if single else {"scores": out}
 

@@ -125,11 +125,15 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"text": "a", "sampling": True, "beam": 3}, None, 400, "sampling=True and beam=3: choose one"),
     ({"text": "a", "topk": 3}, None, 400, "topk=3: a sampling setting; add sampling=True"),
     ({"text": "a", "sampling": True, "nbest": 65}, None, 400, "nbest=65: more than this server's limit of 64"),
-    ({"text": " ".join(["Hund"] * 1100)}, None, 400, "more than the model's"),
+    ({"text": " ".join(["Hund"] * 1100)}, None, 400, '"text": 1100 source tokens, more than the model\'s'),
     ({"text": "x" * 20000}, None, 413, "more than this server takes (10000)"),
     ({"text": "a", "beam": 1000000}, None, 400, "beam=1000000: more than this server's limit of 64"),
     ({"text": "a", "beam": 4, "nbest": 65}, None, 400, "nbest=65: more than this server's limit of 64"),
-    (None, b'{"text": "\\ud800"}', 400, "sentence 1: not valid Unicode (a lone surrogate at column 1)"),
+    (None, b'{"text": "\\ud800"}', 400, '"text" is not valid Unicode (a lone surrogate at column 1)'),
+    # a sentence of a list is named as "texts"[i], counted from 0, whichever check refuses it: the
+    # Translator's own said "sentence 2" and "input line 3", counting from 1
+    (None, b'{"texts": ["a", "b\\ud800"]}', 400, '"texts"[1] is not valid Unicode (a lone surrogate at column 2)'),
+    ({"texts": ["a", "b", " ".join(["Hund"] * 1100)]}, None, 400, '"texts"[2]: 1100 source tokens, more than the model'),
     (None, b"[" * 9000, 400, "nested too deeply"),
 ])
 def test_bad_requests_name_the_problem(server, body, raw, status, needle):
@@ -257,7 +261,13 @@ def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
                          ({"sources": ["a", "b"], "targets": ["c"]}, '"sources" has 2 sentences but "targets" has 1'),
                          ({"sources": "a", "targets": ["b"]}, '"sources" must be a list of strings'),
                          ({"source": "a\nb", "target": "c"}, '"source" holds a newline'),
-                         ({"source": " ".join(["Hund"] * 1100), "target": "a"}, "source line 1: 1100 source tokens")):
+                         ({"source": " ".join(["Hund"] * 1100), "target": "a"}, '"source": 1100 source tokens'),
+                         # a sentence of a list counts from 0, whichever check refuses it (the Translator's said
+                         # "target line 2" and "sentence 2", from 1 and naming neither side)
+                         ({"sources": ["a", "b"], "targets": ["c", " ".join(["Hund"] * 1100)]},
+                          '"targets"[1]: 1100 target tokens and <s>'),
+                         ({"sources": ["a", "b"], "targets": ["c", "d\ud800"]},
+                          '"targets"[1] is not valid Unicode (a lone surrogate at column 2)')):
         status, err = call(server, "/logprob", body)
         assert status == 400 and needle in err["error"], (body, err)
     assert call(server, "/logprob", {"sources": ["a"] * 4, "targets": ["b"] * 4})[0] == 413  # max_sentences 3
