@@ -43,6 +43,7 @@ import logging
 import re
 import selectors
 import socket
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -555,6 +556,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}") from None
             except RecursionError:
                 raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None
+            except ValueError:  # an integer longer than Python reads (sys.get_int_max_str_digits()): not a
+                # JSONDecodeError, so it was answered 500 with a traceback in the log
+                raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON holds an integer of more than "
+                                                           f"{sys.get_int_max_str_digits()} digits") from None
             self._send(HTTPStatus.OK, getattr(self.server, _POST[self._route()])(body))
         except RequestError as exc:
             self._send(exc.status, {"error": str(exc)})

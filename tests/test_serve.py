@@ -135,6 +135,8 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     (None, b'{"texts": ["a", "b\\ud800"]}', 400, '"texts"[1] is not valid Unicode (a lone surrogate at column 2)'),
     ({"texts": ["a", "b", " ".join(["Hund"] * 1100)]}, None, 400, '"texts"[2]: 1100 source tokens, more than the model'),
     (None, b"[" * 9000, 400, "nested too deeply"),
+    # longer than Python reads an int: a ValueError, not a JSONDecodeError, was a 500 and a traceback
+    (None, b'{"text": "a", "seed": ' + b"1" * 5000 + b"}", 400, "holds an integer of more than 4300 digits"),
 ])
 def test_bad_requests_name_the_problem(server, body, raw, status, needle):
     got_status, out = call(server, "/translate", body, raw=raw)
