@@ -172,7 +172,11 @@ def sample_tokens(lp: torch.Tensor, topk: int, topp: float, temperature: float, 
     top, index = scaled.topk(k, dim=-1)  # A,k, most probable first
     probs = top.softmax(dim=-1)  # A,k
     if topp < 1.0:
-        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= topp, 0.0)  # A,k: mass before a token reached topp
+        outside = probs.cumsum(dim=-1) - probs >= topp  # A,k: mass before a token reached topp
+        # the most probable token always survives: a topp below float32's least number (1.4e-45, which the
+        # config allows) compared as 0 and removed every token, so padding was drawn, score -inf
+        outside[:, 0] = False
+        probs = probs.masked_fill(outside, 0.0)
     return index.gather(1, _invert(probs, uniforms)[:, None]).squeeze(1)  # A
 
 

@@ -329,6 +329,19 @@ def test_first_sampled_tokens_follow_the_truncated_softmax(topk, topp, temperatu
         assert abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1e-9, (token, count, n * p)
 
 
+@pytest.mark.parametrize("topp", [1e-30, 1e-50, 1e-300])
+def test_a_tiny_topp_keeps_the_most_probable_token(topp):
+    """topp as small as the config allows is greedy search: a topp below float32's least number
+    (1e-50, 1e-300) compared as 0 and cut every token, so each sample was padding, score -inf (an
+    empty translation; "-Infinity" in serve's JSON)."""
+    model = Markov(n_sent=2, max_len=5, vocab=9, seed=3)
+    src, mask = torch.tensor([[0], [1]]), torch.zeros(2, 1, dtype=torch.bool)
+    greedy = greedy_search(model, src, mask, BOS, EOS, 0.0, 5)
+    sampled = sample_search(model, src, mask, BOS, EOS, 0.0, 5, nbest=3, topp=topp, generator=torch.Generator().manual_seed(0))
+    for g, hyps in zip(greedy, sampled):
+        assert [h.tokens for h in hyps] == [g.tokens] * 3 and [h.score for h in hyps] == pytest.approx([g.score] * 3)
+
+
 def test_markov_samples_are_scored_by_their_own_log_probabilities():
     model = Markov(n_sent=3, max_len=8, vocab=9, seed=5)
     src, mask = torch.tensor([[0], [1], [2]]), torch.zeros(3, 1, dtype=torch.bool)
