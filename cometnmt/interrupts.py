@@ -81,6 +81,19 @@ def _handled_by(handler) -> Iterator[dict]:
             signal.signal(signum, old)
 
 
+def ignored() -> set[int]:
+    """The signals of :data:`SIGNALS` ignored now (SIG_IGN: a run started in the background by a
+    script ignores SIGINT): noted inside a block, delivering them does nothing."""
+    return {signum for signum in SIGNALS if signal.getsignal(signum) == signal.SIG_IGN}
+
+
+def raise_noted(noted: list[int]) -> None:
+    """Deliver the first signal of ``noted`` (a :func:`deferred` block's, after it ended without
+    delivering it) to the handler now in place, as it would have been delivered when it came."""
+    if noted:
+        _deliver(noted[0], signal.getsignal(noted[0]))
+
+
 def _deliver(signum: int, handler) -> None:
     """Do what ``handler`` (as ``signal.signal`` returned it) would have done with ``signum``."""
     if callable(handler):

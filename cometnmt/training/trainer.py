@@ -45,7 +45,7 @@ from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import corpus_scores, paper_bleu, paper_label
 from cometnmt.inference import Translator
-from cometnmt.interrupts import deferred, first_raises
+from cometnmt.interrupts import deferred, first_raises, ignored, raise_noted
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import epoch_checkpoints, load_weights, save_checkpoint
@@ -55,6 +55,10 @@ from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
+
+
+class _RanksStop(Exception):
+    """Under DDP: the ranks agreed to stop for an interrupt one of them noted (see ``Trainer.fit``)."""
 
 
 STOPPING_KEYS = ("stopping", "loss_rise_epochs", "patience")  # the train keys of the stopping rule
@@ -132,6 +136,8 @@ class Trainer:
         self.stale = 0  # epochs of rising loss (loss_rise) or without better BLEU (bleu_patience)
         self.finished = False
         self._step_rng: Optional[dict] = None
+        self._pending: list[int] = []  # under DDP: the signals noted in fit, until the ranks agree to stop
+        self._ignored: set[int] = set()  # the signals ignored when fit began (not an interrupt)
         self.step_extra: dict[str, torch.Tensor] = {}  # set by backward
         self.step_extra_tokens: dict[str, int] = {}  # set by backward: the tokens each auxiliary loss of the step averages over
         # Transformer++: labelled source tokens per example and tag task (a tag loss is a mean over them)
@@ -473,18 +479,47 @@ class Trainer:
         # signals after the first are held off while it is handled: one already pending when the
         # first was raised (SIGINT and reproduce's SIGTERM together) landed in the handler below,
         # before the save, and last.pt was never written
+        # Under DDP a rank stops only where every rank stops: a signal is noted (in self._pending)
+        # and the ranks agree at the next step's all-reduce, or after a validation, to stop there
+        # together. Stopping on its own, a rank left the others waiting in the next step's
+        # collective, which failed with gloo's "Connection closed by peer" traceback once it exited;
+        # and where rank 0 was the one left (a SIGTERM that reached rank 1 first, or rank 1 alone),
+        # it died there without saving last.pt.
+        self._ignored = ignored()
         with first_raises() as later:
             try:
-                while not self.done:
-                    if not self.run_epoch():
-                        break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
-                    self.end_epoch()
+                peers = False
+                with deferred(redeliver=False) if self.dist.enabled else nullcontext([]) as self._pending:
+                    try:
+                        while not self.done:
+                            if not self.run_epoch():
+                                break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
+                            self.end_epoch()
+                    except _RanksStop:
+                        peers = not self._interrupted()
+                raise_noted([s for s in self._pending if s not in self._ignored])  # this rank's own, as it would have been raised
+                if peers:
+                    log.warning("rank %d: another rank was interrupted; every rank stops at step %d",
+                                self.dist.rank, self.step)
+                    raise KeyboardInterrupt
             except KeyboardInterrupt:
                 log.warning("interrupted at step %d; %s %s", self.step, "saving" if self.dist.is_main else
                             f"rank {self.dist.rank} stops, rank 0 saves", self.save_dir / "last.pt")
                 self._save_interrupted(later)
                 raise
         return self.summary()
+
+    def _interrupted(self, noted: list[int] = ()) -> bool:
+        """Whether this rank holds an interrupt: a signal noted in fit (or in ``noted``, a step's) that is not ignored."""
+        return any(signum not in self._ignored for signum in (*self._pending, *noted))
+
+    def _stop_together(self) -> None:
+        """Under DDP, after a validation (no collective inside, so a signal there is only noted):
+        stop every rank if one of them holds an interrupt (see ``fit``)."""
+        if self.dist.enabled:
+            flag = torch.ones((), device=self.device) if self._interrupted() else torch.zeros((), device=self.device)
+            if all_reduce_sum(flag, self.dist) > 0:
+                raise _RanksStop
 
     def _save_interrupted(self, later: list[int]) -> None:
         """Save ``last.pt`` after an interrupt; a second Ctrl-C, or the SIGTERM `reproduce` sends
@@ -539,7 +574,8 @@ class Trainer:
             # a step is whole or not begun, its share of the log window and its record included:
             # Ctrl-C/SIGTERM waits for its end (the interrupt came after the step's count, so a
             # step it landed in was missing from the saved window, and its record was never logged)
-            with deferred():
+            stop = False
+            with deferred() as noted:
                 self._step_rng = rng_state()
                 loss, n_tokens = self.train_step(group)
                 self.step += 1
@@ -547,10 +583,11 @@ class Trainer:
                 self._step_rng = None
                 if self.dist.enabled:
                     # the step's losses of every rank, in one small all-reduce: each rank's window then
-                    # covers all ranks, and so does the one rank 0 saves in last.pt at any step (on
-                    # Ctrl-C too, where the ranks stop on their own and no collective could run)
-                    sums = all_reduce_sum(torch.stack([loss.float(), *self.step_extra.values()]), self.dist)
-                    loss, self.step_extra = sums[0], dict(zip(self.step_extra, sums[1:]))
+                    # covers all ranks, and so does the one rank 0 saves in last.pt at any step; with
+                    # them, whether a rank holds an interrupt (fit): then every rank stops after this step
+                    flag = torch.ones((), device=self.device) if self._interrupted(noted) else torch.zeros((), device=self.device)
+                    sums = all_reduce_sum(torch.stack([loss.float(), *self.step_extra.values(), flag]), self.dist)
+                    loss, self.step_extra, stop = sums[0], dict(zip(self.step_extra, sums[1:-1])), bool(sums[-1] > 0)
                 self.window_loss += loss
                 self.window_tokens += n_tokens
                 for name, value in self.step_extra.items():
@@ -578,6 +615,9 @@ class Trainer:
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}",
                                     refresh=False)  # shown at the bar's next redraw, not a frame of its own
                     self._new_window()
+            if stop:
+                bar.close()
+                raise _RanksStop
             if self.tc.save_every and self.step % self.tc.save_every == 0:
                 saving = time.perf_counter()
                 self.save("last.pt")
@@ -590,6 +630,7 @@ class Trainer:
         as done only after its validation: a run interrupted while validating saves the epoch with
         every batch consumed, and its resume validates it then."""
         metrics = {"event": "valid", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
+        self._stop_together()  # an interrupt while validating: the epoch is not done, as in one process
         # the epoch's record, stopping rule and checkpoints, all or none: an interrupt among them
         # left best.pt behind the state's best, or an epoch counted whose record was lost
         with deferred():
@@ -626,6 +667,7 @@ class Trainer:
         at_epoch_end = bool(self.history) and self.history[-1]["step"] == self.step
         if self.validated_step != self.step and not at_epoch_end:
             metrics = {"event": "valid_mid_epoch", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
+            self._stop_together()
             with deferred():
                 self.validated_step = self.step
                 self.mid_epoch.append(metrics)
