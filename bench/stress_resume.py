@@ -93,6 +93,13 @@ class Watcher(threading.Thread):
         self.sent: list[tuple[str, float]] = []
         self.t0 = time.monotonic()
         self.stop = threading.Event()
+        # a resumed attempt's folder holds the earlier attempts' records: the triggers look at this
+        # attempt's only (a "step" or "valid" trigger fired at once on an old record, at start-up)
+        self.base = len(train_records(folder))
+
+    def records(self) -> list[dict]:
+        """The records this attempt logged."""
+        return train_records(self.folder)[self.base:]
 
     def wait_until(self, cond, limit=120.0) -> bool:
         end = time.monotonic() + limit
@@ -122,13 +129,13 @@ class Watcher(threading.Thread):
             ends = set(self.ref["epoch_end_steps"])
 
             def at_end():
-                recs = train_records(self.folder)
+                recs = self.records()
                 return bool(recs) and recs[-1].get("event") == "train" and recs[-1]["step"] in ends
             ok = self.wait_until(at_end)
             if ok:
                 time.sleep(p["delay"])
         elif trig == "step":  # a given train step was logged: mid-epoch
-            ok = self.wait_until(lambda: any(r.get("step", -1) >= p["step"] for r in train_records(self.folder)))
+            ok = self.wait_until(lambda: any(r.get("step", -1) >= p["step"] for r in self.records()))
             if ok:
                 time.sleep(p["delay"])
         else:

@@ -392,3 +392,39 @@ def test_stress_resume_exits_1_when_a_trial_fails(monkeypatch, tmp_path, failing
                                       "--out", str(tmp_path)])
     assert stress.main() == (1 if failing else 0)
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("trigger", ["step", "valid"])
+def test_stress_resume_triggers_on_the_attempts_own_records(tmp_path, trigger):
+    """A resumed attempt's folder holds the records of the attempts before it: a "step" trigger
+    (a step at or past N logged) or a "valid" one (an epoch's last step the newest record) fired at
+    once on those, so the signal reached the resume at start-up, not mid-epoch or while
+    validating (one such SIGINT 48 ms in landed in Python's own imports: exit 1, counted as a
+    failing trial). It now waits for a record of its own attempt."""
+    import signal
+    import time
+
+    stress = _script("stress_resume.py")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    old = [{"event": "train", "step": s, "epoch": 1} for s in range(1, 6)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+
+    class Proc:
+        sent: list = []
+
+        def poll(self):
+            return None
+
+        def send_signal(self, signum):
+            self.sent.append(signum)
+
+    plan = {"trigger": trigger, "step": 3, "delay": 0, "sig1": signal.SIGINT}
+    watcher = stress.Watcher(Proc(), folder, plan, {"epoch_end_steps": [5, 10]})
+    watcher.start()
+    time.sleep(0.3)
+    assert watcher.sent == []  # before: sent at once
+    with open(folder / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"event": "train", "step": 6 if trigger == "step" else 10, "epoch": 2}) + "\n")
+    watcher.join(timeout=10)
+    assert [s for s, _ in watcher.sent] == ["INT"]
