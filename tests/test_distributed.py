@@ -187,10 +187,11 @@ class _Term(KeyboardInterrupt):
     """What the CLI's SIGTERM handler raises (cli._Terminated), without importing the CLI."""
 
 
-def _rank_one_terminated(rank: int, world: int, port: int, data_dir: str, save_dir: str, *extra: str) -> None:
+def _rank_one_terminated(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str, *extra: str) -> None:
     """One rank of ``test_a_signal_to_one_rank_stops_every_rank_at_one_step``: rank 1 alone gets a
-    real SIGTERM (raising as under the CLI) inside its second step; rank 0 only a SIGINT it ignores
-    (as a run a script started in the background does), in its first."""
+    real SIGTERM (raising as under the CLI) inside its second step (``where`` "step") or among the
+    last epoch's checkpoints ("last_epoch_end"); rank 0 only a SIGINT it ignores (as a run a script
+    started in the background does), in its first step."""
     import signal
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -201,34 +202,41 @@ def _rank_one_terminated(rank: int, world: int, port: int, data_dir: str, save_d
 
     signal.signal(signal.SIGTERM, raise_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    original, calls = Trainer.train_step, []
+    original, original_stopping, calls = Trainer.train_step, Trainer.update_stopping, []
 
     def signalled_second(self, group):
         out = original(self, group)
         calls.append(1)
-        if rank == 1 and len(calls) == 2:
+        if rank == 1 and len(calls) == 2 and where == "step":
             os.kill(os.getpid(), signal.SIGTERM)
         if rank == 0 and len(calls) == 1:  # ignored: no interrupt, the ranks go on
             os.kill(os.getpid(), signal.SIGINT)
         return out
 
-    Trainer.train_step = signalled_second
+    def signalled_last(self, m):  # inside the epoch's checkpoints block, on every rank
+        if rank == 1 and where == "last_epoch_end" and self.epoch == self.tc.max_epochs:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_stopping(self, m)
+
+    Trainer.train_step, Trainer.update_stopping = signalled_second, signalled_last
     try:
         run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
     except KeyboardInterrupt as exc:
         # rank 1 stops for its own SIGTERM (raised as its handler raises it), rank 0 for rank 1's
         assert isinstance(exc, _Term) == (rank == 1), (rank, type(exc))
-        assert len(calls) == 2, (rank, len(calls))
+        assert len(calls) == (2 if where == "step" else 5), (rank, len(calls))
         return
     raise AssertionError(f"rank {rank} was not interrupted")
 
 
-def test_a_signal_to_one_rank_stops_every_rank_at_one_step(tmp_path, data_dir):
+@pytest.mark.parametrize("where", ["step", "last_epoch_end"])
+def test_a_signal_to_one_rank_stops_every_rank_at_one_step(tmp_path, data_dir, where):
     """A SIGTERM that reaches one rank (torchrun passes its own on to the ranks one after another,
     and the terminal's Ctrl-C reaches them in any order): every rank stops after the same step and
     rank 0 saves it. Before, the signalled rank stopped alone; the other went on into the next
-    step's all-reduce, which failed with gloo's "Connection closed by peer" traceback once the
-    first had exited, and where that rank was rank 0, last.pt was never saved."""
+    step's all-reduce (or, at the run's end, shutdown's barrier), which failed with gloo's
+    "Connection closed by peer" traceback once the first had exited, and where that rank was rank
+    0, last.pt was never saved."""
     import socket
 
     common = ["train.accum_steps=1", "train.max_epochs=1", "train.log_every=10", DROPOUT]
@@ -236,9 +244,12 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_step(tmp_path, data_dir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     torch.multiprocessing.spawn(_rank_one_terminated, nprocs=2, join=True,
-                                args=(2, port, str(data_dir), str(tmp_path / "ddp"), *common))
+                                args=(2, port, where, str(data_dir), str(tmp_path / "ddp"), *common))
     saved = load_checkpoint(tmp_path / "ddp" / "last.pt")
-    assert saved["step"] == 2 and saved["trainer"]["consumed"] == 4 and saved["trainer"]["window"] is not None
+    if where == "step":
+        assert saved["step"] == 2 and saved["trainer"]["consumed"] == 4 and saved["trainer"]["window"] is not None
+    else:  # the epoch (its 5 steps) done, with its validation
+        assert saved["step"] == 5 and saved["epoch"] == 1 and len(saved["trainer"]["history"]) == 1
 
 
 # every registered architecture but the Transformer of the tests above, at test size

@@ -495,6 +495,9 @@ class Trainer:
                             if not self.run_epoch():
                                 break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
                             self.end_epoch()
+                        # one noted during the last checkpoints: every rank stops, or none (a rank that
+                        # finished cleanly waits for the others at shutdown's barrier)
+                        self._stop_together()
                     except _RanksStop:
                         peers = not self._interrupted()
                 raise_noted([s for s in self._pending if s not in self._ignored])  # this rank's own, as it would have been raised
@@ -514,8 +517,8 @@ class Trainer:
         return any(signum not in self._ignored for signum in (*self._pending, *noted))
 
     def _stop_together(self) -> None:
-        """Under DDP, after a validation (no collective inside, so a signal there is only noted):
-        stop every rank if one of them holds an interrupt (see ``fit``)."""
+        """Under DDP, after a validation (no collective inside, so a signal there is only noted) and
+        at the run's end: stop every rank if one of them holds an interrupt (see ``fit``)."""
         if self.dist.enabled:
             flag = torch.ones((), device=self.device) if self._interrupted() else torch.zeros((), device=self.device)
             if all_reduce_sum(flag, self.dist) > 0:
