@@ -151,7 +151,7 @@ def test_a_signal_inside_a_step_stops_after_it_and_resumes_exactly(tmp_path, dat
         out = original(self, *args)
         calls["n"] += 1
         if calls["n"] == 7:  # the 2nd step of epoch 2
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
         return out
 
     monkeypatch.setattr(Trainer, where, signalled)
@@ -186,7 +186,7 @@ def test_a_second_signal_does_not_abort_the_interrupt_save(tmp_path, data_dir, m
 
     def save(payload, path):
         if calls["n"] == 7:  # the interrupt's save: a second signal arrives while it writes
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
         original_save(payload, path)
 
     monkeypatch.setattr(Trainer, "train_step", interrupt_on_seventh)
@@ -233,7 +233,7 @@ def test_an_interrupted_config_write_leaves_no_temporary_file(tmp_path, data_dir
     def open_then_signal(file, *args, **kwargs):
         fd = real_open(file, *args, **kwargs)
         if when == "created" and ".config.yaml." in str(file):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
         return fd
 
     def fsync_then_two_signals(fd):
@@ -262,7 +262,7 @@ def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_pat
 
     def save(payload, path):
         if Path(path).name == "best.pt" and payload["epoch"] == 1:
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
         original_save(payload, path)
 
     monkeypatch.setattr(trainer_module, "save_checkpoint", save)
@@ -517,12 +517,12 @@ def test_deferred_delivers_the_first_signal_after_the_block_and_nests():
     with pytest.raises(KeyboardInterrupt):
         with deferred():
             with deferred():
-                os.kill(os.getpid(), signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
                 done.append("inner")
             done.append("outer")
     assert done == ["inner", "outer"] and signal.getsignal(signal.SIGINT) is before
     with deferred(redeliver=False) as noted:
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
     assert noted == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is before
 
 
