@@ -30,6 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
+from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.experiments import RunSpec, capped_lines, case_note, check_run_args, check_run_configs, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
@@ -302,8 +303,10 @@ def build_report(args, names: list[str], records: list[dict], missing: list[str]
               "table": summarise(names, records), "significance": significance(args, out, names, records),
               "aux_losses": aux_summary(records), "runs": records}
     _curves(out, names, records)
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "report.md").write_text(_markdown(report), encoding="utf-8")
+    # whole or not at all (write_text_file): a report cut short by a kill or a full disk was kept by
+    # the next call that finished nothing
+    write_text_file(out / "report.json", json.dumps(report, indent=1, default=str))
+    write_text_file(out / "report.md", _markdown(report))
     return report
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.experiments import RunSpec, capped_lines, case_note, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
@@ -224,8 +225,10 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
         report["figure4"] = _figure4(out, records, cand)
         report["examples"] = _examples(args, out, records, prev, cand)
     _learning_curves(out, rows, records)
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "report.md").write_text(_markdown(args, report), encoding="utf-8")
+    # whole or not at all (write_text_file): a report cut short by a kill or a full disk was kept by
+    # the next call that finished nothing, and --merge-report could not read it
+    write_text_file(out / "report.json", json.dumps(report, indent=1, default=str))
+    write_text_file(out / "report.md", _markdown(args, report))
     return report
 
 

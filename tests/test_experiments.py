@@ -527,3 +527,42 @@ def test_the_report_says_how_many_sentences_were_scored(monkeypatch):
     text = "\n".join(provenance_lines(provenance(args, 1.0, [run(1, 500, 1000), run(2, 1014, 1000)], [])))
     assert "- sentences scored per run: dev 500, 1,014; test 1,000" in text and "smoke" not in text
     assert "sentences scored" not in "\n".join(provenance_lines(provenance(args, 1.0, [], [])))
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+def test_a_report_cut_short_leaves_the_one_before(tmp_path, monkeypatch):
+    """report.json and report.md were written with Path.write_text: a write cut short (a kill, a
+    full disk; here a file size limit) left a torn report.json, which the next call that finished
+    nothing kept as it was and --merge-report could not read. They are written whole or not at all
+    now: the earlier report stays, and the error names the file."""
+    import resource
+    import signal
+
+    from cometnmt import compare, reproduce
+    from cometnmt.data.corpus import DataError
+
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    for module in (reproduce, compare):
+        for plot in ("_learning_curves", "_curves"):
+            if hasattr(module, plot):
+                monkeypatch.setattr(module, plot, lambda *a: None)
+    monkeypatch.setattr(reproduce, "_figure4", lambda *a: [])
+    args = argparse.Namespace(out=str(tmp_path), set=[], device="cpu", eval_limit=None, candidate=None, merge_report=None,
+                              bootstrap=10, examples=1, metrics=["bleu"], seeds=[1])
+    calls = {"reproduce": lambda: reproduce.build_report(args, ["comet", "transformer"], [], ["comet seed 1"], 1.0),
+             "compare": lambda: compare.build_report(args, ["a", "b"], [], ["a seed 1"], 1.0)}
+    for name, build in calls.items():
+        build()
+        before = {f: (tmp_path / f).read_text() for f in ("report.json", "report.md")}
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), not the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, limit[1]))
+        try:
+            with pytest.raises((DataError, OSError)) as err:
+                build()
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+            signal.signal(signal.SIGXFSZ, handler)
+        assert str(tmp_path / "report.json") in str(err.value), name
+        assert {f: (tmp_path / f).read_text() for f in before} == before, name
+        assert not list(tmp_path.glob(".report.*")), name  # no temporary file left
