@@ -86,7 +86,8 @@ def add_arguments(p) -> None:
     p.add_argument("--merge-report", type=Path, metavar="REPORT_JSON",
                    help="runs asked for but without a folder in OUT/runs are taken from this earlier report.json "
                         "(e.g. runs trained on a machine whose checkpoints are gone); their bootstrap rows and "
-                        "examples too, where their hypotheses are gone")
+                        "examples too, where their hypotheses are gone. A run whose folder is there but not "
+                        "finished is not taken (it is listed as not finished, with a warning)")
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -193,15 +194,31 @@ def _previous_report(args, rows: list[str]) -> dict:
     # the runs it may merge (asked for, and not finished in OUT) must have been decoded as this call
     # decodes; its other runs are not reported, whatever their settings
     mergeable = [(f"{r['row']} seed {r['seed']}", r) for r in runs if r["row"] in rows and r["seed"] in args.seeds
-                 and not (run_dir(Path(args.out), r["row"], r["seed"]) / "done.json").exists()]
+                 and not run_dir(Path(args.out), r["row"], r["seed"]).exists()]
     evaluation_mismatch(mergeable, evaluation_options(args), f"--merge-report {path}", "or leave out --merge-report")
     return prev
 
 
-def _merge(prev: dict, records: list[dict], missing: list[str]) -> tuple[list[dict], list[str], int]:
-    """Add the previous report's runs that this call asked for and has no folder of."""
+def _merge(prev: dict, records: list[dict], missing: list[str], out: Path) -> tuple[list[dict], list[str], int]:
+    """Add the previous report's runs that this call asked for and has no folder of. A run whose
+    folder is in ``out`` without done.json (training, stopped by a deadline, its evaluation cut
+    short, or its done.json deleted to evaluate it again) is not merged: before, the earlier
+    report's numbers filled its row while the bootstrap test and examples read the test.hyp of the
+    run here, another model's. It stays among the missing runs, and a warning names it."""
     wanted = set(missing)
-    kept = [dict(r, merged_from_report=True) for r in prev.get("runs", []) if f"{r['row']} seed {r['seed']}" in wanted]
+    kept, unfinished = [], []
+    for r in prev.get("runs", []):
+        name = f"{r['row']} seed {r['seed']}"
+        if name not in wanted:
+            continue
+        if run_dir(out, r["row"], r["seed"]).exists():
+            unfinished.append(f"{name} ({run_dir(out, r['row'], r['seed'])})")
+        else:
+            kept.append(dict(r, merged_from_report=True))
+    if unfinished:
+        log.warning("--merge-report: not taken from the earlier report, as their folders here hold runs not finished "
+                    "(reported as not finished; move a folder away to take the earlier report's run): %s",
+                    ", ".join(unfinished))
     names = {f"{r['row']} seed {r['seed']}" for r in kept}
     return records + kept, [m for m in missing if m not in names], len(kept)
 
@@ -210,7 +227,7 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
                  prev: Optional[dict] = None) -> dict:
     out = Path(args.out)
     prev = prev or {}
-    records, missing, n_merged = _merge(prev, records, missing)
+    records, missing, n_merged = _merge(prev, records, missing, out)
     table = summarise(rows, records)
     report = {"provenance": provenance(args, seconds, records, missing), "table": table, "runs": records}
     if prev:

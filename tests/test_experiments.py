@@ -566,3 +566,30 @@ def test_a_report_cut_short_leaves_the_one_before(tmp_path, monkeypatch):
         assert str(tmp_path / "report.json") in str(err.value), name
         assert {f: (tmp_path / f).read_text() for f in before} == before, name
         assert not list(tmp_path.glob(".report.*")), name  # no temporary file left
+
+
+def test_a_merge_does_not_fill_a_run_unfinished_here(tmp_path, capsys, monkeypatch, caplog):
+    """--merge-report takes the runs "without a folder in OUT/runs", but it took every run without
+    done.json: one still training here (last.pt only), or whose evaluation was cut short after its
+    test.hyp, got the earlier report's numbers in its row while the bootstrap test and examples read
+    this folder's test.hyp, another model's. Such a run is not merged now: it is listed as not
+    finished, and a warning names its folder."""
+    from cometnmt.cli import main
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    out, old = tmp_path / "new", tmp_path / "old.json"
+    unfinished = out / "runs" / "comet" / "seed1"
+    unfinished.mkdir(parents=True)
+    (unfinished / "last.pt").write_bytes(b"PK\x03\x04")  # training here, not finished
+    (unfinished / "test.hyp").write_text("ein hund\n", encoding="utf-8")
+    old.write_text(json.dumps({"runs": [_record("comet", 1, None), _record("comet", 2, None)]}))
+    argv = ["reproduce", "--report-only", "--rows", "comet", "--seeds", "1", "2", "--out", str(out), "--merge-report", str(old)]
+    assert main(argv) == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert [(r["seed"], r.get("merged_from_report")) for r in report["runs"]] == [(2, True)]
+    assert report["provenance"]["missing_runs"] == ["comet seed 1"] and report["provenance"]["merged_runs"] == 1
+    assert "not finished (not in the table): comet seed 1" in (out / "report.md").read_text()
+    assert "not taken from the earlier report, as their folders here hold runs not finished" in caplog.text
+    assert f"comet seed 1 ({unfinished})" in caplog.text
