@@ -353,14 +353,35 @@ def test_hyps(out: Path, rec: dict) -> Optional[list[str]]:
 
 def run_test_split(run: Path, limit: Optional[int]):
     """(sources, references, config) of the test split a finished run was evaluated on, read
-    through this machine's data location (the run may come from another machine)."""
+    through this machine's data location (the run may come from another machine). Relative
+    ``data.test_src``/``test_tgt`` paths are taken from the folder the run was trained in (its
+    checkpoint's workdir), as its evaluation took them: taken from the current folder, a report
+    built from another folder scored the run's hypotheses against another file of that name, or
+    failed. Where that folder is not on this machine (a run trained elsewhere, or copied without
+    its checkpoints), they are taken from the current folder. An error names the run's config."""
     from cometnmt.config import config_from_dict, yaml_load
-    from cometnmt.data.pipeline import read_split
+    from cometnmt.data.pipeline import anchor_paths, read_split
+    from cometnmt.errors import DataError
 
     saved = yaml_load((run / "config.yaml").read_text(encoding="utf-8"))
     cfg = config_from_dict({**saved, "data": {**saved["data"], "multi30k_dir": None}})
-    corpus = read_split(cfg.data, "test")
+    workdir = _trained_in(run)
+    try:
+        corpus = read_split(anchor_paths(cfg.data, workdir if workdir and Path(workdir).is_dir() else None), "test")
+    except DataError as exc:
+        raise DataError(f"{run / 'config.yaml'}: the test split its run was evaluated on: {exc}") from None
     return corpus.src[:limit], corpus.tgt[:limit], cfg
+
+
+def _trained_in(run: Path) -> Optional[str]:
+    """The folder a run was trained in (the workdir its best.pt, else last.pt, records); None
+    without either, or for checkpoints from before it was recorded."""
+    from cometnmt.training.checkpoint import load_checkpoint
+
+    for name in ("best.pt", "last.pt"):
+        if (run / name).is_file():
+            return load_checkpoint(run / name).get("workdir")
+    return None
 
 
 # -- summaries ----------------------------------------------------------------------------------

@@ -593,3 +593,48 @@ def test_a_merge_does_not_fill_a_run_unfinished_here(tmp_path, capsys, monkeypat
     assert "not finished (not in the table): comet seed 1" in (out / "report.md").read_text()
     assert "not taken from the earlier report, as their folders here hold runs not finished" in caplog.text
     assert f"comet seed 1 ({unfinished})" in caplog.text
+
+
+def test_the_test_split_of_a_run_is_read_where_it_was_trained(tmp_path, monkeypatch):
+    """compare and reproduce score the bootstrap test and the examples against run_test_split's
+    references. It read the run's config.yaml with relative data.test_src/test_tgt paths taken from
+    the current folder, while the run was trained and decoded with them taken from the folder it
+    was trained in (its checkpoint's workdir): a --report-only call from another folder holding a
+    file of that name scored the hypotheses against those lines, silently. They are taken from
+    the run's folder now; where that folder is not on this machine, from the current folder, and
+    an error names the run's config and the path tried."""
+    import torch
+
+    from cometnmt.config import config_from_dict, to_dict, yaml_dump
+    from cometnmt.errors import DataError
+    from cometnmt.experiments import run_test_split
+
+    trained, elsewhere, empty, run = (tmp_path / d for d in ("trained", "elsewhere", "empty", "runs/a/seed1"))
+    for folder, words in ((trained, ["ein Hund", "zwei Katzen"]), (elsewhere, ["nicht", "diese"])):
+        (folder / "data").mkdir(parents=True)
+        for lang in ("de", "en"):
+            (folder / "data" / f"test.{lang}").write_text("".join(f"{w} {lang}\n" for w in words), encoding="utf-8")
+    empty.mkdir()
+    run.mkdir(parents=True)
+    files = {f"{split}_{side}": f"data/test.{lang}" for split in ("train", "valid", "test")
+             for side, lang in (("src", "de"), ("tgt", "en"))}
+    cfg = to_dict(config_from_dict({"name": "a", "data": {"corpus": "files", **files}}))
+    (run / "config.yaml").write_text(yaml_dump(cfg), encoding="utf-8")
+
+    def checkpoint(workdir: str) -> None:
+        torch.save({"format_version": 1, "config": cfg, "codec": {}, "model": {}, "workdir": workdir}, run / "best.pt")
+
+    checkpoint(str(trained))
+    for cwd in (elsewhere, empty, trained):
+        monkeypatch.chdir(cwd)
+        src, refs, _ = run_test_split(run, None)
+        assert (src, refs) == (["ein Hund de", "zwei Katzen de"], ["ein Hund en", "zwei Katzen en"]), cwd
+    checkpoint(str(tmp_path / "another machine"))  # not here: the current folder's files
+    monkeypatch.chdir(elsewhere)
+    assert run_test_split(run, 1)[:2] == (["nicht de"], ["nicht en"])
+    monkeypatch.chdir(empty)
+    with pytest.raises(DataError) as err:
+        run_test_split(run, None)
+    assert str(err.value).startswith(f"{run / 'config.yaml'}: the test split its run was evaluated on: config key "
+                                     f"'data.test_src': data/test.de: file not found (relative paths are taken from the "
+                                     f"current folder, {empty})")
