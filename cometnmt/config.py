@@ -107,7 +107,7 @@ class TrainConfig:
     cudnn_attention: bool = True  # CUDA: attention may use cuDNN kernels (slow first call per batch shape on an H100)
     num_threads: Optional[int] = None  # torch.set_num_threads on the CPU; null: torch's default
     max_epochs: int = 100  # train at most this many epochs (the stopping rule or max_steps may end sooner)
-    max_steps: Optional[int] = None  # optimizer steps; null: no limit. Stopping inside an epoch validates there (best.pt kept)
+    max_steps: Optional[int] = None  # optimizer steps taken (fp16: those the loss scaler skipped too); null: no limit. Stopping inside an epoch validates there (best.pt kept)
     batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side
     batch_sentences: Optional[int] = None  # cap sentences per micro-batch (the paper: 10); null: batch_tokens alone
     # Training batches are cut from sentences sorted by length in buckets this many tokens wide, so
@@ -120,7 +120,7 @@ class TrainConfig:
     eps: float = 1e-9  # Adam's epsilon (added to the denominator)
     weight_decay: float = 0.0  # Adam's L2 penalty, added to the gradients (torch.optim.Adam, not AdamW); 0: none
     schedule: Literal["constant", "inverse_sqrt"] = "constant"  # constant: lr at every step (the paper); inverse_sqrt: see warmup_steps
-    warmup_steps: int = 4000  # inverse_sqrt: linear warmup to lr, then lr * sqrt(warmup/step); constant: unused
+    warmup_steps: int = 4000  # inverse_sqrt: linear warmup to lr, then lr * sqrt(warmup/step), counting updates applied (fp16: not the skipped steps); constant: unused
     label_smoothing: float = 0.0  # eps in [0, 1), training loss only (validation loss and loss_rise: plain cross-entropy); 0: none
     clip_norm: Optional[float] = 1.0  # max total L2 norm of the gradients (all parameters) at each step; 0 or null: no clipping
     stopping: Literal["loss_rise", "bleu_patience", "none"] = "loss_rise"  # loss_rise, bleu_patience: see below; none: max_epochs/max_steps only
@@ -131,8 +131,8 @@ class TrainConfig:
     # at each validation, heatmaps of the first N validation sentences' attention (last decoder layer,
     # heads averaged, on the model's greedy translation) in save_dir/attention/; 0: none
     attention_plots: int = 0  # attention heatmaps of the first N validation sentences at each validation; 0: none
-    log_every: int = 50  # optimizer steps between metrics-log lines
-    save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps; null: at epoch ends only
+    log_every: int = 50  # optimizer steps taken (fp16: skipped ones too) between metrics-log lines
+    save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps taken (fp16: skipped ones too); null: at epoch ends only
     keep_checkpoints: int = 0  # keep the last N epoch checkpoints for averaging
     save_dir: str = "runs/default"  # checkpoints, metrics.jsonl, train.log, config.yaml (relative: to the current folder)
     progress: bool = True  # tqdm bar on stderr
