@@ -306,7 +306,10 @@ def metrics(run: Path) -> list[dict]:
 
 def how_it_ended(run: Path) -> dict:
     """How a finished run's training ended, from its last.pt: ``stopped_by`` "rule" (its stopping
-    rule fired), "max_epochs" or "max_steps", and its ``stopping`` rule; {} without last.pt."""
+    rule fired), "max_epochs" or "max_steps", and its ``stopping`` rule; {} without last.pt. With
+    ``best_behind`` where best.pt is not the best validation under that rule (a resume changed the
+    rule's measure and the best epoch's weights were not kept: see the trainer's
+    ``_align_best_checkpoint``)."""
     from cometnmt.training.checkpoint import load_checkpoint
 
     if not (run / "last.pt").is_file():
@@ -317,7 +320,10 @@ def how_it_ended(run: Path) -> dict:
         by = "rule"
     else:
         by = "max_epochs" if last["epoch"] >= train.get("max_epochs", last["epoch"]) else "max_steps"
-    return {"stopped_by": by, "stopping": train.get("stopping")}
+    ended = {"stopped_by": by, "stopping": train.get("stopping")}
+    if last["trainer"].get("best_behind"):
+        ended["best_behind"] = last["trainer"]["best_behind"]
+    return ended
 
 
 def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
@@ -335,6 +341,21 @@ def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
             if any(r.get("checkpoint", ["best.pt"]) != ["best.pt"] for r in capped)
             else "best.pt is the best epoch trained, perhaps not the rule's")
     return ["", f"- **ended by their budget before their stopping rule fired** ({what}): {shown}"]
+
+
+def best_behind_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
+    """A report's line on the runs whose best.pt is not the best validation under their stopping
+    rule (``best_behind``, from :func:`how_it_ended`): their row is not the rule's best checkpoint,
+    whatever the header says. Runs decoded on another checkpoint (compare --average-last) are not named."""
+    behind = sorted((r for r in runs if r.get("best_behind") and r.get("checkpoint", ["best.pt"]) == ["best.pt"]),
+                    key=lambda r: (r["row"], r["seed"]))
+    if not behind:
+        return []
+    shown = ", ".join(f"{name(r)} seed {r['seed']} (best.pt: step {b['held_step']}; best under train.stopping="
+                      f"{b['stopping']}: epoch {b['best_epoch']}, step {b['best_step']}, {b['measure']} {b['value']:.4g})"
+                      for r in behind for b in [r["best_behind"]])
+    return ["", "- **best.pt is not the best validation under the run's stopping rule** (the rule's measure changed on "
+            f"a resume, and that validation's weights were not kept): {shown}"]
 
 
 def run_dir(out: Path, name: str, seed: int) -> Path:

@@ -30,7 +30,7 @@ from typing import Optional
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, capped_lines, case_note, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -396,6 +396,7 @@ def _markdown(args, report: dict) -> str:
         lines.append(f"| {e['label']} | {len(e['seeds'])} | {fmt(e['epochs'])} | {pd} | {fmt(e['valid_paper_bleu'])} | "
                      f"{fmt(e['valid_bleu'])} | {pt} | {fmt(e['test_paper_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} |")
     lines += capped_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
+    lines += best_behind_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
     lines += ["", "## How each row was trained (seed of the first run; other seeds differ only in train.seed)", ""]
     for e in report["table"]:
         recs = sorted((r for r in report["runs"] if r["row"] == e["row"]), key=lambda r: r["seed"])

@@ -299,3 +299,53 @@ def test_the_validation_log_says_when_the_paper_metric_was_lowercased(tmp_path, 
                                     "train.valid_bleu_max_sentences=10"))
     assert f"{paper_label(True)} " in (tmp_path / "train.log").read_text(encoding="utf-8")
     assert paper_label(True) != paper_label(False)
+
+
+def test_a_resume_under_another_measure_makes_best_pt_the_new_best(tmp_path, data_dir, monkeypatch, caplog):
+    """Epochs 1-2 under train.stopping=none (the loss: best.pt is epoch 1, loss 2.0, BLEU 20),
+    resumed with bleu_patience to epoch 3 (BLEU 25): the replayed best is epoch 2 (BLEU 30). Before,
+    best.pt stayed epoch 1's, the lowest loss, decoded as the "best-validation-BLEU checkpoint".
+    With epoch 2's checkpoint kept (keep_checkpoints) best.pt is now that; without it best.pt cannot
+    be made, and the log, last.pt (best_behind) and the reports say so until a validation beats it."""
+    import logging
+
+    from cometnmt.experiments import best_behind_lines, how_it_ended
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    def scored(loss, bleu):
+        return {"val_loss": loss, "val_loss_per_100_tokens": 100 * loss, "val_bleu": bleu}
+
+    for keep in (2, 0):
+        run = tmp_path / f"keep{keep}"
+        scores = iter([scored(2.0, 20.0), scored(3.0, 30.0), scored(4.0, 25.0), scored(5.0, 35.0)])
+        monkeypatch.setattr(Trainer, "validate", lambda self: next(scores))
+        run_module.train(tiny_train_cfg(run, data_dir, "train.stopping=none", "train.valid_bleu=true", "train.max_epochs=2",
+                                        f"train.keep_checkpoints={keep}"))
+        assert load_checkpoint(run / "best.pt")["epoch"] == 1
+        if keep:  # a resume that trains nothing (max_epochs reached) leaves the run, best.pt included, as it was
+            run_module.train(tiny_train_cfg(run, data_dir, "train.stopping=bleu_patience", "train.valid_bleu=true",
+                                            "train.max_epochs=2", f"train.keep_checkpoints={keep}"), resume=True)
+            assert load_checkpoint(run / "best.pt")["epoch"] == 1
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="cometnmt"):
+            summary = run_module.train(tiny_train_cfg(run, data_dir, "train.stopping=bleu_patience", "train.valid_bleu=true", "train.max_epochs=3",
+                                                      f"train.keep_checkpoints={keep}"), resume=True)
+        assert summary["best"] == 30.0 and summary["epochs"] == 3
+        best, last = load_checkpoint(run / "best.pt"), load_checkpoint(run / "last.pt")
+        if keep:
+            assert best["epoch"] == 2 and "best.pt is now epoch002.pt (epoch 2, step" in caplog.text
+            assert last["trainer"]["best_behind"] is None and "best_behind" not in how_it_ended(run)
+            continue
+        assert best["epoch"] == 1  # epoch 2's weights are gone: said, not hidden
+        assert "under train.stopping=bleu_patience the best validation is val_bleu 30 at step" in caplog.text
+        behind = how_it_ended(run)["best_behind"]
+        assert (behind["held_step"], behind["best_epoch"], behind["value"]) == (best["step"], 2, 30.0)
+        line = best_behind_lines([{"row": "comet", "seed": 1, "best_behind": behind}], lambda r: r["row"])[-1]
+        assert line.startswith("- **best.pt is not the best validation under the run's stopping rule**")
+        assert f"comet seed 1 (best.pt: step {best['step']}; best under train.stopping=bleu_patience: epoch 2" in line
+        assert best_behind_lines([{"row": "a", "seed": 1, "best_behind": behind, "checkpoint": ["epoch001.pt"]}], str) == []
+        run_module.train(tiny_train_cfg(run, data_dir, "train.stopping=bleu_patience", "train.valid_bleu=true",
+                                        "train.max_epochs=4"), resume=True)
+        assert load_checkpoint(run / "best.pt")["epoch"] == 4  # BLEU 35 beats 30: best.pt is the best again
+        assert "best_behind" not in how_it_ended(run)

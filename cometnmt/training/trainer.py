@@ -48,7 +48,7 @@ from cometnmt.inference import Translator
 from cometnmt.interrupts import deferred, first_raises, ignored, raise_noted
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
-from cometnmt.training.checkpoint import epoch_checkpoints, load_weights, save_checkpoint
+from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint
 from cometnmt.training.distributed import DistInfo, SyncedRunningStatistics, all_reduce_sum, ddp_buffer_sync
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
@@ -146,6 +146,9 @@ class Trainer:
         self._new_window()
         self._saved_window: Optional[dict] = None  # a checkpoint's open log window, for the next run_epoch
         self.validated_step: Optional[int] = None  # the step of the last validation inside an epoch (max_steps)
+        # best.pt is not the best validation under the rule: its step, and the best record's epoch, step and
+        # value (set by _align_best_checkpoint where that record's weights are gone; cleared when best.pt is next saved)
+        self.best_behind: Optional[dict] = None
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
         self.tag_record: dict[str, dict[str, str]] = {}  # Transformer++: task -> tagger and digest of its tags (set by run.train)
@@ -204,6 +207,7 @@ class Trainer:
                 "finished": self.finished,
                 "window": self._window_state(),
                 "validated_step": self.validated_step,
+                "best_behind": self.best_behind,
             },
         }
 
@@ -223,12 +227,15 @@ class Trainer:
         self.mid_epoch = t.get("mid_epoch", [])  # checkpoints before it was kept: none
         self._saved_window = t.get("window")
         self.validated_step = t.get("validated_step")
+        self.best_behind = t.get("best_behind")
         set_rng_state(payload["rng"])
         saved = payload.get("config", {}).get("train", {})
         if any(key in saved and saved[key] != getattr(self.tc, key) for key in STOPPING_KEYS):
-            self._rescore_history()
+            # a rule of another measure (validation loss, BLEU) has another best validation than best.pt's
+            by_bleu = (saved.get("stopping") == "bleu_patience", self.tc.stopping == "bleu_patience")
+            self._rescore_history(measure_changed=by_bleu[0] != by_bleu[1])
 
-    def _rescore_history(self) -> None:
+    def _rescore_history(self, measure_changed: bool = False) -> None:
         """A resume under another stopping rule than the run's (train.stopping, loss_rise_epochs or
         patience): replay the epochs' records under this rule. The saved best and stale count may
         be in the other number (a BLEU of 30 read as a loss made the next epoch "best" whatever its
@@ -238,21 +245,59 @@ class Trainer:
         (``valid_mid_epoch``) count for the best, in their place among the epochs, as they did when
         run: before, they were left out, and with the rule's measure unchanged (a new
         loss_rise_epochs or patience) the next epoch better than the epochs' best overwrote a
-        better mid-epoch best.pt. Records without a validation BLEU are passed over."""
+        better mid-epoch best.pt. Records without a validation BLEU are passed over. Where the
+        measure changed (``measure_changed``: loss, BLEU), best.pt holds another validation than
+        the replayed best: see :meth:`_align_best_checkpoint`."""
         history = self.history
         self.best, self.stale, self.finished = None, 0, False
         scored = lambda record: self.tc.stopping != "bleu_patience" or "val_bleu" in record  # noqa: E731
         pending = [r for r in sorted(self.mid_epoch, key=lambda r: (r["epoch"], r["step"])) if scored(r)]
+        best = None
         for i, record in enumerate(history):
             while pending and pending[0]["epoch"] <= record["epoch"]:  # validated inside this epoch (or at its start)
-                self._update_best(pending.pop(0))
+                mid = pending.pop(0)
+                best = mid if self._update_best(mid) else best
             if not scored(record):
                 continue
             self.history = history[: i + 1]  # update_stopping compares with the record before
-            self.update_stopping(record)
+            best = record if self.update_stopping(record) else best
         for record in pending:
-            self._update_best(record)
+            best = record if self._update_best(record) else best
         self.history = history
+        if measure_changed and not self.done:  # a resume that trains nothing keeps the run (config.yaml too) as it was
+            self._align_best_checkpoint(best)
+
+    def _align_best_checkpoint(self, best: Optional[dict]) -> None:
+        """After a replay under another stopping rule: make best.pt the replayed ``best`` record's
+        model. A rule of another measure (loss_rise or none against bleu_patience) has another best
+        validation, but best.pt stayed the old measure's, and a later validation replaced it only
+        if it beat the new best: a run resumed from loss to BLEU kept its lowest-loss epoch as the
+        "best-validation-BLEU checkpoint" that reports decoded. Where that epoch's checkpoint
+        (``train.keep_checkpoints``) is still there it is copied to best.pt; else a warning says
+        so, and ``best_behind`` (in last.pt, for the reports) notes it until best.pt is next saved."""
+        path = self.save_dir / "best.pt"
+        if best is None or not path.is_file():
+            return
+        held = load_checkpoint(path)["step"]
+        if held == best["step"]:
+            self.best_behind = None
+            return
+        kept = self.save_dir / f"epoch{best['epoch']:03d}.pt"
+        if best["event"] == "valid" and kept.is_file() and load_checkpoint(kept)["step"] == best["step"]:
+            if self.dist.is_main:
+                with deferred():
+                    save_checkpoint(load_checkpoint(kept), path)
+            self.best_behind = None
+            log.info("best.pt is now %s (epoch %d, step %d): the best validation under train.stopping=%s", kept.name,
+                     best["epoch"], best["step"], self.tc.stopping)
+            return
+        measure = "val_bleu" if self.tc.stopping == "bleu_patience" else "val_loss"
+        self.best_behind = {"held_step": held, "best_epoch": best["epoch"], "best_step": best["step"],
+                            "measure": measure, "value": best[measure], "stopping": self.tc.stopping}
+        log.warning("best.pt holds the model of step %d, the best under the run's earlier stopping rule; under "
+                    "train.stopping=%s the best validation is %s %.4g at step %d (epoch %d), whose weights were not "
+                    "kept (train.keep_checkpoints): best.pt stays as it is until a validation beats %.4g",
+                    held, self.tc.stopping, measure, best[measure], best["step"], best["epoch"], best[measure])
 
     def _new_window(self) -> None:
         """Start a metrics-log window: the summed loss, auxiliary losses and target tokens of its
@@ -642,6 +687,7 @@ class Trainer:
             self.history.append(metrics)
             self.log_metrics(metrics)
             improved = self.update_stopping(metrics)
+            self.best_behind = None if improved else self.best_behind  # best.pt is saved below
             self.save("last.pt")
             if improved:
                 self.save("best.pt")
@@ -676,6 +722,7 @@ class Trainer:
                 self.mid_epoch.append(metrics)
                 self.log_metrics(metrics)
                 improved = self._update_best(metrics)
+                self.best_behind = None if improved else self.best_behind  # best.pt is saved below
                 self.save("last.pt")
                 if improved:
                     self.save("best.pt")
