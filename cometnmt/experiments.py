@@ -108,7 +108,9 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         except subprocess.TimeoutExpired:
             proc.terminate()  # SIGTERM: the trainer saves last.pt, so a later call resumes it
             proc.wait()
-            earlier.write_text(f"{before + time.time() - start:.3f}\n")  # train_seconds adds up over resumes
+            # train_seconds adds up over resumes; whole or not at all (a torn one read back as less, or
+            # an empty one stopped every later call with float's ValueError)
+            write_text_file(earlier, f"{before + time.time() - start:.3f}\n")
             log.warning("%s seed %d stopped at the deadline; it resumes on the next call", spec.name, spec.seed)
             return None
         finally:
@@ -116,12 +118,12 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
                 _children.discard(proc)
     if code in (130, 143, -signal.SIGINT, -signal.SIGTERM) or _stopping.is_set():  # interrupted, with this call
         _stopping.set()  # Ctrl-C reaches the trainings too: no queued run may start after one
-        earlier.write_text(f"{before + time.time() - start:.3f}\n")
+        write_text_file(earlier, f"{before + time.time() - start:.3f}\n")
         return None
     if code != 0:
         raise CometNMTError(f"training {spec.name} seed {spec.seed} failed (exit {code}); see {run / 'stdout.log'}")
     if stop_at is not None and time.time() >= stop_at:  # decoding its splits could take as long again
-        earlier.write_text(f"{before + time.time() - start:.3f}\n")
+        write_text_file(earlier, f"{before + time.time() - start:.3f}\n")
         log.warning("%s seed %d finished training at the deadline; it is evaluated on the next call", spec.name, spec.seed)
         return None
     record = {"row": spec.name, "seed": spec.seed, "train_seconds": before + time.time() - start, "command": shlex.join(cmd),
@@ -154,7 +156,7 @@ def _call_commits(run: Path) -> list[str]:
     seen = path.read_text(encoding="utf-8").split() if path.exists() else []
     if commit not in seen:
         seen.append(commit)
-        path.write_text("".join(c + "\n" for c in seen), encoding="utf-8")
+        write_text_file(path, "".join(c + "\n" for c in seen))
     return seen
 
 

@@ -638,3 +638,43 @@ def test_the_test_split_of_a_run_is_read_where_it_was_trained(tmp_path, monkeypa
     assert str(err.value).startswith(f"{run / 'config.yaml'}: the test split its run was evaluated on: config key "
                                      f"'data.test_src': data/test.de: file not found (relative paths are taken from the "
                                      f"current folder, {empty})")
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+def test_a_time_record_cut_short_leaves_the_one_before(tmp_path, monkeypatch):
+    """train_seconds_before.txt (the training time of the calls a deadline cut short) was written
+    with Path.write_text: a write cut short (here by a file size limit of 4 bytes) left '100.' of
+    '100.000', read back as less time, and an empty one stopped every later call with float's
+    ValueError naming no file. It is written whole or not at all now, as done.json."""
+    import resource
+    import signal
+    import time
+
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    run = tmp_path / "comet" / "seed1"
+    run.mkdir(parents=True)
+    (run / "commits.txt").write_text("abc1234\n", encoding="utf-8")
+    (run / "train_seconds_before.txt").write_text("100.000\n")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+    class LimitedAfterTraining:  # trains past the deadline; then the disk has room for 4 bytes a file
+        def __init__(self, cmd, **kwargs):
+            pass
+
+        def wait(self, timeout=None):
+            time.sleep(0.3)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4, limit[1]))
+            return 0
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", LimitedAfterTraining)
+    experiments._stopping.clear()  # an interrupt test before this one leaves it set (run_all clears it)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, run)
+    try:
+        with pytest.raises((CometNMTError, OSError)) as err:
+            experiments.train_run(spec, overrides=[], device="cpu", stop_at=time.time() + 0.1, evaluate=lambda r: {})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert (run / "train_seconds_before.txt").read_text() == "100.000\n"
+    assert str(run / "train_seconds_before.txt") in str(err.value)
