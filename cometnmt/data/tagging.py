@@ -472,9 +472,9 @@ def tag_record(examples) -> dict[str, dict[str, str]]:
     (``auto`` resolved: the config says only 'auto', and another machine may resolve it to another
     pipeline) and a SHA-256 of the tag ids, so that a --resume on other tags (another pipeline or
     version) is refused rather than training on with them. {} without tags."""
-    taggers = getattr(examples, "src_taggers", None) or {}
+    taggers = examples.src_taggers or {}
     record = {}
-    for task, rows in (getattr(examples, "src_tags", None) or {}).items():
+    for task, rows in (examples.src_tags or {}).items():
         h = hashlib.sha256()
         for row in rows:
             h.update(",".join(map(str, row)).encode("ascii") + b"\n")

@@ -561,12 +561,16 @@ class Trainer:
         """Whether this rank holds an interrupt: a signal noted in fit (or in ``noted``, a step's) that is not ignored."""
         return any(signum not in self._ignored for signum in (*self._pending, *noted))
 
+    def _interrupt_flag(self, noted: list[int] = ()) -> torch.Tensor:
+        """:meth:`_interrupted` as a 0-dim 1 or 0 on the device, for the all-reduce whose sum says
+        whether any rank holds one (made on the device: no host-to-device copy in the step)."""
+        return (torch.ones if self._interrupted(noted) else torch.zeros)((), device=self.device)
+
     def _stop_together(self) -> None:
         """Under DDP, after a validation (no collective inside, so a signal there is only noted) and
         at the run's end: stop every rank if one of them holds an interrupt (see ``fit``)."""
         if self.dist.enabled:
-            flag = torch.ones((), device=self.device) if self._interrupted() else torch.zeros((), device=self.device)
-            if all_reduce_sum(flag, self.dist) > 0:
+            if all_reduce_sum(self._interrupt_flag(), self.dist) > 0:
                 raise _RanksStop
 
     def _save_interrupted(self, later: list[int]) -> None:
@@ -633,8 +637,7 @@ class Trainer:
                     # the step's losses of every rank, in one small all-reduce: each rank's window then
                     # covers all ranks, and so does the one rank 0 saves in last.pt at any step; with
                     # them, whether a rank holds an interrupt (fit): then every rank stops after this step
-                    flag = torch.ones((), device=self.device) if self._interrupted(noted) else torch.zeros((), device=self.device)
-                    sums = all_reduce_sum(torch.stack([loss.float(), *self.step_extra.values(), flag]), self.dist)
+                    sums = all_reduce_sum(torch.stack([loss.float(), *self.step_extra.values(), self._interrupt_flag(noted)]), self.dist)
                     loss, self.step_extra, stop = sums[0], dict(zip(self.step_extra, sums[1:-1])), bool(sums[-1] > 0)
                 self.window_loss += loss
                 self.window_tokens += n_tokens
