@@ -11,8 +11,8 @@
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
-# PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, check,
-# tpp1-3, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, tpp1-3,
+# check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; the single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
@@ -178,10 +178,11 @@ case "$part" in
     # commits both. Within a session, markers in the ignored runs/gpu_session/ (a warm machine keeps
     # them between calls) are set before a piece starts, so a piece that fails or overruns is not
     # retried forever. Order: benchq (~5 min) and benchpp (~3), issues 3 and 4's eager speed ratios,
-    # in the first call; check (~3-5), the CUDA-graph equivalence, in a second call if the budget
-    # allows; then tpp1, tpp2, tpp3 (issue 4's like-for-like quality: one seed of Transformer++ and
-    # of its baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session
-    # since a seed's two runs cannot resume in a later session; then benchcg if check passed. Each
+    # in the first call (both done on an H200 on 2026-11-27); then tpp1, tpp2, tpp3 (issue 4's
+    # like-for-like quality, its last open measurement: one seed of Transformer++ and of its
+    # baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session since a
+    # seed's two runs cannot resume in a later session; then check (~3-5), the CUDA-graph
+    # equivalence; then benchcg if check passed. Each
     # piece is bounded so that the call ends before the 600 s limit of a call (tpp's training stops
     # ~55 s before, for decoding and packing); a piece without the time it needs waits for the next
     # call
@@ -206,7 +207,6 @@ case "$part" in
     }
     once benchq 300 || exit 0
     once benchpp 240 || exit 0
-    once check 300 || exit 0
     for seed in 1 2 3; do
       if pending "tpp$seed"; then
         # one seed a session: its training stops ~55 s before the call's end, for decoding and packing
@@ -214,6 +214,7 @@ case "$part" in
         exit 0
       fi
     done
+    once check 300 || exit 0
     if [ -f runs/gpu_session/check.ok ] || done_before check-passed; then once benchcg 420 || exit 0; fi
     echo "next: every piece ran; cgrun, tcbn and gridtime remain (see the top of this file)" ;;
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
