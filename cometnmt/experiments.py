@@ -374,6 +374,22 @@ def test_hyps(out: Path, rec: dict) -> Optional[list[str]]:
     return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.exists() else None
 
 
+def keep_hypotheses(out: Path, records: list[dict]) -> None:
+    """Copy each finished run's ``valid.hyp`` and ``test.hyp`` to OUT/hypotheses/NAME/seedS/, beside
+    the report, so that the report's scores can be recomputed (a metric fixed later, another
+    metric, a significance test) from the files a commit of the report folder keeps: run folders
+    (``runs/``, checkpoints and all) are too big to commit, and the paper's-metric numbers of the
+    reports written before this could not be recomputed after the metric's ``<unk>`` fix. A run
+    whose folder is gone (merged from an earlier report) keeps the copy that report made."""
+    for rec in records:
+        run = run_dir(out, rec["row"], rec["seed"])
+        for split in ("valid", "test"):
+            hyp = run / f"{split}.hyp"
+            if hyp.exists():
+                write_text_file(out / "hypotheses" / rec["row"] / f"seed{rec['seed']}" / hyp.name,
+                                hyp.read_bytes().decode("utf-8"))
+
+
 def run_test_split(run: Path, limit: Optional[int]):
     """(sources, references, config) of the test split a finished run was evaluated on, read
     through this machine's data location (the run may come from another machine). Relative

@@ -12,7 +12,9 @@ greedily (the paper's search) on the validation and test splits, and the report 
   configs, hardware and time that produced it;
 * ``figure4_bleu_by_length.png``: BLEU difference COMET - Transformer by source length (Figure 4);
 * ``learning_curves.png``: validation loss and BLEU per epoch;
-* ``report.json``: everything above as data.
+* ``report.json``: everything above as data;
+* ``hypotheses/ROW/seedS/{valid,test}.hyp``: each finished run's translations, copied from its run
+  folder (``runs/``, too big to commit with its checkpoints), so scores can be recomputed later.
 
 ``--candidate ROW`` sets another row against the Transformer in the bootstrap test, Figure 4 and
 the examples (e.g. ``comet_bn_length``); the default is COMET, as in the paper.
@@ -30,7 +32,7 @@ from typing import Optional
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, keep_hypotheses, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +246,7 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
     _learning_curves(out, rows, records)
     # whole or not at all (write_text_file): a report cut short by a kill or a full disk was kept by
     # the next call that finished nothing, and --merge-report could not read it
+    keep_hypotheses(out, records)
     write_text_file(out / "report.json", json.dumps(report, indent=1, default=str))
     write_text_file(out / "report.md", _markdown(args, report))
     return report

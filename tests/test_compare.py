@@ -44,6 +44,11 @@ def test_compare_transformer_pp_with_its_baseline(cli, tmp_path):
     assert "average of 2 (epoch001.pt … epoch002.pt)" in text and "first 25 sentences" in text
     assert (out / "learning_curves.png").stat().st_size > 0
     assert len((out / "runs" / "transformer_pp_en_de" / "seed2" / "test.hyp").read_text().splitlines()) == 25
+    for name in report["systems"]:  # kept beside the report too (OUT/runs is too big to commit)
+        for seed in (1, 2):
+            for split in ("valid", "test"):
+                kept = out / "hypotheses" / name / f"seed{seed}" / f"{split}.hyp"
+                assert kept.read_bytes() == (out / "runs" / name / f"seed{seed}" / f"{split}.hyp").read_bytes() != b""
 
     done = out / "runs" / "transformer_pp_en_de" / "seed1" / "done.json"
     stamp = done.stat().st_mtime_ns

@@ -31,6 +31,11 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     assert {(r["row"], r["stopped_by"], r["stopping"]) for r in report["runs"]} == \
         {("comet", "max_epochs", "loss_rise"), ("transformer", "max_epochs", "loss_rise")}
     assert "ended by their budget before their stopping rule fired" in text and "COMET seed 1 (" in text
+    # each run's hypotheses are kept beside the report (OUT/runs is too big to commit), byte for byte
+    for row in ("comet", "transformer"):
+        for split in ("valid", "test"):
+            kept = out / "hypotheses" / row / "seed1" / f"{split}.hyp"
+            assert kept.read_bytes() == (out / "runs" / row / "seed1" / f"{split}.hyp").read_bytes() != b""
 
     done = out / "runs" / "comet" / "seed1" / "done.json"
     stamp = done.stat().st_mtime_ns
@@ -51,6 +56,7 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     assert [e["test_paper_bleu"] for e in merged["table"]] == [e["test_paper_bleu"] for e in report["table"]]
     assert merged["significance"] == report["significance"] and merged["examples"] == report["examples"]
     assert [r.get("merged_from_report", False) for r in merged["runs"]] == [False, True]
+    assert (out / "hypotheses" / "transformer" / "seed1" / "test.hyp").stat().st_size > 0  # kept for the merged run
     assert "taken from the earlier report" in (out / "report.md").read_text()
     # without it, the run is missing; a file that is not a report is named in the error
     cli("reproduce", "--report-only", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out), *TINY)
