@@ -380,7 +380,8 @@ def keep_hypotheses(out: Path, records: list[dict]) -> None:
     metric, a significance test) from the files a commit of the report folder keeps: run folders
     (``runs/``, checkpoints and all) are too big to commit, and the paper's-metric numbers of the
     reports written before this could not be recomputed after the metric's ``<unk>`` fix. A run
-    whose folder is gone (merged from an earlier report) keeps the copy that report made."""
+    whose folder is gone (merged from an earlier report written to the same folder) keeps the copy
+    that report made; one merged from another folder's report has its copy there."""
     for rec in records:
         run = run_dir(out, rec["row"], rec["seed"])
         for split in ("valid", "test"):
