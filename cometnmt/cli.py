@@ -31,6 +31,21 @@ def _sigterm(signum, frame):  # pragma: no cover - exercised by an interrupted r
     raise _Terminated
 
 
+def _resume_command(command: list[str], accum_steps: int) -> str:
+    """The command that continues an interrupted run (``command``: cometnmt's arguments): under
+    torchrun a torchrun command with as many ranks, since a step consumes accum_steps x ranks
+    micro-batches (the single-process command printed before resumed with fewer a step, a smaller
+    batch than the run's). Another number of ranks resumes too: say how to keep the batch."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return shlex.join(["cometnmt", *command])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    launch = ["torchrun", "--standalone", f"--nproc_per_node={world}"] if local == world else ["torchrun", "..."]
+    where = "" if local == world else f" (the run's --nnodes, --nproc_per_node={local} and rendezvous options)"
+    return (f"{shlex.join([*launch, '-m', 'cometnmt', *command])}{where}; with another number of ranks, set "
+            f"train.accum_steps so that accum_steps x ranks stays {accum_steps * world} micro-batches a step")
+
+
 def cmd_train(args) -> int:
     cfg = None
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
@@ -46,8 +61,8 @@ def cmd_train(args) -> int:
         elif cfg is None:  # importing torch and the config's check take seconds; nothing is written yet
             print("interrupted while starting; nothing was written (run the same command again)", file=sys.stderr)
         elif (Path(cfg.train.save_dir).expanduser() / "last.pt").exists():
-            command = ["cometnmt", "train", args.config, "--resume", *(a for o in args.set for a in ("--set", o))]
-            print(f"interrupted; continue with: {shlex.join(command)}", file=sys.stderr)
+            command = ["train", args.config, "--resume", *(a for o in args.set for a in ("--set", o))]
+            print(f"interrupted; continue with: {_resume_command(command, cfg.train.accum_steps)}", file=sys.stderr)
         else:
             print(f"interrupted before the first checkpoint; nothing to resume in {cfg.train.save_dir}", file=sys.stderr)
         return 143 if isinstance(exc, _Terminated) else 130

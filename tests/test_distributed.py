@@ -373,3 +373,31 @@ def test_accumulation_all_reduces_once_per_step(tmp_path, data_dir):
     )
     hooks = json.loads(out.read_text(encoding="utf-8"))
     assert hooks["last_buckets"][-1] and sum(hooks["last_buckets"]) == 2  # one complete all-reduce per step, not per micro-batch
+
+
+def test_an_interrupted_ddp_run_prints_a_torchrun_resume_command(tmp_path, monkeypatch, capsys):
+    """Rank 0 of two, interrupted after last.pt: the command it prints resumes with torchrun and 2
+    ranks (or names the accum_steps that keeps 2 x 3 micro-batches a step). Before, it printed the
+    single-process `cometnmt train ... --resume`, which resumed with 3 micro-batches a step instead
+    of the run's 6."""
+    import shlex
+
+    from cometnmt import cli
+
+    def interrupted(cfg, **kwargs):  # a run that saved last.pt and was interrupted
+        save_dir = tmp_path / "run"
+        save_dir.mkdir()
+        (save_dir / "last.pt").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "train", interrupted)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    sets = ["--set", "train.accum_steps=3", "--set", f"train.save_dir={tmp_path / 'run'}"]
+    assert cli.main(["train", "configs/tiny.yaml", *sets]) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    command = line.removeprefix("interrupted; continue with: ").split(";")[0]
+    assert shlex.split(command) == ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "cometnmt", "train",
+                                    "configs/tiny.yaml", "--resume", *sets]
+    assert "accum_steps x ranks stays 6 micro-batches a step" in line
