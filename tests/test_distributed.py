@@ -252,6 +252,58 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_step(tmp_path, data_dir, w
         assert saved["step"] == 5 and saved["epoch"] == 1 and len(saved["trainer"]["history"]) == 1
 
 
+def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str) -> None:
+    """One rank of ``test_a_signal_to_one_rank_while_setting_up_stops_every_rank``: rank 1 alone
+    gets a real SIGTERM (raising as under the CLI) while it encodes the data (``where`` "data") or
+    builds the trainer, DDP's wrapper included ("trainer")."""
+    import signal
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def raise_term(signum, frame):
+        raise _Term
+
+    signal.signal(signal.SIGTERM, raise_term)
+    original_examples, original_init = run_module.training_examples, Trainer.__init__
+
+    def examples(*args):
+        if rank == 1 and where == "data":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_examples(*args)
+
+    def trainer_init(self, *args):
+        if rank == 1 and where == "trainer":
+            os.kill(os.getpid(), signal.SIGTERM)
+        original_init(self, *args)
+
+    run_module.training_examples, Trainer.__init__ = examples, trainer_init
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, "train.max_epochs=1")))
+    except KeyboardInterrupt as exc:  # rank 1 for its own SIGTERM, rank 0 for rank 1's
+        assert isinstance(exc, _Term) == (rank == 1), (rank, type(exc))
+        return
+    raise AssertionError(f"rank {rank} was not interrupted")
+
+
+@pytest.mark.parametrize("where", ["data", "trainer"])
+def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_dir, where):
+    """A SIGTERM that reaches one rank before training (reading, encoding or tagging the data,
+    building the model, wrapping it in DDP): every rank stops before training, with a
+    KeyboardInterrupt, and nothing is trained or saved. Before, the signalled rank stopped alone and
+    the other failed in its next collective (DDP's first broadcast, or the first step's all-reduce)
+    with gloo's "Connection closed by peer" RuntimeError (under torchrun, still joining the process
+    group, it waited there until torchrun killed it 30 seconds later)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_terminated_while_setting_up, nprocs=2, join=True,
+                                args=(2, port, where, str(data_dir), str(tmp_path / "ddp")))
+    assert not (tmp_path / "ddp" / "last.pt").exists() and not (tmp_path / "ddp" / "metrics.jsonl").exists()
+
+
 # every registered architecture but the Transformer of the tests above, at test size
 ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked

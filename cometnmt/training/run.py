@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import random
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import torch
@@ -20,10 +21,11 @@ from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
 from cometnmt.inference import resolve_device, set_cuda_backends
+from cometnmt.interrupts import deferred, ignored, raise_noted
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import load_checkpoint, weights_misfit
-from cometnmt.training.distributed import init_from_env, shutdown
+from cometnmt.training.distributed import DistInfo, all_reduce_sum, init_from_env, shutdown
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -273,6 +275,60 @@ def _log_failure(handler: logging.Handler, exc: Exception) -> None:
     handler.handle(record)
 
 
+class _SetUp:
+    """Under DDP, Ctrl-C or SIGTERM while the ranks set up (read the data, build the codec, tag,
+    build the model, wrap it in DDP, load last.pt): every rank stops before training, together.
+
+    A signal that reached one rank stopped it alone; the others went on into their next collective,
+    where torchrun's SIGTERM cannot reach them: one in DDP's first broadcast or the first step's
+    all-reduce failed with gloo's "Connection closed by peer" traceback (logged in train.log as the
+    reason the run stopped), and one still joining the process group waited there until torchrun
+    killed it 30 seconds later, without a word. Now the ranks meet twice before
+    training, in an all-reduce of whether a rank holds an interrupt: at :meth:`ready` (after the
+    model is built, before DDP's first collective), which a rank interrupted before it reaches from
+    ``train``'s handler of the interrupt (:meth:`leave`) rather than leaving alone; and at
+    :meth:`done` (before the trainer's loop takes the signals over), the signals between the two
+    only noted. A signal while the rank joined the process group is delivered once it joined. (The
+    first lines of ``Trainer.fit``, before it notes signals itself, are left: a signal there still
+    stops its rank alone.) In a single process it does nothing."""
+
+    def __init__(self, dist: DistInfo, device: torch.device) -> None:
+        self.dist, self.device = dist, device
+        self.skip = ignored()  # a run started in the background ignores SIGINT: not an interrupt
+        self.noting = ExitStack()
+        self.met = not dist.enabled  # the ranks met at ready(): no rank leaves from there on without the others
+        self.noted: list[int] = []
+
+    def ready(self) -> None:
+        if not self.met:
+            self.noted = self.noting.enter_context(deferred(redeliver=False))
+            self.met = True
+            self._agree(last=False)
+
+    def leave(self) -> None:
+        """An interrupt on its way out of ``train`` before :meth:`ready`: tell the others there."""
+        if not self.met:
+            self.met = True
+            all_reduce_sum(torch.ones((), device=self.device), self.dist)
+
+    def done(self) -> None:
+        if self.dist.enabled:
+            self._agree(last=True)
+
+    def close(self) -> None:
+        self.noting.close()
+
+    def _agree(self, last: bool) -> None:
+        mine = [signum for signum in self.noted if signum not in self.skip]
+        anyone = all_reduce_sum((torch.ones if mine else torch.zeros)((), device=self.device), self.dist) > 0
+        if anyone or last:
+            self.close()  # the signals are handled as before again: the trainer's loop notes them itself
+        if anyone:
+            raise_noted(mine)  # this rank's own, as it would have been raised
+            log.warning("rank %d: another rank was interrupted while the ranks set up; every rank stops", self.dist.rank)
+            raise KeyboardInterrupt
+
+
 def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None, flags: bool = True) -> dict:
     """Train (or continue training) the run described by ``cfg``; returns the trainer's summary.
 
@@ -288,7 +344,10 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
     if cfg.train.save_dir.startswith("~"):  # the home folder, as in the data keys (a config gets no shell)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=os.path.expanduser(cfg.train.save_dir)))
     device = resolve_device(cfg.train.device, "train.device")
-    dist = init_from_env(device.type)
+    # under DDP a signal while joining the process group is delivered once joined, in the try below
+    # (_SetUp): a rank that left before joining kept the others waiting in the group's rendezvous
+    with deferred(redeliver=False) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else nullcontext([]) as joining:
+        dist = init_from_env(device.type)
     if not dist.is_main:  # rank 0 reports; the other ranks' log lines would repeat its own
         logging.getLogger("cometnmt").setLevel(logging.WARNING)
     if dist.enabled and device.type == "cuda":
@@ -298,7 +357,9 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
     if device.type == "cuda":
         set_cuda_backends(cfg.train.cudnn_attention)
     handler, clean, trainer, model, init_model = None, False, None, None, None
+    setup = _SetUp(dist, device)
     try:
+        raise_noted([signum for signum in joining if signum not in setup.skip])
         if resume and init_from is not None:
             raise ConfigError(f"{'--init-from' if flags else 'init_from'} starts a new run from a checkpoint's weights; "
                               f"{_resume_option(flags)} continues the run in train.save_dir; give one of them")
@@ -353,6 +414,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if test_corpus is not None:
             check_test_positions(cfg, model.position_limit(), test_corpus, codec)
         log.info("model %s: %.2fM parameters", cfg.model.arch, model.num_parameters() / 1e6)
+        setup.ready()  # under DDP: before the first collective (DDP's), every rank here or stopping (_SetUp)
         trainer = Trainer(cfg, model, codec, train_data, valid_data, device, dist)
         trainer.data_digests = digests
         trainer.tag_record = tags
@@ -368,14 +430,19 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
                 log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
         if dist.is_main and not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
             write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml_dump(to_dict(cfg)))
+        setup.done()
         summary = trainer.fit()
         clean = True
         return summary
+    except KeyboardInterrupt:
+        setup.leave()
+        raise
     except Exception as exc:
         if handler is not None:  # train.log says why the run stopped; the caller shows the error itself
             _log_failure(handler, exc)
         raise
     finally:
+        setup.close()
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
