@@ -124,6 +124,44 @@ def test_gated_conv_equals_conv1d(causal, dilation):
         torch.testing.assert_close(torch.cat(outs, dim=1), expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_gated_conv1d_function_equals_autograd_through_conv_and_gate(causal):
+    """The GPU path's training forward (``_GatedConv1d``: conv, in-place tanh and glu, the backward
+    written out) gives autograd's outputs and gradients through F.conv1d, tanh, sigmoid and mul: in
+    float32 to rounding, and under bf16 autocast (a float32 input, as the encoder's first
+    convolution gets, or a bf16 one) in the same dtypes and close to them; float64 stays float64."""
+    torch.manual_seed(3)
+    conv = GatedConv(6, 4, 3, 2, causal)
+    pad = (4, 0) if causal else (2, 2)
+
+    def reference(x):
+        h = torch.nn.functional.conv1d(torch.nn.functional.pad(x, pad), conv.conv.weight, conv.conv.bias, dilation=2)
+        return torch.tanh(h[:, :4]) * torch.sigmoid(h[:, 4:])
+
+    def run(f, x, probe, bf16=False):
+        x = x.clone().requires_grad_(True)
+        conv.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = f(x)
+        (y.float() * probe).sum().backward()
+        return [y, x.grad, conv.conv.weight.grad, conv.conv.bias.grad]
+
+    x = torch.randn(3, 6, 9)  # B,C_in,L
+    probe = torch.randn(3, 4, 9)
+    for dtype, bf16, tol in ((torch.float32, False, 1e-6), (torch.float32, True, 2e-2), (torch.bfloat16, True, 2e-2)):
+        ours, ref = run(conv.forward_channels_first, x.to(dtype), probe, bf16), run(reference, x.to(dtype), probe, bf16)
+        assert type(ours[0].grad_fn).__name__ == "_GatedConv1dBackward"  # the Function, not autograd's ops
+        for a, b, name in zip(ours, ref, ("y", "x.grad", "weight.grad", "bias.grad")):
+            assert a.dtype == b.dtype, (dtype, bf16, name)
+            torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol, msg=f"{dtype} bf16={bf16} {name}")
+    conv.double()
+    ours, ref = run(conv.forward_channels_first, x.double(), probe.double()), run(reference, x.double(), probe.double())
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    ours = run(conv.forward_channels_first, x.double(), probe.double(), bf16=True)  # autocast leaves float64 alone
+    assert ours[0].dtype == torch.float64
+
+
 def test_conv_unit_shapes_follow_the_paper():
     unit = ConvUnit(256, CometConfig(), dropout=0.1)
     widths = [c.conv.out_channels // 2 for c in unit.convs.convs]
