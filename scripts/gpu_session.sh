@@ -81,6 +81,9 @@
 #            over 10 sentences normalises differently. Budget it: ~2,900 steps an epoch, launch-bound
 #            at ~0.05 s a step on an H100, so an epoch is ~2.5 min alone and a run needs 20+ epochs
 #            (estimate, not measured); call it again while warm.
+# COMET trains on the GPU through _GatedConv1d since 2026-11-27 (one autograd Function per gated
+# convolution, tested on the CPU only): run `check` (its first lines test it on CUDA) before pieces
+# that train COMET on a GPU (cgrun, gridtime, tcbn, bnlen, paper).
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
@@ -219,7 +222,10 @@ case "$part" in
     echo "next: every piece ran; cgrun, tcbn and gridtime remain (see the top of this file)" ;;
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
     # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
-    # benchcg's timings mean something only if this passes
+    # benchcg's timings mean something only if this passes. First the tests that need CUDA (skipped
+    # on the CPU): COMET's gated convolution as one autograd Function (_GatedConv1d, the GPU training
+    # path since 2026-11-27) against autograd through its operators, float32 and bf16
+    python -m pytest -q -p no:cacheprovider tests/test_comet.py -k "gated_conv1d_function and cuda"
     python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 --groups 2 --passes 3 \
       --configs configs/multi30k/comet_bn_length.yaml configs/multi30k/transformer_pp_en_de.yaml
     # and with dropout on: a replayed step repeats from the same weights and per-micro-batch seed, and

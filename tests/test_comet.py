@@ -124,14 +124,29 @@ def test_gated_conv_equals_conv1d(causal, dilation):
         torch.testing.assert_close(torch.cat(outs, dim=1), expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device (scripts/gpu_session.sh check runs it on one)"))])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gated_conv1d_function_equals_autograd_through_conv_and_gate(causal):
+def test_gated_conv1d_function_equals_autograd_through_conv_and_gate(causal, device):
     """The GPU path's training forward (``_GatedConv1d``: conv, in-place tanh and glu, the backward
     written out) gives autograd's outputs and gradients through F.conv1d, tanh, sigmoid and mul: in
     float32 to rounding, and under bf16 autocast (a float32 input, as the encoder's first
-    convolution gets, or a bf16 one) in the same dtypes and close to them; float64 stays float64."""
+    convolution gets, or a bf16 one) in the same dtypes and close to them; float64 stays float64.
+    On CUDA too, where it trains (cuDNN's kernels; TF32 kept off for the float32 comparison)."""
+    if device == "cuda":
+        tf32 = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            _check_gated_conv1d_function(causal, device)
+        finally:
+            torch.backends.cudnn.allow_tf32 = tf32
+    else:
+        _check_gated_conv1d_function(causal, device)
+
+
+def _check_gated_conv1d_function(causal: bool, device: str) -> None:
     torch.manual_seed(3)
-    conv = GatedConv(6, 4, 3, 2, causal)
+    conv = GatedConv(6, 4, 3, 2, causal).to(device)
     pad = (4, 0) if causal else (2, 2)
 
     def reference(x):
@@ -141,14 +156,14 @@ def test_gated_conv1d_function_equals_autograd_through_conv_and_gate(causal):
     def run(f, x, probe, bf16=False):
         x = x.clone().requires_grad_(True)
         conv.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             y = f(x)
         (y.float() * probe).sum().backward()
         return [y, x.grad, conv.conv.weight.grad, conv.conv.bias.grad]
 
-    x = torch.randn(3, 6, 9)  # B,C_in,L
-    probe = torch.randn(3, 4, 9)
-    for dtype, bf16, tol in ((torch.float32, False, 1e-6), (torch.float32, True, 2e-2), (torch.bfloat16, True, 2e-2)):
+    x = torch.randn(3, 6, 9, device=device)  # B,C_in,L
+    probe = torch.randn(3, 4, 9, device=device)
+    for dtype, bf16, tol in ((torch.float32, False, 1e-6 if device == "cpu" else 1e-5), (torch.float32, True, 2e-2), (torch.bfloat16, True, 2e-2)):
         ours, ref = run(conv.forward_channels_first, x.to(dtype), probe, bf16), run(reference, x.to(dtype), probe, bf16)
         assert type(ours[0].grad_fn).__name__ == "_GatedConv1dBackward"  # the Function, not autograd's ops
         for a, b, name in zip(ours, ref, ("y", "x.grad", "weight.grad", "bias.grad")):
