@@ -471,6 +471,54 @@ def test_resuming_a_finished_run_says_so(tmp_path, data_dir, caplog):
     assert "resumed from step" not in caplog.text
 
 
+def test_a_resume_without_a_readable_last_pt_names_the_checkpoints_to_continue_from(tmp_path, data_dir):
+    """--resume on a run whose last.pt is zero bytes (or gone) stopped with an error naming last.pt
+    only, while the folder's epoch checkpoints and best.pt, each the run's whole state at its step,
+    could continue it. The error now names those that load, newest first, and the command that
+    continues from the newest; following it continues exactly. Not done by itself: that would drop
+    the training after that step unasked."""
+    import shutil
+    import shlex
+
+    from cometnmt.errors import CheckpointError
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_train_cfg(run_dir, data_dir, "train.max_epochs=2", "train.keep_checkpoints=2")
+    run_module.train(cfg)
+    reference = load_checkpoint(run_dir / "last.pt")
+    best_step = load_checkpoint(run_dir / "best.pt")["step"]
+    assert reference["step"] == 10 and best_step in (5, 10)
+    (run_dir / "last.pt").write_bytes(b"")
+    data = (run_dir / "epoch002.pt").read_bytes()
+    (run_dir / "epoch002.pt").write_bytes(data[: len(data) // 2])  # truncated too: not offered
+
+    with pytest.raises(CheckpointError) as info:
+        run_module.train(cfg, resume=True)
+    message = str(info.value)
+    assert message.startswith(f"--resume: {run_dir / 'last.pt'}: not a checkpoint; a PyTorch checkpoint is a zip "
+                              "archive, this file is empty; the run folder holds checkpoints that load: "), message
+    shown = [f"best.pt (step {best_step}, {best_step // 5} epoch{'s' * (best_step == 10)} done)", "epoch001.pt (step 5, 1 epoch done)"]
+    assert ", ".join(shown if best_step == 10 else shown[::-1]) in message, message  # newest first; epoch002.pt not named
+    newest = "best.pt" if best_step == 10 else "epoch001.pt"
+    command = shlex.join(["cp", str(run_dir / newest), str(run_dir / "last.pt")])
+    assert (f"to continue from {newest}, copy it over last.pt ({command}) and run the same command again with --resume "
+            "(the steps after it are trained again)") in message
+    with pytest.raises(CheckpointError, match=r"and call train again with resume=True \(the steps"):
+        run_module.train(cfg, resume=True, flags=False)
+    (run_dir / "last.pt").unlink()
+    with pytest.raises(CheckpointError, match=rf"^--resume: no checkpoint at .*last.pt \(train.save_dir=.*\); the run folder "
+                       rf"holds checkpoints that load: .*{re.escape(command)}"):
+        run_module.train(cfg, resume=True)
+
+    # as told, but from epoch 1 (best.pt may be epoch 2's, with nothing left to train): epoch 2 again, exactly
+    shutil.copy(run_dir / "epoch001.pt", run_dir / "last.pt")
+    run_module.train(cfg, resume=True)
+    resumed = load_checkpoint(run_dir / "last.pt")
+    assert resumed["step"] == 10 and resumed["trainer"]["history"] == reference["trainer"]["history"]
+    for key, value in reference["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+
+
 def test_a_resume_refuses_train_keys_the_checkpoint_fixes(tmp_path, data_dir):
     """--resume --set train.lr=10 trained on at the run's rate (the optimizer's state holds it)
     while config.yaml recorded 10; a new seed or batch size would silently reshuffle the epoch the

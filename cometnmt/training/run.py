@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import random
+import shlex
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.interrupts import deferred, ignored, raise_noted
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
-from cometnmt.training.checkpoint import load_checkpoint, weights_misfit
+from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, weights_misfit
 from cometnmt.training.distributed import DistInfo, all_reduce_sum, init_from_env, shutdown
 from cometnmt.training.trainer import Trainer
 
@@ -74,8 +75,12 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
     option = _resume_option(flags)
     if resume:
         if not last.exists():
-            raise CheckpointError(f"{option}: no checkpoint at {last} (train.save_dir={cfg.train.save_dir})")
-        payload = load_checkpoint(last)
+            raise CheckpointError(f"{option}: no checkpoint at {last} (train.save_dir={cfg.train.save_dir})"
+                                  f"{_resume_alternatives(last, flags)}")
+        try:
+            payload = load_checkpoint(last)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{option}: {exc}{_resume_alternatives(last, flags)}") from None
         saved = config_from_dict(payload["config"])
         changed = [
             f"{section}.{key} ({old!r} in the run, {new!r} now)"
@@ -109,6 +114,33 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
             "set train.save_dir to a new folder, or move the old run away"
         )
     return None
+
+
+def _resume_alternatives(last: Path, flags: bool) -> str:
+    """For a resume whose ``last`` is missing or unreadable (truncated, zero bytes): the run folder's
+    other checkpoints that load, newest first, and how to continue from one: each epoch checkpoint
+    (train.keep_checkpoints) and best.pt holds the run's whole state at its step, so a resume from
+    it continues exactly, training the steps after it again. Said, not done: a resume that fell
+    back by itself would drop the training after that step (and overwrite last.pt) unasked, and
+    the user may rather repair or fetch last.pt. "" when there is none."""
+    found = []
+    for path in (*reversed(epoch_checkpoints(last.parent)), last.parent / "best.pt"):
+        if not path.is_file():
+            continue
+        try:
+            payload = load_checkpoint(path)
+        except CheckpointError:
+            continue
+        found.append((payload["step"], payload["epoch"], path))
+    if not found:
+        return ""
+    found.sort(key=lambda f: -f[0])  # stable: of one step, the epoch checkpoint before best.pt
+    shown = ", ".join(f"{p.name} (step {step}, {epoch} epoch{'s' * (epoch != 1)} done)" for step, epoch, p in found)
+    again = "run the same command again with --resume" if flags else "call train again with resume=True"
+    return (f"; the run folder holds {'a checkpoint' if len(found) == 1 else 'checkpoints'} that load{'s' * (len(found) == 1)}: "
+            f"{shown}; each holds the run's whole state at its step: to continue from {found[0][2].name}, copy it "
+            f"over last.pt ({shlex.join(['cp', str(found[0][2]), str(last)])}) and {again} (the steps after it are "
+            "trained again)")
 
 
 def _same_path(old: str | None, new: str | None, workdir: str | None) -> bool:
