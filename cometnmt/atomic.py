@@ -1,7 +1,8 @@
 """One way to write a file whole or not at all: a temporary file beside it, flushed and fsync'd,
-then renamed over it (``os.replace``), or removed on an interrupt. Checkpoints, outputs, JSON
-results, tag caches and downloads all go through ``atomic_write``, so an interrupted write never
-leaves a torn file (nor its temporary file); and ``refuse_overwrite``, the commands' check that
+then renamed over it (``os.replace``) and its folder fsync'd (so that a power loss keeps the
+rename too), or removed on an interrupt. Checkpoints, outputs, JSON results, tag caches and
+downloads all go through ``atomic_write``, so an interrupted write never leaves a torn file
+(nor its temporary file); and ``refuse_overwrite``, the commands' check that
 no output is one of their inputs or outputs."""
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
+        tmp = None  # renamed: nothing of ours to remove
+        _fsync_folder(path.parent)
     except BaseException:
         if tmp is not None:
             # os.unlink first, a C call: a second signal already pending (SIGINT and SIGTERM together)
@@ -44,6 +47,22 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
             except FileNotFoundError:
                 pass
         raise
+
+
+def _fsync_folder(folder: Path) -> None:
+    """fsync a folder, so that a rename in it survives a power loss: the file's own fsync keeps its
+    bytes, not the folder entry naming them, and after a crash the path could still name the old
+    file (or none). Where a folder cannot be opened or synced (Windows) the rename stands unsynced."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

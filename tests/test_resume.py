@@ -252,6 +252,31 @@ def test_an_interrupted_config_write_leaves_no_temporary_file(tmp_path, data_dir
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["train.log"]  # no config.yaml, no .tmp
 
 
+def test_atomic_write_fsyncs_the_folder_after_the_rename(tmp_path, monkeypatch):
+    """The temporary file was fsync'd, then renamed over the path, but the folder holding the
+    rename never was: after a power loss the path could name the old file (or none), a checkpoint
+    written minutes before lost. The folder is now fsync'd after the rename."""
+    import stat
+
+    from cometnmt.atomic import atomic_write
+
+    path = tmp_path / "run" / "last.pt"
+    real_fsync, synced = os.fsync, []
+
+    def noting_fsync(fd):
+        info = os.fstat(fd)
+        synced.append((stat.S_ISDIR(info.st_mode), info.st_ino, path.read_bytes() if path.exists() else None))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noting_fsync)
+    with atomic_write(path, "wb") as f:
+        f.write(b"new")
+    monkeypatch.undo()
+    folder = os.stat(path.parent).st_ino
+    assert synced[0][0] is False and synced[0][2] is None  # the file's bytes, before the rename
+    assert (True, folder, b"new") in synced[1:], synced  # its folder, after it
+
+
 def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_path, data_dir, monkeypatch):
     """Ctrl-C while best.pt was written at an epoch's end: last.pt already said that epoch was
     the best, but best.pt was never written (the run resumed without it). Now the epoch's
