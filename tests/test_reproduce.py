@@ -237,3 +237,25 @@ def test_an_empty_figure_4_is_said(monkeypatch):
         in reproduce._markdown(args, report)
     del report["figure4"], report["significance"]  # no Transformer among the rows
     assert "Figure 4" not in reproduce._markdown(args, report)
+
+
+def test_the_main_jobs_report_folder_is_ignored_by_git_and_no_committed_report_is():
+    """The README's first command (scripts/main.sh) writes its report to reports/main/, which
+    `git status` then listed as untracked in the user's checkout. .gitignore now names it; no
+    committed file under reports/ is hidden by it."""
+    import shutil
+    import subprocess
+
+    from conftest import REPO
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    assert "--out reports/main" in (REPO / "scripts" / "main.sh").read_text(encoding="utf-8")
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+
+    assert git("check-ignore", "-q", "reports/main/report.md").returncode == 0
+    assert git("check-ignore", "-q", "reports/main/runs/comet/seed1/last.pt").returncode == 0
+    assert git("check-ignore", "-q", "reports/multi30k_table1/report.md").returncode == 1
+    assert git("ls-files", "--cached", "--ignored", "--exclude-standard", "reports").stdout == ""
