@@ -316,7 +316,7 @@ def how_it_ended(run: Path) -> dict:
 
     if not (run / "last.pt").is_file():
         return {}
-    last = load_checkpoint(run / "last.pt")
+    last = load_checkpoint(run / "last.pt", mmap=True)  # its trainer state and config: the weights are not read
     train = last["config"].get("train", {})
     if last["trainer"]["finished"]:
         by = "rule"
@@ -420,7 +420,7 @@ def _trained_in(run: Path) -> Optional[str]:
 
     for name in ("best.pt", "last.pt"):
         if (run / name).is_file():
-            return load_checkpoint(run / name).get("workdir")
+            return load_checkpoint(run / name, mmap=True).get("workdir")  # the weights are not read
     return None
 
 

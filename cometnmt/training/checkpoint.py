@@ -23,8 +23,11 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
         torch.save({"format_version": FORMAT_VERSION, **payload}, f)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and sanity-check a checkpoint; every failure is a CheckpointError naming the file."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load and sanity-check a checkpoint; every failure is a CheckpointError naming the file.
+    ``mmap``: for a few of its fields (step, trainer state, config, workdir), the tensors are mapped
+    from the file, not read (a paper-size run's last.pt was read whole, 137 MB, for its step); a
+    file in torch's legacy format, which cannot be mapped, is read whole."""
     path = Path(path)
     if path.is_dir():
         hint = " (best.pt or last.pt in it?)" if (path / "best.pt").exists() or (path / "last.pt").exists() else ""
@@ -37,7 +40,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         shown = "is empty" if not head else f"begins with {head!r}"
         raise CheckpointError(f"{path}: not a checkpoint; a PyTorch checkpoint is a zip archive, this file {shown}")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and head.startswith(b"PK"))
     except Exception as exc:  # torch raises several types for truncated/garbled files
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
         first = first.split(". ")[0]  # its first sentence: torch's go on with advice for its own developers

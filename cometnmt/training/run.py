@@ -128,7 +128,7 @@ def _resume_alternatives(last: Path, flags: bool) -> str:
         if not path.is_file():
             continue
         try:
-            payload = load_checkpoint(path)
+            payload = load_checkpoint(path, mmap=True)  # its step: the weights are not read
         except CheckpointError:
             continue
         found.append((payload["step"], payload["epoch"], path))

@@ -278,12 +278,12 @@ class Trainer:
         path = self.save_dir / "best.pt"
         if best is None or not path.is_file():
             return
-        held = load_checkpoint(path)["step"]
+        held = load_checkpoint(path, mmap=True)["step"]  # the steps: the weights are not read
         if held == best["step"]:
             self.best_behind = None
             return
         kept = self.save_dir / f"epoch{best['epoch']:03d}.pt"
-        if best["event"] == "valid" and kept.is_file() and load_checkpoint(kept)["step"] == best["step"]:
+        if best["event"] == "valid" and kept.is_file() and load_checkpoint(kept, mmap=True)["step"] == best["step"]:
             if self.dist.is_main:
                 with deferred():
                     save_checkpoint(load_checkpoint(kept), path)
