@@ -8,10 +8,17 @@ no output is one of their inputs or outputs."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; temporary files are then never taken for stale
+    fcntl = None
 
 from cometnmt.errors import CometNMTError, setting
 from cometnmt.interrupts import deferred
@@ -24,12 +31,13 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     file); on an exception it is removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = None
+    tmp = held = None
     try:
         # Ctrl-C/SIGTERM waits until the temporary file is made and its name known: raised inside
         # mkstemp, just after the file was created, it left that file behind
         with deferred():
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            held = _hold(fd)  # until the rename: remove_stale_temporaries leaves it alone
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -47,6 +55,71 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
             except FileNotFoundError:
                 pass
         raise
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _hold(fd: int) -> int | None:
+    """Lock a temporary file while it is written and renamed: ``flock`` on a duplicate of its
+    descriptor, which outlives the file object's close; the duplicate, or None where there is no
+    flock (Windows) or the file system takes no lock. The kernel drops the lock when the process
+    ends, however (kill -9 too), so a temporary file no process holds was left by a dead one."""
+    if fcntl is None:
+        return None
+    dup = os.dup(fd)
+    try:
+        fcntl.flock(dup, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(dup)
+        return None
+    return dup
+
+
+# atomic_write's temporary file of NAME: mkstemp's prefix and suffix around 8 of its letters
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+# a temporary file younger than this may be one just made, not yet locked (or one of a clock ahead, over NFS)
+STALE_AFTER_S = 60.0
+
+
+def remove_stale_temporaries(folder: str | Path, names: Callable[[str], bool]) -> dict[str, list[Path]]:
+    """Remove from ``folder`` the temporary files of :func:`atomic_write` for the file names that
+    ``names`` accepts whose writer is gone. A process killed inside a write (kill -9, an out-of-
+    memory kill, a lost machine) leaves one each time, as large as the file (a checkpoint), and
+    nothing removed them: they added up over a long run's kills. One is removed only when no
+    process holds its lock (a live writer does until its rename: another process writing in this
+    folder, on this host or over NFS) and it is older than ``STALE_AFTER_S``. Returns the paths
+    "removed", "in_use" (held by a live process) and "unknown" (no lock to ask: kept)."""
+    found: dict[str, list[Path]] = {"removed": [], "in_use": [], "unknown": []}
+    if fcntl is None:
+        return found
+    for path in sorted(Path(folder).iterdir()):
+        m = _TEMPORARY.fullmatch(path.name)
+        if not m or not names(m.group("name")):
+            continue
+        try:
+            if time.time() - path.stat().st_mtime < STALE_AFTER_S:
+                continue
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # renamed or removed meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            found["in_use"].append(path)
+            continue
+        except OSError:
+            found["unknown"].append(path)
+            continue
+        else:
+            try:
+                os.unlink(path)  # by its name: a writer that renamed it meanwhile keeps its file
+            except FileNotFoundError:
+                continue
+            found["removed"].append(path)
+        finally:
+            os.close(fd)
+    return found
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -277,6 +277,59 @@ def test_atomic_write_fsyncs_the_folder_after_the_rename(tmp_path, monkeypatch):
     assert (True, folder, b"new") in synced[1:], synced  # its folder, after it
 
 
+def test_temporary_files_of_killed_writes_are_removed_at_the_next_start_but_not_live_ones(tmp_path, data_dir, caplog):
+    """A process killed inside a checkpoint's write (kill -9) leaves its temporary file
+    (.last.pt.XXXXXXXX.tmp), as large as the checkpoint, and nothing removed them: two kills, two
+    files, and so on over a long run. A run's start or resume now removes those of its own files
+    in its own folder whose writer is gone (no process holds the lock atomic_write takes); one
+    another live process is writing is left alone (and named), as are files younger than a minute
+    and other files' temporary files."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_train_cfg(run_dir, data_dir)
+    run_module.train(cfg)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    write = ("import os, signal, sys\nfrom cometnmt.atomic import atomic_write\n"
+             "with atomic_write(sys.argv[1], 'wb') as f:\n    f.write(b'x' * 1000)\n    f.flush()\n"
+             "    print('writing', flush=True)\n"
+             "    os.kill(os.getpid(), signal.SIGKILL) if sys.argv[2] == 'kill' else sys.stdin.readline()\n")
+    for _ in range(2):
+        killed = subprocess.run([sys.executable, "-c", write, str(run_dir / "last.pt"), "kill"], env=env)
+        assert killed.returncode == -signal.SIGKILL
+    stale = sorted(run_dir.glob(".last.pt.*.tmp"))
+    assert len(stale) == 2  # they add up
+    live = subprocess.Popen([sys.executable, "-c", write, str(run_dir / "epoch099.pt"), "wait"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline() == "writing\n"
+        (writing,) = run_dir.glob(".epoch099.pt.*.tmp")
+        fresh = run_dir / ".best.pt.abcd1234.tmp"  # just made, not yet locked perhaps
+        fresh.write_bytes(b"")
+        other = run_dir / ".test.hyp.abcd1234.tmp"  # not the training's
+        other.write_bytes(b"")
+        old = time.time() - 120
+        for path in (*stale, writing, other):
+            os.utime(path, (old, old))
+        with caplog.at_level(logging.INFO, logger="cometnmt"):
+            run_module.train(cfg, resume=True)
+        assert not any(path.exists() for path in stale)
+        assert writing.exists() and fresh.exists() and other.exists()
+        assert f"removed 2 temporary file(s) a killed run left: {stale[0].name}, {stale[1].name}" in caplog.text
+        assert f"another process is writing {writing.name} in this run folder" in caplog.text
+        live.stdin.write("\n")
+        live.stdin.close()
+        assert live.wait(60) == 0
+    finally:
+        live.kill()
+        live.wait()
+    assert (run_dir / "epoch099.pt").read_bytes() == b"x" * 1000 and not writing.exists()  # its write went through
+
+
 def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_path, data_dir, monkeypatch):
     """Ctrl-C while best.pt was written at an epoch's end: last.pt already said that epoch was
     the best, but best.pt was never written (the run resumed without it). Now the epoch's

@@ -7,13 +7,14 @@ import hashlib
 import logging
 import os
 import random
+import re
 import shlex
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import torch
 
-from cometnmt.atomic import same_file
+from cometnmt.atomic import remove_stale_temporaries, same_file
 from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict,
                              unread_multi30k_dir, unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import write_text_file
@@ -141,6 +142,29 @@ def _resume_alternatives(last: Path, flags: bool) -> str:
             f"{shown}; each holds the run's whole state at its step: to continue from {found[0][2].name}, copy it "
             f"over last.pt ({shlex.join(['cp', str(found[0][2]), str(last)])}) and {again} (the steps after it are "
             "trained again)")
+
+
+# the files the trainer writes in a run folder through atomic_write (temporary files of others,
+# reproduce's test.hyp say, are not the training's to remove)
+_RUN_FILE = re.compile(r"last\.pt|best\.pt|epoch\d+\.pt|metrics\.jsonl|config\.yaml")
+
+
+def _remove_stale_temporaries(save_dir: Path) -> None:
+    """Rank 0, as a run starts or resumes: remove the temporary files of the run's checkpoints and
+    logs that a process killed inside their write left in ``save_dir`` (one per kill, each as large
+    as a checkpoint), not those another live process holds (see
+    :func:`cometnmt.atomic.remove_stale_temporaries`)."""
+    found = remove_stale_temporaries(save_dir, lambda name: bool(_RUN_FILE.fullmatch(name)))
+    if found["removed"]:
+        log.info("%s: removed %d temporary file(s) a killed run left: %s", save_dir, len(found["removed"]),
+                 ", ".join(p.name for p in found["removed"]))
+    if found["in_use"]:
+        log.warning("%s: another process is writing %s in this run folder (is this run being trained twice?)",
+                    save_dir, ", ".join(p.name for p in found["in_use"]))
+    if found["unknown"]:
+        log.warning("%s: kept %s, temporary file(s) of an earlier write: this file system takes no lock to tell "
+                    "whether a process still writes them; remove them if none does", save_dir,
+                    ", ".join(p.name for p in found["unknown"]))
 
 
 def _same_path(old: str | None, new: str | None, workdir: str | None) -> bool:
@@ -402,6 +426,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if dist.is_main:
             Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
             handler = _log_file(Path(cfg.train.save_dir) / "train.log")
+            _remove_stale_temporaries(Path(cfg.train.save_dir))
         unused = unused_model_keys(cfg.model)
         if unused:
             log.warning("model.arch=%s does not use %s (set away from their defaults; trained without them: check "
