@@ -300,14 +300,33 @@ def _section_type(dotted: str) -> Any:
     return tp if dataclasses.is_dataclass(tp) else None
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+def _null_section(dotted: str, value: Any) -> str | None:
+    """The first section that the mapping ``value`` (set at ``dotted``) gives as null, at any depth
+    (``model={comet: null}``: "model.comet"); None if it gives none."""
+    if not isinstance(value, dict) or _section_type(dotted) is None:
+        return None
+    for key, item in value.items():
+        inner = f"{dotted}.{key}"
+        if item is None and _section_type(inner) is not None:
+            return inner
+        if (found := _null_section(inner, item)) is not None:
+            return found
+    return None
+
+
+def _set_dotted(data: dict, dotted: str, value: Any, text: str | None = None) -> None:
     """Set ``value`` at the dotted key. A section the file left empty (``data:``, read as null) is
     an empty section here too: ``--set data.max_len=50`` on such a file said 'data' is not a section.
     A section may not be set to null: it reset the section to the defaults (``--set model=null`` on
-    comet.yaml trained a Transformer), while in a file an empty (null) section keeps the base's."""
+    comet.yaml trained a Transformer), while in a file an empty (null) section keeps the base's; nor
+    inside a mapping (``model={comet: null}``). ``text``: the override as written, for that error."""
     if value is None and _section_type(dotted) is not None:
         raise ConfigError(f"override '{dotted}=null': '{dotted}' is a section, not a value (null neither resets nor "
                           f"clears it); set its keys, {dotted}.KEY=VALUE (configs/reference.yaml lists them)")
+    if (section := _null_section(dotted, value)) is not None:  # the same null inside a mapping: --set
+        # 'model={comet: null}' merged key by key, so the base's comet section stayed without a word
+        raise ConfigError(f"override '{text or dotted}': '{section}' is a section, not a value (null neither resets nor "
+                          f"clears it); set its keys, {section}.KEY=VALUE (configs/reference.yaml lists them)")
     node = data
     parts = dotted.split(".")
     for part in parts[:-1]:
@@ -446,7 +465,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"overrides must be a list of 'section.key=value' strings, got the string {overrides!r}")
     for text in overrides or []:
         key, value = parse_override(text)
-        _set_dotted(data, key, value)
+        _set_dotted(data, key, value, text)
     return config_from_dict(data)
 
 
@@ -457,7 +476,7 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     data = to_dict(cfg)
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(data, key, value)
+        _set_dotted(data, key, value, text)
     return config_from_dict(data)
 
 

@@ -475,6 +475,22 @@ def test_a_section_set_to_null_is_refused():
     assert (cfg.model.arch, cfg.model.comet.bn_length_bounds) == ("comet", None)  # a key that may be null still may
 
 
+def test_a_section_set_to_null_inside_a_mapping_is_refused_too():
+    """--set 'model={comet: null}' kept the base's comet section without a word (a mapping merges
+    key by key, and a null section kept the base's), where --set model.comet=null is refused: the
+    nested form is refused the same way, naming the section, at any depth and from the defaults too."""
+    preset = REPO / "configs" / "multi30k" / "comet_bn_length.yaml"
+    for text, key in (("model={comet: null}", "model.comet"), ("model={arch: comet, transformer_pp: ~}", "model.transformer_pp"),
+                      ("model={comet: {bn_length_bounds: [10]}, transformer_pp: null}", "model.transformer_pp")):
+        with pytest.raises(ConfigError, match=rf"^override '{re.escape(text)}': '{key}' is a section, not a value \(null "
+                                              rf"neither resets nor clears it\); set its keys, {key}.KEY=VALUE"):
+            load_config(preset, [text])
+        with pytest.raises(ConfigError, match=rf"^override '{re.escape(text)}': '{key}' is a section"):
+            apply_overrides(Config(), [text])
+    cfg = load_config(preset, ["model={comet: {bn_length_bounds: null}}"])  # a key that may be null still may
+    assert (cfg.model.arch, cfg.model.comet.bn_length_bounds, cfg.model.comet.kernel_size) == ("comet", None, 3)
+
+
 def test_a_section_given_as_a_mapping_merges_as_in_a_file(tmp_path):
     """--set 'model.comet={kernel_size: 5}' replaced the whole section: comet_bn_length.yaml's other
     comet keys fell back to their defaults (bn_length_bounds null: no length-bucketed batch norm),
