@@ -22,7 +22,8 @@ server's) the same request gets the same samples. Bad requests get status 400 (4
 Content-Length, 413 for too many sentences or too large a body, 408 for a body that stops
 short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
 from http.server itself) and ``{"error": "..."}`` naming the field (one sentence of a list as
-``"texts"[2]``, counted from 0 as JSON indexes it); a query string is ignored. A
+``"texts"[2]``, counted from 0 as JSON indexes it; a key given twice in one JSON object is refused, naming it, not resolved to its
+last value); a query string is ignored. A
 request whose length is ambiguous (two Content-Length headers, one that is not a number, a malformed header
 line) gets 400 and its connection closed: behind a proxy that reads it otherwise, the rest would
 be taken for the next request (request smuggling). ``Expect: 100-continue`` is answered with
@@ -101,6 +102,18 @@ def _check_text(text: str, where: str) -> None:
     except UnicodeEncodeError as exc:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} is not valid Unicode (a lone surrogate at "
                                                    f"column {exc.start + 1})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object of the body, each key once: json.loads kept a repeated key's last value
+    without a word, so ``{"texts": [...], "texts": [...]}`` translated the second list alone."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body's JSON gives the key {json.dumps(key, ensure_ascii=False)} "
+                                                       "twice in one object; send it once")
+        out[key] = value
+    return out
 
 
 _LINE = re.compile(r"(input|source|target) line (\d+): ")  # Translator's errors about one sentence, counting from 1
@@ -549,7 +562,7 @@ class _Handler(BaseHTTPRequestHandler):
                                    f"no such endpoint {self._route()}; use POST /translate or POST /logprob")
             raw = self._read_body()
             try:
-                body = json.loads(raw.decode("utf-8"))
+                body = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as exc:
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid UTF-8 (byte {exc.start})") from None
             except json.JSONDecodeError as exc:

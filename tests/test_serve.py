@@ -137,6 +137,9 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     (None, b"[" * 9000, 400, "nested too deeply"),
     # longer than Python reads an int: a ValueError, not a JSONDecodeError, was a 500 and a traceback
     (None, b'{"text": "a", "seed": ' + b"1" * 5000 + b"}", 400, "holds an integer of more than 4300 digits"),
+    # a key given twice was resolved to its last value without a word (json.loads keeps the last)
+    (None, b'{"texts": ["a", "b"], "texts": ["c"]}', 400, 'the body\'s JSON gives the key "texts" twice in one object'),
+    (None, b'{"text": "a", "beam": 2, "beam": 3}', 400, 'the body\'s JSON gives the key "beam" twice in one object'),
 ])
 def test_bad_requests_name_the_problem(server, body, raw, status, needle):
     got_status, out = call(server, "/translate", body, raw=raw)
