@@ -15,6 +15,9 @@ Endpoints:
   ``{"scores": [...]}`` of them: each target's log-probability given its source (natural log, over
   its tokens and ``</s>``), e.g. to rerank another system's outputs.
 
+A score or log-probability that is not a finite number (a model whose weights hold NaN) is
+``null``: JSON has no NaN, and every answer is strict JSON.
+
 A setting given as ``null`` keeps the server's default (the checkpoint's search, or the
 command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-beam``, default 64),
 since a beam's (or the samples') memory grows with its width. With a seed (the request's or the
@@ -41,6 +44,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import re
 import selectors
 import socket
@@ -305,7 +309,7 @@ class TranslationServer(ThreadingHTTPServer):
         # one shape per request option, as translate writes columns for an explicit --nbest 1: a client
         # that sends nbest gets lists whatever its value (an "nbest": 1 got a bare string, "nbest": 2 lists)
         nbest = "nbest" in settings or self.translator.cfg.decode.nbest > 1
-        out = [[{"text": h.text, "score": h.score} for h in hyps] if nbest else hyps[0].text for hyps in results]
+        out = [[{"text": h.text, "score": _score(h.score)} for h in hyps] if nbest else hyps[0].text for hyps in results]
         return {"translation": out[0]} if single else {"translations": out}
 
     def log_prob(self, body: object) -> dict:
@@ -319,8 +323,18 @@ class TranslationServer(ThreadingHTTPServer):
         except CometNMTError as exc:  # a sentence longer than the model's positions, say
             raise RequestError(HTTPStatus.BAD_REQUEST,
                                _name_field(str(exc), {"source": "sources", "target": "targets"}, single)) from None
-        out = [{"log_prob": s.log_prob, "tokens": s.tokens, "unknown": s.unknown} for s in scores]
+        out = [{"log_prob": _score(s.log_prob), "tokens": s.tokens, "unknown": s.unknown} for s in scores]
         return out[0] if single else {"scores": out}
+
+
+def _score(value: float) -> float | None:
+    """A score as JSON has it: a number, or null for NaN and infinities (a model whose weights hold
+    NaN, from a diverged run, say), which json.dumps wrote as NaN and -Infinity, which no strict
+    JSON reader (JavaScript's JSON.parse, Go's encoding/json) takes; the log says so."""
+    if math.isfinite(value):
+        return value
+    log.warning("a score is %s, answered as null: the model's output is not a number (do its weights hold NaN?)", value)
+    return None
 
 
 def _has_bytes(connection: socket.socket) -> bool:
@@ -483,7 +497,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus(code), {"error": message or phrase})
 
     def _send(self, status: HTTPStatus, payload: dict | None, headers: dict[str, str] | None = None) -> None:
-        data = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        # allow_nan=False: never NaN or Infinity, which is not JSON (a bug that lets one through is a 500)
+        data = b"" if payload is None else json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
         with self._answer_lock:
             if self._refused:  # the stopping server has answered 503 in its place: the connection is over
                 self.close_connection, self._linger = True, False

@@ -280,6 +280,35 @@ def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
     assert status == 405 and err["error"] == "GET is not supported; use POST"
 
 
+def test_scores_that_are_not_numbers_are_null_and_the_answer_strict_json(checkpoint, caplog):
+    """A model whose weights hold NaN (a diverged run's checkpoint) scores NaN: the answer had
+    "score": NaN and "log_prob": NaN, which is not JSON (JavaScript's JSON.parse and Go refuse it).
+    Such a score is now null, the log says why, and the answer parses as strict JSON."""
+    import torch
+
+    srv = make_server(str(checkpoint), port=0, device="cpu")
+    with torch.no_grad():
+        next(srv.translator.model.parameters()).fill_(float("nan"))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def strict(path: str, body: dict):
+        req = urllib.request.Request(f"http://127.0.0.1:{srv.server_port}{path}", data=json.dumps(body).encode())
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read(), parse_constant=lambda name: pytest.fail(f"{name} in the answer"))
+
+    try:
+        status, out = strict("/translate", {"texts": ["Ein Mann.", ""], "beam": 2, "nbest": 2})
+        assert status == 200 and [[h["score"] for h in r] for r in out["translations"]] == [[None, None], [0.0, 0.0]]
+        status, out = strict("/translate", {"text": "Ein Mann.", "sampling": True, "nbest": 1, "seed": 1})
+        assert status == 200 and out["translation"][0]["score"] is None
+        status, out = strict("/logprob", {"source": "Ein Mann.", "target": "A man."})
+        assert status == 200 and out == {"log_prob": None, "tokens": 4, "unknown": 0}
+        assert "a score is nan, answered as null" in caplog.text
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_closing_lets_a_request_being_answered_finish(checkpoint, monkeypatch):
     """Ctrl-C right after a request sometimes aborted the process ("terminate called without an
     active exception"): its daemon thread was still finishing the response when the interpreter shut
