@@ -121,6 +121,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="JSON results (default bench/results/cpu.json or gpu.json)")
     args = p.parse_args(argv)
+    # --steps 0 trained and decoded nothing timed, then stopped with a ZeroDivisionError (seconds / steps)
+    # and wrote no JSON; a negative --warmup took the last steps of the list for warm-up ones
+    if args.steps < 1:
+        p.error(f"--steps {args.steps} must be at least 1 (the timed training steps per model)")
+    if args.warmup < 0:
+        p.error(f"--warmup {args.warmup} must be at least 0")
     # checked here, before anything trains: the rounds run after the per-model runs, and a refusal there
     # lost their results (``--gpu --steps 4`` trained both models, then stopped with "--rounds 8 exceeds
     # --steps 4", a flag nobody had given, and wrote no JSON)

@@ -62,7 +62,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch.compile both models in this mode (reduce-overhead = CUDA graphs); the warm-up then "
                         "runs the timed batches twice where graphs are replayed (a shape's second call records)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps < 1:  # 0 ran the warm-up steps, then stopped on the median of no step times (StatisticsError)
+        p.error(f"--steps {args.steps} must be at least 1 (the timed steps per model)")
+    if args.warmup < 0:
+        p.error(f"--warmup {args.warmup} must be at least 0")
+    return args
 
 
 def load_pair(args, save_dir: str = "."):

@@ -38,6 +38,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (after 3 untimed)")
     p.add_argument("--rows", type=int, default=22, help="operators listed")
     args = p.parse_args(argv)
+    if args.steps < 1:  # 0 profiled nothing, then divided the time by 0 steps
+        p.error(f"--steps {args.steps} must be at least 1")
     if args.fallback_random:
         import torch._inductor.config as inductor_config
 

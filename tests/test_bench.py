@@ -71,6 +71,23 @@ def test_rounds_default_fits_the_steps_and_a_bad_rounds_stops_before_training(ca
     assert stop.value.code == 2 and "--rounds 8 must be between 0 and --steps 4" in capsys.readouterr().err
 
 
+def test_no_timed_steps_is_refused_by_the_argument_parser(capsys):
+    """``bench.py --steps 0`` trained and decoded, then stopped with a ZeroDivisionError (seconds /
+    steps) and wrote no JSON; bench_transformer_pp.py stopped on the median of no step times and
+    profile_step.py divided by 0. Each now refuses it at parse, naming the flag, as a negative
+    --warmup (which took the last steps for warm-up ones)."""
+    for script, argv, needle in (("bench.py", ["--steps", "0"], "--steps 0 must be at least 1"),
+                                 ("bench.py", ["--warmup", "-1"], "--warmup -1 must be at least 0"),
+                                 ("bench_transformer_pp.py", ["--steps", "0"], "--steps 0 must be at least 1"),
+                                 ("bench_transformer_pp.py", ["--warmup", "-2"], "--warmup -2 must be at least 0")):
+        with pytest.raises(SystemExit) as stop:
+            _script(script).parse_args(argv)
+        assert stop.value.code == 2 and needle in capsys.readouterr().err, (script, argv)
+    with pytest.raises(SystemExit) as stop:
+        _script("profile_step.py").main(["--steps", "0"])
+    assert stop.value.code == 2 and "--steps 0 must be at least 1" in capsys.readouterr().err
+
+
 def test_the_cpu_speed_ratio_is_measured_side_by_side_by_default():
     """The COMET/Transformer ratio came on the CPU from one model's run after the other's unless
     --rounds was given (its default was 8 with --gpu, else 0), so a drift of the machine's speed
