@@ -509,6 +509,9 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
             probe_seconds += time.perf_counter() - t1
     sync(device)
     seconds = time.perf_counter() - t_start - probe_seconds
+    # the trainer trains eagerly where torch.compile is unavailable or fails (a warning in the log):
+    # the JSON said "compile": true and the table "compiled (default)" for such an eager run
+    compiled = trainer._compiled
     step_seconds = timer.seconds()
     cpu_share = (_cpu_seconds() - cpu_start) / ((seconds + probe_seconds) * torch.get_num_threads())
     mem = memory.stop()
@@ -524,6 +527,7 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
         "precision": cfg.train.precision,
         "compile": cfg.train.compile,
         "compile_mode": cfg.train.compile_mode if cfg.train.compile else None,
+        "compiled": compiled,  # still compiled after the timed steps: false where --compile fell back to eager
         "warmup_steps": args.warmup,
         "warm_shapes": warm_shapes,
         "timed_steps": args.steps,
@@ -718,6 +722,8 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
             sync(device)
             per[name]["seconds"].append(time.perf_counter() - t0)
             per[name]["tokens"].append(tokens)
+    for name, trainer, _ in runners:  # false where --compile fell back to eager (as bench_training's)
+        per[name]["compiled"] = trainer._compiled
     for name in names:
         p = per[name]
         p["tokens_per_s"] = [n / t for n, t in zip(p["tokens"], p["seconds"])]
@@ -771,7 +777,7 @@ def format_report(res: dict) -> str:
     if models:
         t = models[0]["training"]
         lines.append(f"  batch_tokens {t['batch_tokens']}, accum {t['accum_steps']}, {t['precision']}"
-                     f"{', compiled (' + str(t.get('compile_mode')) + ')' if t['compile'] else ''}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
+                     f"{_compiled_note(t)}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
                      f" peak mem = {t['memory']['method']}; ops/step = ATen operators (views apart) one training"
                      " step dispatches, about the kernels it launches on a GPU (the CPU output layer's"
                      " blocked product, a custom operator, counts as 1)")
@@ -785,6 +791,10 @@ def format_report(res: dict) -> str:
                          f"{q['steps_per_round']} steps: median {q['median_ratio']:.2f} (rounds {q['min_ratio']:.2f}-"
                          f"{q['max_ratio']:.2f}; pooled {q['pooled_ratio']:.2f}); Transformer "
                          f"{q['models']['transformer']['pooled_tokens_per_s']:.0f}, COMET {q['models']['comet']['pooled_tokens_per_s']:.0f} tok/s")
+            eager = [name for name, m in q["models"].items() if models and models[0]["training"]["compile"]
+                     and not m.get("compiled", True)]
+            if eager:
+                lines.append(f"  in the rounds, {' and '.join(eager)} FELL BACK TO EAGER from --compile (see the log)")
             lines.append(f"  one model after the other (the table above): {r['ratio_one_after_other']:.2f}")
         lines.append(f"COMET/Transformer training tokens/s: {r['ratio']:.2f} (issue 3 target >= {RATIO_TARGET:.2f}: "
                      f"{'met' if r['meets_target'] else 'MISSED'}{'; the rounds median' if 'rounds' in r else ''}); "
@@ -821,6 +831,16 @@ def _busy(res: dict) -> bool:
     other processes took the rest; OpenMP threads that wait spin, so an idle machine gives ~100%)."""
     shares = [r["training"]["cpu_share"] for r in res["models"]]
     return res["machine"]["device"] == "cpu" and any(s < BUSY_SHARE for s in shares)
+
+
+def _compiled_note(t: dict) -> str:
+    """How the table's training ran: compiled, or fallen back to eager from --compile (the trainer's
+    warning in the log says why); nothing for an eager run asked for."""
+    if not t["compile"]:
+        return ""
+    if not t.get("compiled", True):  # results written before "compiled" was recorded did not say
+        return f", --compile {t['compile_mode']} FELL BACK TO EAGER (torch.compile unavailable or failed; see the log)"
+    return f", compiled ({t['compile_mode']})"
 
 
 def main(argv: list[str] | None = None) -> int:

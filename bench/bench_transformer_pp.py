@@ -128,6 +128,8 @@ class Runner:
             "step_seconds": [round(x, 4) for x in self.seconds],
             "tgt_tokens_per_s": self.tgt_tokens / total,
             "src_tgt_tokens_per_s": (self.src_tokens + self.tgt_tokens) / total,
+            # with --compile: false where the trainer fell back to eager (torch.compile unavailable or failed)
+            "compiled": self.trainer._compiled,
         }
 
 
@@ -189,6 +191,10 @@ def main(argv=None) -> int:
     print(f"ratio Transformer++ / Transformer (tgt tokens/s): {ratio:.3f}  [{report['device']}, {report['threads']} threads, "
           f"{args.steps} steps of {G} micro-batches of <= {pp_cfg.train.batch_tokens} tokens, "
           f"tags {'on' if results['transformer_pp']['tag_tasks'] else 'off'}]")
+    eager = [name for name, r in results.items() if args.compile and not r["compiled"]]
+    if eager:  # the JSON's "compile" is what was asked for
+        print(f"{' and '.join(eager)}: --compile {args.compile} FELL BACK TO EAGER (torch.compile unavailable or failed; "
+              "see the log)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -88,6 +88,42 @@ def test_no_timed_steps_is_refused_by_the_argument_parser(capsys):
     assert stop.value.code == 2 and "--steps 0 must be at least 1" in capsys.readouterr().err
 
 
+def test_a_compile_that_fell_back_to_eager_says_so(data_dir, tmp_path, monkeypatch, capsys):
+    """Where torch.compile is unavailable or fails, the trainer warns and trains eagerly; bench.py's
+    JSON still said "compile": true and its table "compiled (default)" for that eager run
+    (bench_transformer_pp.py: "compile": "default"). The JSON now records whether the timed steps
+    ran compiled, and the table says the run fell back."""
+    import torch
+
+    import cometnmt.training.trainer as trainer_module
+
+    def no_compiler(module, mode):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(trainer_module, "compile_module", no_compiler)
+    monkeypatch.setenv("COMETNMT_MULTI30K_DIR", str(data_dir))
+    out, pp_out = tmp_path / "cpu.json", tmp_path / "pp.json"
+    bench, bench_pp = _script("bench.py"), _script("bench_transformer_pp.py")
+    threads = torch.get_num_threads()
+    try:
+        bench.main(["--models", "transformer", "--steps", "1", "--warmup", "1", "--rounds", "0", "--no-decode",
+                    "--threads", "1", "--compile", *TINY, "--set", f"data.multi30k_dir={data_dir}", "--out", str(out)])
+        training = json.loads(out.read_text())["models"][0]["training"]
+        assert (training["compile"], training["compile_mode"], training["compiled"]) == (True, "default", False)
+        report = capsys.readouterr().out
+        assert "--compile default FELL BACK TO EAGER" in report and "compiled (default)" not in report
+        assert bench._compiled_note({"compile": True, "compile_mode": "default", "compiled": True}) == ", compiled (default)"
+        bench_pp.main(["--steps", "1", "--warmup", "1", "--no-tags", "--max-pairs", "300", "--threads", "1", "--compile",
+                       "--set", "model.d_model=32", "--set", "model.n_heads=4", "--set", "model.transformer_pp.conv_heads=2",
+                       "--set", "model.d_ff=64", "--set", "model.enc_layers=1", "--set", "model.dec_layers=1",
+                       "--batch-tokens", "256", "--out", str(pp_out)])
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(pp_out.read_text())
+    assert result["compile"] == "default" and [r["compiled"] for r in result["results"].values()] == [False, False]
+    assert "transformer_pp and transformer: --compile default FELL BACK TO EAGER" in capsys.readouterr().out
+
+
 def test_the_cpu_speed_ratio_is_measured_side_by_side_by_default():
     """The COMET/Transformer ratio came on the CPU from one model's run after the other's unless
     --rounds was given (its default was 8 with --gpu, else 0), so a drift of the machine's speed
