@@ -109,7 +109,9 @@ def _evaluate_run(args, run: Path) -> dict:
     from cometnmt.inference import Translator
 
     translator = Translator.from_checkpoint(run / "best.pt", args.device)
-    dcfg = dataclasses.replace(translator.cfg.decode, method="greedy")
+    # one hypothesis: greedy search of decode.nbest above 1 is a beam search of decode.beam_size
+    # (Translator.translate), so a run trained with decode.nbest 3 was beam-decoded, reported as greedy
+    dcfg = dataclasses.replace(translator.cfg.decode, method="greedy", nbest=1)
     tgt_tok, src_tok = metric_tokenizer(translator.cfg.data.tgt_lang), SpacyTokenizer(translator.cfg.data.src_lang)
     out = {}
     for split in ("valid", "test"):

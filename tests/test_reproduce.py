@@ -259,3 +259,32 @@ def test_the_main_jobs_report_folder_is_ignored_by_git_and_no_committed_report_i
     assert git("check-ignore", "-q", "reports/main/runs/comet/seed1/last.pt").returncode == 0
     assert git("check-ignore", "-q", "reports/multi30k_table1/report.md").returncode == 1
     assert git("ls-files", "--cached", "--ignored", "--exclude-standard", "reports").stdout == ""
+
+
+def test_a_config_of_several_hypotheses_is_still_decoded_greedily(monkeypatch, tmp_path):
+    """reproduce greedy-decodes each run's best.pt (the paper's search) by setting decode.method to
+    greedy, but kept the config's decode.nbest: Translator.translate reads greedy search of nbest
+    above 1 as a beam search (documented), so a run trained with decode.nbest 3 was decoded by a
+    beam of decode.beam_size, and its report said greedy (a beam_size below 3 refused it instead).
+    One hypothesis is decoded now, as compare and evaluate do."""
+    import argparse
+    import types
+
+    from cometnmt import reproduce
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import Translator, decode_config
+
+    class Decoded(Exception):
+        pass
+
+    def translate_split(split, decode, limit=None):  # as Translator.translate reads the search
+        raise Decoded(decode_config(decode))
+
+    translator = types.SimpleNamespace(cfg=types.SimpleNamespace(decode=DecodeConfig(method="beam", beam_size=4, nbest=3)),
+                                       translate_split=translate_split)
+    translator.cfg.data = types.SimpleNamespace(tgt_lang="en", src_lang="de", lowercase=False)
+    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(lambda path, device: translator))
+    with pytest.raises(Decoded) as caught:
+        reproduce._evaluate_run(argparse.Namespace(device="cpu", eval_limit=None), tmp_path)
+    decode = caught.value.args[0]
+    assert (decode.method, decode.nbest) == ("greedy", 1)
