@@ -420,7 +420,8 @@ def cmd_serve(args) -> int:
 
     server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                         max_sentences=args.max_sentences, max_beam=args.max_beam, flags=True, **_search_args(args))
+                         max_sentences=args.max_sentences, max_beam=args.max_beam, max_chars=args.max_chars, flags=True,
+                         **_search_args(args))
     host, port = server.server_address[:2]
     print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
           "Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
@@ -575,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--max-sentences", dest="max_sentences", type=int, default=1000, help="most sentences per request (default 1000)")
     p.add_argument("--max-beam", dest="max_beam", type=int, default=64, help="largest beam (and nbest) a request may ask for (default 64)")
+    p.add_argument("--max-chars", dest="max_chars", type=int, default=10000,
+                   help="most characters in one sentence of a request (default 10000; an RNN has no position limit, "
+                        "and its search time grows with the source's length)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -22,7 +22,9 @@ A setting given as ``null`` keeps the server's default (the checkpoint's search,
 command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-beam``, default 64),
 since a beam's (or the samples') memory grows with its width. With a seed (the request's or the
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
-Content-Length, 413 for too many sentences or too large a body, 408 for a body that stops
+Content-Length, 413 for too many sentences (``--max-sentences``, default 1000), a sentence of too many
+characters (``--max-chars``, default 10,000: the RNN has no position limit, and one long sentence held
+the model for hours) or too large a body (1 MiB), 408 for a body that stops
 short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
 from http.server itself) and ``{"error": "..."}`` naming the field (one sentence of a list as
 ``"texts"[2]``, counted from 0 as JSON indexes it; a key given twice in one JSON object is refused, naming it, not resolved to its
@@ -71,7 +73,7 @@ class RequestError(Exception):
         self.status = status
 
 
-def _request_texts(body: dict, max_sentences: int) -> tuple[list[str], bool]:
+def _request_texts(body: dict, max_sentences: int, max_chars: int) -> tuple[list[str], bool]:
     """The sentences of a request and whether it sent one (``text``) rather than a list."""
     unknown = sorted(set(body) - {"text", "texts", *_SETTINGS})
     if unknown:
@@ -91,16 +93,23 @@ def _request_texts(body: dict, max_sentences: int) -> tuple[list[str], bool]:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f'"texts" has {len(texts)} sentences, more than this server takes at once ({max_sentences})')
     for i, text in enumerate(texts):  # a carriage return is text, as for Translator
-        _check_text(text, '"text"' if single else f'"texts"[{i}]')
+        _check_text(text, '"text"' if single else f'"texts"[{i}]', max_chars)
     return texts, single
 
 
-def _check_text(text: str, where: str) -> None:
+def _check_text(text: str, where: str, max_chars: int) -> None:
     """One sentence of a request, named as the request has it (``where``: ``"texts"[2]``, 0-based as
-    JSON counts): no newline, and UTF-8 (no lone surrogate, which JSON's \\ud800 can carry). The
-    Translator's own checks said "sentence 3", counting from 1 and naming no field."""
+    JSON counts): no newline, UTF-8 (no lone surrogate, which JSON's \\ud800 can carry), and at most
+    ``max_chars`` characters. The Translator's own checks said "sentence 3", counting from 1 and
+    naming no field. The length is checked here, before the model's lock: only the Transformer
+    family has a position limit, and one sentence as long as the body allows held an RNN's lock for
+    hours (its search runs 1.5 x source length + 10 steps, each attending over the whole source;
+    8,000 words took 38 s, 2,000 words with beam 64 took 1.4 GB)."""
     if "\n" in text:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} holds a newline; send one sentence per string")
+    if len(text) > max_chars:
+        raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{where} has {len(text)} characters, more than this "
+                                                                f"server takes in one sentence ({max_chars})")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -135,7 +144,7 @@ def _name_field(message: str, fields: dict[str, str], single: bool) -> str:
     return f"{where}: {message[match.end():]}"
 
 
-def _request_pairs(body: dict, max_sentences: int) -> tuple[list[str], list[str], bool]:
+def _request_pairs(body: dict, max_sentences: int, max_chars: int) -> tuple[list[str], list[str], bool]:
     """The (source, target) pairs of a /logprob request and whether it sent one (``source`` and
     ``target``) rather than lists (``sources`` and ``targets``)."""
     unknown = sorted(set(body) - {"source", "target", "sources", "targets"})
@@ -152,7 +161,7 @@ def _request_pairs(body: dict, max_sentences: int) -> tuple[list[str], list[str]
         if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
             raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be {"a string" if single else "a list of strings"}')
         for i, text in enumerate(value):
-            _check_text(text, f'"{field}"' if single else f'"{field}"[{i}]')
+            _check_text(text, f'"{field}"' if single else f'"{field}"[{i}]', max_chars)
         pairs[key] = value
     if len(pairs["source"]) != len(pairs["target"]):
         raise RequestError(HTTPStatus.BAD_REQUEST, f'"sources" has {len(pairs["source"])} sentences but "targets" has '
@@ -169,7 +178,8 @@ class TranslationServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], translator: Translator | None, checkpoint: str | list[str], *,
-                 max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64) -> None:
+                 max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64,
+                 max_chars: int = 10000) -> None:
         if ":" in address[0]:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
         # before binding: when the bind fails (port in use, unknown host) socketserver calls
@@ -182,6 +192,7 @@ class TranslationServer(ThreadingHTTPServer):
         self._wake = socket.socketpair()
         self.translator, self.checkpoint = translator, checkpoint
         self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
+        self.max_chars = max_chars
         self.lock = threading.Lock()
         super().__init__(address, _Handler)
 
@@ -290,12 +301,12 @@ class TranslationServer(ThreadingHTTPServer):
         arch = "ensemble" if isinstance(self.checkpoint, list) else cfg.model.arch
         return {"status": "ok", "arch": arch, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
                 "checkpoint": self.checkpoint, "decode": to_dict(cfg.decode), "max_sentences": self.max_sentences,
-                "max_beam": self.max_beam}
+                "max_beam": self.max_beam, "max_chars": self.max_chars}
 
     def translate(self, body: object) -> dict:
         if not isinstance(body, dict):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {type(body).__name__}")
-        texts, single = _request_texts(body, self.max_sentences)
+        texts, single = _request_texts(body, self.max_sentences, self.max_chars)
         settings = {k: body[k] for k in _SETTINGS if body.get(k) is not None}  # null: the server's default
         for key in ("beam", "nbest"):  # the beam's memory grows with its width: one request must not exhaust it
             value = settings.get(key)
@@ -316,7 +327,7 @@ class TranslationServer(ThreadingHTTPServer):
         """Forced decoding (:meth:`Translator.log_prob`): each target's log-probability given its source."""
         if not isinstance(body, dict):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {type(body).__name__}")
-        sources, targets, single = _request_pairs(body, self.max_sentences)
+        sources, targets, single = _request_pairs(body, self.max_sentences, self.max_chars)
         try:
             with self.lock:
                 scores = self.translator.log_prob(sources, targets)
@@ -662,24 +673,25 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8080, device: str = "auto", *,
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
-                max_beam: int = 64, flags: bool = False, sampling: bool | None = None, topk: int | None = None,
+                max_beam: int = 64, max_chars: int = 10000, flags: bool = False, sampling: bool | None = None, topk: int | None = None,
                 topp: float | None = None, temperature: float | None = None, seed: int | None = None,
                 replace_unk: bool | None = None) -> TranslationServer:
     """Load ``checkpoint`` (a list of several: an ensemble) and bind the server (``port`` 0 picks a
     free port: ``server.server_port``).
     ``beam``, ``nbest``, ``length_penalty``, ``batch_size``, ``replace_unk`` and the sampling settings (those of
     :meth:`Translator.translate`) replace the checkpoint's search settings as the default of every
-    request. Call ``serve_forever()`` on the result to serve."""
+    request. ``max_sentences``, ``max_chars`` (per sentence), ``max_body_bytes`` and ``max_beam`` (also
+    ``nbest``) bound what one request may ask for. Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
-    for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam)):
+    for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam), ("max_chars", max_chars)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{setting(name, value, flags)}: must be at least 1")
     paths = [str(c) for c in checkpoint_list(checkpoint)]
     try:  # bind first: a port in use is reported at once, not after loading the model (connections wait in
         # the listen queue until serve_forever)
         server = TranslationServer((host, port), None, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
-                                   max_body_bytes=max_body_bytes, max_beam=max_beam)
+                                   max_body_bytes=max_body_bytes, max_beam=max_beam, max_chars=max_chars)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:

@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory, data_dir):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    srv = make_server(str(checkpoint), port=0, device="cpu", max_sentences=3, max_body_bytes=10000)
+    srv = make_server(str(checkpoint), port=0, device="cpu", max_sentences=3, max_body_bytes=10000, max_chars=6000)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -137,6 +137,10 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     (None, b"[" * 9000, 400, "nested too deeply"),
     # longer than Python reads an int: a ValueError, not a JSONDecodeError, was a 500 and a traceback
     (None, b'{"text": "a", "seed": ' + b"1" * 5000 + b"}", 400, "holds an integer of more than 4300 digits"),
+    # one long sentence (the body allows 1 MiB) held the model for hours: an RNN has no position limit, and
+    # its search runs 1.5 x source length + 10 steps (8,000 words took 38 s, 2,000 words with beam 64 1.4 GB)
+    ({"text": "x" * 6001}, None, 413, '"text" has 6001 characters, more than this server takes in one sentence (6000)'),
+    ({"texts": ["a", "x" * 6001]}, None, 413, '"texts"[1] has 6001 characters, more than this server takes in one sentence'),
     # a key given twice was resolved to its last value without a word (json.loads keeps the last)
     (None, b'{"texts": ["a", "b"], "texts": ["c"]}', 400, 'the body\'s JSON gives the key "texts" twice in one object'),
     (None, b'{"text": "a", "beam": 2, "beam": 3}', 400, 'the body\'s JSON gives the key "beam" twice in one object'),
@@ -171,6 +175,9 @@ def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--sampling", "--topp", "2"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--topp 2.0: must be in (0, 1]" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--max-chars", "0"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-chars 0: must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
     proc = subprocess.Popen([sys.executable, "-m", "cometnmt", "serve", str(checkpoint), "--port", "0", "--beam", "2",
                              "--device", "cpu"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -180,6 +187,7 @@ def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as resp:
             health = json.loads(resp.read())
         assert health["decode"]["method"] == "beam" and health["decode"]["beam_size"] == 2  # --beam is the default
+        assert health["max_chars"] == 10000  # --max-chars's default
     finally:
         proc.send_signal(__import__("signal").SIGINT)
         assert proc.wait(timeout=60) == 0
@@ -276,6 +284,8 @@ def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
         status, err = call(server, "/logprob", body)
         assert status == 400 and needle in err["error"], (body, err)
     assert call(server, "/logprob", {"sources": ["a"] * 4, "targets": ["b"] * 4})[0] == 413  # max_sentences 3
+    status, err = call(server, "/logprob", {"sources": ["a", "b"], "targets": ["c", "y" * 6001]})  # max_chars 6000
+    assert status == 413 and '"targets"[1] has 6001 characters, more than this server takes in one sentence (6000)' in err["error"]
     status, err = call(server, "/logprob")
     assert status == 405 and err["error"] == "GET is not supported; use POST"
 
