@@ -541,7 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--target", help="line-aligned translations to attend with (default: the model's own, "
                    "with its checkpoint's search)")
     p.add_argument("--out", required=True, help="folder for attention.jsonl and line_NNNN.png")
-    p.add_argument("--layer", type=int, default=-1, help="decoder layer, 0-based (default -1, the last)")
+    p.add_argument("--layer", type=int, default=-1,
+                   help="which of the decoder's attentions over the source, 0-based (default -1, the last): one per "
+                        "decoder layer for the Transformer family and ConvS2S, the RNN's one, after its top layer, "
+                        "whatever model.rnn.dec_layers")
     p.add_argument("--plots", type=int, default=20, help="heatmaps for the first N lines (default 20; 0: none)")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")

@@ -490,6 +490,22 @@ def test_attention_heatmap_of_a_two_layer_rnn_names_its_one_attention(tmp_path, 
     assert titles == ["s.de, line 1; attention layer 1 of 1, heads averaged"]
 
 
+def test_attention_layer_help_counts_attentions_not_decoder_layers():
+    """attention --layer's help said "decoder layer, 0-based", but it counts the decoder's
+    attentions over the source: one per layer for the Transformer family and ConvS2S, one for the
+    RNN whatever model.rnn.dec_layers is (a two-layer RNN's --layer 1 is refused, its heatmap
+    titled 'attention layer 1 of 1'). The help now says so."""
+    import argparse
+
+    from cometnmt.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["attention"]
+    (layer,) = [a for a in sub._actions if "--layer" in a.option_strings]
+    assert layer.help.startswith("which of the decoder's attentions over the source, 0-based (default -1, the last)")
+    assert "the RNN's one, after its top layer, whatever model.rnn.dec_layers" in layer.help
+
+
 def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):
     """`cometnmt attention`: one JSON line per pair (source and target tokens, </s> last; rows of
     weights summing to 1), the model's own translations by default, heatmaps for the first --plots
