@@ -471,7 +471,8 @@ def cmd_compare(args) -> int:
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int, help="beam size (1 = greedy); default: the checkpoint's decode config")
-    p.add_argument("--nbest", type=int, help="hypotheses per sentence (beam search), or samples per sentence (--sampling)")
+    p.add_argument("--nbest", type=int, help="hypotheses per sentence (beam search; above 1 on a checkpoint of greedy search, "
+                                             "a beam of its decode.beam_size), or samples per sentence (--sampling)")
     p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
     p.add_argument("--sampling", action="store_true", default=None,
                    help="draw each token at random (e.g. for back-translation; not with --beam); scores are the model's "

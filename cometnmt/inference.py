@@ -370,8 +370,11 @@ class Translator:
                       start: int = 0) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order. ``start``: the place
         of ``src_ids[0]`` in a longer input, which keys sampling's random numbers (line i's
-        stream is (seed, i))."""
-        decode_cfg = decode_cfg or self.cfg.decode
+        stream is (seed, i)). The search is read as :meth:`translate` reads it (greedy search of
+        ``nbest`` above 1 is a beam search): taken as it stood, a checkpoint of decode.nbest 3 gave
+        one greedy hypothesis here and three of a beam from translate, and ``attention`` without
+        targets attended the greedy one."""
+        decode_cfg = decode_config(decode_cfg or self.cfg.decode, flags=False)
         self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
         seed = sampling_seed(decode_cfg)  # one per call; each sentence's stream is keyed by its place in src_ids

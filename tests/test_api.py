@@ -243,6 +243,37 @@ def test_sampling_false_leaves_a_sampling_config_for_greedy_search():
         method="sample", nbest=6, sampling_topp=0.5, sampling_seed=2)
 
 
+def test_greedy_search_of_several_hypotheses_is_a_beam_search_everywhere(run_dir, monkeypatch):
+    """decode.method greedy with decode.nbest above 1 is a beam search of decode.beam_size
+    (documented; translate and serve run one), but Translator.translate_ids took the config as it
+    stood: one greedy hypothesis a sentence where translate gave three, and attention without
+    targets attended greedy search's output, not translate's best. Both now read the search as
+    translate does; validation BLEU (the trainer's greedy translator) stays greedy."""
+    import types
+
+    import cometnmt.inference as inference
+    from cometnmt.training.trainer import Trainer
+
+    translator = cometnmt.Translator.from_checkpoint(run_dir / "best.pt", device="cpu")
+    translator.cfg = dataclasses.replace(translator.cfg, decode=dataclasses.replace(
+        translator.cfg.decode, method="greedy", nbest=3, beam_size=4))
+    searched = []
+    real = inference.search
+    monkeypatch.setattr(inference, "search", lambda *a, **k: searched.append(a[5].method) or real(*a, **k))
+    sources = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    expected = translator.translate(sources)
+    ids = [translator.codec.encode_src(words) for words in translator.codec.src_tok.tokenize_many(sources)]
+    got = translator.translate_ids(ids)
+    assert [[h.tokens for h in r] for r in got] == [[h.tokens for h in r] for r in expected] and len(got[0]) == 3
+    maps = translator.attention(sources)
+    assert [m.target[:-1] for m in maps] == [r[0].tokens for r in expected]
+    assert searched == ["beam"] * 3
+    trainer = types.SimpleNamespace(model=translator.model, codec=translator.codec, cfg=translator.cfg, device=translator.device)
+    searched.clear()
+    Trainer._greedy_translator(trainer).translate_ids(ids)
+    assert searched == ["greedy"]
+
+
 def test_a_beam_narrower_than_the_default_nbest_names_what_was_given():
     """--beam 1 (or beam=2) on a checkpoint whose decode.nbest is 3 was refused as '--nbest 3: more
     hypotheses than the beam keeps', naming a flag nobody gave; the error names the beam and the

@@ -801,8 +801,9 @@ class Trainer:
                            f"validation line {i}, epoch {self.epoch + 1}; last decoder layer, heads averaged")
 
     def _greedy_translator(self) -> Translator:
-        """The model in training, as a Translator whose search is greedy (validation's)."""
-        greedy = dataclasses.replace(self.cfg.decode, method="greedy")
+        """The model in training, as a Translator whose search is greedy (validation's): one
+        hypothesis, since greedy search of decode.nbest above 1 is a beam search."""
+        greedy = dataclasses.replace(self.cfg.decode, method="greedy", nbest=1)
         return Translator(self.model, self.codec, dataclasses.replace(self.cfg, decode=greedy), self.device)
 
     def validation_bleu(self) -> dict:
