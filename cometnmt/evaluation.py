@@ -541,12 +541,25 @@ def format_table(result: dict) -> str:
 
 def write_json(result: dict, path: str | Path) -> None:
     """Write ``result`` as JSON atomically (``write_text_file``: a temporary file in the same
-    folder, then ``os.replace``).
+    folder, then ``os.replace``). A number that is not finite is written as null: JSON has no NaN
+    or Infinity, and json.dumps wrote them as such (``logprob --json`` of a model whose weights
+    hold NaN), which strict readers (JavaScript, Go, jq) refuse; ``serve`` answers them as null too.
 
     :param result: a JSON-serialisable dictionary (e.g. from :func:`evaluate`).
     :param path: destination file; its parent folders are created when missing.
     """
     from cometnmt.data.corpus import write_text_file
 
-    write_text_file(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    write_text_file(path, json.dumps(_finite(result), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     logger.debug("wrote %s", path)
+
+
+def _finite(value):
+    """``value`` with every float that is not finite (NaN, infinities), at any depth, as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -428,6 +428,30 @@ def test_logprob_scores_translations_and_nbest_lists(trained, cli, tmp_path, dat
     assert [(r[0], r[2]) for r in after] == [(r[0], r[2]) for r in before] and len(after) == 18
 
 
+def test_logprob_json_of_scores_that_are_not_numbers_is_strict_json(trained, tmp_path, capsys):
+    """A checkpoint whose weights hold NaN (a diverged run's) scores NaN: logprob --json wrote NaN
+    for the scores, the nats per token and the perplexity, which is not JSON (JavaScript, Go and
+    jq refuse the file). They are null now, as serve answers them."""
+    import torch
+
+    from cometnmt.cli import main
+    from cometnmt.training.checkpoint import load_checkpoint, save_checkpoint
+
+    payload = load_checkpoint(trained / "best.pt")
+    first = next(iter(payload["model"]))
+    payload["model"][first] = torch.full_like(payload["model"][first], float("nan"))
+    nan_ckpt = tmp_path / "nan.pt"
+    save_checkpoint(payload, nan_ckpt)
+    src, tgt, out = tmp_path / "s.de", tmp_path / "t.en", tmp_path / "scores.json"
+    src.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
+    tgt.write_text("A dog.\nTwo cats.\n", encoding="utf-8")
+    assert main(["logprob", str(nan_ckpt), "-i", str(src), "-t", str(tgt), "--json", str(out), "--device", "cpu"]) == 0
+    summary = json.loads(out.read_text(encoding="utf-8"), parse_constant=lambda name: pytest.fail(f"{name} in the file"))
+    assert summary["log_probs"] == [None, None] and summary["nll_per_token"] is None and summary["perplexity"] is None
+    assert summary["tokens"] == [4, 4] and summary["pairs"] == 2
+    capsys.readouterr()
+
+
 def test_logprob_input_errors_name_the_file_and_line(trained, cli, tmp_path):
     ckpt = str(trained / "best.pt")
     src, tgt = tmp_path / "s.de", tmp_path / "t.en"
