@@ -274,10 +274,13 @@ _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what 
 _SPACES = re.compile(" {2,}")
 
 
-def _check_sentences(texts: list) -> None:
+def _check_sentences(texts: list) -> list[str]:
     """Each item one sentence: a string, without a newline, encodable as UTF-8 (no lone
     surrogates, which JSON and Python strings can carry). A carriage return inside a sentence is
-    text, as in training (files are split on newlines only; the tokenizers take it as a space)."""
+    text, as in training (files are split on newlines only; the tokenizers take it as a space).
+    Returns the sentences without the byte order marks (U+FEFF) that open one, as the file readers
+    drop them (``decode_lines``): a first line read with ``open(path, encoding="utf-8")`` keeps its
+    mark, which made its first word another, unknown one (U+FEFF "Ein", not "Ein")."""
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"sentence {i + 1} is {a_type(text)}, not a string")
@@ -287,6 +290,7 @@ def _check_sentences(texts: list) -> None:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise DataError(f"sentence {i + 1}: not valid Unicode (a lone surrogate at column {exc.start + 1})") from None
+    return [text.lstrip("\ufeff") for text in texts]
 
 
 class Translator:
@@ -448,8 +452,8 @@ class Translator:
         targets = _sentence_list(targets, "targets", "Translator.log_prob")
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
-        _check_sentences(sources)
-        _check_sentences(targets)
+        sources = _check_sentences(sources)
+        targets = _check_sentences(targets)
         check_batch_size(batch_size)
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
         tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
@@ -465,8 +469,7 @@ class Translator:
         An error names ``layer`` as the keyword, or with ``flags`` as ``--layer``."""
         if isinstance(sources, str) or isinstance(targets, str):
             raise TypeError("Translator.attention takes lists of sentences")
-        sources = _sentence_list(sources, "sources", "Translator.attention")
-        _check_sentences(sources)
+        sources = _check_sentences(_sentence_list(sources, "sources", "Translator.attention"))
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
         self._check_attention_layer(layer, flags)
         check_batch_size(batch_size, flags)  # before the model's own translations are decoded
@@ -476,7 +479,7 @@ class Translator:
             targets = _sentence_list(targets, "targets", "Translator.attention")
             if len(targets) != len(sources):
                 raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
-            _check_sentences(targets)
+            targets = _check_sentences(targets)
             tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
         return self.attention_ids(src_ids, tgt_ids, layer=layer, batch_size=batch_size, progress=progress, flags=flags)
 
@@ -599,8 +602,7 @@ class Translator:
         start = plain_number(start)
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:  # "x" was a TypeError from an addition
             raise ConfigError(f"start={start!r}: must be an integer at least 0 (the first sentence's place in the input)")
-        texts = _sentence_list(texts, "texts", "Translator.translate")
-        _check_sentences(texts)
+        texts = _check_sentences(_sentence_list(texts, "texts", "Translator.translate"))
         words, ids = self._words_and_ids(texts, self.codec.src_tok, self.codec.encode_src)
         results = self.translate_ids(ids, decode_cfg, progress, start=start)
         if decode_cfg.replace_unk:

@@ -523,6 +523,17 @@ def test_a_byte_order_mark_is_not_text(tmp_path, data_dir):
     assert read_lines(twice) == ["A dog runs.", "Two cats.", "A\ufeffB"]
 
 
+def test_a_byte_order_mark_opening_a_sentence_is_not_text_to_the_translator(translator):
+    # the file readers drop it (above), the API took it for text: a first line read with
+    # open(path, encoding="utf-8") kept it, and its first word became "\ufeffEin", <unk> to the model
+    plain, targets = ["Ein Mann fährt Fahrrad.", "Zwei Hunde."], ["A man rides a bike.", "Two dogs."]
+    marked = ["\ufeff" + plain[0], "\ufeff\ufeff" + plain[1]]
+    assert translator.translate(marked, beam=2, nbest=2) == translator.translate(plain, beam=2, nbest=2)
+    assert translator.log_prob(marked, ["\ufeff" + targets[0], targets[1]]) == translator.log_prob(plain, targets)
+    assert [m.source for m in translator.attention(marked, targets)] == [m.source for m in translator.attention(plain, targets)]
+    assert translator(["\ufeff", "A\ufeffB"]) == ["", translator("A\ufeffB")]  # a mark alone is a blank line
+
+
 def test_averaging_into_a_folder_is_refused_first(run_dir, tmp_path):
     with pytest.raises(cometnmt.CheckpointError, match=f"{tmp_path}: is a directory"):
         cometnmt.average_checkpoints([run_dir / "best.pt"], tmp_path)
