@@ -171,10 +171,10 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
     while raw := sys.stdin.buffer.readline():
         number += 1
         try:
-            line = (decode_lines(raw, "<stdin>") or [""])[0]
+            line = (decode_lines(raw, "<stdin>", first_line=number) or [""])[0]  # warnings name the session's line
             # start: a seeded session samples line N as a file's line N is sampled
             out = _output_lines(number - 1, translator.translate([line], decode, start=number - 1)[0], columns)
-        except DataError as exc:  # "<stdin>:1: ..." or "input line 1: ...": say which line of the session
+        except DataError as exc:  # "<stdin>:N: ..." or "input line 1: ...": say which line of the session
             print(f"cometnmt: error: line {number}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
             continue
         sys.stdout.write(out)

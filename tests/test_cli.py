@@ -873,6 +873,30 @@ def test_translate_interactively_answers_each_line_as_it_comes(trained, data_dir
     assert refused.returncode == 2 and "leave out -i and -o" in refused.stderr
 
 
+def test_an_interactive_sessions_warnings_and_errors_name_its_line(monkeypatch, caplog, capsys):
+    """Each line of a session is read on its own: its NFC warning named "line 1" whatever the
+    line, where its errors named the session's line."""
+    import io
+    import logging
+    import sys
+    import types
+    import unicodedata
+
+    from cometnmt.cli import _translate_interactively
+    from cometnmt.inference import Translation
+
+    nfd = unicodedata.normalize("NFD", "Ein Mädchen.").encode("utf-8")
+    stdin = types.SimpleNamespace(buffer=io.BytesIO(b"Ein Hund.\n" + nfd + b"\nZwei \xff Katzen.\n"), isatty=lambda: False)
+    monkeypatch.setattr(sys, "stdin", stdin)
+    translator = types.SimpleNamespace(translate=lambda texts, decode, start: [[Translation("x", 0.0, [])] for _ in texts])
+    with caplog.at_level(logging.WARNING, logger="cometnmt.data.corpus"):
+        assert _translate_interactively(translator, None, False) == 0
+    (record,) = caplog.records
+    assert "<stdin>: 1 line is not in Unicode NFC (first: line 2)" in record.getMessage()
+    out, err = capsys.readouterr()
+    assert out == "x\nx\n" and "cometnmt: error: line 3: not valid UTF-8 (byte 0xff at column 6)" in err
+
+
 def test_seeded_interactive_sampling_is_the_file_modes(trained, data_dir):
     """translate --interactive translates line by line; seeded, each line restarted the seed's
     stream, so line 2 was sampled as line 1 would be, not as line 2 of the same file."""

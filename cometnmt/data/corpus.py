@@ -37,11 +37,12 @@ def _read_bytes(path: Path) -> bytes:
         raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
 
 
-def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError) -> DataError:
-    """Build a DataError naming the 1-based line and character column of an undecodable byte."""
+def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1) -> DataError:
+    """Build a DataError naming the 1-based line (``data``'s first is ``first_line``) and character
+    column of an undecodable byte."""
     pos = exc.start
     line_start = data.rfind(b"\n", 0, pos) + 1
-    line_no = data.count(b"\n", 0, pos) + 1
+    line_no = data.count(b"\n", 0, pos) + first_line
     column = len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
@@ -69,31 +70,33 @@ def read_lines(path: str | Path) -> list[str]:
     return decode_lines(_read_bytes(path), path)
 
 
-def decode_lines(data: bytes, name: str | Path) -> list[str]:
+def decode_lines(data: bytes, name: str | Path, first_line: int = 1) -> list[str]:
     """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
-    an undecodable byte is a DataError naming ``name``, the line and the column. Byte order marks
+    an undecodable byte is a DataError naming ``name``, the line and the column, and the warning
+    about text not in NFC names its first such line: lines counted from ``first_line`` (a later
+    piece of an input read piece by piece, as ``translate --interactive`` reads each line). Byte order marks
     (U+FEFF, as Windows editors write) are not text: those that open a line are dropped, however
     many, which covers a file saved twice with one and files concatenated with theirs. Unicode
     deprecates U+FEFF as a zero-width no-break space (U+2060 is that), so no text is lost."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _utf8_error(name, data, exc) from None
+        raise _utf8_error(name, data, exc, first_line) from None
     lines = _split_lines(text)
     if "\ufeff" in text:
         lines = [line.lstrip("\ufeff") for line in lines]
     if not unicodedata.is_normalized("NFC", text):
-        _warn_not_nfc(lines, name)
+        _warn_not_nfc(lines, name, first_line)
     return lines
 
 
-def _warn_not_nfc(lines: list[str], name: str | Path) -> None:
+def _warn_not_nfc(lines: list[str], name: str | Path, first_line: int = 1) -> None:
     """Text with decomposed accents (NFD: "e" + U+0301 where Multi30k and most text write "é"),
     as macOS and some tools write it, was read without a word: its words are not the precomposed
     words a vocabulary knows (validation <unk> 30.8% -> 34.0% in a run on NFD training text),
     spaCy splits them otherwise, and BLEU counts them as different. Warn once per read, naming
     the first such line; the text is kept as it is (sacreBLEU scores it as written too)."""
-    bad = [i for i, line in enumerate(lines, 1) if not unicodedata.is_normalized("NFC", line)]
+    bad = [i for i, line in enumerate(lines, first_line) if not unicodedata.is_normalized("NFC", line)]
     if bad:
         logger.warning("%s: %d line%s not in Unicode NFC (first: line %d), e.g. accents as separate combining "
                        "characters; they do not match the same words written precomposed: normalise the text, e.g. "
