@@ -84,12 +84,16 @@ def test_train_takes_a_path_or_a_config_and_checks_it(tmp_path, data_dir):
 
 def test_what_training_could_only_meet_at_its_end_is_refused_before_it(tmp_path, data_dir, monkeypatch):
     """Each of these trained a whole run first: a test pair that is missing, a folder, of unequal
-    lengths or too long for the model failed only at ``evaluate --split test``; a save_dir that is
+    lengths, empty (evaluate's "the reference set is empty", naming no file) or too long for the
+    model failed only at ``evaluate --split test``; a save_dir that is
     a file, or under one, was a traceback at its mkdir. ``~`` in save_dir was a folder named ``~``."""
     val_de, val_en = data_dir / "val.de.gz", data_dir / "val.en.gz"
     long_de, long_en = tmp_path / "long.de", tmp_path / "long.en"
     long_de.write_text("Ein Hund .\n" + "Hund " * 45 + "\n", encoding="utf-8")
     long_en.write_text("A dog .\nDogs .\n", encoding="utf-8")
+    empty_de, empty_en = tmp_path / "empty.de", tmp_path / "empty.en"
+    empty_de.write_bytes(b"")
+    empty_en.write_bytes(b"")
     mine = ["data.corpus=files", f"data.train_src={data_dir / 'train.de.gz'}", f"data.train_tgt={data_dir / 'train.en.gz'}",
             f"data.valid_src={val_de}", f"data.valid_tgt={val_en}", "train.num_threads=1"]
     refused = [
@@ -100,6 +104,8 @@ def test_what_training_could_only_meet_at_its_end_is_refused_before_it(tmp_path,
          r"val.de.gz has 1014 lines but .*test_2016_flickr.en.gz has 1000"),
         ([f"data.test_src={long_de}", f"data.test_tgt={long_en}", "model.max_positions=40", "data.max_len=30"],
          cometnmt.DataError, r"long.de:2: 45 positions, more than the model's 40 \(model.max_positions\); shorten the test"),
+        ([f"data.test_src={empty_de}", f"data.test_tgt={empty_en}"], cometnmt.DataError,
+         r"empty.de: no test pairs \(an empty file; evaluate --split test would have nothing to score\)"),
     ]
     for overrides, error, needle in refused:
         save = tmp_path / "run"

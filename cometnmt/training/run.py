@@ -438,8 +438,11 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         train_corpus = read_split(cfg.data, "train")
         valid_corpus = read_split(cfg.data, "valid")
         # the test pair is scored only after training (cometnmt evaluate --split test), but a missing
-        # file, a folder, a line-count mismatch or an empty line there is known now
+        # file, a folder, a line-count mismatch, an empty line or an empty file there is known now
         test_corpus = read_split(cfg.data, "test") if has_test_split(cfg.data) else None
+        if test_corpus is not None and not len(test_corpus):  # evaluate: "the reference set is empty", no file named
+            raise DataError(f"{test_corpus.src_path}: no test pairs (an empty file; evaluate --split test would have "
+                            "nothing to score)")
         corpora = {"train": train_corpus, "valid": valid_corpus}
         digests = {split: corpus_digest(c) for split, c in corpora.items()}
         if payload is not None:
