@@ -25,7 +25,7 @@ from typing import Sequence
 
 from cometnmt.atomic import refuse_overwrite, same_file
 from cometnmt.config import Config, apply_overrides, load_config, to_dict
-from cometnmt.errors import CheckpointError, ConfigError, setting
+from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
 from cometnmt.inference import SplitTranslation, Translator, check_split, checkpoint_list, plain_number
 
 
@@ -97,6 +97,8 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
                          [(f"the {split} split's source", src_file), (f"the {split} split's reference", ref_file),
                           *((_name("checkpoint", flags), path) for path in checkpoint_list(checkpoint))], flags=flags)
     out = translator.translate_split(split, decode, limit=limit, progress=progress)
+    if not out.refs:  # score's own error ("the reference set is empty") names no file
+        raise DataError(f"{translator.split_files(split)[1]}: no references in the {split} split (an empty file)")
     result = score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
                         lowercase=data.lowercase)
     paths = [str(Path(p).resolve()) for p in checkpoint_list(checkpoint)]

@@ -375,6 +375,8 @@ def cmd_evaluate(args) -> int:
         lang = "en" if args.lang is None else language_code(args.lang, "lang", "--lang")
         src_lang = "de" if args.src_lang is None else language_code(args.src_lang, "src_lang", "--src-lang")
         refs = read_text_file(args.ref)  # an empty hypothesis scores zero
+        if not refs:  # score's own error ("the reference set is empty") names no file
+            raise DataError(f"{args.ref}: no references (an empty file)")
         hyps = read_stdin_lines() if hyp_stdin else read_lines(args.hyp)
         src = read_text_file(args.src) if args.src else None
         for name, lines in (("<stdin>" if hyp_stdin else args.hyp, hyps), (args.src, src)):

@@ -333,7 +333,7 @@ def test_translate_split_checks_its_split_and_limit(translator):
     assert len(translator.translate_split("valid", limit=2).hyps) == 2
 
 
-def test_a_bad_line_of_a_split_names_its_file(translator, tmp_path):
+def test_a_bad_line_of_a_split_names_its_file(translator, tmp_path, monkeypatch):
     """evaluate --checkpoint (translate_split): a test line too long for the model's positions is
     an error naming the file and line (it named neither). A carriage return inside a line is text,
     as in training (before: an error, so a split that validated could not be evaluated)."""
@@ -354,6 +354,13 @@ def test_a_bad_line_of_a_split_names_its_file(translator, tmp_path):
     tgt.write_text("A dog.\nA cat.\nA dog.\n", encoding="utf-8")
     with pytest.raises(cometnmt.DataError, match=rf"^{re.escape(str(src))}: input line 3: 1100 source tokens"):
         ours.translate_split("train")
+    # evaluate_checkpoint of an empty split (files emptied since training) named no file
+    src.write_bytes(b"")
+    tgt.write_bytes(b"")
+    with monkeypatch.context() as m:
+        m.setattr(cometnmt.Translator, "from_checkpoint", classmethod(lambda cls, path, device="auto": ours))
+        with pytest.raises(cometnmt.DataError, match=rf"^{re.escape(str(tgt))}: no references in the test split \(an empty file\)"):
+            cometnmt.evaluate_checkpoint("unused.pt", split="test")
 
 
 def test_a_translation_is_one_line(translator, monkeypatch):

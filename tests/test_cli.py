@@ -381,6 +381,16 @@ def test_evaluate_misaligned_files_are_named(cli, tmp_path):
     assert f"{hyp} has 1 lines but {ref} has 2" in err and "Traceback" not in err
 
 
+def test_evaluate_names_an_empty_reference_file(cli, tmp_path):
+    """Empty --hyp and --ref files were 'no sentences to evaluate: the reference set is empty',
+    naming neither."""
+    hyp, ref = tmp_path / "h.en", tmp_path / "r.en"
+    hyp.write_bytes(b"")
+    ref.write_bytes(b"")
+    proc = cli("evaluate", "--hyp", str(hyp), "--ref", str(ref), check=False)
+    assert proc.returncode == 2 and f"cometnmt: error: {ref}: no references (an empty file)" in _err(proc)
+
+
 def test_evaluate_refuses_translate_nbest_columns_as_hypotheses(cli, tmp_path):
     """translate --nbest 1 | evaluate --hyp - scored 'index<TAB>score<TAB>text' lines as
     translations: wrong numbers, no word (9.73 BLEU for 11.14 on 100 Multi30k test lines)."""
