@@ -6,6 +6,7 @@ import gzip
 import logging
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,20 @@ def test_undecodable_byte_names_file_line_column(tmp_path: Path) -> None:
     zipped.write_bytes(gzip.compress(b"ok\n\xe9t\xe9\n"))
     with pytest.raises(DataError, match=rf"{zipped}:2: not valid UTF-8 \(byte 0xe9 at column 1\)"):
         read_lines(zipped)
+
+
+def test_gzip_data_on_standard_input_is_named(monkeypatch) -> None:
+    """Files are gunzipped (-i FILE), standard input is not: `translate < src.de.gz` was
+    '<stdin>:1: not valid UTF-8 (byte 0x8b at column 2)', as if the text were in another encoding."""
+    import io
+    import types
+
+    from cometnmt.data.corpus import read_stdin_lines
+
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(gzip.compress(b"Ein Hund.\n"))))
+    with pytest.raises(DataError, match=r"^<stdin>: gzip-compressed data; standard input is read as plain UTF-8 text: "
+                                        r"give a gzip file by name \(translate -i FILE\) or through zcat"):
+        read_stdin_lines()
 
 
 def test_missing_file_and_corrupt_gzip(tmp_path: Path) -> None:

@@ -105,8 +105,14 @@ def _warn_not_nfc(lines: list[str], name: str | Path, first_line: int = 1) -> No
 
 
 def read_stdin_lines() -> list[str]:
-    """Standard input's lines, read and checked as ``read_lines`` reads a file."""
-    return decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    """Standard input's lines, read and checked as ``read_lines`` reads a file, but not gunzipped:
+    gzip data there (``translate < src.de.gz``) is named as such, where its second byte was
+    "not valid UTF-8 (byte 0x8b at column 2)", as if the text were in another encoding."""
+    data = sys.stdin.buffer.read()
+    if data.startswith(GZIP_MAGIC):  # 0x8b cannot follow 0x1f in UTF-8: never text
+        raise DataError("<stdin>: gzip-compressed data; standard input is read as plain UTF-8 text: give a gzip file "
+                        "by name (translate -i FILE) or through zcat")
+    return decode_lines(data, "<stdin>")
 
 
 def write_text_file(path: str | Path, text: str) -> None:
