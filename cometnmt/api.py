@@ -4,7 +4,7 @@ Example::
 
     import cometnmt
 
-    cfg = cometnmt.load_config("configs/tiny.yaml", ["train.save_dir=runs/demo"])
+    cfg = cometnmt.load_config("configs/tiny.yaml", ["train.save_dir=runs/demo", "train.keep_checkpoints=2"])
     summary = cometnmt.train(cfg)                       # or cometnmt.train("configs/tiny.yaml")
     translator = cometnmt.Translator.from_checkpoint("runs/demo/best.pt", device="cpu")
     print(translator("Ein Mann fährt Fahrrad."))
