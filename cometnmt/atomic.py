@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 import time
 from contextlib import contextmanager
@@ -27,10 +28,20 @@ from cometnmt.interrupts import deferred
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file beside ``path`` (``mode`` "w": UTF-8 text, "wb": bytes; parent
-    folders created). On a normal exit it replaces ``path``, readable by all (0644, as an ordinary
-    file); on an exception it is removed and ``path`` is left as it was."""
+    folders created). On a normal exit it replaces ``path`` with the permissions ``path`` had
+    (a new file: readable by all, 0644, as an ordinary file); on an exception it is removed and
+    ``path`` is left as it was. A symbolic link is written through, as the shell's ``>`` does: the
+    file it points to gets the new content and the link stays. (The rename replaced the link itself
+    with a new file, the link's target left with its old content, and reset a private file's 0600
+    to 0644, readable by all: ``translate -o`` onto a link or a private file.)"""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()  # the file it names, through every link (a dangling one: where it points)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        perms = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # a new file (or one we may not stat: the rename decides)
+        perms = 0o644
     tmp = held = None
     try:
         # Ctrl-C/SIGTERM waits until the temporary file is made and its name known: raised inside
@@ -42,7 +53,7 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.chmod(tmp, perms)  # mkstemp creates 0600
         os.replace(tmp, path)
         tmp = None  # renamed: nothing of ours to remove
         _fsync_folder(path.parent)

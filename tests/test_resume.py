@@ -277,6 +277,33 @@ def test_atomic_write_fsyncs_the_folder_after_the_rename(tmp_path, monkeypatch):
     assert (True, folder, b"new") in synced[1:], synced  # its folder, after it
 
 
+def test_atomic_write_writes_through_a_link_and_keeps_a_files_permissions(tmp_path):
+    """The rename replaced a symbolic link given as the path (translate -o LINK) with a new file,
+    leaving the file it points to with its old content, and gave every file 0644: a private file
+    (0600) became readable by all. Now a link is written through, as the shell's > does, and an
+    existing file keeps its permissions; a new one is 0644, as before."""
+    from cometnmt.atomic import atomic_write
+
+    target = tmp_path / "real" / "out.txt"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    with atomic_write(link) as f:
+        f.write("new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    assert not [p for p in tmp_path.rglob(".*.tmp")]
+    private = tmp_path / "private.txt"
+    private.write_text("secret\n")
+    private.chmod(0o600)
+    with atomic_write(private) as f:
+        f.write("still secret\n")
+    assert private.read_text() == "still secret\n" and (private.stat().st_mode & 0o777) == 0o600
+    with atomic_write(tmp_path / "fresh.txt") as f:
+        f.write("x")
+    assert ((tmp_path / "fresh.txt").stat().st_mode & 0o777) == 0o644
+
+
 def test_temporary_files_of_killed_writes_are_removed_at_the_next_start_but_not_live_ones(tmp_path, data_dir, caplog):
     """A process killed inside a checkpoint's write (kill -9) leaves its temporary file
     (.last.pt.XXXXXXXX.tmp), as large as the checkpoint, and nothing removed them: two kills, two
