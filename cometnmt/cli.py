@@ -266,13 +266,25 @@ def cmd_logprob(args) -> int:
     tokens = sum(s.tokens for s in scores)
     nll = -sum(s.log_prob for s in scores) / max(tokens, 1)
     summary = {"checkpoints": list(args.checkpoint), "pairs": len(scores), "target_tokens": tokens,
-               "unknown_tokens": sum(s.unknown for s in scores), "nll_per_token": nll, "perplexity": math.exp(nll),
+               "unknown_tokens": sum(s.unknown for s in scores), "nll_per_token": nll, "perplexity": perplexity(nll),
                "log_probs": [s.log_prob for s in scores], "tokens": [s.tokens for s in scores]}
     print(f"{summary['pairs']} pairs, {tokens} target tokens (</s> included; {summary['unknown_tokens']} unknown to the "
           f"vocabulary, scored as <unk>): {nll:.4f} nats per token, perplexity {summary['perplexity']:.2f}", file=sys.stderr)
     if args.json:
         write_json(summary, args.json)
     return 0
+
+
+def perplexity(nll: float) -> float:
+    """exp(nats per token), inf past a float's range: math.exp raised OverflowError above ~709.78
+    nats a token (a model that puts almost nothing on the targets), after the scores were written
+    and before the totals were printed or --json was written."""
+    import math
+
+    try:
+        return math.exp(nll)
+    except OverflowError:
+        return math.inf
 
 
 _HEATMAP = re.compile(r"line_\d{4,}\.png")  # the names cmd_attention gives its plots

@@ -945,3 +945,15 @@ def test_file_pairs_under_the_multi30k_corpus_are_refused_when_training(cli, tra
     torch.save(payload, tmp_path / "old.pt")
     assert Translator.from_checkpoint(tmp_path / "old.pt").translate(["ein Hund"])[0] == \
         Translator.from_checkpoint(trained / "best.pt").translate(["ein Hund"])[0]
+
+
+def test_perplexity_past_a_floats_range_is_inf_not_an_overflow_error():
+    """logprob's totals took math.exp of the nats per token, which raises OverflowError above
+    ~709.78: the scores were written, then the command stopped with a traceback, without its totals
+    or --json. It is inf now (--json writes it as null)."""
+    import math
+
+    from cometnmt.cli import perplexity
+
+    assert perplexity(0.0) == 1.0 and perplexity(math.log(7.5)) == pytest.approx(7.5)
+    assert perplexity(710.0) == math.inf and perplexity(math.inf) == math.inf
