@@ -340,3 +340,17 @@ def test_paper_metric_counts_the_models_unknown_word_as_one_word(hyp) -> None:
     assert score([hyp], [ref], lang=lang)["paper_bleu"] == pytest.approx(score([other], [ref], lang=lang)["paper_bleu"])
     for tok in (metric_tokenizer(lang), paper_tokenizer(lang)):
         assert tok.tokenize(hyp) == [t.replace("zzyzx", "<unk>") for t in tok.tokenize(other)]
+
+
+def test_score_drops_a_byte_order_mark_opening_a_line_as_the_file_readers_do():
+    """cometnmt.score took a hypothesis opening with U+FEFF (the first line of a file read with
+    open(path, encoding="utf-8")) as text: its first word became another, BLEU 59.5 for an exact
+    match. The file readers and Translator drop such marks; score does now too."""
+    from cometnmt.evaluation import score
+
+    plain = score(["A man rides a bike ."], ["A man rides a bike ."], lang="en")
+    marked = score(["\ufeffA man rides a bike ."], ["A man rides a bike ."], lang="en",
+                   src=["\ufeffEin Mann fährt Rad ."], src_lang="de")
+    assert score(["A man rides a bike ."], ["\ufeffA man rides a bike ."], lang="en")["bleu"] == pytest.approx(100.0)
+    assert plain["bleu"] == marked["bleu"] == pytest.approx(100.0)
+    assert marked["paper_bleu"] == plain["paper_bleu"]
