@@ -15,7 +15,7 @@ import torch
 from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
                              length_penalty_problem, positions_key, temperature_problem, to_dict)
 from cometnmt.data.batching import collate
-from cometnmt.data.corpus import read_lines
+from cometnmt.data.corpus import drop_byte_order_marks, read_lines
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
@@ -291,7 +291,7 @@ def _check_sentences(texts: list) -> list[str]:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise DataError(f"sentence {i + 1}: not valid Unicode (a lone surrogate at column {exc.start + 1})") from None
-    return [text.lstrip("\ufeff") for text in texts]
+    return drop_byte_order_marks(texts)
 
 
 class Translator:

@@ -84,10 +84,16 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1) -> list[str
         raise _utf8_error(name, data, exc, first_line) from None
     lines = _split_lines(text)
     if "\ufeff" in text:
-        lines = [line.lstrip("\ufeff") for line in lines]
+        lines = drop_byte_order_marks(lines)
     if not unicodedata.is_normalized("NFC", text):
         _warn_not_nfc(lines, name, first_line)
     return lines
+
+
+def drop_byte_order_marks(lines: list[str]) -> list[str]:
+    """``lines`` without the byte order marks (U+FEFF) that open one, however many: not text (see
+    :func:`decode_lines`), for the file readers, Translator's sentences and ``score``'s lines alike."""
+    return [line.lstrip("\ufeff") for line in lines]
 
 
 def _warn_not_nfc(lines: list[str], name: str | Path, first_line: int = 1) -> None:
