@@ -11,13 +11,20 @@
 # Usage on the device machine (from the repository root, carrying .gpu built by scripts/gpu_bundle.sh):
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
-# PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, tpp1-3,
-# check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, gcq,
+# tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; the single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
 #            COMET/Transformer 1.04, 0.63 and 0.48 in three runs on one H100: only the rounds median
 #            can settle issue 3's speed target
+#   gcq      (~5 min, estimate: the tests ~30 s, then benchq's ~4 min) issue 3's speed after the
+#            operator cuts of 2026-11-27 (one autograd Function per gated convolution; see below):
+#            first the CUDA variants of tests/test_comet.py (the Function against autograd through its
+#            operators, float32 and bf16), and only if they pass benchq's bf16 rounds again, into
+#            gpu_bf16_opcut.json. benchq gave 0.802 and 0.801 before the cuts: at the 0.80 target,
+#            no margin. One session closes this (issue 3's last open speed question), where issue 4's
+#            quality needs three (tpp1-3), so it comes first
 #   check    (~3-5 min, estimate) bench/check_compile.py: torch.compile with CUDA graphs
 #            (train.compile_mode reduce-overhead) and bf16 computes the eager loss, gradients and
 #            batch-norm statistics, step by step over repeated batch shapes (comet_bn_length,
@@ -87,7 +94,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -181,7 +188,8 @@ case "$part" in
     # commits both. Within a session, markers in the ignored runs/gpu_session/ (a warm machine keeps
     # them between calls) are set before a piece starts, so a piece that fails or overruns is not
     # retried forever. Order: benchq (~5 min) and benchpp (~3), issues 3 and 4's eager speed ratios,
-    # in the first call (both done on an H200 on 2026-11-27); then tpp1, tpp2, tpp3 (issue 4's
+    # in the first call (both done on an H200 on 2026-11-27); then gcq (~5), issue 3's ratio after
+    # the operator cuts, with the CUDA tests of the code it times; then tpp1, tpp2, tpp3 (issue 4's
     # like-for-like quality, its last open measurement: one seed of Transformer++ and of its
     # baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session since a
     # seed's two runs cannot resume in a later session; then check (~3-5), the CUDA-graph
@@ -210,6 +218,7 @@ case "$part" in
     }
     once benchq 300 || exit 0
     once benchpp 240 || exit 0
+    once gcq 330 || exit 0
     for seed in 1 2 3; do
       if pending "tpp$seed"; then
         # one seed a session: its training stops ~55 s before the call's end, for decoding and packing
@@ -242,8 +251,11 @@ case "$part" in
   benchpp)  # Transformer++ against its same-size Transformer at the preset's micro-batches and the GPU recipe's
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 8 --out "$out/gpu_transformer_pp.json"
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --set train.accum_steps=1 --out "$out/gpu_transformer_pp_8192.json" ;;
+  gcq)  # the CUDA tests of COMET's GPU training path, then (only if they pass) benchq's line again
+    python -m pytest -q -p no:cacheprovider tests/test_comet.py -k cuda
+    BENCHQ_OUT=gpu_bf16_opcut.json bash "$0" benchq ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
-      --precision bf16 --no-decode --out "$out/gpu_bf16_unpadded.json" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+      --precision bf16 --no-decode --out "$out/${BENCHQ_OUT:-gpu_bf16_unpadded.json}" ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, gcq, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
