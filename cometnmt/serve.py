@@ -37,8 +37,9 @@ other expectation gets 417 (RFC 9110) and its connection closed. A connection cl
 refusal or with a body unread is drained first (a lingering close, :meth:`_Handler._drain`), so a
 client still sending its body gets the answer, not a reset.
 Requests are
-handled in threads, the model one request at a time (a lock), so a long batch delays the next
-request rather than racing it.
+handled in threads, the model one request at a time (a first-come, first-served lock,
+:class:`FifoLock`), so a long batch delays the next request rather than racing it, and requests
+get the model in the order they asked for it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,38 @@ log = logging.getLogger(__name__)
 
 _SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed", "replace_unk")
 _POST = {"/translate": "translate", "/logprob": "log_prob"}  # route -> TranslationServer method
+
+
+class FifoLock:
+    """A lock handed to its waiters in the order they asked for it (a ticket lock).
+
+    ``threading.Lock`` promises no order: a thread that releases it and asks again at once (a
+    client's next request on a kept-alive connection) usually takes it back before a thread already
+    waiting wakes up, so under load one busy client could keep the model and others wait without
+    bound."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Condition()
+        self._next_ticket = 0  # the ticket the next thread to ask gets
+        self._serving = 0  # the ticket that holds the lock (or gets it next)
+
+    def waiting(self) -> int:
+        """How many threads hold or wait for the lock."""
+        with self._turn:
+            return self._next_ticket - self._serving
+
+    def __enter__(self) -> "FifoLock":
+        with self._turn:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._turn.wait()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._turn:
+            self._serving += 1
+            self._turn.notify_all()
 
 
 class RequestError(Exception):
@@ -193,7 +226,7 @@ class TranslationServer(ThreadingHTTPServer):
         self.translator, self.checkpoint = translator, checkpoint
         self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
         self.max_chars = max_chars
-        self.lock = threading.Lock()
+        self.lock = FifoLock()  # the model's, first come first served
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:

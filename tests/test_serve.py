@@ -1132,3 +1132,31 @@ def test_a_request_outliving_the_stop_gets_503_and_its_thread_writes_nothing(che
         srv.server_close(wait=5)
         busy.close()
         idle.close()
+
+
+def test_model_lock_is_first_come_first_served():
+    """The server's model lock goes to waiting requests in the order they asked, even when its
+    holder asks again at once (with threading.Lock the holder takes it straight back, almost always,
+    and the waiters' order is unspecified)."""
+    from cometnmt.serve import FifoLock
+
+    lock, order, started = FifoLock(), [], []
+
+    def request(name: str) -> None:
+        with lock:
+            order.append(name)
+
+    lock.__enter__()  # a long request holds the model
+    threads = []
+    for i in range(4):
+        thread = threading.Thread(target=request, args=(f"waiter{i}",))
+        thread.start()
+        threads.append(thread)
+        while lock.waiting() < i + 2:  # this waiter has taken its ticket before the next one starts
+            threading.Event().wait(0.001)
+    lock.__exit__(None, None, None)
+    request("holder again")  # asks again at once: behind the four already waiting
+    for thread in threads:
+        thread.join(5)
+    assert order == ["waiter0", "waiter1", "waiter2", "waiter3", "holder again"]
+    assert lock.waiting() == 0
