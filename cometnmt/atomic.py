@@ -37,7 +37,7 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()  # the file it names, through every link (a dangling one: where it points)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     try:
         perms = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:  # a new file (or one we may not stat: the rename decides)
@@ -131,6 +131,17 @@ def remove_stale_temporaries(folder: str | Path, names: Callable[[str], bool]) -
         finally:
             os.close(fd)
     return found
+
+
+def make_folder(folder: str | Path) -> None:
+    """``mkdir -p`` whose new folders survive a power loss: each folder made here is fsync'd into
+    its parent, as atomic_write's rename is into its folder (a file fsync'd inside a folder whose
+    own entry was never synced could be lost with the folder: a new run's checkpoints)."""
+    folder = Path(folder)
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for made in reversed(missing):  # outermost first
+        _fsync_folder(made.parent)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import signal
+import stat
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,7 @@ def test_an_interrupted_config_write_leaves_no_temporary_file(tmp_path, data_dir
 
     def fsync_then_two_signals(fd):
         real_fsync(fd)
-        if when == "two_while_written":
+        if when == "two_while_written" and stat.S_ISREG(os.fstat(fd).st_mode):  # config.yaml's, not a new folder's
             signal.pthread_sigmask(signal.SIG_BLOCK, both)
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGTERM)
@@ -273,8 +274,39 @@ def test_atomic_write_fsyncs_the_folder_after_the_rename(tmp_path, monkeypatch):
         f.write(b"new")
     monkeypatch.undo()
     folder = os.stat(path.parent).st_ino
-    assert synced[0][0] is False and synced[0][2] is None  # the file's bytes, before the rename
-    assert (True, folder, b"new") in synced[1:], synced  # its folder, after it
+    first_file = next(i for i, (is_dir, _, _) in enumerate(synced) if not is_dir)
+    assert synced[first_file][2] is None  # the file's bytes, before the rename
+    assert (True, folder, b"new") in synced[first_file + 1:], synced  # its folder, after it
+
+
+def test_new_folders_are_fsynced_into_their_parents(tmp_path, monkeypatch):
+    """atomic_write made missing folders (a new run's save_dir) with mkdir and fsync'd only the
+    innermost after its rename: the entries naming the new folders in their parents were never
+    synced, so a power loss could lose a new run folder with the checkpoints fsync'd inside it.
+    Each folder made is now fsync'd into its parent; existing ones are left alone."""
+    import stat
+
+    from cometnmt.atomic import atomic_write
+
+    (tmp_path / "runs").mkdir()
+    path = tmp_path / "runs" / "a" / "b" / "last.pt"
+    real_fsync, synced = os.fsync, []
+
+    def noting_fsync(fd):
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            synced.append(info.st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noting_fsync)
+    with atomic_write(path, "wb") as f:
+        f.write(b"new")
+    monkeypatch.undo()
+    inode = {name: os.stat(folder).st_ino for name, folder in
+             (("tmp", tmp_path), ("runs", tmp_path / "runs"), ("a", path.parents[1]), ("b", path.parent))}
+    assert synced.index(inode["runs"]) < synced.index(inode["a"])  # 'a' made in runs, then 'b' in a
+    assert inode["tmp"] not in synced  # runs existed: its parent is not touched
+    assert synced.count(inode["b"]) == 1  # after the rename
 
 
 def test_atomic_write_writes_through_a_link_and_keeps_a_files_permissions(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from cometnmt.atomic import remove_stale_temporaries, same_file
+from cometnmt.atomic import make_folder, remove_stale_temporaries, same_file
 from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict,
                              unread_multi30k_dir, unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import write_text_file
@@ -424,7 +424,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         check_training_tags(cfg)  # Transformer++'s tag cache and taggers: before the corpus is read and tagged
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
         if dist.is_main:
-            Path(cfg.train.save_dir).mkdir(parents=True, exist_ok=True)
+            make_folder(cfg.train.save_dir)
             handler = _log_file(Path(cfg.train.save_dir) / "train.log")
             _remove_stale_temporaries(Path(cfg.train.save_dir))
         unused = unused_model_keys(cfg.model)

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 import torch
 
-from cometnmt.atomic import atomic_write
+from cometnmt.atomic import atomic_write, make_folder
 from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
 from cometnmt.data.batching import Batch, collate, make_batches
 from cometnmt.data.pipeline import Examples, TextCodec
@@ -518,7 +518,7 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train until the stopping rule, max_epochs or max_steps. Ctrl-C/SIGTERM saves `last.pt`."""
-        self.save_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(self.save_dir)
         if self.cuda_graphs and self._compiled:
             self._expect_graph_per_shape()
         # signals after the first are held off while it is handled: one already pending when the
