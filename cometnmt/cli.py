@@ -117,7 +117,6 @@ def _no_dash(args, **options: str) -> None:
 
 
 def cmd_translate(args) -> int:
-    from cometnmt.data.corpus import read_lines, read_stdin_lines, write_text_file
     from cometnmt.inference import Translator
 
     _dash_is_std(args, "input", "output")
@@ -127,6 +126,13 @@ def cmd_translate(args) -> int:
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
     if interactive and (args.input or args.output):
         raise CometNMTError("--interactive reads standard input and writes standard output: leave out -i and -o")
+    if interactive and (args.resume or args.buffer_size is not None):
+        raise CometNMTError(f"{'--resume' if args.resume else '--buffer-size'}: not with --interactive, which translates "
+                            "each line as it comes")
+    if args.resume and not args.output:
+        raise CometNMTError("--resume continues an interrupted translation into -o FILE: give the same -o FILE")
+    if args.buffer_size is not None and args.buffer_size < 1:
+        raise CometNMTError(f"--buffer-size {args.buffer_size}: must be at least 1")
     try:
         translator = Translator.from_checkpoint(args.checkpoint, args.device)
     except CheckpointError as exc:  # `translate best.pt src.de` takes the source for an ensemble's second model
@@ -139,17 +145,117 @@ def cmd_translate(args) -> int:
     columns = args.nbest is not None or decode.nbest > 1  # an explicit --nbest 1 too, as logprob --nbest-input reads
     if interactive:
         return _translate_interactively(translator, decode, columns)
-    texts = read_lines(args.input) if args.input else read_stdin_lines()
+    return _translate_in_chunks(translator, _one_seed(decode), columns, args)
+
+
+def _one_seed(decode):
+    """Sampling without a seed: one drawn for the whole run (not one per chunk), so that the run is
+    one seeded run, which --resume continues with that seed."""
+    import dataclasses
+
+    from cometnmt.decoding import sampling_seed
+
+    if decode.method == "sample" and decode.sampling_seed is None:
+        return dataclasses.replace(decode, sampling_seed=sampling_seed(decode))
+    return decode
+
+
+def _translate_in_chunks(translator, decode, columns: bool, args) -> int:
+    """The input read, translated and written --buffer-size lines at a time (cometnmt.streaming):
+    to standard output, flushed after each chunk, or appended to -o FILE's FILE.partial, renamed
+    to FILE at the end. An interrupt or error after a chunk is done keeps FILE.partial for --resume."""
+    from cometnmt.config import to_dict
+    from cometnmt.progress import progress_bar
+    from cometnmt.streaming import DEFAULT_BUFFER_SIZE, ChunkedInput, PartialOutput, checkpoint_identity, count_lines
+
+    source = ChunkedInput(args.input, args.buffer_size or DEFAULT_BUFFER_SIZE)
+    out = bar = None
     try:
-        results = translator.translate(texts, decode, progress=args.input is not None)
-    except DataError as exc:  # name the input
-        raise DataError(f"{args.input or '<stdin>'}: {exc}") from None
-    text = "".join(_output_lines(i, hyps, columns) for i, hyps in enumerate(results))
-    if args.output:
-        write_text_file(args.output, text)
-    else:
-        sys.stdout.write(text)
+        if args.output:
+            identity = {"input": str(Path(args.input).resolve()) if args.input else "<stdin>",
+                        "checkpoints": checkpoint_identity(args.checkpoint), "decode": to_dict(decode)}
+            out = PartialOutput(args.output, identity)
+            out.open(args.resume)
+            out.check_input(source)
+        total = count_lines(args.input) if args.input else None  # standard input: the bar counts up
+        bar = progress_bar(total=total, initial=source.lines_read, desc="translate", unit="sent", leave=False)
+        for start, lines, sha256 in source.chunks():
+            text = _translate_chunk(translator, decode, columns, lines, start, source.name, bar)
+            if out is not None:
+                out.append(text, start + len(lines), sha256)
+            elif not _write_stdout(text):
+                return 0
+    except BaseException as exc:
+        if out is None or not out.abandon():
+            raise
+        if bar is not None:  # before the message, which would share the bar's line
+            bar.close()
+            bar = None
+        return _kept(out, exc, _continue_command(args, decode))
+    finally:
+        if bar is not None:
+            bar.close()
+        source.close()
+    if out is not None:
+        out.finish()
     return 0
+
+
+def _translate_chunk(translator, decode, columns: bool, lines: list[str], start: int, name: str, bar) -> str:
+    """One chunk's output; ``start``: the place of its first line in the input (n-best indices,
+    sampling's streams and errors' line numbers count in the whole input)."""
+    try:
+        results = translator.translate(lines, decode, progress=bar, start=start)
+    except DataError as exc:  # name the input, and the line in it ("input line 3" counted in the chunk)
+        message = re.sub(r"^input line (\d+):", lambda m: f"input line {int(m.group(1)) + start}:", str(exc))
+        raise DataError(f"{name}: {message}") from None
+    return "".join(_output_lines(start + i, hyps, columns) for i, hyps in enumerate(results))
+
+
+def _write_stdout(text: str) -> bool:
+    """Write a chunk's output to standard output at once; False when the reader is gone
+    (``translate | head``): the rest is not translated, and the exit is quiet."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # Python's flush at exit would fail again
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
+    return True
+
+
+def _kept(out, exc: BaseException, command: str) -> int:
+    """After an interrupt or error with chunks done: say what is kept in FILE.partial and how to
+    continue; an interrupt exits 130 (143 for SIGTERM), an error goes on to main."""
+    kept = (f"{out.lines_done} line{'s' * (out.lines_done != 1)} translated (of the input's first) are kept in "
+            f"{out.partial}")
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"interrupted; {kept}; continue with: {command}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
+    if isinstance(exc, CometNMTError):
+        raise type(exc)(f"{exc} ({kept}; once the input is fixed, continue with: {command})") from None
+    log.error("%s; continue with: %s", kept, command)
+    raise exc
+
+
+def _continue_command(args, decode) -> str:
+    """The translate command that continues this one with --resume (a drawn sampling seed given as
+    --seed; standard input must be given again)."""
+    options = [("-i", args.input), ("-o", args.output), ("--beam", args.beam), ("--nbest", args.nbest),
+               ("--length-penalty", args.length_penalty), ("--sampling", args.sampling), ("--topk", args.topk),
+               ("--topp", args.topp), ("--temperature", args.temperature),
+               ("--seed", decode.sampling_seed if decode.method == "sample" else None),
+               ("--replace-unk", args.replace_unk), ("--batch-size", args.batch_sentences),
+               ("--buffer-size", args.buffer_size), ("--device", None if args.device == "auto" else args.device)]
+    command = ["cometnmt", "translate", *args.checkpoint]
+    for flag, value in options:
+        if value is True:
+            command.append(flag)
+        elif value is not None and value is not False:
+            command += [flag, str(value)]
+    return shlex.join([*command, "--resume"]) + ("" if args.input else " < INPUT (the same standard input)")
 
 
 def _output_lines(index: int, hyps, columns: bool) -> str:
@@ -528,9 +634,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("translate", help="translate text with a checkpoint (stdin -> stdout by default)")
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble (their probabilities averaged)")
     p.add_argument("-i", "--input", help="source file (plain or gzip); default (or -) stdin")
-    p.add_argument("-o", "--output", help="output file; default (or -) stdout")
+    p.add_argument("-o", "--output", help="output file, written through FILE.partial (see --resume) and complete or not "
+                                          "at all; default (or -) stdout")
     p.add_argument("--interactive", action="store_true",
                    help="translate each line of standard input as it comes (the default when it is a terminal)")
+    p.add_argument("--buffer-size", dest="buffer_size", type=int, metavar="N",
+                   help="read, translate and write the input N lines at a time (default 10000): output comes chunk by "
+                        "chunk, and an interrupted -o FILE keeps its finished chunks in FILE.partial; any N writes the "
+                        "same output")
+    p.add_argument("--resume", action="store_true",
+                   help="with -o FILE: continue the interrupted translation kept in FILE.partial (and FILE.partial.json), "
+                        "from its first unfinished line; the input, checkpoints and search settings must be the same")
     _add_decode_args(p)
     p.set_defaults(func=cmd_translate)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import torch
+from tqdm import tqdm
 
 from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
                              length_penalty_problem, positions_key, temperature_problem, to_dict)
@@ -371,19 +372,23 @@ class Translator:
                               f"words in place of <unk>, for word vocabularies (data.tokenizer: spacy); this model's "
                               f"tokenizer is {' and '.join(sorted(kinds))}")
 
-    def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool = False, *,
+    def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool | tqdm = False, *,
                       start: int = 0) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order. ``start``: the place
         of ``src_ids[0]`` in a longer input, which keys sampling's random numbers (line i's
-        stream is (seed, i)). The search is read as :meth:`translate` reads it (greedy search of
-        ``nbest`` above 1 is a beam search): taken as it stood, a checkpoint of decode.nbest 3 gave
+        stream is (seed, i)). ``progress``: True shows a bar of its own; a bar (tqdm) is advanced
+        instead (one bar over an input translated piece by piece, as ``translate`` reads a file).
+        The search is read as :meth:`translate` reads it (greedy search of ``nbest`` above 1 is a
+        beam search): taken as it stood, a checkpoint of decode.nbest 3 gave
         one greedy hypothesis here and three of a beam from translate, and ``attention`` without
         targets attended the greedy one."""
         decode_cfg = decode_config(decode_cfg or self.cfg.decode, flags=False)
         self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
         seed = sampling_seed(decode_cfg)  # one per call; each sentence's stream is keyed by its place in src_ids
-        bar = progress_bar(total=len(src_ids), desc="translate", unit="sent", disable=not progress, leave=False)
+        own = not isinstance(progress, tqdm)
+        bar = progress_bar(total=len(src_ids), desc="translate", unit="sent", disable=not progress,
+                           leave=False) if own else progress
         self.model.eval()
         for idx in self._batches(src_ids, decode_cfg.batch_sentences):
             batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
@@ -393,7 +398,8 @@ class Translator:
             for i, hyps in zip(idx, results):
                 out[i] = [self._text(h.tokens, h.score) for h in hyps]
             bar.update(len(idx))
-        bar.close()
+        if own:
+            bar.close()
         return out
 
     @staticmethod
@@ -572,7 +578,7 @@ class Translator:
         # word ("▁", "▁dog": two spaces), or one at either end
         return Translation(_SPACES.sub(" ", _LINE_BREAKS.sub(" ", text)).strip(" "), score, tokens)
 
-    def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool = False, *,
+    def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool | tqdm = False, *,
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                   batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
                   topp: float | None = None, temperature: float | None = None,
@@ -591,6 +597,7 @@ class Translator:
             place in ``texts`` plus ``start`` (a caller that translates an input piece by piece,
             line by line say, passes each piece's place in it), not on the batch size or the other
             sentences. False: greedy search.
+        :param progress: True shows a progress bar; a bar (tqdm) is advanced instead (:meth:`translate_ids`).
         :param replace_unk: True puts the source word the decoder attends to most in place of each
             ``<unk>`` of the output (word vocabularies only; the score stays the search's).
         :raises DataError: a sentence longer than the model's positions (before any decoding).

@@ -1,0 +1,288 @@
+"""``cometnmt translate`` in chunks: the input read, translated and written ``buffer_size`` lines at a
+time, so that output comes as soon as a chunk is done (``translate | head`` does not wait for the
+whole file), memory does not grow with the input, and an interrupted translation into ``-o FILE``
+keeps what it finished.
+
+Into ``-o FILE`` each chunk is appended to ``FILE.partial`` (beside the file ``FILE`` names,
+through a symbolic link), and ``FILE.partial.json`` records what it belongs to: the input (its path
+and the SHA-256 of the lines translated so far), the checkpoints (path, size, modification time),
+the search settings (``decode.*``, a drawn sampling seed included), the lines done and the bytes of
+output they gave. At the end ``FILE.partial`` is renamed to ``FILE`` (never half-written) and the
+record removed. ``translate --resume`` continues an interrupted run from its first unfinished line:
+the output is cut back to the recorded bytes (a kill -9 inside an append), the input's first lines
+are checked against the recorded hash, and anything else recorded must be as now, or the run is
+refused naming what differs. A chunk's output is a function of its lines and their places in the
+whole input only (sampling keys each line's stream by its place, ``Translator.translate``'s
+``start``), so any chunk size, resumed or not, writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import stat
+import sys
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from cometnmt.atomic import _fsync_folder, atomic_write
+from cometnmt.data.corpus import GZIP_MAGIC, decode_lines
+from cometnmt.errors import CometNMTError, DataError
+from cometnmt.interrupts import deferred
+
+DEFAULT_BUFFER_SIZE = 10000  # lines read and translated at a time (fairseq-interactive's --buffer-size)
+FORMAT = 1  # of the .partial.json record
+
+
+@contextmanager
+def _gzip_errors(name: str) -> Iterator[None]:
+    """Read errors of a gzip stream as read_lines names them."""
+    try:
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise DataError(f"{name}: corrupt or truncated gzip file ({exc})") from None
+
+
+def _open_file(path: str) -> BinaryIO:
+    """``path`` opened for reading its bytes, gunzipped when it starts with the gzip magic bytes."""
+    try:
+        raw = open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a text file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
+    if raw.read(2) != GZIP_MAGIC:
+        raw.seek(0)
+        return raw
+    raw.seek(0)
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+
+
+def count_lines(path: str) -> int | None:
+    """The number of lines of a file (plain or gzip) as read_lines splits them, for the progress
+    bar's total; None where it cannot be read (the reader then says why)."""
+    try:
+        with _open_file(path) as f, _gzip_errors(path):
+            count, last = 0, b"\n"
+            while block := f.read(1 << 20):
+                count += block.count(b"\n")
+                last = block[-1:]
+    except (DataError, OSError):
+        return None
+    return count + (last != b"\n")
+
+
+class ChunkedInput:
+    """An input file (plain or gzip) or standard input (``path`` None), read ``size`` lines at a
+    time; a chunk's lines are decoded and checked as read_lines checks a file's (errors and
+    warnings name the line of the whole input). A running SHA-256 of the bytes read identifies the
+    lines done for a resumed run."""
+
+    def __init__(self, path: str | None, size: int) -> None:
+        self.path, self.size = path, size
+        self.name = path or "<stdin>"
+        self.stream: BinaryIO = _open_file(path) if path else sys.stdin.buffer
+        self.lines_read = 0
+        self.sha256 = hashlib.sha256()
+
+    def close(self) -> None:
+        if self.path:
+            self.stream.close()
+
+    def _raw(self, count: int) -> list[bytes]:
+        """The next ``count`` lines as bytes (fewer at the end), newlines kept, hashed."""
+        lines = []
+        with _gzip_errors(self.name):
+            while len(lines) < count and (line := self.stream.readline()):
+                lines.append(line)
+        if not self.lines_read and lines and lines[0].startswith(GZIP_MAGIC):  # only standard input: files are gunzipped
+            raise DataError("<stdin>: gzip-compressed data; standard input is read as plain UTF-8 text: give a gzip file "
+                            "by name (translate -i FILE) or through zcat")
+        for line in lines:
+            self.sha256.update(line)
+        self.lines_read += len(lines)
+        return lines
+
+    def skip(self, count: int) -> None:
+        """Pass over the first ``count`` lines (those a resumed run has done), hashing them."""
+        while self.lines_read < count and self._raw(min(self.size, count - self.lines_read)):
+            pass
+
+    def chunks(self) -> Iterator[tuple[int, list[str], str]]:
+        """(the 0-based place of the chunk's first line, its lines, the SHA-256 of every line up to
+        its last) for each chunk of ``size`` lines."""
+        while raw := self._raw(self.size):
+            start = self.lines_read - len(raw)
+            yield start, decode_lines(b"".join(raw), self.name, first_line=start + 1), self.sha256.hexdigest()
+
+
+def checkpoint_identity(paths) -> list[dict]:
+    """What a record says of each checkpoint: its path, size and modification time (a retrained
+    ``best.pt`` at the same path is another model)."""
+    out = []
+    for path in paths:
+        info = os.stat(path)
+        out.append({"path": str(Path(path).resolve()), "bytes": info.st_size, "modified_ns": info.st_mtime_ns})
+    return out
+
+
+def differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
+    """The keys whose values differ between two records, dotted (``decode.beam_size``), each with
+    both values."""
+    out = []
+    for key in sorted(set(recorded) | set(now)):
+        old, new = recorded.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            out.append(f"{prefix}{key}: {json.dumps(old, ensure_ascii=False)} there, {json.dumps(new, ensure_ascii=False)} now")
+    return out
+
+
+class PartialOutput:
+    """``-o FILE`` written chunk by chunk through ``FILE.partial`` and its record ``FILE.partial.json``
+    (see the module's notes). ``identity``: what the output belongs to (input, checkpoints, decode
+    settings), compared with the record on ``resume``."""
+
+    def __init__(self, path: str, identity: dict) -> None:
+        self.given = path
+        self.target = Path(path).resolve() if Path(path).is_symlink() else Path(path)  # written through a link
+        self.partial = self.target.with_name(self.target.name + ".partial")
+        self.record = self.target.with_name(self.target.name + ".partial.json")
+        self.identity = identity
+        self.lines_done = self.resumed_from = self.bytes_done = 0
+        self.sha256 = hashlib.sha256().hexdigest()
+        self.file = None
+
+    def open(self, resume: bool) -> None:
+        """Start a new partial output, or with ``resume`` continue the one recorded (none: start)."""
+        found = self.partial.exists() or self.record.exists()
+        if found and not resume and self._empty():  # a run stopped inside its first chunk: nothing to keep
+            found = False
+        if found and not resume:
+            raise CometNMTError(f"{self.partial} holds the translations of an interrupted run into {self.given}: continue "
+                                f"it with --resume, or remove {self.partial} and {self.record} to start over")
+        if found:
+            self._load()
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.file = open(self.partial, "ab")
+        except OSError as exc:
+            raise DataError(f"{self.partial}: cannot write file ({exc.strerror or exc})") from None
+        if not _lock(self.file):
+            self.file.close()
+            self.file = None
+            raise CometNMTError(f"{self.partial}: another cometnmt translate is writing it (into {self.given})")
+        self.file.truncate(self.bytes_done)  # a kill -9 inside an append left more than was recorded
+        self._write_record()
+
+    def _empty(self) -> bool:
+        """Whether the partial output there holds no line (a record of none, an empty file)."""
+        try:
+            state = json.loads(self.record.read_text(encoding="utf-8"))
+            return state["lines_done"] == 0 and (not self.partial.exists() or self.partial.stat().st_size == 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def _load(self) -> None:
+        try:
+            state = json.loads(self.record.read_text(encoding="utf-8"))
+            assert state.get("format") == FORMAT
+            lines, size, sha = int(state["lines_done"]), int(state["output_bytes"]), str(state["input_sha256"])
+        except FileNotFoundError:
+            raise CometNMTError(f"{self.partial}: no record of what it belongs to ({self.record} is missing); remove "
+                                f"{self.partial} to start over") from None
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            raise CometNMTError(f"{self.record}: not a record of cometnmt translate's partial output (format {FORMAT}); "
+                                f"remove it and {self.partial} to start over") from None
+        differ = differences(state.get("belongs_to", {}), self.identity)
+        if differ:
+            raise CometNMTError(f"{self.record}: the partial output in {self.partial} belongs to another translation ("
+                                f"{'; '.join(differ)}); continue it with the same input, checkpoints and search settings, "
+                                f"or remove {self.partial} and {self.record} to start over")
+        actual = self.partial.stat().st_size if self.partial.exists() else 0
+        if actual < size:
+            raise CometNMTError(f"{self.partial}: {actual} bytes, but {self.record} records {size} bytes of "
+                                f"{lines} lines' translations; remove both to start over")
+        self.lines_done = self.resumed_from = lines
+        self.bytes_done, self.sha256 = size, sha
+
+    def check_input(self, source: ChunkedInput) -> None:
+        """Skip the lines a resumed run has done, which must be those translated before."""
+        source.skip(self.lines_done)
+        if source.lines_read < self.lines_done:
+            raise DataError(f"{source.name}: {source.lines_read} lines, fewer than the {self.lines_done} whose "
+                            f"translations {self.partial} holds; remove {self.partial} and {self.record} to start over")
+        if source.sha256.hexdigest() != self.sha256:
+            raise DataError(f"{source.name}: its first {self.lines_done} lines are not those whose translations "
+                            f"{self.partial} holds (their SHA-256 differs: the input changed); give the same input, or "
+                            f"remove {self.partial} and {self.record} to start over")
+
+    def append(self, text: str, lines_done: int, sha256: str) -> None:
+        """Add a finished chunk's output; the record follows it. Ctrl-C or SIGTERM waits until both
+        are written."""
+        data = text.encode("utf-8")
+        with deferred():
+            self.file.write(data)
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.lines_done, self.bytes_done, self.sha256 = lines_done, self.bytes_done + len(data), sha256
+            self._write_record()
+
+    def _write_record(self) -> None:
+        state = {"format": FORMAT, "output": str(self.target), "lines_done": self.lines_done,
+                 "output_bytes": self.bytes_done, "input_sha256": self.sha256, "belongs_to": self.identity}
+        with atomic_write(self.record) as f:
+            f.write(json.dumps(state, indent=1, ensure_ascii=False) + "\n")
+
+    def finish(self) -> None:
+        """Rename the finished output to FILE, with the permissions FILE had (a new one: 0644, as
+        atomic_write gives), and remove the record."""
+        self.file.close()
+        try:
+            perms = stat.S_IMODE(os.stat(self.target).st_mode)
+        except OSError:
+            perms = 0o644
+        try:
+            with deferred():
+                os.chmod(self.partial, perms)
+                os.replace(self.partial, self.target)
+                self.record.unlink()
+        except OSError as exc:
+            raise DataError(f"{self.target}: cannot write file ({exc.strerror or exc}); the translations are in "
+                            f"{self.partial}") from None
+        _fsync_folder(self.target.parent)
+
+    def abandon(self) -> bool:
+        """After a failure or an interrupt: keep what is done (True), or, where nothing was done,
+        remove the partial output and its record as if the run had never started (False)."""
+        if self.file is None:
+            return False
+        self.file.close()
+        if self.lines_done:
+            return True
+        for path in (self.partial, self.record):
+            path.unlink(missing_ok=True)
+        return False
+
+
+def _lock(file) -> bool:
+    """An exclusive lock on the open partial output, held while it is written (two runs into one
+    FILE would interleave their chunks); True where there is no lock to take (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # a file system without locks
+        return True
+    return True

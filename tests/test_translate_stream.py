@@ -1,0 +1,182 @@
+"""translate --buffer-size and --resume: the input read, translated and written chunk by chunk, an
+interrupted -o FILE kept in FILE.partial and continued to the file an uninterrupted run writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import sys
+import types
+
+import pytest
+
+import cometnmt
+from conftest import tiny_train_cfg
+
+LINES = ["Ein Hund läuft.", "Zwei Kinder spielen.", "", "Eine Frau.", "Ein Mann fährt Fahrrad.", "Ein Hund.", "Zwei."]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, data_dir):
+    save = tmp_path_factory.mktemp("stream") / "run"
+    cometnmt.train(tiny_train_cfg(save, data_dir, "train.num_threads=1"))
+    return str(save / "best.pt")
+
+
+@pytest.fixture
+def src(tmp_path):
+    path = tmp_path / "src.de"
+    path.write_text("".join(line + "\n" for line in LINES), encoding="utf-8")
+    return str(path)
+
+
+def translate(capsys, *args: str) -> tuple[int, str, str]:
+    from cometnmt import cli
+
+    code = cli.main(["translate", *args, "--device", "cpu"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def columns(text: str) -> list[tuple]:
+    """translate --nbest lines as (index, score, text)."""
+    return [(int(i), float(s), t) for i, s, t in (line.split("\t") for line in text.splitlines())]
+
+
+def same_output(chunked: str, whole: str, nbest: bool) -> None:
+    """The translations byte for byte; an n-best score to float32 rounding in its 4th decimal
+    (a sentence's scores move by 1e-4 with the batch it is searched in, as they do with --batch-size)."""
+    if not nbest:
+        assert chunked == whole
+        return
+    got, want = columns(chunked), columns(whole)
+    assert [(i, t) for i, _, t in got] == [(i, t) for i, _, t in want]
+    assert [s for _, s, _ in got] == pytest.approx([s for _, s, _ in want], abs=2e-4)
+
+
+@pytest.mark.parametrize("options", [[], ["--beam", "3", "--nbest", "2"], ["--sampling", "--seed", "3", "--nbest", "2"]])
+def test_any_buffer_size_writes_the_whole_inputs_output(ckpt, src, tmp_path, capsys, options):
+    from cometnmt.cli import _output_lines
+
+    translator = cometnmt.Translator.from_checkpoint(ckpt, device="cpu")
+    nbest = "--nbest" in options
+    decode = {"beam": 3, "nbest": 2} if "--beam" in options else {"sampling": True, "seed": 3, "nbest": 2} if nbest else {}
+    whole = "".join(_output_lines(i, hyps, nbest) for i, hyps in enumerate(translator.translate(LINES, **decode)))
+    for size in ("1", "3", "50"):
+        out = tmp_path / f"out{size}.txt"
+        assert translate(capsys, ckpt, "-i", src, "-o", str(out), "--buffer-size", size, *options)[0] == 0
+        same_output(out.read_text(encoding="utf-8"), whole, nbest)
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(out.name)) == [out.name]  # no .partial left
+        code, stdout, _ = translate(capsys, ckpt, "-i", src, "--buffer-size", size, *options)
+        same_output(stdout, whole, nbest)
+
+
+def test_stdout_gets_each_chunk_before_the_next_is_read(ckpt, capsys, monkeypatch):
+    """Standard input read 2 lines at a time: a chunk's output is written and flushed before the
+    next chunk is read (translate | head no longer waits for the whole input)."""
+    data = "".join(line + "\n" for line in LINES).encode("utf-8")
+    stdin = types.SimpleNamespace(buffer=io.BytesIO(data), isatty=lambda: False)
+    events = []
+
+    class Stdout(io.StringIO):
+        def write(self, text):
+            events.append(("write", text.count("\n"), stdin.buffer.tell()))
+            return super().write(text)
+
+        def flush(self):
+            events.append(("flush",))
+
+    stdout = Stdout()
+    monkeypatch.setattr(sys, "stdin", stdin)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    from cometnmt import cli
+
+    assert cli.main(["translate", ckpt, "--buffer-size", "2", "--device", "cpu"]) == 0
+    writes = [e for e in events if e[0] == "write"]
+    assert [lines for _, lines, _ in writes] == [2, 2, 2, 1]
+    read_by_then = [position for _, _, position in writes]
+    first_two = len("".join(line + "\n" for line in LINES[:2]).encode("utf-8"))
+    assert read_by_then[0] == first_two < len(data)  # the first chunk is out while the rest is unread
+    assert events[events.index(("write", *writes[0][1:])) + 1] == ("flush",)
+    assert stdout.getvalue().count("\n") == len(LINES)
+
+
+def _interrupt_at(monkeypatch, start: int, error=KeyboardInterrupt) -> None:
+    """Translator.translate raises ``error`` on the chunk whose first line is line ``start`` (0-based)."""
+    real = cometnmt.Translator.translate
+
+    def translate(self, texts, *args, **kwargs):
+        if kwargs.get("start") == start:
+            raise error
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(cometnmt.Translator, "translate", translate)
+
+
+def test_an_interrupted_run_keeps_its_chunks_and_resume_finishes_the_same_file(ckpt, src, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out.en"
+    assert translate(capsys, ckpt, "-i", src, "-o", str(tmp_path / "whole.en"))[0] == 0
+    whole = (tmp_path / "whole.en").read_text(encoding="utf-8")
+    _interrupt_at(monkeypatch, 3)
+    code, _, err = translate(capsys, ckpt, "-i", src, "-o", str(out), "--buffer-size", "3")
+    assert code == 130 and not out.exists()
+    partial = tmp_path / "out.en.partial"
+    assert partial.read_text(encoding="utf-8") == "".join(whole.splitlines(keepends=True)[:3])  # the first chunk
+    assert f"3 lines translated (of the input's first) are kept in {partial}" in err
+    record = json.loads((tmp_path / "out.en.partial.json").read_text(encoding="utf-8"))
+    assert record["lines_done"] == 3 and record["belongs_to"]["decode"]["method"] == "greedy"
+    monkeypatch.undo()
+    code, _, err = translate(capsys, ckpt, "-i", src, "-o", str(out), "--buffer-size", "3")  # without --resume
+    assert code == 2 and "continue it with --resume" in err and partial.exists()
+    assert translate(capsys, ckpt, "-i", src, "-o", str(out), "--buffer-size", "2", "--resume")[0] == 0
+    assert out.read_text(encoding="utf-8") == whole
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.en")) == ["out.en"]
+
+
+def test_the_printed_command_continues_unseeded_sampling_with_its_seed(ckpt, src, tmp_path, capsys, monkeypatch):
+    """Sampling without --seed draws one seed for the run; the command printed on the interrupt
+    gives it, and the continued file is that seed's uninterrupted output."""
+    out = tmp_path / "bt.en"
+    _interrupt_at(monkeypatch, 2)
+    code, _, err = translate(capsys, ckpt, "-i", src, "-o", str(out), "--buffer-size", "2", "--sampling", "--nbest", "2")
+    assert code == 130
+    command = shlex.split(err.split("continue with: ")[1].strip())
+    assert command[:2] == ["cometnmt", "translate"] and command[-1] == "--resume" and "--seed" in command
+    seed = command[command.index("--seed") + 1]
+    monkeypatch.undo()
+    from cometnmt import cli
+
+    assert cli.main(command[1:]) == 0
+    capsys.readouterr()
+    assert translate(capsys, ckpt, "-i", src, "-o", str(tmp_path / "seeded.en"), "--sampling", "--nbest", "2",
+                     "--seed", seed)[0] == 0
+    same_output(out.read_text(encoding="utf-8"), (tmp_path / "seeded.en").read_text(encoding="utf-8"), nbest=True)
+
+
+def test_a_record_of_another_translation_is_refused_naming_what_differs(ckpt, src, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out.en"
+    _interrupt_at(monkeypatch, 3)
+    assert translate(capsys, ckpt, "-i", src, "-o", str(out), "--buffer-size", "3")[0] == 130
+    monkeypatch.undo()
+    code, _, err = translate(capsys, ckpt, "-i", src, "-o", str(out), "--beam", "2", "--resume")
+    assert code == 2 and "belongs to another translation" in err
+    assert 'decode.beam_size: 5 there, 2 now' in err or 'decode.method: "greedy" there, "beam" now' in err
+    changed = tmp_path / "changed.de"
+    changed.write_text("Eine Katze.\n" + "".join(line + "\n" for line in LINES[1:]), encoding="utf-8")
+    code, _, err = translate(capsys, ckpt, "-i", str(changed), "-o", str(out), "--resume")
+    assert code == 2 and f'input: "{src}" there, "{changed}" now' in err
+    changed.replace(src)  # the same path, its first line changed
+    code, _, err = translate(capsys, ckpt, "-i", src, "-o", str(out), "--resume")
+    assert code == 2 and "its first 3 lines are not those whose translations" in err and "SHA-256 differs" in err
+    assert (tmp_path / "out.en.partial").exists() and not out.exists()  # refused, nothing mixed or lost
+
+
+def test_an_error_in_a_later_chunk_names_its_line_in_the_input_and_keeps_the_chunks_before(ckpt, tmp_path, capsys):
+    src = tmp_path / "long.de"
+    src.write_text("Ein Hund.\nZwei.\nEine Katze.\n" + " ".join(["Hund"] * 1100) + "\n", encoding="utf-8")
+    out = tmp_path / "long.en"
+    code, _, err = translate(capsys, ckpt, "-i", str(src), "-o", str(out), "--buffer-size", "2")
+    assert code == 2 and f"{src}: input line 4: 1100 source tokens" in err
+    assert "2 lines translated (of the input's first) are kept" in err and "--resume" in err
+    assert (tmp_path / "long.en.partial").read_text(encoding="utf-8").count("\n") == 2
