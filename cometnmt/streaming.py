@@ -18,19 +18,16 @@ whole input only (sampling keys each line's stream by its place, ``Translator.tr
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
 import stat
 import sys
-import zlib
-from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from cometnmt.atomic import _fsync_folder, atomic_write
-from cometnmt.data.corpus import GZIP_MAGIC, decode_lines
+from cometnmt.atomic import _fsync_folder, atomic_write, make_folder
+from cometnmt.data.corpus import GZIP_MAGIC, decode_lines, gzip_errors, open_bytes
 from cometnmt.errors import CometNMTError, DataError
 from cometnmt.interrupts import deferred
 
@@ -38,37 +35,11 @@ DEFAULT_BUFFER_SIZE = 10000  # lines read and translated at a time (fairseq-inte
 FORMAT = 1  # of the .partial.json record
 
 
-@contextmanager
-def _gzip_errors(name: str) -> Iterator[None]:
-    """Read errors of a gzip stream as read_lines names them."""
-    try:
-        yield
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise DataError(f"{name}: corrupt or truncated gzip file ({exc})") from None
-
-
-def _open_file(path: str) -> BinaryIO:
-    """``path`` opened for reading its bytes, gunzipped when it starts with the gzip magic bytes."""
-    try:
-        raw = open(path, "rb")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, expected a text file") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
-    if raw.read(2) != GZIP_MAGIC:
-        raw.seek(0)
-        return raw
-    raw.seek(0)
-    return gzip.GzipFile(fileobj=raw, mode="rb")
-
-
 def count_lines(path: str) -> int | None:
     """The number of lines of a file (plain or gzip) as read_lines splits them, for the progress
     bar's total; None where it cannot be read (the reader then says why)."""
     try:
-        with _open_file(path) as f, _gzip_errors(path):
+        with open_bytes(path) as f, gzip_errors(path):
             count, last = 0, b"\n"
             while block := f.read(1 << 20):
                 count += block.count(b"\n")
@@ -87,7 +58,7 @@ class ChunkedInput:
     def __init__(self, path: str | None, size: int) -> None:
         self.path, self.size = path, size
         self.name = path or "<stdin>"
-        self.stream: BinaryIO = _open_file(path) if path else sys.stdin.buffer
+        self.stream: BinaryIO = open_bytes(path) if path else sys.stdin.buffer
         self.lines_read = 0
         self.sha256 = hashlib.sha256()
 
@@ -98,7 +69,7 @@ class ChunkedInput:
     def _raw(self, count: int) -> list[bytes]:
         """The next ``count`` lines as bytes (fewer at the end), newlines kept, hashed."""
         lines = []
-        with _gzip_errors(self.name):
+        with gzip_errors(self.name):
             while len(lines) < count and (line := self.stream.readline()):
                 lines.append(line)
         if not self.lines_read and lines and lines[0].startswith(GZIP_MAGIC):  # only standard input: files are gunzipped
@@ -170,7 +141,7 @@ class PartialOutput:
                                 f"it with --resume, or remove {self.partial} and {self.record} to start over")
         if found:
             self._load()
-        self.target.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.target.parent)
         try:
             self.file = open(self.partial, "ab")
         except OSError as exc:

@@ -7,9 +7,10 @@ import logging
 import sys
 import unicodedata
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Iterator, Literal
 
 from cometnmt.atomic import atomic_write
 from cometnmt.errors import DataError
@@ -19,22 +20,40 @@ logger = logging.getLogger(__name__)
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _read_bytes(path: Path) -> bytes:
-    """Return the file's bytes, gunzipped when it starts with the gzip magic bytes."""
+@contextmanager
+def gzip_errors(name: str | Path) -> Iterator[None]:
+    """Errors reading a gzip stream as a DataError naming the file."""
     try:
-        raw = path.read_bytes()
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise DataError(f"{name}: corrupt or truncated gzip file ({exc})") from None
+
+
+def open_bytes(path: str | Path) -> BinaryIO:
+    """``path`` opened for reading its bytes, gunzipped as they are read when it starts with the
+    gzip magic bytes (read it inside :func:`gzip_errors`); errors opening it name the file."""
+    try:
+        raw = open(path, "rb")
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected a text file") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
-    if not raw.startswith(GZIP_MAGIC):
+    if raw.read(2) != GZIP_MAGIC:
+        raw.seek(0)
         return raw
+    raw.seek(0)
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Return the file's bytes, gunzipped when it starts with the gzip magic bytes."""
     try:
-        return gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"{path}: corrupt or truncated gzip file ({exc})") from None
+        with open_bytes(path) as f, gzip_errors(path):
+            return f.read()
+    except OSError as exc:  # not the gzip stream's errors: gzip_errors made them DataErrors
+        raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
 
 
 def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1) -> DataError:
