@@ -253,9 +253,10 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_step(tmp_path, data_dir, w
 
 
 def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str) -> None:
-    """One rank of ``test_a_signal_to_one_rank_while_setting_up_stops_every_rank``: rank 1 alone
-    gets a real SIGTERM (raising as under the CLI) while it encodes the data (``where`` "data") or
-    builds the trainer, DDP's wrapper included ("trainer")."""
+    """One rank of ``test_a_signal_to_one_rank_while_setting_up_stops_every_rank``: one rank alone
+    gets a real SIGTERM (raising as under the CLI): rank 1 as it comes to the data (``where``
+    "data"), while it waits for rank 0 to prepare them ("waiting"), or while it builds the trainer,
+    DDP's wrapper included ("trainer"); rank 0 while it encodes the data ("rank0_data")."""
     import signal
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -265,10 +266,23 @@ def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, d
         raise _Term
 
     signal.signal(signal.SIGTERM, raise_term)
+    original_prepare, original_reduce = run_module._prepare_once, run_module.all_reduce_sum
     original_examples, original_init = run_module.training_examples, Trainer.__init__
+    signalled = 0 if where == "rank0_data" else 1
+
+    def prepare_once(*args):
+        if rank == 1 and where == "data":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_prepare(*args)
+
+    def all_reduce_sum(*args):  # rank 1's first is where it waits for rank 0's data
+        if rank == 1 and where == "waiting" and not getattr(all_reduce_sum, "done", False):
+            all_reduce_sum.done = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_reduce(*args)
 
     def examples(*args):
-        if rank == 1 and where == "data":
+        if rank == 0 and where == "rank0_data":
             os.kill(os.getpid(), signal.SIGTERM)
         return original_examples(*args)
 
@@ -277,19 +291,21 @@ def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, d
             os.kill(os.getpid(), signal.SIGTERM)
         original_init(self, *args)
 
+    run_module._prepare_once, run_module.all_reduce_sum = prepare_once, all_reduce_sum
     run_module.training_examples, Trainer.__init__ = examples, trainer_init
     try:
         run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, "train.max_epochs=1")))
-    except KeyboardInterrupt as exc:  # rank 1 for its own SIGTERM, rank 0 for rank 1's
-        assert isinstance(exc, _Term) == (rank == 1), (rank, type(exc))
+    except KeyboardInterrupt as exc:  # the signalled rank for its own SIGTERM, the other for its peer's
+        assert isinstance(exc, _Term) == (rank == signalled), (rank, type(exc))
         return
     raise AssertionError(f"rank {rank} was not interrupted")
 
 
-@pytest.mark.parametrize("where", ["data", "trainer"])
+@pytest.mark.parametrize("where", ["data", "waiting", "rank0_data", "trainer"])
 def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_dir, where):
-    """A SIGTERM that reaches one rank before training (reading, encoding or tagging the data,
-    building the model, wrapping it in DDP): every rank stops before training, with a
+    """A SIGTERM that reaches one rank before training (reading, encoding or tagging the data on
+    rank 0, waiting for them on rank 1, building the model, wrapping it in DDP): every rank stops
+    before training, with a
     KeyboardInterrupt, and nothing is trained or saved. Before, the signalled rank stopped alone and
     the other failed in its next collective (DDP's first broadcast, or the first step's all-reduce)
     with gloo's "Connection closed by peer" RuntimeError (under torchrun, still joining the process
@@ -302,6 +318,99 @@ def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_d
     torch.multiprocessing.spawn(_terminated_while_setting_up, nprocs=2, join=True,
                                 args=(2, port, where, str(data_dir), str(tmp_path / "ddp")))
     assert not (tmp_path / "ddp" / "last.pt").exists() and not (tmp_path / "ddp" / "metrics.jsonl").exists()
+
+
+def _counting_rank(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, *extra: str) -> None:
+    """One rank of ``test_rank_zero_alone_prepares_the_data``: the CLI's training under torchrun's
+    environment; every codec build and tagging pass is appended to ``out`` as a JSON line."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def note(**record) -> None:
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"rank": rank, **record}) + "\n")
+
+    original_codec, original_tags = run_module.build_codec, run_module.attach_training_tags
+
+    def build_codec(*args):
+        note(event="codec")
+        return original_codec(*args)
+
+    def attach_training_tags(*args):
+        note(event="tags")
+        return original_tags(*args)
+
+    run_module.build_codec, run_module.attach_training_tags = build_codec, attach_training_tags
+    run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
+
+
+def test_rank_zero_alone_prepares_the_data(tmp_path, data_dir):
+    """Two ranks: rank 0 alone builds the codec and tags the training data, the other receives
+    them, and the ranks train as one process does. Before, each rank built the codec and tagged
+    itself (two codec builds, two tagging passes)."""
+    import socket
+
+    common = ["train.max_epochs=1", "train.valid_bleu=true", "decode.batch_sentences=4", DROPOUT]  # 20 sentences, 5 batches
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "calls.jsonl"
+    torch.multiprocessing.spawn(_counting_rank, nprocs=2, join=True,
+                                args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), "train.accum_steps=1", *common))
+    calls = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [(c["rank"], c["event"]) for c in calls if c["event"] in ("codec", "tags")] == [(0, "codec"), (0, "tags")]
+    one = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=2", *common)
+    ddp = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    assert_same_weights(ddp["model"], one["model"])
+    for key in ("val_bleu", "val_chrf", "val_paper_bleu"):
+        assert ddp["trainer"]["history"][0].get(key) == one["trainer"]["history"][0].get(key), key
+    assert "val_bleu" in ddp["trainer"]["history"][0]
+
+
+def _failing_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
+    """One rank of ``test_a_failure_of_rank_zero_while_preparing_the_data_stops_every_rank``: rank 0's
+    preparation fails; each rank writes the error it stopped with to ``out``.RANK."""
+    from cometnmt.errors import DataError
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def failing(*args):
+        raise DataError("data/train.de:7: something rank 0 alone found")
+
+    run_module.training_examples = failing if rank == 0 else None  # rank 1 never prepares
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir)))
+    except DataError as exc:
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(str(exc))
+        return
+    raise AssertionError(f"rank {rank} did not stop")
+
+
+def test_a_failure_of_rank_zero_while_preparing_the_data_stops_every_rank(tmp_path, data_dir):
+    """Rank 0 fails while it alone prepares the data: it stops with its error, and rank 1, which
+    waits for the data, stops at once with rank 0's error (not waiting for data that never comes,
+    which gloo would give up on only after 30 minutes)."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "error"
+    context = torch.multiprocessing.spawn(_failing_rank_zero, nprocs=2, join=False,
+                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
+    deadline = time.monotonic() + 180  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
+    try:
+        while not context.join(timeout=5):
+            assert time.monotonic() < deadline, "a rank still waits"
+    finally:
+        for process in context.processes:
+            process.kill()
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == "data/train.de:7: something rank 0 alone found"
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
+        "rank 0 failed preparing the data: data/train.de:7: something rank 0 alone found")
 
 
 # every registered architecture but the Transformer of the tests above, at test size

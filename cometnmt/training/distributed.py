@@ -45,6 +45,16 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
+def broadcast_object(obj, info: DistInfo):
+    """Rank 0's ``obj`` (pickled) on every rank; the other ranks' ``obj`` is ignored. ``obj`` itself
+    in a single process."""
+    if not info.enabled:
+        return obj
+    box = [obj if info.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place; unchanged in a single process."""
     if info.enabled:

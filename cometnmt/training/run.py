@@ -9,16 +9,19 @@ import os
 import random
 import re
 import shlex
+from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from cometnmt import errors
 from cometnmt.atomic import make_folder, remove_stale_temporaries, same_file
 from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict,
                              unread_multi30k_dir, unused_model_keys, yaml_dump)
-from cometnmt.data.corpus import write_text_file
-from cometnmt.data.pipeline import TextCodec, build_codec, encode_pairs, read_split, unknown_share
+from cometnmt.data.corpus import ParallelCorpus, write_text_file
+from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag_record
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
@@ -27,7 +30,7 @@ from cometnmt.interrupts import deferred, ignored, raise_noted
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, weights_misfit
-from cometnmt.training.distributed import DistInfo, all_reduce_sum, init_from_env, shutdown
+from cometnmt.training.distributed import DistInfo, all_reduce_sum, broadcast_object, init_from_env, shutdown
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -331,6 +334,100 @@ def _log_failure(handler: logging.Handler, exc: Exception) -> None:
     handler.handle(record)
 
 
+@dataclass
+class PreparedData:
+    """What :func:`prepare_data` makes of a run's data: the corpora, their digests, the codec and
+    the encoded (and, for Transformer++, tagged) training and validation examples."""
+
+    train_corpus: ParallelCorpus
+    valid_corpus: ParallelCorpus
+    test_corpus: ParallelCorpus | None
+    digests: dict[str, str]
+    codec: TextCodec
+    train_data: Examples
+    valid_data: Examples
+    tags: dict[str, dict[str, str]]
+
+    def shareable(self) -> "PreparedData":
+        """A copy to pickle for the other ranks: the codec as its state (tokenizers hold spaCy or
+        SentencePiece objects), as a checkpoint keeps it."""
+        return dataclasses.replace(self, codec=self.codec.state_dict())
+
+    def received(self) -> "PreparedData":
+        """The copy :meth:`shareable` made, with its codec restored."""
+        return dataclasses.replace(self, codec=TextCodec.from_state(self.codec))
+
+
+def prepare_data(cfg: Config, payload: dict | None, source: dict | None, flags: bool) -> PreparedData:
+    """Read the splits, build the codec (or take ``source``'s: the checkpoint resumed or started
+    from), encode and tag the training split (:func:`training_examples`) and encode the validation
+    split; on a resume (``payload``), refuse changed data or tags."""
+    train_corpus = read_split(cfg.data, "train")
+    valid_corpus = read_split(cfg.data, "valid")
+    # the test pair is scored only after training (cometnmt evaluate --split test), but a missing
+    # file, a folder, a line-count mismatch, an empty line or an empty file there is known now
+    test_corpus = read_split(cfg.data, "test") if has_test_split(cfg.data) else None
+    if test_corpus is not None and not len(test_corpus):  # evaluate: "the reference set is empty", no file named
+        raise DataError(f"{test_corpus.src_path}: no test pairs (an empty file; evaluate --split test would have "
+                        "nothing to score)")
+    corpora = {"train": train_corpus, "valid": valid_corpus}
+    digests = {split: corpus_digest(c) for split, c in corpora.items()}
+    if payload is not None:
+        _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / "last.pt", flags)
+    codec = None if source is None else TextCodec.from_state(source["codec"])
+    codec, train_data = training_examples(cfg, train_corpus, codec)
+    tags = tag_record(train_data)
+    if payload is not None:
+        _check_same_tags(payload, tags, Path(cfg.train.save_dir) / "last.pt", flags)
+    valid_data = encode_pairs(codec, valid_corpus, None)
+    return PreparedData(train_corpus, valid_corpus, test_corpus, digests, codec, train_data, valid_data, tags)
+
+
+def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], PreparedData]) -> PreparedData:
+    """``prepare()`` on rank 0 alone under DDP; the other ranks wait and receive its result.
+
+    Every rank prepared the data itself before: N ranks built the codec N times (tokenised the
+    corpus, trained the SentencePiece models) and ran Transformer++'s tagger N times, racing to
+    write the same tag cache files. Now rank 0 prepares while the others wait in an all-reduce of
+    what happened: rank 0 adds 0 (done), 1 (interrupted) or ``world_size + 1`` (failed), and a rank
+    interrupted before it got here adds 1 from ``_SetUp.leave`` (the same all-reduce). All done:
+    rank 0 broadcasts the data. Rank 0 failed: it broadcasts its error, which every other rank
+    raises as its own ("rank 0 failed preparing the data: ..."), so none waits for data that will
+    never come. An interrupt anywhere: every rank stops with it, as ``_SetUp`` stops them. A
+    signal to a rank while it waits here is delivered after the exchange (it then leaves through
+    ``_SetUp.leave``, which meets the others at ``_SetUp.ready``)."""
+    if not dist.enabled:
+        return prepare()
+    prepared, error = None, None
+    if dist.is_main:
+        try:
+            prepared = prepare()
+        except BaseException as exc:  # an error or an interrupt: the other ranks learn of it below
+            error = exc
+    failure = dist.world_size + 1  # more than every rank's interrupt together
+    with deferred():  # signals while waiting or exchanging: delivered once every rank is past the exchange
+        code = 0 if error is None else 1 if isinstance(error, KeyboardInterrupt) else failure
+        total = int(all_reduce_sum(torch.tensor(float(code), device=setup.device), dist).item())
+        failed, interrupted = total >= failure, total % failure
+        if failed or interrupted:
+            setup.met = True  # the ranks met here; none meets the others again on its way out
+        if failed and not interrupted:
+            kind, message = broadcast_object(None if error is None else (type(error).__name__, str(error)), dist)
+        elif not failed and not interrupted:
+            shared = broadcast_object(prepared.shareable() if dist.is_main else None, dist)
+    if error is not None:
+        raise error
+    if interrupted:
+        log.warning("rank %d: another rank was interrupted while rank 0 prepared the data; every rank stops", dist.rank)
+        raise KeyboardInterrupt
+    if failed:
+        cls = getattr(errors, kind, None)
+        if isinstance(cls, type) and issubclass(cls, CometNMTError):
+            raise cls(f"rank 0 failed preparing the data: {message}")
+        raise RuntimeError(f"rank 0 failed preparing the data: {kind}: {message}")
+    return prepared if dist.is_main else shared.received()
+
+
 class _SetUp:
     """Under DDP, Ctrl-C or SIGTERM while the ranks set up (read the data, build the codec, tag,
     build the model, wrap it in DDP, load last.pt): every rank stops before training, together.
@@ -435,25 +532,12 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             log.warning("%s", unread)
         seed_everything(cfg.train.seed)
 
-        train_corpus = read_split(cfg.data, "train")
-        valid_corpus = read_split(cfg.data, "valid")
-        # the test pair is scored only after training (cometnmt evaluate --split test), but a missing
-        # file, a folder, a line-count mismatch, an empty line or an empty file there is known now
-        test_corpus = read_split(cfg.data, "test") if has_test_split(cfg.data) else None
-        if test_corpus is not None and not len(test_corpus):  # evaluate: "the reference set is empty", no file named
-            raise DataError(f"{test_corpus.src_path}: no test pairs (an empty file; evaluate --split test would have "
-                            "nothing to score)")
-        corpora = {"train": train_corpus, "valid": valid_corpus}
-        digests = {split: corpus_digest(c) for split, c in corpora.items()}
-        if payload is not None:
-            _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / "last.pt", flags)
         source = payload if payload is not None else init
-        codec = None if source is None else TextCodec.from_state(source["codec"])
-        codec, train_data = training_examples(cfg, train_corpus, codec)
-        tags = tag_record(train_data)
-        if payload is not None:
-            _check_same_tags(payload, tags, Path(cfg.train.save_dir) / "last.pt", flags)
-        valid_data = encode_pairs(codec, valid_corpus, None)
+        # under DDP rank 0 alone reads, builds the codec and tags; the others receive the result
+        prepared = _prepare_once(dist, setup, lambda: prepare_data(cfg, payload, source, flags))
+        train_corpus, valid_corpus, test_corpus = prepared.train_corpus, prepared.valid_corpus, prepared.test_corpus
+        digests, codec, train_data, valid_data, tags = (prepared.digests, prepared.codec, prepared.train_data,
+                                                        prepared.valid_data, prepared.tags)
         log.info("data: %d training pairs, %d validation pairs", len(train_data), len(valid_data))
         log.info("tokens %s vocabularies lack (<unk>): training %.2f%% of source, %.2f%% of target; validation %.2f%%, "
                  "%.2f%%", "the checkpoint's" if source is not None else "the", *(100 * unknown_share(ids) for ids in (
