@@ -373,7 +373,7 @@ class Translator:
                               f"tokenizer is {' and '.join(sorted(kinds))}")
 
     def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool | tqdm = False, *,
-                      start: int = 0) -> list[list[Translation]]:
+                      start: int = 0, shard: tuple[int, int] = (0, 1)) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order. ``start``: the place
         of ``src_ids[0]`` in a longer input, which keys sampling's random numbers (line i's
         stream is (seed, i)). ``progress``: True shows a bar of its own; a bar (tqdm) is advanced
@@ -381,7 +381,9 @@ class Translator:
         The search is read as :meth:`translate` reads it (greedy search of ``nbest`` above 1 is a
         beam search): taken as it stood, a checkpoint of decode.nbest 3 gave
         one greedy hypothesis here and three of a beam from translate, and ``attention`` without
-        targets attended the greedy one."""
+        targets attended the greedy one. ``shard`` (k, n): decode only the k-th of every n batches
+        (a DDP rank's share of validation); the other sentences get no translation (``[]``). Each
+        batch holds the sentences it holds unsharded, so a sentence's translation is the same."""
         decode_cfg = decode_config(decode_cfg or self.cfg.decode, flags=False)
         self._check_positions(src_ids, "input", "source", 0)
         out: list[list[Translation]] = [[] for _ in src_ids]
@@ -390,7 +392,10 @@ class Translator:
         bar = progress_bar(total=len(src_ids), desc="translate", unit="sent", disable=not progress,
                            leave=False) if own else progress
         self.model.eval()
-        for idx in self._batches(src_ids, decode_cfg.batch_sentences):
+        for b, idx in enumerate(self._batches(src_ids, decode_cfg.batch_sentences)):
+            if b % shard[1] != shard[0]:
+                bar.update(len(idx))
+                continue
             batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
             results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
                              src_specials=2 if self.codec.src_sos_eos else 0, seed=seed,

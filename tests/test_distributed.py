@@ -321,16 +321,19 @@ def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_d
 
 
 def _counting_rank(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, *extra: str) -> None:
-    """One rank of ``test_rank_zero_alone_prepares_the_data``: the CLI's training under torchrun's
-    environment; every codec build and tagging pass is appended to ``out`` as a JSON line."""
+    """One rank of ``test_rank_zero_alone_prepares_the_data_and_the_ranks_share_validation``: the
+    CLI's training under torchrun's environment; every codec build, tagging pass and validation
+    decoding is appended to ``out`` as a JSON line, and rank 0's scored hypotheses too."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+    from cometnmt.training import trainer as trainer_module
 
     def note(**record) -> None:
         with open(out, "a", encoding="utf-8") as f:
             f.write(json.dumps({"rank": rank, **record}) + "\n")
 
     original_codec, original_tags = run_module.build_codec, run_module.attach_training_tags
+    original_scores, original_translate = trainer_module.corpus_scores, trainer_module.Translator.translate_ids
 
     def build_codec(*args):
         note(event="codec")
@@ -340,14 +343,26 @@ def _counting_rank(rank: int, world: int, port: int, data_dir: str, save_dir: st
         note(event="tags")
         return original_tags(*args)
 
+    def corpus_scores(hyps, refs, **kwargs):
+        note(event="scored", hyps=hyps)
+        return original_scores(hyps, refs, **kwargs)
+
+    def translate_ids(self, src_ids, *args, **kwargs):
+        found = original_translate(self, src_ids, *args, **kwargs)
+        note(event="decoded", sentences=sum(1 for h in found if h), of=len(src_ids))
+        return found
+
     run_module.build_codec, run_module.attach_training_tags = build_codec, attach_training_tags
+    trainer_module.corpus_scores, trainer_module.Translator.translate_ids = corpus_scores, translate_ids
     run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
 
 
-def test_rank_zero_alone_prepares_the_data(tmp_path, data_dir):
-    """Two ranks: rank 0 alone builds the codec and tags the training data, the other receives
-    them, and the ranks train as one process does. Before, each rank built the codec and tagged
-    itself (two codec builds, two tagging passes)."""
+def test_rank_zero_alone_prepares_the_data_and_the_ranks_share_validation(tmp_path, data_dir, monkeypatch):
+    """Two ranks: rank 0 alone builds the codec and tags the training data (the other receives
+    them), each rank decodes its share of the validation batches, and rank 0 scores the gathered
+    translations: the same hypotheses, in the same order, and the same BLEU as one process's, and
+    the same weights. Before, each rank built the codec, tagged and decoded the whole validation
+    set itself (two codec builds, two tagging passes, two full decodings)."""
     import socket
 
     common = ["train.max_epochs=1", "train.valid_bleu=true", "decode.batch_sentences=4", DROPOUT]  # 20 sentences, 5 batches
@@ -359,7 +374,19 @@ def test_rank_zero_alone_prepares_the_data(tmp_path, data_dir):
                                 args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), "train.accum_steps=1", *common))
     calls = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [(c["rank"], c["event"]) for c in calls if c["event"] in ("codec", "tags")] == [(0, "codec"), (0, "tags")]
+    decoded = {c["rank"]: c for c in calls if c["event"] == "decoded"}
+    assert decoded.keys() == {0, 1} and decoded[0]["of"] == decoded[1]["of"] == 20
+    assert decoded[0]["sentences"] + decoded[1]["sentences"] == 20 and 0 < decoded[1]["sentences"] < 20
+    scored = [c for c in calls if c["event"] == "scored"]
+    assert [c["rank"] for c in scored] == [0]  # rank 0 scores, once
+
+    from cometnmt.training import trainer as trainer_module
+
+    one_hyps = []
+    original_scores = trainer_module.corpus_scores
+    monkeypatch.setattr(trainer_module, "corpus_scores", lambda hyps, refs, **kw: one_hyps.append(hyps) or original_scores(hyps, refs, **kw))
     one = train_in_process(data_dir, tmp_path / "one", "train.accum_steps=2", *common)
+    assert scored[0]["hyps"] == one_hyps[0]
     ddp = load_checkpoint(tmp_path / "ddp" / "last.pt")
     assert_same_weights(ddp["model"], one["model"])
     for key in ("val_bleu", "val_chrf", "val_paper_bleu"):

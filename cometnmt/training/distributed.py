@@ -55,6 +55,15 @@ def broadcast_object(obj, info: DistInfo):
     return box[0]
 
 
+def all_gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's ``obj`` (pickled), in rank order; ``[obj]`` in a single process."""
+    if not info.enabled:
+        return [obj]
+    out: list = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place; unchanged in a single process."""
     if info.enabled:

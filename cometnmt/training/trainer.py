@@ -49,7 +49,8 @@ from cometnmt.interrupts import deferred, first_raises, ignored, raise_noted
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint
-from cometnmt.training.distributed import DistInfo, SyncedRunningStatistics, all_reduce_sum, ddp_buffer_sync
+from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_gather_objects, all_reduce_sum,
+                                          broadcast_object, ddp_buffer_sync)
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
@@ -807,9 +808,22 @@ class Trainer:
         return Translator(self.model, self.codec, dataclasses.replace(self.cfg, decode=greedy), self.device)
 
     def validation_bleu(self) -> dict:
+        """Greedy translations of the validation sources and their scores. Under DDP each rank
+        decodes every world_size-th of the batches one process decodes (the same batches, so the
+        same translations; every rank decoded them all before), the ranks gather them in input
+        order and rank 0 scores them and sends the scores to the others, so every rank takes the
+        same stopping and best-checkpoint decisions."""
         d = self.valid_data
         n = len(d) if self.tc.valid_bleu_max_sentences is None else min(len(d), self.tc.valid_bleu_max_sentences)
-        hyps = [h[0].text for h in self._greedy_translator().translate_ids(d.src_ids[:n])]
+        found = self._greedy_translator().translate_ids(d.src_ids[:n], shard=(self.dist.rank, self.dist.world_size))
+        gathered: dict[int, str] = {}
+        for part in all_gather_objects({i: h[0].text for i, h in enumerate(found) if h}, self.dist):
+            gathered.update(part)
+        hyps = [gathered[i] for i in range(n)]
+        return broadcast_object(self._validation_scores(hyps, n) if self.dist.is_main else None, self.dist)
+
+    def _validation_scores(self, hyps: list[str], n: int) -> dict:
+        d = self.valid_data
         scores = corpus_scores(hyps, d.tgt_text[:n], lowercase=self.cfg.data.lowercase)  # a lowercased model: lowercased refs
         out = {"val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
                "val_bleu_sentences": n}  # train.valid_bleu_max_sentences may cut the set
