@@ -28,7 +28,7 @@ from cometnmt.data.vocab import PAD
 from cometnmt.models import build_model
 from cometnmt.training import run as run_module
 from cometnmt.training.checkpoint import load_checkpoint
-from cometnmt.training.distributed import DistInfo
+from cometnmt.training.distributed import DistInfo, any_rank
 from cometnmt.training.trainer import Trainer
 
 from conftest import REPO
@@ -250,6 +250,34 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_step(tmp_path, data_dir, w
         assert saved["step"] == 2 and saved["trainer"]["consumed"] == 4 and saved["trainer"]["window"] is not None
     else:  # the epoch (its 5 steps) done, with its validation
         assert saved["step"] == 5 and saved["epoch"] == 1 and len(saved["trainer"]["history"]) == 1
+
+
+def _any_rank_answers(rank: int, world: int, port: int, flags: list[list[bool]], answers) -> None:
+    """One rank of ``test_any_rank_is_true_where_one_rank_is``: asks :func:`any_rank` once per row
+    of ``flags`` (its own column) and puts its answers in the queue."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        answers.put((rank, [any_rank(row[rank], DistInfo(rank, world, rank)) for row in flags]))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_any_rank_is_true_where_one_rank_is():
+    """The one "has any rank been interrupted?" all-reduce (the trainer's and the set-up's): every
+    rank gets the same answer, true where at least one rank's flag is; in a single process (one
+    rank, or no process group) the answer is the flag itself."""
+    import socket
+
+    assert any_rank(True, None) and not any_rank(False, None)
+    assert any_rank(True, DistInfo()) and not any_rank(False, DistInfo())
+    flags = [[False, False], [True, False], [False, True], [True, True]]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    answers = torch.multiprocessing.get_context("spawn").SimpleQueue()
+    torch.multiprocessing.spawn(_any_rank_answers, nprocs=2, join=True, args=(2, port, flags, answers))
+    got = dict(answers.get() for _ in range(2))
+    assert got == {0: [False, True, True, True], 1: [False, True, True, True]}
 
 
 def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str) -> None:

@@ -71,6 +71,15 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool, info: DistInfo | None, device: torch.device | str = "cpu") -> bool:
+    """Whether ``flag`` holds on any rank (an interrupt one of them noted, say): an all-reduce of a
+    0-dim 1 or 0 made on ``device`` (the process group's: a CUDA device under NCCL). Every rank must
+    call it at the same point. In a single process (``info`` None or one rank) it is ``flag``."""
+    if info is None or not info.enabled:
+        return flag
+    return bool(all_reduce_sum((torch.ones if flag else torch.zeros)((), device=device), info) > 0)
+
+
 class SyncedRunningStatistics:
     """Running statistics of training batches (COMET's batch norm) that are the same on every rank
     and equal those of one process training the step's micro-batches in turn.

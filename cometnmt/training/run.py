@@ -30,7 +30,7 @@ from cometnmt.interrupts import deferred, ignored, raise_noted
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, weights_misfit
-from cometnmt.training.distributed import DistInfo, all_reduce_sum, broadcast_object, init_from_env, shutdown
+from cometnmt.training.distributed import DistInfo, all_reduce_sum, any_rank, broadcast_object, init_from_env, shutdown
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -462,7 +462,7 @@ class _SetUp:
         """An interrupt on its way out of ``train`` before :meth:`ready`: tell the others there."""
         if not self.met:
             self.met = True
-            all_reduce_sum(torch.ones((), device=self.device), self.dist)
+            any_rank(True, self.dist, self.device)
 
     def done(self) -> None:
         if self.dist.enabled:
@@ -473,7 +473,7 @@ class _SetUp:
 
     def _agree(self, last: bool) -> None:
         mine = [signum for signum in self.noted if signum not in self.skip]
-        anyone = all_reduce_sum((torch.ones if mine else torch.zeros)((), device=self.device), self.dist) > 0
+        anyone = any_rank(bool(mine), self.dist, self.device)
         if anyone or last:
             self.close()  # the signals are handled as before again: the trainer's loop notes them itself
         if anyone:

@@ -50,7 +50,7 @@ from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint
 from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_gather_objects, all_reduce_sum,
-                                          broadcast_object, ddp_buffer_sync)
+                                          any_rank, broadcast_object, ddp_buffer_sync)
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
@@ -563,15 +563,16 @@ class Trainer:
         return any(signum not in self._ignored for signum in (*self._pending, *noted))
 
     def _interrupt_flag(self, noted: list[int] = ()) -> torch.Tensor:
-        """:meth:`_interrupted` as a 0-dim 1 or 0 on the device, for the all-reduce whose sum says
-        whether any rank holds one (made on the device: no host-to-device copy in the step)."""
+        """:meth:`_interrupted` as a 0-dim 1 or 0 on the device, for the step's all-reduce of its losses,
+        whose sum then says whether any rank holds one (made on the device: no host-to-device copy in
+        the step); outside a step, :func:`any_rank` asks it alone."""
         return (torch.ones if self._interrupted(noted) else torch.zeros)((), device=self.device)
 
     def _stop_together(self) -> None:
         """Under DDP, after a validation (no collective inside, so a signal there is only noted) and
         at the run's end: stop every rank if one of them holds an interrupt (see ``fit``)."""
         if self.dist.enabled:
-            if all_reduce_sum(self._interrupt_flag(), self.dist) > 0:
+            if any_rank(self._interrupted(), self.dist, self.device):
                 raise _RanksStop
 
     def _save_interrupted(self, later: list[int]) -> None:
