@@ -87,6 +87,20 @@ CPU_SDPA_FLOPS = {
 # -- command line ------------------------------------------------------------------------------
 
 
+def check_step_counts(p: argparse.ArgumentParser, args: argparse.Namespace, steps_are: str | None = None) -> None:
+    """Refuse, as ``p`` refuses a bad value (usage and message on stderr, exit 2), a ``--steps`` below 1
+    and a ``--warmup`` below 0 (where the script has one). ``steps_are``: what the steps are, said in
+    the message. --steps 0 ran the untimed work, then stopped on the time of no steps (bench.py: a
+    ZeroDivisionError, seconds / steps; bench_transformer_pp.py: the median of no step times;
+    profile_step.py: the time divided by 0 steps) and wrote no JSON; a negative --warmup took the last
+    steps of the list for warm-up ones. The benchmark scripts import it from here, as count_ops.py
+    imports OpCounter (bench/ is no package)."""
+    if args.steps < 1:
+        p.error(f"--steps {args.steps} must be at least 1" + (f" ({steps_are})" if steps_are else ""))
+    if getattr(args, "warmup", 0) < 0:
+        p.error(f"--warmup {args.warmup} must be at least 0")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["transformer", "comet"], help="presets in configs/multi30k (default: transformer comet)")
@@ -121,12 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="JSON results (default bench/results/cpu.json or gpu.json)")
     args = p.parse_args(argv)
-    # --steps 0 trained and decoded nothing timed, then stopped with a ZeroDivisionError (seconds / steps)
-    # and wrote no JSON; a negative --warmup took the last steps of the list for warm-up ones
-    if args.steps < 1:
-        p.error(f"--steps {args.steps} must be at least 1 (the timed training steps per model)")
-    if args.warmup < 0:
-        p.error(f"--warmup {args.warmup} must be at least 0")
+    check_step_counts(p, args, "the timed training steps per model")
     # checked here, before anything trains: the rounds run after the per-model runs, and a refusal there
     # lost their results (``--gpu --steps 4`` trained both models, then stopped with "--rounds 8 exceeds
     # --steps 4", a flag nobody had given, and wrote no JSON)

@@ -38,6 +38,9 @@ from cometnmt.models import build_model
 from cometnmt.training.run import training_examples
 from cometnmt.training.trainer import Trainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import check_step_counts  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -63,10 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "runs the timed batches twice where graphs are replayed (a shape's second call records)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    if args.steps < 1:  # 0 ran the warm-up steps, then stopped on the median of no step times (StatisticsError)
-        p.error(f"--steps {args.steps} must be at least 1 (the timed steps per model)")
-    if args.warmup < 0:
-        p.error(f"--warmup {args.warmup} must be at least 0")
+    check_step_counts(p, args, "the timed steps per model")
     return args
 
 

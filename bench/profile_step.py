@@ -22,6 +22,9 @@ sys.path.insert(0, str(REPO))
 from cometnmt.config import load_config  # noqa: E402
 from cometnmt.models import build_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import check_step_counts  # noqa: E402
+
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,8 +41,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (after 3 untimed)")
     p.add_argument("--rows", type=int, default=22, help="operators listed")
     args = p.parse_args(argv)
-    if args.steps < 1:  # 0 profiled nothing, then divided the time by 0 steps
-        p.error(f"--steps {args.steps} must be at least 1")
+    check_step_counts(p, args)
     if args.fallback_random:
         import torch._inductor.config as inductor_config
 
