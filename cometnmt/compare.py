@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, fmt, fmt_p, how_it_ended, keep_hypotheses, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,6 @@ def build_report(args, names: list[str], records: list[dict], missing: list[str]
     _curves(out, names, records)
     # whole or not at all (write_text_file): a report cut short by a kill or a full disk was kept by
     # the next call that finished nothing
-    keep_hypotheses(out, records)
     write_text_file(out / "report.json", json.dumps(report, indent=1, default=str))
     write_text_file(out / "report.md", _markdown(report))
     return report

@@ -194,8 +194,9 @@ def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: st
 def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
                    report: Callable[[list[dict], list[str], float], object]) -> int:
     """The body of `reproduce` and `compare`: train and evaluate ``specs`` (unless
-    ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones; a
-    call that finished no run where OUT already holds a report keeps that report.
+    ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones, their
+    hypotheses copied beside it first (:func:`keep_hypotheses`); a call that finished no run where
+    OUT already holds a report keeps that report.
     Returns 1 when a run failed (the others still ran and are reported), else 0; runs left
     unfinished by the deadline are not failures (they are listed as missing and resume later)."""
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -214,6 +215,7 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
         log.warning("no run finished in this call; %s is left as it was (--report-only rewrites it)",
                     Path(args.out) / "report.md")
     else:
+        keep_hypotheses(Path(args.out), records)  # before the report: one written has them beside it
         report(records, missing, time.time() - start)
         print(f"report written to {Path(args.out) / 'report.md'}")
     if failed:
@@ -381,7 +383,8 @@ def keep_hypotheses(out: Path, records: list[dict]) -> None:
     (``runs/``, checkpoints and all) are too big to commit, and the paper's-metric numbers of the
     reports written before this could not be recomputed after the metric's ``<unk>`` fix. A run
     whose folder is gone (merged from an earlier report written to the same folder) keeps the copy
-    that report made; one merged from another folder's report has its copy there."""
+    that report made; one merged from another folder's report has its copy there. Called by
+    :func:`run_and_report` for every command that writes a report, --report-only included."""
     for rec in records:
         run = run_dir(out, rec["row"], rec["seed"])
         for split in ("valid", "test"):

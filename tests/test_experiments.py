@@ -104,6 +104,29 @@ def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path):
     assert calls[-1] == ([{"row": "comet", "seed": 1}], [])  # --report-only always rewrites
 
 
+def test_every_report_has_its_runs_hypotheses_beside_it(tmp_path):
+    """run_and_report copies each finished run's valid.hyp and test.hyp to OUT/hypotheses/NAME/seedS
+    before it calls the command's report, --report-only included: reproduce and compare each called
+    keep_hypotheses in their own report, which a third command could forget. Byte for byte (a
+    hypothesis may hold a "\\r"); a run not finished has none copied."""
+    out = tmp_path / "report"
+    specs = [RunSpec(name, Path("configs/multi30k/comet.yaml"), 1, out / "runs" / name / "seed1") for name in ("a", "b")]
+    specs[0].run_dir.mkdir(parents=True)
+    (specs[0].run_dir / "done.json").write_text(json.dumps({"row": "a", "seed": 1}))
+    for split in ("valid", "test"):
+        (specs[0].run_dir / f"{split}.hyp").write_bytes(f"{split} one\r two\n".encode())
+    seen = []
+
+    def report(records, missing, seconds):
+        seen.append(sorted(str(p.relative_to(out)) for p in (out / "hypotheses").rglob("*.hyp")))
+        assert missing == ["b seed 1"]
+
+    for report_only in (True, False):  # deadline 0: b does not start
+        run_and_report(_args(out, report_only), specs, lambda run: {}, report)
+    assert seen == [["hypotheses/a/seed1/test.hyp", "hypotheses/a/seed1/valid.hyp"]] * 2
+    assert (out / "hypotheses" / "a" / "seed1" / "test.hyp").read_bytes() == b"test one\r two\n"
+
+
 def test_a_run_finished_at_the_deadline_is_evaluated_on_the_next_call(tmp_path, monkeypatch):
     """Decoding a run's splits can take as long as training it on a CPU: a run whose training ends
     past --deadline is left for the next call to evaluate (before, the call overran by that much)."""
