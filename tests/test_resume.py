@@ -389,6 +389,25 @@ def test_temporary_files_of_killed_writes_are_removed_at_the_next_start_but_not_
     assert (run_dir / "epoch099.pt").read_bytes() == b"x" * 1000 and not writing.exists()  # its write went through
 
 
+def test_the_files_a_run_writes_are_those_whose_temporaries_a_restart_removes(tmp_path, data_dir):
+    """The names of the files the training writes through atomic_write (checkpoints, metrics.jsonl,
+    config.yaml) were restated as a regex in run.py, beside the literals that wrote them: a file
+    renamed in one place kept its killed writes' temporary files for ever. They are now the trainer's
+    and checkpoint module's own names: every file a run folder holds (but train.log, a log handler's)
+    is one, the epochs' names among them as epoch_checkpoints reads them; others' files are not."""
+    from cometnmt.training.checkpoint import EPOCH_CHECKPOINT, epoch_checkpoint_name
+
+    run_dir = tmp_path / "run"
+    run_module.train(tiny_train_cfg(run_dir, data_dir, "train.keep_checkpoints=1"))
+    written = {p.name for p in run_dir.iterdir()} - {"train.log"}
+    assert written == {"last.pt", "best.pt", "epoch001.pt", "metrics.jsonl", "config.yaml"}
+    assert all(run_module._is_run_file(name) for name in written)
+    assert not any(run_module._is_run_file(name) for name in ("train.log", "test.hyp", "done.json", "avg.pt",
+                                                                "epoch_avg.pt", "last.pt.bak", "epoch1.ptx"))
+    for epoch in (1, 99, 999, 1000):
+        assert int(EPOCH_CHECKPOINT.fullmatch(epoch_checkpoint_name(epoch)).group(1)) == epoch
+
+
 def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_path, data_dir, monkeypatch):
     """Ctrl-C while best.pt was written at an epoch's end: last.pt already said that epoch was
     the best, but best.pt was never written (the run resumed without it). Now the epoch's

@@ -17,6 +17,17 @@ from cometnmt.errors import CheckpointError, ConfigError
 
 FORMAT_VERSION = 1
 
+# a run folder's checkpoints, as the trainer names them (the run's other files are named in
+# trainer.METRICS_FILE and run.CONFIG_FILE)
+LAST_CHECKPOINT = "last.pt"  # the run's latest state: each epoch's end, train.save_every, max_steps, an interrupt
+BEST_CHECKPOINT = "best.pt"  # the best validation under the stopping rule's measure
+EPOCH_CHECKPOINT = re.compile(r"epoch(\d+)\.pt")  # epoch_checkpoint_name's names (train.keep_checkpoints)
+
+
+def epoch_checkpoint_name(epoch: int) -> str:
+    """The name of epoch ``epoch``'s checkpoint: epoch001.pt, ..., epoch1000.pt (EPOCH_CHECKPOINT's)."""
+    return f"epoch{epoch:03d}.pt"
+
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
     with atomic_write(path, "wb") as f:
@@ -63,14 +74,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return payload
 
 
-_EPOCH_FILE = re.compile(r"epoch(\d+)\.pt")  # the trainer's f"epoch{epoch:03d}.pt"
-
-
 def epoch_checkpoints(folder: str | Path) -> list[Path]:
     """A run folder's epoch checkpoints, oldest first: by epoch number, as epoch999.pt comes
     before epoch1000.pt (sorted by name, epoch1000.pt came first, and the last N were not the
     newest N); names the trainer does not write (``epoch_avg.pt``) are not its epochs."""
-    found = [(int(m.group(1)), p) for p in Path(folder).glob("epoch*.pt") if (m := _EPOCH_FILE.fullmatch(p.name))]
+    found = [(int(m.group(1)), p) for p in Path(folder).glob("epoch*.pt") if (m := EPOCH_CHECKPOINT.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
 
 

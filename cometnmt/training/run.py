@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 import random
-import re
 import shlex
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
@@ -29,9 +28,10 @@ from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.interrupts import deferred, ignored, raise_noted
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
-from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, weights_misfit
+from cometnmt.training.checkpoint import (BEST_CHECKPOINT, EPOCH_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoints,
+                                         load_checkpoint, weights_misfit)
 from cometnmt.training.distributed import DistInfo, all_reduce_sum, any_rank, broadcast_object, init_from_env, shutdown
-from cometnmt.training.trainer import Trainer
+from cometnmt.training.trainer import METRICS_FILE, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +147,14 @@ def _resume_alternatives(last: Path, flags: bool) -> str:
             "trained again)")
 
 
-# the files the trainer writes in a run folder through atomic_write (temporary files of others,
-# reproduce's test.hyp say, are not the training's to remove)
-_RUN_FILE = re.compile(r"last\.pt|best\.pt|epoch\d+\.pt|metrics\.jsonl|config\.yaml")
+CONFIG_FILE = "config.yaml"  # the run's config, written by train() as the run starts
+
+
+def _is_run_file(name: str) -> bool:
+    """Whether ``name`` is one of the files the training writes in a run folder through atomic_write
+    (temporary files of others, reproduce's test.hyp say, are not the training's to remove), by
+    the names the trainer and checkpoint module write them under: a renamed file is not missed."""
+    return name in (LAST_CHECKPOINT, BEST_CHECKPOINT, METRICS_FILE, CONFIG_FILE) or bool(EPOCH_CHECKPOINT.fullmatch(name))
 
 
 def _remove_stale_temporaries(save_dir: Path) -> None:
@@ -157,7 +162,7 @@ def _remove_stale_temporaries(save_dir: Path) -> None:
     logs that a process killed inside their write left in ``save_dir`` (one per kill, each as large
     as a checkpoint), not those another live process holds (see
     :func:`cometnmt.atomic.remove_stale_temporaries`)."""
-    found = remove_stale_temporaries(save_dir, lambda name: bool(_RUN_FILE.fullmatch(name)))
+    found = remove_stale_temporaries(save_dir, _is_run_file)
     if found["removed"]:
         log.info("%s: removed %d temporary file(s) a killed run left: %s", save_dir, len(found["removed"]),
                  ", ".join(p.name for p in found["removed"]))
@@ -573,7 +578,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             else:
                 log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
         if dist.is_main and not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
-            write_text_file(Path(cfg.train.save_dir) / "config.yaml", yaml_dump(to_dict(cfg)))
+            write_text_file(Path(cfg.train.save_dir) / CONFIG_FILE, yaml_dump(to_dict(cfg)))
         setup.done()
         summary = trainer.fit()
         clean = True

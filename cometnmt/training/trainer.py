@@ -48,7 +48,8 @@ from cometnmt.inference import Translator
 from cometnmt.interrupts import deferred, first_raises, ignored, raise_noted
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
-from cometnmt.training.checkpoint import epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint
+from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoint_name, epoch_checkpoints,
+                                         load_checkpoint, load_weights, save_checkpoint)
 from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_gather_objects, all_reduce_sum,
                                           any_rank, broadcast_object, ddp_buffer_sync)
 from cometnmt.training.host_memory import keep_freed_memory
@@ -63,6 +64,7 @@ class _RanksStop(Exception):
 
 
 STOPPING_KEYS = ("stopping", "loss_rise_epochs", "patience")  # the train keys of the stopping rule
+METRICS_FILE = "metrics.jsonl"  # the run folder's log of train and valid records, one JSON object a line
 
 
 def compile_module(module: torch.nn.Module, mode: str) -> torch.nn.Module:
@@ -276,14 +278,14 @@ class Trainer:
         "best-validation-BLEU checkpoint" that reports decoded. Where that epoch's checkpoint
         (``train.keep_checkpoints``) is still there it is copied to best.pt; else a warning says
         so, and ``best_behind`` (in last.pt, for the reports) notes it until best.pt is next saved."""
-        path = self.save_dir / "best.pt"
+        path = self.save_dir / BEST_CHECKPOINT
         if best is None or not path.is_file():
             return
         held = load_checkpoint(path, mmap=True)["step"]  # the steps: the weights are not read
         if held == best["step"]:
             self.best_behind = None
             return
-        kept = self.save_dir / f"epoch{best['epoch']:03d}.pt"
+        kept = self.save_dir / epoch_checkpoint_name(best["epoch"])
         if best["event"] == "valid" and kept.is_file() and load_checkpoint(kept, mmap=True)["step"] == best["step"]:
             if self.dist.is_main:
                 with deferred():
@@ -341,7 +343,7 @@ class Trainer:
         a run killed without saving (``kill -9``, a lost machine) logged after its last ``save_every``
         or epoch checkpoint. The resume trains those steps again and logs them anew; before, their
         records stood twice (step 3, 3, 4, ...), and learning curves drawn from the log doubled back."""
-        path = self.save_dir / "metrics.jsonl"
+        path = self.save_dir / METRICS_FILE
         if not self.dist.is_main or not path.exists():
             return
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -369,7 +371,7 @@ class Trainer:
 
     def log_metrics(self, record: dict) -> None:
         if self.dist.is_main:
-            with open(self.save_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            with open(self.save_dir / METRICS_FILE, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
     # -- batches -------------------------------------------------------------------------------
@@ -553,7 +555,7 @@ class Trainer:
                     raise KeyboardInterrupt
             except KeyboardInterrupt:
                 log.warning("interrupted at step %d; %s %s", self.step, "saving" if self.dist.is_main else
-                            f"rank {self.dist.rank} stops, rank 0 saves", self.save_dir / "last.pt")
+                            f"rank {self.dist.rank} stops, rank 0 saves", self.save_dir / LAST_CHECKPOINT)
                 self._save_interrupted(later)
                 raise
         return self.summary()
@@ -582,9 +584,9 @@ class Trainer:
         the signals :func:`first_raises` noted after the first."""
         with deferred(redeliver=False) as noted:
             if self.dist.is_main:
-                save_checkpoint(self.state_dict(), self.save_dir / "last.pt")
+                save_checkpoint(self.state_dict(), self.save_dir / LAST_CHECKPOINT)
         if noted or later:
-            log.warning("a further interrupt arrived while %s was saved; ignored", self.save_dir / "last.pt")
+            log.warning("a further interrupt arrived while %s was saved; ignored", self.save_dir / LAST_CHECKPOINT)
 
     def batch_shapes(self, batches: list[list[int]]) -> set[tuple[int, int, int]]:
         """The distinct (sentences, longest source, longest target) of ``batches``: one per tensor shape."""
@@ -673,7 +675,7 @@ class Trainer:
                 raise _RanksStop
             if self.tc.save_every and self.step % self.tc.save_every == 0:
                 saving = time.perf_counter()
-                self.save("last.pt")
+                self.save(LAST_CHECKPOINT)
                 self.window_start += time.perf_counter() - saving  # the write is not training: keep it out of tokens/s
         bar.close()
         return True
@@ -693,11 +695,11 @@ class Trainer:
             self.log_metrics(metrics)
             improved = self.update_stopping(metrics)
             self.best_behind = None if improved else self.best_behind  # best.pt is saved below
-            self.save("last.pt")
+            self.save(LAST_CHECKPOINT)
             if improved:
-                self.save("best.pt")
+                self.save(BEST_CHECKPOINT)
             if self.tc.keep_checkpoints:
-                self.save(f"epoch{self.epoch:03d}.pt")
+                self.save(epoch_checkpoint_name(self.epoch))
                 # every older one, not just the one N epochs back: a resume with a smaller N left
                 # the epochs between behind
                 if self.dist.is_main:
@@ -728,13 +730,13 @@ class Trainer:
                 self.log_metrics(metrics)
                 improved = self._update_best(metrics)
                 self.best_behind = None if improved else self.best_behind  # best.pt is saved below
-                self.save("last.pt")
+                self.save(LAST_CHECKPOINT)
                 if improved:
-                    self.save("best.pt")
+                    self.save(BEST_CHECKPOINT)
             log.info("max_steps %d reached inside epoch %d: val loss %.4f/token%s", self.step, self.epoch + 1,
                      metrics["val_loss"], f", val BLEU {metrics['val_bleu']:.2f}" if "val_bleu" in metrics else "")
         else:
-            self.save("last.pt")
+            self.save(LAST_CHECKPOINT)
 
     def improves(self, m: dict) -> bool:
         """Whether validation metrics ``m`` beat the best so far (BLEU under bleu_patience, else the loss)."""
