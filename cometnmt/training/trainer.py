@@ -571,7 +571,8 @@ class Trainer:
         return (torch.ones if self._interrupted(noted) else torch.zeros)((), device=self.device)
 
     def _stop_together(self) -> None:
-        """Under DDP, after a validation (no collective inside, so a signal there is only noted) and
+        """Under DDP, after a validation (a signal there is only noted, so every rank goes through its
+        collectives: the gather of the ranks' translations and the broadcast of rank 0's scores) and
         at the run's end: stop every rank if one of them holds an interrupt (see ``fit``)."""
         if self.dist.enabled:
             if any_rank(self._interrupted(), self.dist, self.device):
