@@ -278,8 +278,9 @@ _SPACES = re.compile(" {2,}")
 def _check_sentences(texts: list) -> list[str]:
     """Each item one sentence: a string, without a newline, encodable as UTF-8 (no lone
     surrogates, which JSON and Python strings can carry). A carriage return inside a sentence is
-    text, as in training (files are split on newlines only; spaCy takes it as a space, SentencePiece,
-    trained on the text as it is, as a character: <unk> where its training text had none).
+    text, as in training (files are split on newlines only; spaCy and SentencePiece take it as a space,
+    as any whitespace character; a SentencePiece model trained before they did keeps it as a character,
+    <unk> where its training text had none).
     Returns the sentences without the byte order marks (U+FEFF) that open one, as the file readers
     drop them (``decode_lines``): a first line read with ``open(path, encoding="utf-8")`` keeps its
     mark, which made its first word another, unknown one (U+FEFF "Ein", not "Ein")."""

@@ -29,7 +29,7 @@ from cometnmt.data import (
     read_parallel,
     tokenizer_from_state,
 )
-from cometnmt.data.tokenizers import metric_tokenizer
+from cometnmt.data.tokenizers import OTHER_SPACES, metric_tokenizer
 from cometnmt.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -324,6 +324,32 @@ def test_sentencepiece_train_roundtrip_and_state(train_pairs: tuple[list[str], l
     assert restored.tokenize(texts[0]) == tok.tokenize(texts[0])
     bpe = build_tokenizer("sentencepiece", "en", texts, lowercase=True, sp_vocab_size=500, sp_model_type="bpe")
     assert bpe.detokenize(bpe.tokenize("A Dog runs.")) == "a dog runs."
+
+
+def test_sentencepiece_reads_every_whitespace_as_a_space_as_spacy_does(train_pairs: tuple[list[str], list[str]]) -> None:
+    """spaCy takes a tab, a carriage return inside a line or a no-break space as a space;
+    SentencePiece (identity normalization) kept each as a character, in training and tokenising:
+    a tab in the training text became a piece, and cut the word after it into pieces without
+    their word-start mark ("▁Zwei", "\t", "j", "ung", "e"); one the training text lacked was
+    <unk>. Now both read them as spaces, in training and tokenising alike; a model trained before
+    (its state without the key) keeps reading them as it was trained."""
+    assert set(OTHER_SPACES) == {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()} - {" "}
+    texts = train_pairs[1][:2000]
+    texts = [texts[0].replace(" ", "\t", 2), texts[1].replace(" ", "\u00a0"), *texts[2:]]
+    tok = SentencePieceTokenizer.train(texts, 500, seed=1)
+    pieces = {tok._sp.id_to_piece(i) for i in range(len(tok._sp))}
+    assert not [p for p in pieces if set(p) & set(OTHER_SPACES)], "whitespace other than spaces became a piece"
+    odd, plain = "A man\tis walking\rwith a\u00a0dog\u3000.", "A man is walking with a dog ."
+    assert tok.tokenize(odd) == tok.tokenize(plain) and not set("".join(tok.tokenize(odd))) & set(OTHER_SPACES)
+    assert tok.tokenize_many([odd, texts[0]]) == [tok.tokenize(odd), tok.tokenize(texts[0].replace("\t", " "))]
+    spacy_tok = SpacyTokenizer("en")
+    assert spacy_tok.tokenize(odd) == spacy_tok.tokenize(plain)
+    state = tok.state_dict()
+    assert tokenizer_from_state(state).tokenize(odd) == tok.tokenize(odd)
+    old = tokenizer_from_state({k: v for k, v in state.items() if k != "spaces_only"})
+    assert "\t" in old.tokenize("A man\tis") and "\t" in "".join(old.tokenize_many(["A man\tis"])[0])
+    lower = build_tokenizer("sentencepiece", "en", texts, lowercase=True, sp_vocab_size=500, sp_model_type="bpe")
+    assert lower.tokenize("A\tDog") == lower.tokenize("a dog")
 
 
 # --- batching ------------------------------------------------------------------------------------

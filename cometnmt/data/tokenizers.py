@@ -185,18 +185,34 @@ def paper_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer | None
         return None
 
 
+# Every character str.isspace() knows but the space itself: spaCy takes each as a space (it separates
+# words and is dropped, as _doc_tokens does), SentencePiece (identity normalization) as a character
+# (listed: finding them among all code points took 0.3 s at import; a test checks the list)
+OTHER_SPACES = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+                "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+_AS_SPACE = str.maketrans(OTHER_SPACES, " " * len(OTHER_SPACES))
+
+
 class SentencePieceTokenizer:
     """Subword tokenizer from a SentencePiece model kept as serialized proto bytes.
 
     Trained with the identity normalization and whitespace kept, so ``detokenize(tokenize(x)) == x``
-    for any text made of characters seen in training.
+    for any text made of characters seen in training, spaces the only whitespace.
+
+    ``spaces_only``: every other whitespace character (a tab, a carriage return inside a line, a
+    no-break space, ...) is a space, in training and tokenising alike, as spaCy's words take it.
+    SentencePiece alone kept each as a character: a tab cut the next word into pieces without its
+    word-start mark ("Zwei\tjunge" -> "▁Zwei", "\t", "j", "ung", "e"), and one its training text
+    lacked was <unk>. Models trained before it (a state without the key) keep their characters, as
+    they were trained on them.
     """
 
     kind = "sentencepiece"
 
-    def __init__(self, model_proto: bytes, lowercase: bool = False) -> None:
+    def __init__(self, model_proto: bytes, lowercase: bool = False, *, spaces_only: bool = True) -> None:
         self.model_proto = bytes(model_proto)
         self.lowercase = lowercase
+        self.spaces_only = spaces_only
         self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
 
     @classmethod
@@ -211,11 +227,11 @@ class SentencePieceTokenizer:
         lowercase: bool = False,
     ) -> "SentencePieceTokenizer":
         """Train quietly and deterministically in memory; the vocabulary may end up smaller than asked."""
-        texts = [t.lower() for t in texts] if lowercase else list(texts)
+        texts = [_sentencepiece_text(t, lowercase, spaces_only=True) for t in texts]  # as tokenize reads them
         if not any(t.strip() for t in texts):
             raise DataError("cannot train a SentencePiece model: the training text is empty")
         proto = _train_sentencepiece(texts, vocab_size, model_type, character_coverage, seed)
-        tok = cls(proto, lowercase=lowercase)
+        tok = cls(proto, lowercase=lowercase, spaces_only=True)
         logger.info(
             "trained SentencePiece %s model on %d sentences: %d pieces (asked %d)",
             model_type, len(texts), len(tok._sp), vocab_size,
@@ -223,7 +239,7 @@ class SentencePieceTokenizer:
         return tok
 
     def _prepare(self, text: str) -> str:
-        return text.lower() if self.lowercase else text
+        return _sentencepiece_text(text, self.lowercase, self.spaces_only)
 
     def tokenize(self, text: str) -> list[str]:
         """Pieces of one sentence; the text ``<unk>`` (as :meth:`detokenize` writes the unknown
@@ -272,7 +288,15 @@ class SentencePieceTokenizer:
             "version": _STATE_VERSION,
             "model_proto": self.model_proto,
             "lowercase": self.lowercase,
+            "spaces_only": self.spaces_only,
         }
+
+
+def _sentencepiece_text(text: str, lowercase: bool, spaces_only: bool) -> str:
+    """The text a SentencePiece model is trained on and reads: lowercased if asked, and with
+    ``spaces_only`` every whitespace character a space (see :class:`SentencePieceTokenizer`)."""
+    text = text.lower() if lowercase else text
+    return text.translate(_AS_SPACE) if spaces_only else text
 
 
 
@@ -314,7 +338,8 @@ def tokenizer_from_state(state: dict) -> Tokenizer:
     if kind == SpacyTokenizer.kind:
         return SpacyTokenizer(state["lang"], lowercase=bool(state.get("lowercase", False)), unk_word=True)
     if kind == SentencePieceTokenizer.kind:
-        return SentencePieceTokenizer(state["model_proto"], lowercase=bool(state.get("lowercase", False)))
+        return SentencePieceTokenizer(state["model_proto"], lowercase=bool(state.get("lowercase", False)),
+                                      spaces_only=bool(state.get("spaces_only", False)))  # older: as trained
     raise DataError(
         f"unknown tokenizer kind {kind!r} in saved tokenizer state; expected 'spacy' or 'sentencepiece' "
         "(the checkpoint may come from an incompatible cometnmt version)"
