@@ -172,6 +172,34 @@ def test_a_tilde_in_data_paths_is_the_home_folder(tmp_path: Path, monkeypatch: p
     assert cache_dir("~/tags") == tmp_path / "tags"
 
 
+def test_a_split_cut_by_max_pairs_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """data.max_train_pairs / max_valid_pairs (configs/tiny.yaml: 2,000 and 100) cut a user's own
+    corpus without a word: a config built on tiny.yaml trained on 2,000 pairs of any corpus, the
+    log saying only "data: 2000 training pairs". The cut is a warning naming the key and what was
+    left unread; a limit the split does not reach says nothing."""
+    from cometnmt.config import DataConfig
+    from cometnmt.data.pipeline import read_split
+
+    for name, text in (("t.de", "Ein Hund.\n\nZwei Katzen.\nDrei.\nVier.\n"), ("t.en", "A dog.\n\nTwo cats.\nThree.\nFour.\n"),
+                       ("v.de", "Ein Hund.\nZwei.\n"), ("v.en", "A dog.\nTwo.\n")):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    paths = {k: str(tmp_path / v) for k, v in (("train_src", "t.de"), ("train_tgt", "t.en"),
+                                                  ("valid_src", "v.de"), ("valid_tgt", "v.en"))}
+    with caplog.at_level(logging.WARNING, logger="cometnmt.data.pipeline"):
+        cfg = DataConfig(corpus="files", max_train_pairs=2, max_valid_pairs=1, **paths)
+        assert read_split(cfg, "train").tgt == ["A dog.", "Two cats."]  # the blank pair skipped, not counted
+        assert read_split(cfg, "valid").tgt == ["A dog."]
+        assert [r.getMessage() for r in caplog.records if r.name == "cometnmt.data.pipeline"] == [
+            f"{tmp_path / 't.de'} / {tmp_path / 't.en'}: the first 2 train pairs only (data.max_train_pairs=2); "
+            "2 line pairs after them left unread",
+            f"{tmp_path / 'v.de'} / {tmp_path / 'v.en'}: the first 1 valid pairs only (data.max_valid_pairs=1); "
+            "1 line pairs after them left unread"]
+        caplog.clear()
+        cfg = DataConfig(corpus="files", max_train_pairs=4, max_valid_pairs=2, **paths)
+        assert len(read_split(cfg, "train")) == 4 and len(read_split(cfg, "valid")) == 2
+        assert not [r for r in caplog.records if r.name == "cometnmt.data.pipeline"]
+
+
 def test_the_default_tag_cache_follows_xdg_cache_home_as_the_multi30k_download_does(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: the tags went to ~/.cache/cometnmt/tags whatever XDG_CACHE_HOME said, while the

@@ -163,6 +163,7 @@ class ParallelCorpus:
     src_path: str
     tgt_path: str
     skipped: int  # line pairs skipped because a side was empty or whitespace-only
+    not_read: int = 0  # line pairs past ``max_pairs``, left unread
 
     def __len__(self) -> int:
         return len(self.src)
@@ -184,7 +185,8 @@ def read_parallel(
 
     ``empty="skip"`` drops a pair whose source or target line is empty/whitespace-only (counted in
     ``.skipped`` and logged once); ``empty="error"`` raises DataError naming file and line.
-    ``max_pairs`` keeps only the first N pairs (after skipping).
+    ``max_pairs`` keeps only the first N pairs (after skipping); the line pairs after them are
+    counted in ``.not_read``.
     """
     if empty not in ("skip", "error"):
         raise ValueError(f"empty must be 'skip' or 'error', not {empty!r}")
@@ -196,9 +198,10 @@ def read_parallel(
             f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)} lines; "
             "parallel files must have the same number of lines"
         )
-    src, tgt, skipped, first_skipped = [], [], 0, 0
+    src, tgt, skipped, first_skipped, not_read = [], [], 0, 0, 0
     for line_no, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1):
         if max_pairs is not None and len(src) >= max_pairs:
+            not_read = len(src_lines) - line_no + 1
             break
         if _is_blank(s) or _is_blank(t):
             if empty == "error":
@@ -214,4 +217,4 @@ def read_parallel(
             "%s / %s: skipped %d line pair(s) empty or whitespace-only on either side (first at line %d)",
             src_path, tgt_path, skipped, first_skipped,
         )
-    return ParallelCorpus(src, tgt, str(src_path), str(tgt_path), skipped)
+    return ParallelCorpus(src, tgt, str(src_path), str(tgt_path), skipped, not_read)
