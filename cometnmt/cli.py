@@ -504,8 +504,8 @@ def cmd_evaluate(args) -> int:
             raise DataError(f"{'<stdin>' if hyp_stdin else args.hyp}: every line is 'index<TAB>score<TAB>text', "
                             "translate --nbest output; give the translations alone (cut -f3 of --nbest 1's lines)")
         if args.lang is None:
-            log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules: give --lang for another "
-                     "target language")
+            log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules, and BLEU sacreBLEU's "
+                     "tokeniser for English (13a): give --lang for another target language")
         result = score(hyps, refs, lang=lang, src=src, src_lang=src_lang, lowercase=args.lowercase)
         if args.json:
             write_json(result, args.json)
@@ -683,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hyp", help="hypothesis file (-: standard input, e.g. piped from translate)")
     p.add_argument("--ref", help="reference file")
     p.add_argument("--src", help="source file (adds BLEU by source length)")
-    p.add_argument("--lang", help="with --hyp/--ref: target language for tokenised metrics (default en)")
+    p.add_argument("--lang", help="with --hyp/--ref: target language for tokenised metrics and BLEU's tokeniser "
+                                  "(sacreBLEU's for it: zh for Chinese, say; default en)")
     p.add_argument("--src-lang", dest="src_lang", help="with --hyp/--ref/--src: source language (default de)")
     p.add_argument("--checkpoint", nargs="+", help="translate a data split with this checkpoint (several: an ensemble), then score it")
     p.add_argument("--split", choices=["train", "valid", "test"], help="with --checkpoint (default test)")

@@ -277,7 +277,8 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
         runs_a = [test_hyps(out, by[(names[0], s)]) for s in seeds]
         runs_b = [test_hyps(out, by[(other, s)]) for s in seeds]
         for metric in args.metrics:
-            kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize, "lowercase": lowercase}
+            kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize, "lowercase": lowercase,
+                  "lang": cfg.data.tgt_lang}
             for s, a, b in zip(seeds, runs_a, runs_b):
                 results.append({"a_system": names[0], "b_system": other, "seeds": [s], **paired_bootstrap(a, b, refs, **kw)})
             if len(seeds) > 1:

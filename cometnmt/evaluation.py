@@ -56,7 +56,29 @@ def _lowercased(tokenize: Tokenizer) -> Tokenizer:
 # --------------------------------------------------------------------------------------------
 
 
-def corpus_scores(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
+_BLEU_FALLBACK_WARNED: set[str] = set()  # languages whose tokeniser fallback was warned of once
+
+
+def bleu_metric(lowercase: bool = False, lang: str | None = None) -> BLEU:
+    """sacreBLEU's BLEU with the tokeniser it chooses for the target language ``lang``, as
+    ``sacrebleu -l SRC-TGT`` does: ``13a`` for most languages, ``zh`` for Chinese, ``ja-mecab`` and
+    ``ko-mecab`` for Japanese and Korean (the signature's ``tok:``). ``13a`` alone read a sentence of
+    text written without spaces as a word or two: a Chinese translation one character off its
+    reference scored BLEU 0. Where the language's tokeniser needs a package not installed
+    (``sacrebleu[ja]``, ``sacrebleu[ko]``) it is ``13a``, with a warning, once per language."""
+    if lang is None:
+        return BLEU(lowercase=lowercase)
+    try:
+        return BLEU(lowercase=lowercase, trg_lang=lang)
+    except RuntimeError as exc:  # sacreBLEU: "... tokenization requires extra dependencies ..."
+        if lang not in _BLEU_FALLBACK_WARNED:
+            _BLEU_FALLBACK_WARNED.add(lang)
+            logger.warning("BLEU for %r is computed with sacreBLEU's 13a tokeniser, not the one it uses for that "
+                           "language: %s", lang, " ".join(str(exc).split()))
+        return BLEU(lowercase=lowercase)
+
+
+def corpus_scores(hyps: list[str], refs: list[str], lowercase: bool = False, lang: str | None = None) -> dict:
     """Corpus BLEU and chrF with sacreBLEU's default settings, plus their signatures.
 
     Post (2018), "A Call for Clarity in Reporting BLEU Scores": scores are computed on
@@ -68,9 +90,11 @@ def corpus_scores(hyps: list[str], refs: list[str], lowercase: bool = False) -> 
     :param refs: detokenised references, aligned with ``hyps``.
     :param lowercase: compare lowercased text (for models trained with ``data.lowercase``); the
         signatures then say ``case:lc``.
+    :param lang: the references' language: BLEU tokenises as sacreBLEU does for it
+        (:func:`bleu_metric`; None: ``13a``). chrF reads characters in any language.
     :return: ``{"bleu", "bleu_signature", "chrf", "chrf_signature"}``.
     """
-    bleu, chrf = BLEU(lowercase=lowercase), CHRF(lowercase=lowercase)
+    bleu, chrf = bleu_metric(lowercase, lang), CHRF(lowercase=lowercase)
     bleu_score = bleu.corpus_score(hyps, [refs])
     chrf_score = chrf.corpus_score(hyps, [refs])
     return {
@@ -250,6 +274,7 @@ def paired_bootstrap(
     metric: Literal["bleu", "paper"] = "bleu",
     tokenize: Tokenizer | None = None,
     lowercase: bool = False,
+    lang: str | None = None,
 ) -> dict:
     """Paired bootstrap resampling (Koehn, 2004) of system A against system B.
 
@@ -265,11 +290,12 @@ def paired_bootstrap(
     :param metric: ``"bleu"`` or ``"paper"``.
     :param tokenize: target tokeniser, required for ``metric="paper"``.
     :param lowercase: compare lowercased text, as :func:`corpus_scores`.
+    :param lang: the references' language, for BLEU's tokeniser, as :func:`corpus_scores`.
     :return: ``{"metric", "label", "a", "b", "delta", "a_mean", "a_ci95", "b_mean", "b_ci95",
         "p_value", "n_samples", "runs"}``, where ``p_value`` is the fraction of samples in which B
         scores at least as high as A (one-sided test of "A is better"; ties count for B).
     """
-    return paired_bootstrap_runs([hyps_a], [hyps_b], refs, n_samples, seed, metric, tokenize, lowercase)
+    return paired_bootstrap_runs([hyps_a], [hyps_b], refs, n_samples, seed, metric, tokenize, lowercase, lang)
 
 
 def paired_bootstrap_runs(
@@ -281,6 +307,7 @@ def paired_bootstrap_runs(
     metric: Literal["bleu", "paper"] = "bleu",
     tokenize: Tokenizer | None = None,
     lowercase: bool = False,
+    lang: str | None = None,
 ) -> dict:
     """:func:`paired_bootstrap` over several runs per system (seeds), all on the same references.
 
@@ -308,7 +335,7 @@ def paired_bootstrap_runs(
     counts = _resample_counts(len(refs), n_samples, seed)
 
     if metric == "bleu":
-        bleu = BLEU(lowercase=lowercase)
+        bleu = bleu_metric(lowercase, lang)
         stats_a = sum(_bleu_stats(bleu, hyps, refs) for hyps in runs_a)  # (n, 2 + 2 * order), summed over runs
         stats_b = sum(_bleu_stats(bleu, hyps, refs) for hyps in runs_b)
         full_a, full_b = _bleu_from_stats(bleu, stats_a.sum(0)), _bleu_from_stats(bleu, stats_b.sum(0))
@@ -387,6 +414,7 @@ def evaluate(
     per_sentence: bool = False,
     lowercase: bool = False,
     not_computed: str | None = None,
+    lang: str | None = None,
 ) -> dict:
     """Score a test set: sacreBLEU BLEU/chrF, the COMET paper's metric and, given sources, Fig. 4.
 
@@ -402,6 +430,7 @@ def evaluate(
     :param per_sentence: also return ``sentence_bleu``, the paper metric of every sentence.
     :param lowercase: score lowercased text (a model trained with ``data.lowercase``); the
         signatures and the paper metric's label say so.
+    :param lang: the references' language, for BLEU's tokeniser (:func:`corpus_scores`).
     :return: :func:`corpus_scores` plus ``paper_bleu``, ``paper_bleu_label``, ``n_sentences``
         and, with ``src``, ``bleu_by_length``.
     :raises DataError: on misaligned inputs, an empty set or a blank reference.
@@ -412,7 +441,7 @@ def evaluate(
     _check_references(refs)
     if src is not None:
         _check_sources(src, refs)
-    result = corpus_scores(hyps, refs, lowercase)
+    result = corpus_scores(hyps, refs, lowercase, lang)
     result["n_sentences"] = len(refs)
     if not_computed:
         result["not_computed"] = not_computed
@@ -513,7 +542,7 @@ def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str,
         src = None
     result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize if tgt_tok else None, src=src,
                       src_tokenize=src_tok.tokenize if src_tok else None, per_sentence=per_sentence,
-                      lowercase=lowercase, not_computed=why)
+                      lowercase=lowercase, not_computed=why, lang=lang)
     return {**result, "lang": lang, **({"src_lang": src_lang} if src is not None else {})}
 
 

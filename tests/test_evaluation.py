@@ -354,3 +354,43 @@ def test_score_drops_a_byte_order_mark_opening_a_line_as_the_file_readers_do():
     assert score(["A man rides a bike ."], ["\ufeffA man rides a bike ."], lang="en")["bleu"] == pytest.approx(100.0)
     assert plain["bleu"] == marked["bleu"] == pytest.approx(100.0)
     assert marked["paper_bleu"] == plain["paper_bleu"]
+
+
+def test_bleu_tokenises_as_sacrebleu_does_for_the_target_language(monkeypatch, caplog):
+    """BLEU was always sacreBLEU's 13a tokeniser, which reads text written without spaces as a word
+    or two: a Chinese translation one character short of its reference scored 0. It now takes the
+    tokeniser sacreBLEU chooses for the references' language (sacrebleu -l xx-zh: tok:zh), in score,
+    evaluate, corpus_scores (validation BLEU) and the bootstrap test; other languages keep 13a, and
+    a language whose tokeniser is not installed (Japanese without sacrebleu[ja]) falls back to 13a
+    with a warning."""
+    import cometnmt
+    import cometnmt.evaluation as evaluation
+
+    hyps, refs = ["他们在公园里玩。", "一只狗在跑。"], ["他们在公园玩。", "一只狗在跑。"]
+    assert corpus_scores(hyps[:1], refs[:1])["bleu"] == 0.0  # 13a: one word each
+    zh = corpus_scores(hyps[:1], refs[:1], lang="zh")
+    assert "tok:zh" in zh["bleu_signature"] and zh["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hyps[:1], [refs[:1]], tokenize="zh").score)
+    assert zh["bleu"] > 50
+    scored = cometnmt.score(hyps, refs, lang="zh")
+    assert "tok:zh" in scored["bleu_signature"] and scored["bleu"] > 50
+    assert "tok:zh" in paired_bootstrap(hyps, refs, refs, n_samples=10, lang="zh")["label"]
+    en = cometnmt.score(["A dog runs."], ["A dog is running."], lang="en")
+    assert en["bleu_signature"] == corpus_scores(["A dog runs."], ["A dog is running."])["bleu_signature"]
+    assert "tok:13a" in en["bleu_signature"]
+
+    real = evaluation.BLEU
+
+    def without_extras(*, lowercase=False, trg_lang=""):
+        if trg_lang:
+            raise RuntimeError("\nXx tokenization requires extra dependencies, but you do not have them installed.\n")
+        return real(lowercase=lowercase)
+
+    monkeypatch.setattr(evaluation, "BLEU", without_extras)
+    monkeypatch.setattr(evaluation, "_BLEU_FALLBACK_WARNED", set())
+    with caplog.at_level("WARNING", logger="cometnmt.evaluation"):
+        assert "tok:13a" in corpus_scores(hyps, refs, lang="xx")["bleu_signature"]
+        corpus_scores(hyps, refs, lang="xx")
+    assert [r.getMessage() for r in caplog.records if r.name == "cometnmt.evaluation"] == [
+        "BLEU for 'xx' is computed with sacreBLEU's 13a tokeniser, not the one it uses for that language: "
+        "Xx tokenization requires extra dependencies, but you do not have them installed."]

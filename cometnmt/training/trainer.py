@@ -828,7 +828,8 @@ class Trainer:
 
     def _validation_scores(self, hyps: list[str], n: int) -> dict:
         d = self.valid_data
-        scores = corpus_scores(hyps, d.tgt_text[:n], lowercase=self.cfg.data.lowercase)  # a lowercased model: lowercased refs
+        scores = corpus_scores(hyps, d.tgt_text[:n], lowercase=self.cfg.data.lowercase,  # a lowercased model: lowercased refs
+                               lang=self.cfg.data.tgt_lang)
         out = {"val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
                "val_bleu_sentences": n}  # train.valid_bleu_max_sentences may cut the set
         if self._eval_tok is not None:
