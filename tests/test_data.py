@@ -200,6 +200,25 @@ def test_a_split_cut_by_max_pairs_says_so(tmp_path: Path, caplog: pytest.LogCapt
         assert not [r for r in caplog.records if r.name == "cometnmt.data.pipeline"]
 
 
+def test_a_tab_separated_file_named_as_both_sides_is_refused(tmp_path: Path) -> None:
+    """A file of "source<TAB>target" lines (JoeyNMT's and Marian's TSV) given as data.train_src and
+    data.train_tgt trained a model to copy those lines, without a word. It is refused naming both
+    keys and how to cut it; the same file without tabs (a copy task) is read as before."""
+    from cometnmt.config import DataConfig
+    from cometnmt.data.pipeline import read_split
+
+    (tmp_path / "pairs.tsv").write_text("Ein Hund.\tA dog.\nZwei Katzen.\tTwo cats.\n", encoding="utf-8")
+    (tmp_path / "copy.txt").write_text("Ein Hund.\nZwei\tKatzen.\n", encoding="utf-8")
+    tsv, copy = str(tmp_path / "pairs.tsv"), str(tmp_path / "copy.txt")
+    for split in ("train", "valid", "test"):
+        cfg = DataConfig(corpus="files", **{f"{split}_src": tsv, f"{split}_tgt": tsv})
+        with pytest.raises(DataError, match=rf"^config keys 'data.{split}_src' and 'data.{split}_tgt': .*pairs.tsv and "
+                                            r".*pairs.tsv hold the same lines, each with a tab: a tab-separated file"):
+            read_split(cfg, split)
+        cfg = DataConfig(corpus="files", **{f"{split}_src": copy, f"{split}_tgt": copy})
+        assert read_split(cfg, split).tgt == ["Ein Hund.", "Zwei\tKatzen."]
+
+
 def test_the_default_tag_cache_follows_xdg_cache_home_as_the_multi30k_download_does(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: the tags went to ~/.cache/cometnmt/tags whatever XDG_CACHE_HOME said, while the

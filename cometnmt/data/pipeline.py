@@ -112,6 +112,18 @@ def anchor_paths(cfg, workdir: str | None):
     return dataclasses.replace(cfg, **changes)
 
 
+def _check_not_one_tsv(corpus: ParallelCorpus, split: str) -> None:
+    """A tab-separated file of pairs (JoeyNMT's and Marian's format) named as both sides of a split
+    was read as two copies of its lines: the run trained a model to copy "source<TAB>target" lines,
+    without a word. Sides holding the same lines, each with a tab, are refused; the same file
+    without tabs (a copy task) is read as before."""
+    if corpus.src and corpus.src == corpus.tgt and all("\t" in line for line in corpus.src):
+        raise DataError(
+            f"config keys 'data.{split}_src' and 'data.{split}_tgt': {corpus.src_path} and {corpus.tgt_path} hold the "
+            "same lines, each with a tab: a tab-separated file of pairs is not read as two columns; give one file per "
+            f"language, line-aligned (cut -f1 FILE > {split}.SRC; cut -f2 FILE > {split}.TGT)")
+
+
 def read_split(cfg, split: str) -> ParallelCorpus:
     """Training skips empty pairs (``read_parallel`` logs their count and first line); evaluation
     splits reject them. A split cut by ``data.max_train_pairs`` or ``max_valid_pairs`` is a warning
@@ -121,6 +133,7 @@ def read_split(cfg, split: str) -> ParallelCorpus:
     key = {"train": "max_train_pairs", "valid": "max_valid_pairs"}.get(split)
     limit = getattr(cfg, key) if key else None
     corpus = read_parallel(src, tgt, empty="skip" if split == "train" else "error", max_pairs=limit)
+    _check_not_one_tsv(corpus, split)
     if corpus.not_read:
         log.warning("%s / %s: the first %d %s pairs only (data.%s=%d); %d line pairs after them left unread",
                     src, tgt, len(corpus), split, key, limit, corpus.not_read)
