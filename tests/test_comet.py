@@ -532,3 +532,55 @@ def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causa
         y_bf16 = units[1](x, None, src_lengths)
         y_ref = units[0](x, torch.zeros(3, 7, dtype=torch.bool), src_lengths)
     torch.testing.assert_close(y_bf16.float(), y_ref.float(), atol=0.05, rtol=0.05)
+
+
+class _Casts(torch.utils._python_dispatch.TorchDispatchMode):
+    """The dtype casts (``_to_copy``) a block dispatches, as (shape, from dtype, to dtype)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ == "_to_copy":
+            self.seen.append((tuple(args[0].shape), args[0].dtype, out.dtype))
+        return out
+
+
+@pytest.mark.parametrize("kind,features,dilations", [("conv", [6, 4, 2], [1, 2, 3]), ("ffn2", [6, 4, 2], [1, 2, 3]),
+                                                     ("conv", [6, 4, 2, 2], [1, 2, 3, 4])])
+def test_channels_first_unit_casts_its_input_once_under_autocast(kind, features, dilations):
+    """Under bf16 autocast the unpadded GPU path (F.conv1d) casts the unit's float32 input to bf16
+    once, for the first convolution and the concatenation together, and its gradient back once:
+    the same outputs, gradients and running statistics, bit for bit, as a cast for each of them."""
+    torch.manual_seed(6)
+    cfg = CometConfig(features=features, dilations=dilations, unit=kind, ffn2_hidden=16)
+    units = [ConvUnit(8, cfg, dropout=0.0).train() for _ in range(2)]
+    units[1].load_state_dict(units[0].state_dict())
+    for m in (m for unit in units for m in unit.modules()):
+        if isinstance(m, GatedConv):
+            m.use_conv1d = True
+    x = torch.randn(3, 7, 8)
+    probe_bf16 = torch.randn(3, 7, 8).bfloat16()
+    results, casts = [], []
+    for i, unit in enumerate(units):
+        xi = x.clone().requires_grad_(True)
+        for _ in range(2):  # the second batch blends into the running statistics
+            with _Casts() as seen:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    # units[1]: a cast for each consumer of x, as the unit did before
+                    y = unit(xi) if i == 0 else unit.combine(unit.convs(xi, None), xi)
+                (y * probe_bf16).sum().backward()  # no cast of y's shape, only of x's
+            casts.append([c for c in seen.seen if c[0] in ((3, 7, 8), (3, 8, 7))])  # x's, in either layout
+        results.append((y.detach(), xi.grad, {k: p.grad for k, p in unit.named_parameters()}))
+    (y0, gx0, g0), (y1, gx1, g1) = results
+    assert torch.equal(y0, y1)
+    assert torch.equal(gx0, gx1)
+    for k in g0:
+        assert torch.equal(g0[k], g1[k]), k
+    for (k, a), (_, b) in zip(state_buffers(units[0]), state_buffers(units[1])):
+        assert torch.equal(a, b), k
+    one_each_way = [((3, 7, 8), torch.float32, torch.bfloat16), ((3, 7, 8), torch.bfloat16, torch.float32)]
+    assert casts[0] == casts[1] == one_each_way  # the unit, both batches
+    assert len(casts[2]) == 4  # the reference: x cast forward and its gradient back, twice each

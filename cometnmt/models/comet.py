@@ -494,7 +494,7 @@ class MultiLayerConv(nn.Module):
                 src_lengths: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
         """x B,L,D -> [F_1..F_n]; ``src_lengths`` (B) key the decoder's per-length statistics."""
         lengths = src_lengths if self.wants_source_lengths else None
-        if pad_mask is None and self.training and self.batch_norm and self.convs[0].runs_conv1d(x) and x.shape[0] * x.shape[1] > 1:
+        if self.trains_channels_first(x, pad_mask):
             return self._train_channels_first(x, lengths)
         maps = []
         h = x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # B,L,D
@@ -502,6 +502,11 @@ class MultiLayerConv(nn.Module):
             h = norm(conv(h), pad_mask, lengths)  # B,L,n_i (zero at padding)
             maps.append(h)
         return maps
+
+    def trains_channels_first(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> bool:
+        """Whether ``forward`` takes :meth:`_train_channels_first` (training, unpadded, ``F.conv1d``)."""
+        return (pad_mask is None and self.training and self.batch_norm and self.convs[0].runs_conv1d(x)
+                and x.shape[0] * x.shape[1] > 1)
 
     def _train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
         """Training on an unpadded batch with ``F.conv1d`` (the GPU path): the stack runs in the
@@ -541,6 +546,28 @@ def _autocast_on(x: torch.Tensor) -> bool:
         return False
 
 
+class _CastForTwo(torch.autograd.Function):
+    """x cast to another ``dtype`` once, as two outputs for two consumers, each output's gradient
+    cast back and the two summed in x's dtype: ``_to_copy`` forward, ``_to_copy`` and ``add_``
+    backward, where a cast per consumer dispatched two ``_to_copy`` forward and two and an ``add``
+    backward. The same values forward and backward, bit for bit."""
+
+    @staticmethod
+    def forward(ctx, x, dtype: torch.dtype):
+        assert x.dtype != dtype, "a cast to another dtype: the backward adds into its own copy of a gradient"
+        xc = x.to(dtype)
+        ctx.x_dtype = x.dtype
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None, no zeros
+        return xc, xc.view_as(xc)
+
+    @staticmethod
+    def backward(ctx, da, db):
+        if da is None or db is None:
+            d = da if db is None else db
+            return (None if d is None else d.to(ctx.x_dtype)), None
+        return da.to(ctx.x_dtype).add_(db), None  # the sum in x's dtype, db widened inside the add
+
+
 class ConvUnit(nn.Module):
     """The convolution sublayer and its Table 1 variants; B,L,D -> B,L,D.
 
@@ -576,6 +603,7 @@ class ConvUnit(nn.Module):
         if x.dtype != maps[0].dtype and all(m.dtype == maps[0].dtype for m in maps) and _autocast_on(x):
             # bf16 maps (the channels-first path) and a float32 x: the linear below would take all of
             # it in bf16 anyway, so round x now rather than promote the maps to float32 and back
+            # (forward casts x once before the convolutions on that path: this is combine called alone)
             x = x.to(maps[0].dtype)
         joined = torch.cat([*maps, x], dim=-1)  # B,L,n_feat+D
         if self.kind == "ffn2":
@@ -584,7 +612,15 @@ class ConvUnit(nn.Module):
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
                 src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.combine(self.convs(x, pad_mask, src_lengths), x)
+        x_conv = x
+        if self.kind != "ffn1" and self.convs.trains_channels_first(x, pad_mask) and _autocast_on(x):
+            # the first convolution and the concatenation both take x in autocast's dtype (the maps
+            # of this path are in it; ffn1's LayerNorm gives float32): cast it once, not once each
+            # (float64 is kept, as autocast keeps it)
+            dtype = torch.get_autocast_dtype(x.device.type)
+            if x.dtype not in (dtype, torch.float64):
+                x_conv, x = _CastForTwo.apply(x, dtype)
+        return self.combine(self.convs(x_conv, pad_mask, src_lengths), x)
 
     def step(self, x: torch.Tensor, cache: dict, src_lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
         maps, cache = self.convs.step(x, cache, src_lengths)
