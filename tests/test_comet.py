@@ -19,7 +19,7 @@ def leaky(monkeypatch):
     """Batch norm as a plain nn.BatchNorm1d does it: statistics over every position, padding included."""
     original = MaskedBatchNorm.forward
 
-    def leaky_forward(self, x, pad_mask, lengths=None):
+    def leaky_forward(self, x, pad_mask, lengths=None, padding=None):
         y = original(self, x, None, lengths)
         return y if pad_mask is None else y.masked_fill(pad_mask.unsqueeze(-1), 0.0)
 
@@ -584,3 +584,72 @@ def test_channels_first_unit_casts_its_input_once_under_autocast(kind, features,
     one_each_way = [((3, 7, 8), torch.float32, torch.bfloat16), ((3, 7, 8), torch.bfloat16, torch.float32)]
     assert casts[0] == casts[1] == one_each_way  # the unit, both batches
     assert len(casts[2]) == 4  # the reference: x cast forward and its gradient back, twice each
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """How many times each ATen operator a block dispatches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.count[name] = self.count.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("use_conv1d", [False, True])
+@pytest.mark.parametrize("features,bounds,causal", [([6, 4, 2], None, False), ([6, 4, 2], [4, 6], False),
+                                                    ([6, 4, 2, 2], None, False), ([6, 4, 2], [9, 11], True)])
+def test_padding_statistics_shared_by_the_norms_of_a_unit_change_nothing(features, bounds, causal, use_conv1d):
+    """On a padded training batch the norms of a unit share one PaddingStatistics (the pad mask's
+    inverse, count of real positions, mean length), computed once per forward: float32 outputs,
+    gradients and running statistics (per length too, the decoder's keyed by source lengths) equal
+    those of norms that each compute their own, and the mask is inverted once, not once a norm."""
+    torch.manual_seed(7)
+    cfg = CometConfig(features=features, dilations=[1, 2, 3, 4][: len(features)], bn_length_bounds=None if causal else bounds,
+                      decoder="temporal_conv" if causal else "ffn", decoder_bn_length_bounds=bounds if causal else None)
+    units = [ConvUnit(8, cfg, dropout=0.0, causal=causal).train() for _ in range(2)]
+    units[1].load_state_dict(units[0].state_dict())
+    for m in (m for unit in units for m in unit.modules()):
+        if isinstance(m, GatedConv):
+            m.use_conv1d = use_conv1d
+    src_lengths = torch.tensor([9, 12, 10, 11]) if causal and bounds else None
+
+    def norms_on_their_own(unit, x, pad):  # MultiLayerConv.forward with no statistics passed to the norms
+        stack, h, maps = unit.convs, x.masked_fill(pad.unsqueeze(-1), 0.0), []
+        for conv, norm in zip(stack.convs, stack.norms):
+            h = norm(conv(h), pad, src_lengths if stack.wants_source_lengths else None)
+            maps.append(h)
+        return unit.combine(maps, x)
+
+    x = torch.randn(4, 7, 8) * 2 + 0.5
+    pad = torch.zeros(4, 7, dtype=torch.bool)
+    pad[0, 5:] = pad[2, 3:] = True
+    probe = torch.randn(4, 7, 8)
+    results, ops = [], []
+    for i, unit in enumerate(units):
+        xi = x.clone().requires_grad_(True)
+        for _ in range(2):  # the second batch blends into the running statistics
+            with _Ops() as seen:
+                y = unit(xi, pad, src_lengths) if i == 0 else norms_on_their_own(unit, xi, pad)
+            ops.append(seen.count)
+            (y * probe).sum().backward()
+        results.append((y.detach(), xi.grad, {k: p.grad for k, p in unit.named_parameters()}))
+    (y0, gx0, g0), (y1, gx1, g1) = results
+    assert y0.dtype == torch.float32 and torch.equal(y0, y1)
+    assert torch.equal(gx0, gx1)
+    for k in g0:
+        assert torch.equal(g0[k], g1[k]), k
+    buffers = [(k, a, b) for (k, a), (_, b) in zip(state_buffers(units[0]), state_buffers(units[1]))]
+    assert any(k.endswith("running_var") for k, _, _ in buffers)
+    for k, a, b in buffers:
+        assert torch.equal(a, b), k
+    if bounds:
+        assert any(k.endswith("bucket_batches") and a.sum() > 0 for k, a, _ in buffers)
+    assert ops[0]["bitwise_not"] == 1 and ops[2]["bitwise_not"] == len(features)
+    # eval mode (running statistics): the same outputs
+    units[0].eval(), units[1].eval()
+    with torch.no_grad():
+        assert torch.equal(units[0](x, pad, src_lengths), norms_on_their_own(units[1], x, pad))

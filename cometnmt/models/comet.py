@@ -58,7 +58,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -125,6 +125,18 @@ class CometConfig:
                               f"decoder_batch_norm {self.decoder_batch_norm}")
 
 
+class PaddingStatistics(NamedTuple):
+    """What training-mode :class:`MaskedBatchNorm` derives from the padding alone (and the given
+    lengths), the same for every batch norm that sees one pad mask: :class:`MultiLayerConv` computes
+    it once per forward and passes it to each of its 3 (4) norms, which each derived it themselves
+    (6 operators a norm on a padded batch)."""
+
+    keep: torch.Tensor  # B,L,1 float32: 1 at real positions, 0 at padding
+    n: torch.Tensor  # 0-dim float32: the number of real positions
+    n_less_one: torch.Tensor  # 0-dim: n - 1, at least 1 (the divisor of the unbiased variance)
+    mean_length: torch.Tensor  # 0-dim: the batch's mean real length n / B, or the mean of the given lengths
+
+
 class MaskedBatchNorm(nn.Module):
     """Batch normalisation over the channels of B,L,C inputs whose statistics ignore padding.
 
@@ -169,18 +181,17 @@ class MaskedBatchNorm(nn.Module):
         self.register_buffer("batch_var", torch.ones(channels), persistent=False)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
-                lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+                lengths: Optional[torch.Tensor] = None, padding: Optional[PaddingStatistics] = None) -> torch.Tensor:
         """x B,L,C; pad_mask B,L (True = padding) or None -> B,L,C, zero at padding. ``lengths`` (B)
-        keys the per-length statistics instead of x's own real lengths (the decoder: source lengths)."""
+        keys the per-length statistics instead of x's own real lengths (the decoder: source lengths).
+        ``padding``: :meth:`padding_statistics` of the same pad_mask and lengths, if already computed."""
         if self.training:
             if pad_mask is None and x.shape[0] * x.shape[1] > 1:  # no padding: PyTorch's own batch norm
                 return self._train_unpadded(x, lengths)
-            keep = (x.new_ones(x.shape[0], x.shape[1], 1, dtype=torch.float32) if pad_mask is None
-                    else (~pad_mask).unsqueeze(-1).float())  # B,L,1
-            y, mean, var, n = _MaskedBatchNormTrain.apply(x, keep, self.weight, self.bias, self.eps)
+            p = self.padding_statistics(x, pad_mask, lengths) if padding is None else padding
+            y, mean, var = _MaskedBatchNormTrain.apply(x, p.keep, p.n, self.weight, self.bias, self.eps)
             with torch.no_grad():
-                mean_length = n / x.shape[0] if lengths is None else self._mean_length(lengths)
-                self._update_running(mean, var * n / (n - 1).clamp(min=1), mean_length)
+                self._update_running(mean, var * p.n / p.n_less_one, p.mean_length)
             return y
         if self.length_bounds:  # each sentence with its own length's statistics: B,1,C
             if lengths is None:
@@ -196,6 +207,17 @@ class MaskedBatchNorm(nn.Module):
         shift = self.bias - mean * scale  # C (B,1,C)
         y = torch.addcmul(shift, x, scale)  # B,L,C, in the memory layout of x
         return y if pad_mask is None else y.masked_fill_(pad_mask.unsqueeze(-1), 0.0)  # in place: keeps the layout
+
+    @classmethod
+    def padding_statistics(cls, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                           lengths: Optional[torch.Tensor] = None) -> PaddingStatistics:
+        """The training path's statistics of the padding of x B,L,.. (pad_mask B,L or None: all
+        real) and of the given ``lengths`` (B, or None: x's own real lengths), on the device."""
+        keep = (x.new_ones(x.shape[0], x.shape[1], 1, dtype=torch.float32) if pad_mask is None
+                else (~pad_mask).unsqueeze(-1).float())  # B,L,1
+        n = keep.sum()
+        mean_length = n / x.shape[0] if lengths is None else cls._mean_length(lengths)
+        return PaddingStatistics(keep, n, (n - 1).clamp(min=1), mean_length)
 
     @staticmethod
     def _mean_length(lengths: torch.Tensor) -> torch.Tensor:
@@ -329,13 +351,13 @@ class _MaskedBatchNormTrain(torch.autograd.Function):
     textbook backward written out: dx = w·rstd·(dy − mean(dy) − x̂·mean(dy·x̂)) over real positions.
     Autograd through the masked mean and variance dispatched 58 operators per call (forward and
     backward); this does it in about half, and a GPU step at Multi30k's batch sizes is bound by
-    launches. Returns y (float32, zero at padding) and the float32 mean, biased variance and count
-    of real positions (for the running statistics; no gradient)."""
+    launches. Takes the count n = keep.sum() of real positions (:class:`PaddingStatistics`, shared
+    by the norms of a stack). Returns y (float32, zero at padding) and the float32 mean and biased
+    variance (for the running statistics; no gradient)."""
 
     @staticmethod
-    def forward(ctx, x, keep, weight, bias, eps: float):
+    def forward(ctx, x, keep, n, weight, bias, eps: float):
         xf = x.float()
-        n = keep.sum()
         mean = (xf * keep).sum(dim=(0, 1)) / n  # C
         centred = (xf - mean) * keep  # B,L,C, zero at padding
         var = centred.square().sum(dim=(0, 1)) / n  # C, biased
@@ -344,18 +366,18 @@ class _MaskedBatchNormTrain(torch.autograd.Function):
         y = torch.addcmul(bias.float(), xhat, weight.float()) * keep
         ctx.save_for_backward(xhat, keep, weight, rstd, n)
         ctx.x_dtype = x.dtype
-        ctx.mark_non_differentiable(mean, var, n)
-        ctx.set_materialize_grads(False)  # no zero tensors for the gradients of mean, var and n
-        return y, mean, var, n
+        ctx.mark_non_differentiable(mean, var)
+        ctx.set_materialize_grads(False)  # no zero tensors for the gradients of mean and var
+        return y, mean, var
 
     @staticmethod
-    def backward(ctx, dy, _dmean, _dvar, _dn):
+    def backward(ctx, dy, _dmean, _dvar):
         xhat, keep, weight, rstd, n = ctx.saved_tensors
         dy = dy.float() * keep  # padded outputs are constant zeros
         dbias = dy.sum(dim=(0, 1))
         dweight = (dy * xhat).sum(dim=(0, 1))
         dx = (dy - dbias / n - xhat * (dweight / n)) * (weight.float() * rstd) * keep
-        return dx.to(ctx.x_dtype), None, dweight.to(weight.dtype), dbias.to(weight.dtype), None
+        return dx.to(ctx.x_dtype), None, None, dweight.to(weight.dtype), dbias.to(weight.dtype), None
 
 
 class GatedConv(nn.Module):
@@ -498,8 +520,11 @@ class MultiLayerConv(nn.Module):
             return self._train_channels_first(x, lengths)
         maps = []
         h = x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # B,L,D
+        # one pad mask for every norm: its statistics computed once, not once a norm
+        padding = (MaskedBatchNorm.padding_statistics(x, pad_mask, lengths)
+                   if self.training and self.batch_norm and pad_mask is not None else None)
         for conv, norm in zip(self.convs, self.norms):
-            h = norm(conv(h), pad_mask, lengths)  # B,L,n_i (zero at padding)
+            h = norm(conv(h), pad_mask, lengths, padding)  # B,L,n_i (zero at padding)
             maps.append(h)
         return maps
 
@@ -534,7 +559,8 @@ class MultiLayerConv(nn.Module):
 class _MaskOnly(nn.Module):
     """Stand-in for batch norm when ``comet.batch_norm`` is false: only zeroes padding."""
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], lengths: Optional[torch.Tensor] = None,
+                padding: Optional[PaddingStatistics] = None) -> torch.Tensor:
         return x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)
 
 
