@@ -315,6 +315,8 @@ def _train_sentencepiece(
             model_type=model_type,
             character_coverage=character_coverage,
             hard_vocab_limit=False,  # small corpora may not support vocab_size pieces
+            # the trainer skips, without a word, a sentence longer than this (4192 bytes by default)
+            max_sentence_length=max([4192, *(len(t.encode("utf-8")) for t in texts)]),
             normalization_rule_name="identity",  # keep text byte-exact for lossless round trips
             remove_extra_whitespaces=False,
             bos_id=-1,  # BOS/EOS/PAD are handled by cometnmt's Vocab
