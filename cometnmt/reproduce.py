@@ -118,7 +118,7 @@ def _evaluate_run(args, run: Path) -> dict:
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
         result = evaluate(done.hyps, done.refs, tokenize=tgt_tok.tokenize, src=done.src, src_tokenize=src_tok.tokenize,
-                          lowercase=translator.cfg.data.lowercase,
+                          lowercase=translator.cfg.data.lowercase, lang=translator.cfg.data.tgt_lang,
                           per_sentence=True)
         out[split] = result
     history = [r for r in metrics(run) if r.get("event") == "valid"]
@@ -282,7 +282,7 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     from cometnmt.data.tokenizers import metric_tokenizer
     from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
-    results, seeds, runs_c, runs_t, tok, refs, lc = [], [], [], [], None, None, False
+    results, seeds, runs_c, runs_t, tok, refs, lc, lang = [], [], [], [], None, None, False, None
     pairs = _paired_runs(records, cand)
     earlier = prev.get("significance", [])
     for comet, trans in pairs:
@@ -292,9 +292,10 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
             continue
         if tok is None:
             _, refs, cfg = _test_corpus(args, out, comet)
-            tok, lc = metric_tokenizer(cfg.data.tgt_lang).tokenize, cfg.data.lowercase
+            tok, lc, lang = metric_tokenizer(cfg.data.tgt_lang).tokenize, cfg.data.lowercase, cfg.data.tgt_lang
         for metric in ("paper", "bleu"):
-            res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok, lowercase=lc)
+            res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok, lowercase=lc,
+                                   lang=lang)
             results.append({"seed": comet["seed"], **res})
         seeds.append(comet["seed"])
         runs_c.append(c_h)
@@ -304,7 +305,7 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     if len(seeds) > 1 and (seeds == all_seeds or not pooled):
         for metric in ("paper", "bleu"):
             res = paired_bootstrap_runs(runs_c, runs_t, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok,
-                                        lowercase=lc)
+                                        lowercase=lc, lang=lang)
             results.append({"seed": "pooled", "seeds": seeds, **res})
     else:
         results += pooled

@@ -288,3 +288,33 @@ def test_a_config_of_several_hypotheses_is_still_decoded_greedily(monkeypatch, t
         reproduce._evaluate_run(argparse.Namespace(device="cpu", eval_limit=None), tmp_path)
     decode = caught.value.args[0]
     assert (decode.method, decode.nbest) == ("greedy", 1)
+
+
+def test_a_chinese_target_is_scored_with_sacrebleus_zh_tokeniser(monkeypatch, tmp_path):
+    """Validation BLEU, evaluate and compare take sacreBLEU's tokeniser for data.tgt_lang (zh for
+    Chinese); reproduce scored its runs' test and validation hypotheses and its bootstrap with 13a,
+    which reads unspaced Chinese as one word: '他们在公园里玩。' against '他们在公园玩。' scored 0."""
+    import argparse
+    import types
+
+    from cometnmt import reproduce
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import Translator
+
+    hyps, refs = ["他们在公园里玩。", "一只狗在跑。"], ["他们在公园玩。", "一只狗在跑。"]
+    data = types.SimpleNamespace(tgt_lang="zh", src_lang="en", lowercase=False)
+    translator = types.SimpleNamespace(cfg=types.SimpleNamespace(decode=DecodeConfig(), data=data,
+                                                                 train=types.SimpleNamespace(stopping="loss_rise")),
+                                       translate_split=lambda split, decode, limit=None: types.SimpleNamespace(
+                                           hyps=hyps, refs=refs, src=["They play in the park.", "A dog runs."]))
+    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(lambda path, device: translator))
+    out = reproduce._evaluate_run(argparse.Namespace(device="cpu", eval_limit=None), tmp_path)
+    for split in ("valid", "test"):
+        assert "tok:zh" in out[split]["bleu_signature"] and out[split]["bleu"] > 50
+
+    records = [{"row": "comet", "seed": 1}, {"row": "transformer", "seed": 1}]
+    monkeypatch.setattr(reproduce, "test_hyps", lambda out, rec: hyps if rec["row"] == "comet" else refs)
+    monkeypatch.setattr(reproduce, "_test_corpus", lambda args, out, rec: (None, refs, translator.cfg))
+    rows = reproduce._significance(argparse.Namespace(bootstrap=10, eval_limit=None), tmp_path, records, {}, "comet")
+    bleu = [r for r in rows if r["metric"] == "bleu"]
+    assert bleu and all("tok:zh" in r["label"] for r in bleu)
