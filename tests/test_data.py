@@ -105,6 +105,31 @@ def test_undecodable_byte_names_file_line_column(tmp_path: Path) -> None:
         read_lines(zipped)
 
 
+def test_an_undecodable_file_in_another_encoding_says_which_and_how_to_convert_it(tmp_path: Path) -> None:
+    """A UTF-16 file (as Windows' Notepad and PowerShell write) was 'not valid UTF-8 (byte 0xff at
+    column 1)' without a hint; so was a Latin-1 one. The error now names the encoding it looks like
+    and the iconv command converting the file."""
+    text = "Ein Mädchen läuft.\nZwei Hunde.\n"
+    cases = {
+        "bom16.txt": (text.encode("utf-16"), "UTF-16"),  # with its byte order mark
+        "be16.txt": (text.encode("utf-16-be"), "UTF-16BE"),  # without: NUL bytes every other byte
+        "le16.txt": (text.encode("utf-16-le"), "UTF-16LE"),
+        "bom32.txt": (text.encode("utf-32"), "UTF-32"),
+        "latin1.txt": (text.encode("latin-1"), "WINDOWS-1252"),
+    }
+    for name, (data, encoding) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(DataError, match=r"not valid UTF-8") as info:
+            read_lines(path)
+        assert f"iconv -f {encoding} -t UTF-8 {path} > {path}.utf8" in str(info.value), (name, str(info.value))
+    path = tmp_path / "cut.txt"  # a UTF-8 file cut inside a character: no other encoding blamed
+    path.write_bytes("Ein Mädchen".encode("utf-8")[:6])
+    with pytest.raises(DataError) as info:
+        read_lines(path)
+    assert "iconv" not in str(info.value)
+
+
 def test_gzip_data_on_standard_input_is_named(monkeypatch) -> None:
     """Files are gunzipped (-i FILE), standard input is not: `translate < src.de.gz` was
     '<stdin>:1: not valid UTF-8 (byte 0x8b at column 2)', as if the text were in another encoding."""

@@ -63,10 +63,33 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
     line_start = data.rfind(b"\n", 0, pos) + 1
     line_no = data.count(b"\n", 0, pos) + first_line
     column = len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
+    encoding, file = _other_encoding(data, pos), "FILE" if str(path).startswith("<") else path  # <stdin>
+    hint = "" if encoding is None else (
+        f"; it looks like {encoding}: convert it with iconv -f {encoding} -t UTF-8 {file} > {file}.utf8")
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
-        "the file must be UTF-8 encoded text"
+        f"the file must be UTF-8 encoded text{hint}"
     )
+
+
+def _other_encoding(data: bytes, pos: int) -> str | None:
+    """The iconv name of the encoding undecodable ``data`` (bad byte at ``pos``) looks like, or
+    None: UTF-32 or UTF-16 by their byte order mark, UTF-16BE/LE by NUL bytes every other byte
+    (ASCII text in UTF-16), and WINDOWS-1252 (Latin-1 and its superset) by a lone high byte between
+    ASCII bytes ("M\\xe4dchen"), where UTF-8 puts a high byte before other high bytes."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    sample = data[:4096]
+    even, odd = sample[0::2], sample[1::2]  # ASCII in UTF-16BE: NUL first; in UTF-16LE: NUL second
+    if len(sample) >= 4 and even.count(0) >= 0.9 * len(even) and odd.count(0) <= 0.1 * len(odd):
+        return "UTF-16BE"
+    if len(sample) >= 4 and odd.count(0) >= 0.9 * len(odd) and even.count(0) <= 0.1 * len(even):
+        return "UTF-16LE"
+    if 0 not in sample and pos + 1 < len(data) and data[pos + 1] < 0x80:
+        return "WINDOWS-1252"
+    return None
 
 
 def _split_lines(text: str) -> list[str]:
