@@ -204,8 +204,11 @@ def _translate_in_chunks(translator, decode, columns: bool, args) -> int:
 def _translate_chunk(translator, decode, columns: bool, lines: list[str], start: int, name: str, bar) -> str:
     """One chunk's output; ``start``: the place of its first line in the input (n-best indices,
     sampling's streams and errors' line numbers count in the whole input)."""
+    from cometnmt.inference import read_from_files
+
     try:
-        results = translator.translate(lines, decode, progress=bar, start=start)
+        with read_from_files():  # the readers warned of text not in NFC, naming the file and line
+            results = translator.translate(lines, decode, progress=bar, start=start)
     except DataError as exc:  # name the input, and the line in it ("input line 3" counted in the chunk)
         message = re.sub(r"^input line (\d+):", lambda m: f"input line {int(m.group(1)) + start}:", str(exc))
         raise DataError(f"{name}: {message}") from None
@@ -270,6 +273,7 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
     """A line in, its translation out at once (standard input a terminal, or --interactive): a
     line that cannot be translated gets its error on stderr and the session goes on; Ctrl-D ends."""
     from cometnmt.data.corpus import decode_lines
+    from cometnmt.inference import read_from_files
 
     if sys.stdin.isatty():
         print("type a sentence and press Enter; Ctrl-D ends", file=sys.stderr, flush=True)
@@ -279,7 +283,8 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
         try:
             line = (decode_lines(raw, "<stdin>", first_line=number) or [""])[0]  # warnings name the session's line
             # start: a seeded session samples line N as a file's line N is sampled
-            out = _output_lines(number - 1, translator.translate([line], decode, start=number - 1)[0], columns)
+            with read_from_files():  # decode_lines warned of a line not in NFC
+                out = _output_lines(number - 1, translator.translate([line], decode, start=number - 1)[0], columns)
         except DataError as exc:  # "<stdin>:N: ..." or "input line 1: ...": say which line of the session
             print(f"cometnmt: error: line {number}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
             continue
@@ -341,7 +346,7 @@ def cmd_logprob(args) -> int:
 
     from cometnmt.data.corpus import write_text_file
     from cometnmt.evaluation import write_json
-    from cometnmt.inference import Translator
+    from cometnmt.inference import Translator, read_from_files
 
     _dash_is_std(args, "output")
     _no_dash(args, **{"-i": "input", "-t": "target", "--json": "json"})
@@ -357,7 +362,8 @@ def cmd_logprob(args) -> int:
         raise DataError(f"{args.target if args.nbest_input else args.input}: no lines to score")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     try:
-        scores = translator.log_prob(sources, targets, batch_size=args.batch_sentences, progress=True)
+        with read_from_files():  # the readers warned of text not in NFC, naming the file and line
+            scores = translator.log_prob(sources, targets, batch_size=args.batch_sentences, progress=True)
     except DataError as exc:
         raise _name_the_file(args, index, exc) from None
     if args.nbest_input:
@@ -400,7 +406,7 @@ def cmd_attention(args) -> int:
     import json
 
     from cometnmt.data.corpus import read_lines, write_text_file
-    from cometnmt.inference import Translator
+    from cometnmt.inference import Translator, read_from_files
     from cometnmt.plots import plot_attention
     from cometnmt.progress import progress_bar
 
@@ -424,8 +430,9 @@ def cmd_attention(args) -> int:
                         "give the translations alone (cut -f3 of --nbest 1's lines)")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     try:
-        maps = translator.attention(sources, targets, layer=args.layer, batch_size=args.batch_sentences, progress=True,
-                                    flags=True)
+        with read_from_files():  # the readers warned of text not in NFC, naming the file and line
+            maps = translator.attention(sources, targets, layer=args.layer, batch_size=args.batch_sentences,
+                                        progress=True, flags=True)
     except DataError as exc:
         message = str(exc)
         # without -t the targets are the model's translations of -i's lines ("None: target line 1")

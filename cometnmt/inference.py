@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import numbers
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -16,7 +18,7 @@ from tqdm import tqdm
 from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
                              length_penalty_problem, positions_key, temperature_problem, to_dict)
 from cometnmt.data.batching import collate
-from cometnmt.data.corpus import drop_byte_order_marks, read_lines
+from cometnmt.data.corpus import drop_byte_order_marks, read_lines, warn_not_nfc
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
@@ -275,7 +277,23 @@ _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what 
 _SPACES = re.compile(" {2,}")
 
 
-def _check_sentences(texts: list) -> list[str]:
+# True while the sentences given to a Translator were read by the file readers, which warned already
+_READ_FROM_FILES = contextvars.ContextVar("cometnmt_read_from_files", default=False)
+
+
+@contextmanager
+def read_from_files() -> Iterator[None]:
+    """Translator calls inside this take sentences read by ``read_lines``/``decode_lines`` (the
+    commands, ``translate_split``), which warned of text not in Unicode NFC naming the file and
+    line: the Translator does not warn a second time, naming only a sentence."""
+    token = _READ_FROM_FILES.set(True)
+    try:
+        yield
+    finally:
+        _READ_FROM_FILES.reset(token)
+
+
+def _check_sentences(texts: list, name: str = "sentences") -> list[str]:
     """Each item one sentence: a string, without a newline, encodable as UTF-8 (no lone
     surrogates, which JSON and Python strings can carry). A carriage return inside a sentence is
     text, as in training (files are split on newlines only; spaCy and SentencePiece take it as a space,
@@ -283,7 +301,9 @@ def _check_sentences(texts: list) -> list[str]:
     <unk> where its training text had none).
     Returns the sentences without the byte order marks (U+FEFF) that open one, as the file readers
     drop them (``decode_lines``): a first line read with ``open(path, encoding="utf-8")`` keeps its
-    mark, which made its first word another, unknown one (U+FEFF "Ein", not "Ein")."""
+    mark, which made its first word another, unknown one (U+FEFF "Ein", not "Ein").
+    Sentences not in Unicode NFC are kept, with one warning naming ``name`` (the method and its
+    argument), how many and the first one, as the file readers warn (outside :func:`read_from_files`)."""
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"sentence {i + 1} is {a_type(text)}, not a string")
@@ -293,6 +313,8 @@ def _check_sentences(texts: list) -> list[str]:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise DataError(f"sentence {i + 1}: not valid Unicode (a lone surrogate at column {exc.start + 1})") from None
+    if not _READ_FROM_FILES.get():
+        warn_not_nfc(texts, name, unit="sentence")
     return drop_byte_order_marks(texts)
 
 
@@ -465,8 +487,8 @@ class Translator:
         targets = _sentence_list(targets, "targets", "Translator.log_prob")
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
-        sources = _check_sentences(sources)
-        targets = _check_sentences(targets)
+        sources = _check_sentences(sources, "Translator.log_prob sources")
+        targets = _check_sentences(targets, "Translator.log_prob targets")
         check_batch_size(batch_size)
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
         tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
@@ -482,7 +504,7 @@ class Translator:
         An error names ``layer`` as the keyword, or with ``flags`` as ``--layer``."""
         if isinstance(sources, str) or isinstance(targets, str):
             raise TypeError("Translator.attention takes lists of sentences")
-        sources = _check_sentences(_sentence_list(sources, "sources", "Translator.attention"))
+        sources = _check_sentences(_sentence_list(sources, "sources", "Translator.attention"), "Translator.attention sources")
         src_ids = self._ids(sources, self.codec.src_tok, self.codec.encode_src)
         self._check_attention_layer(layer, flags)
         check_batch_size(batch_size, flags)  # before the model's own translations are decoded
@@ -492,7 +514,7 @@ class Translator:
             targets = _sentence_list(targets, "targets", "Translator.attention")
             if len(targets) != len(sources):
                 raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
-            targets = _check_sentences(targets)
+            targets = _check_sentences(targets, "Translator.attention targets")
             tgt_ids = self._ids(targets, self.codec.tgt_tok, self.codec.encode_tgt)
         return self.attention_ids(src_ids, tgt_ids, layer=layer, batch_size=batch_size, progress=progress, flags=flags)
 
@@ -616,7 +638,7 @@ class Translator:
         start = plain_number(start)
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:  # "x" was a TypeError from an addition
             raise ConfigError(f"start={start!r}: must be an integer at least 0 (the first sentence's place in the input)")
-        texts = _check_sentences(_sentence_list(texts, "texts", "Translator.translate"))
+        texts = _check_sentences(_sentence_list(texts, "texts", "Translator.translate"), "Translator.translate texts")
         words, ids = self._words_and_ids(texts, self.codec.src_tok, self.codec.encode_src)
         results = self.translate_ids(ids, decode_cfg, progress, start=start)
         if decode_cfg.replace_unk:
@@ -655,7 +677,8 @@ class Translator:
         corpus = read_split(anchor_paths(self.cfg.data, self.workdir), split)
         src, refs = corpus.src[:limit], corpus.tgt[:limit]
         try:
-            results = self.translate(src, decode_cfg, progress)
+            with read_from_files():  # read_split warned of text not in NFC
+                results = self.translate(src, decode_cfg, progress)
         except DataError as exc:  # name the file ("input line 3: ..." alone names no file)
             raise DataError(f"{corpus.src_path}: {_file_line(exc, corpus)}") from None
         return SplitTranslation(src, refs, [h[0].text for h in results])

@@ -547,6 +547,39 @@ def test_a_byte_order_mark_opening_a_sentence_is_not_text_to_the_translator(tran
     assert translator(["\ufeff", "A\ufeffB"]) == ["", translator("A\ufeffB")]  # a mark alone is a blank line
 
 
+def test_sentences_not_in_nfc_are_warned_about_as_the_file_readers_warn(translator, caplog):
+    """The file readers warn of text not in Unicode NFC (decomposed accents, as macOS writes
+    them: its words are not the vocabulary's); the Python API took such sentences without a word.
+    Translator.translate, log_prob and attention now warn once for each argument holding any,
+    naming it, how many and the first; text the readers read (the commands) is not warned twice."""
+    import unicodedata
+
+    from cometnmt.inference import read_from_files
+
+    nfd = unicodedata.normalize("NFD", "Ein Mädchen läuft.")
+    sources, targets = ["Zwei Hunde.", nfd, nfd], ["Two dogs.", "A girl runs.", "A girl runs."]
+
+    def warned(call) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cometnmt"):
+            call()
+        return [r.getMessage() for r in caplog.records if "NFC" in r.getMessage()]
+
+    (message,) = warned(lambda: translator.translate(sources))
+    assert message.startswith("Translator.translate texts: 2 sentences are not in Unicode NFC (first: sentence 2)")
+    assert "unicodedata.normalize('NFC', text)" in message
+    (message,) = warned(lambda: translator.log_prob(sources, targets))
+    assert message.startswith("Translator.log_prob sources: 2 sentences are not in Unicode NFC (first: sentence 2)")
+    assert warned(lambda: translator.attention(targets, sources[:2] + ["Zwei Hunde."])) == [
+        "Translator.attention targets: 1 sentence is not in Unicode NFC (first: sentence 2)" + message.split("(first: sentence 2)")[1]]
+    assert warned(lambda: translator(unicodedata.normalize("NFC", nfd))) == []
+    with read_from_files():
+        assert warned(lambda: translator.translate(sources)) == []
+    from cometnmt.cli import _translate_chunk  # translate -i's chunks: its reader warned, naming the file
+
+    assert warned(lambda: _translate_chunk(translator, None, False, sources, 0, "in.de", None)) == []
+
+
 def test_averaging_into_a_folder_is_refused_first(run_dir, tmp_path):
     with pytest.raises(cometnmt.CheckpointError, match=f"{tmp_path}: is a directory"):
         cometnmt.average_checkpoints([run_dir / "best.pt"], tmp_path)

@@ -128,7 +128,7 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1) -> list[str
     if "\ufeff" in text:
         lines = drop_byte_order_marks(lines)
     if not unicodedata.is_normalized("NFC", text):
-        _warn_not_nfc(lines, name, first_line)
+        warn_not_nfc(lines, name, first_line)
     return lines
 
 
@@ -138,18 +138,21 @@ def drop_byte_order_marks(lines: list[str]) -> list[str]:
     return [line.lstrip("\ufeff") for line in lines]
 
 
-def _warn_not_nfc(lines: list[str], name: str | Path, first_line: int = 1) -> None:
+def warn_not_nfc(lines: list[str], name: str | Path, first_line: int = 1, unit: str = "line") -> None:
     """Text with decomposed accents (NFD: "e" + U+0301 where Multi30k and most text write "é"),
     as macOS and some tools write it, was read without a word: its words are not the precomposed
     words a vocabulary knows (validation <unk> 30.8% -> 34.0% in a run on NFD training text),
     spaCy splits them otherwise, and BLEU counts them as different. Warn once per read, naming
-    the first such line; the text is kept as it is (sacreBLEU scores it as written too)."""
+    the first such line; the text is kept as it is (sacreBLEU scores it as written too). ``unit``
+    "sentence": ``lines`` are sentences given to the Python API (Translator), ``name`` its argument."""
     bad = [i for i, line in enumerate(lines, first_line) if not unicodedata.is_normalized("NFC", line)]
     if bad:
-        logger.warning("%s: %d line%s not in Unicode NFC (first: line %d), e.g. accents as separate combining "
-                       "characters; they do not match the same words written precomposed: normalise the text, e.g. "
-                       "python -c \"import sys, unicodedata; sys.stdout.write(unicodedata.normalize('NFC', "
-                       "sys.stdin.read()))\" < IN > OUT", name, len(bad), " is" if len(bad) == 1 else "s are", bad[0])
+        remedy = ("unicodedata.normalize('NFC', text)" if unit == "sentence" else
+                  "python -c \"import sys, unicodedata; sys.stdout.write(unicodedata.normalize('NFC', "
+                  "sys.stdin.read()))\" < IN > OUT")
+        logger.warning("%s: %d %s%s not in Unicode NFC (first: %s %d), e.g. accents as separate combining "
+                       "characters; they do not match the same words written precomposed: normalise the text, e.g. %s",
+                       name, len(bad), unit, " is" if len(bad) == 1 else "s are", unit, bad[0], remedy)
 
 
 def read_stdin_lines() -> list[str]:
