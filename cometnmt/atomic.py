@@ -25,6 +25,24 @@ from cometnmt.errors import CometNMTError, setting
 from cometnmt.interrupts import deferred
 
 
+def output_path(path: str | Path) -> Path:
+    """The file an output path names: a symbolic link is written through, as the shell's ``>``
+    does (the file it names, through every link; a dangling one: where it points)."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
+def replace_keeping_mode(new: str | Path, path: Path) -> None:
+    """Rename the finished file ``new`` over ``path`` with the permissions ``path`` had (a new
+    file: 0644, readable by all, as an ordinary file; mkstemp creates 0600)."""
+    try:
+        perms = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # a new file (or one we may not stat: the rename decides)
+        perms = 0o644
+    os.chmod(new, perms)
+    os.replace(new, path)
+
+
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file beside ``path`` (``mode`` "w": UTF-8 text, "wb": bytes; parent
@@ -34,14 +52,8 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     file it points to gets the new content and the link stays. (The rename replaced the link itself
     with a new file, the link's target left with its old content, and reset a private file's 0600
     to 0644, readable by all: ``translate -o`` onto a link or a private file.)"""
-    path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()  # the file it names, through every link (a dangling one: where it points)
+    path = output_path(path)
     make_folder(path.parent)
-    try:
-        perms = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:  # a new file (or one we may not stat: the rename decides)
-        perms = 0o644
     tmp = held = None
     try:
         # Ctrl-C/SIGTERM waits until the temporary file is made and its name known: raised inside
@@ -53,8 +65,7 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, perms)  # mkstemp creates 0600
-        os.replace(tmp, path)
+        replace_keeping_mode(tmp, path)
         tmp = None  # renamed: nothing of ours to remove
         _fsync_folder(path.parent)
     except BaseException:

@@ -21,12 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from cometnmt.atomic import _fsync_folder, atomic_write, make_folder
+from cometnmt.atomic import _fsync_folder, atomic_write, make_folder, output_path, replace_keeping_mode
 from cometnmt.data.corpus import GZIP_MAGIC, decode_lines, gzip_errors, open_bytes
 from cometnmt.errors import CometNMTError, DataError
 from cometnmt.interrupts import deferred
@@ -123,7 +122,7 @@ class PartialOutput:
 
     def __init__(self, path: str, identity: dict) -> None:
         self.given = path
-        self.target = Path(path).resolve() if Path(path).is_symlink() else Path(path)  # written through a link
+        self.target = output_path(path)  # written through a link
         self.partial = self.target.with_name(self.target.name + ".partial")
         self.record = self.target.with_name(self.target.name + ".partial.json")
         self.identity = identity
@@ -217,13 +216,8 @@ class PartialOutput:
         atomic_write gives), and remove the record."""
         self.file.close()
         try:
-            perms = stat.S_IMODE(os.stat(self.target).st_mode)
-        except OSError:
-            perms = 0o644
-        try:
             with deferred():
-                os.chmod(self.partial, perms)
-                os.replace(self.partial, self.target)
+                replace_keeping_mode(self.partial, self.target)
                 self.record.unlink()
         except OSError as exc:
             raise DataError(f"{self.target}: cannot write file ({exc.strerror or exc}); the translations are in "
