@@ -468,6 +468,58 @@ def test_a_failure_of_rank_zero_while_preparing_the_data_stops_every_rank(tmp_pa
         "rank 0 failed preparing the data: data/train.de:7: something rank 0 alone found")
 
 
+def _rank_zero_fails_scoring(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
+    """One rank of ``test_a_failure_of_rank_zero_while_scoring_validation_stops_every_rank``: rank 0's
+    scorer of the validation translations fails; each rank writes the error it stopped with to
+    ``out``.RANK, then exits with it (non-zero)."""
+    from cometnmt.training import trainer as trainer_module
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def failing(*args, **kwargs):
+        raise ValueError("the scorer broke on rank 0")
+
+    trainer_module.corpus_scores = failing if rank == 0 else None  # rank 1 never scores
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(
+            data_dir, save_dir, "train.max_steps=1", "train.valid_bleu=true", "train.valid_bleu_max_sentences=4")))
+    except Exception as exc:
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    raise AssertionError(f"rank {rank} did not stop")
+
+
+def test_a_failure_of_rank_zero_while_scoring_validation_stops_every_rank(tmp_path, data_dir):
+    """Rank 0 fails while it scores the translations the ranks gathered: it stops with its error,
+    and rank 1, which waits for the scores, stops at once with rank 0's error, both exiting
+    non-zero. Before, rank 1 waited in the broadcast of scores that never came (gloo gives up only
+    after its timeout, 30 minutes by default) or failed there with gloo's own error, which does
+    not say what happened."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "error"
+    context = torch.multiprocessing.spawn(_rank_zero_fails_scoring, nprocs=2, join=False,
+                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
+    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
+    try:
+        for process in context.processes:  # each on its own: context.join() kills the others when one fails
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            assert process.exitcode is not None, "a rank still waits"
+    finally:
+        for process in context.processes:
+            process.kill()
+    assert [process.exitcode for process in context.processes] == [1, 1]
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == "ValueError: the scorer broke on rank 0"
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
+        "RuntimeError: rank 0 failed scoring the validation translations: ValueError: the scorer broke on rank 0")
+
+
 # every registered architecture but the Transformer of the tests above, at test size
 ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked

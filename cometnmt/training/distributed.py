@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from cometnmt import errors
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,6 +59,39 @@ def broadcast_object(obj, info: DistInfo):
     box = [obj if info.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def rank_zero_error(kind: str, message: str, doing: str) -> Exception:
+    """The error another rank raises for one rank 0 had while ``doing`` (its class name ``kind``
+    and its message, as rank 0 broadcast them): the same class for the toolkit's own errors
+    (the CLI shows them as one line), a RuntimeError naming the class otherwise."""
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.CometNMTError):
+        return cls(f"rank 0 failed {doing}: {message}")
+    return RuntimeError(f"rank 0 failed {doing}: {kind}: {message}")
+
+
+def broadcast_result(compute: Callable[[], T], info: DistInfo, doing: str) -> T:
+    """``compute()`` run on rank 0 alone and its result broadcast to every rank, with success or
+    rank 0's error: if it raises, rank 0 raises its error and every other rank at once a copy that
+    names it ("rank 0 failed DOING: ..."; :func:`rank_zero_error`). The other ranks wait in the
+    broadcast either way: with a plain broadcast of the result, they waited there for one that never
+    came, until the process group's timeout (gloo's 30 minutes by default). ``compute()`` itself in a
+    single process."""
+    if not info.enabled:
+        return compute()
+    outcome, error = None, None
+    if info.is_main:
+        try:
+            outcome = (True, compute())
+        except Exception as exc:  # the other ranks learn of it below
+            error, outcome = exc, (False, (type(exc).__name__, str(exc)))
+    ok, value = broadcast_object(outcome, info)
+    if error is not None:
+        raise error
+    if not ok:
+        raise rank_zero_error(*value, doing)
+    return value
 
 
 def all_gather_objects(obj, info: DistInfo) -> list:

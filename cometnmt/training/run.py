@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from cometnmt import errors
 from cometnmt.atomic import make_folder, remove_stale_temporaries, same_file
 from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict,
                              unread_multi30k_dir, unused_model_keys, yaml_dump)
@@ -30,7 +29,8 @@ from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, EPOCH_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoints,
                                          load_checkpoint, weights_misfit)
-from cometnmt.training.distributed import DistInfo, all_reduce_sum, any_rank, broadcast_object, init_from_env, shutdown
+from cometnmt.training.distributed import (DistInfo, all_reduce_sum, any_rank, broadcast_object, init_from_env, rank_zero_error,
+                                          shutdown)
 from cometnmt.training.trainer import METRICS_FILE, Trainer
 
 log = logging.getLogger(__name__)
@@ -426,10 +426,7 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         log.warning("rank %d: another rank was interrupted while rank 0 prepared the data; every rank stops", dist.rank)
         raise KeyboardInterrupt
     if failed:
-        cls = getattr(errors, kind, None)
-        if isinstance(cls, type) and issubclass(cls, CometNMTError):
-            raise cls(f"rank 0 failed preparing the data: {message}")
-        raise RuntimeError(f"rank 0 failed preparing the data: {kind}: {message}")
+        raise rank_zero_error(kind, message, "preparing the data")
     return prepared if dist.is_main else shared.received()
 
 

@@ -51,7 +51,7 @@ from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoint_name, epoch_checkpoints,
                                          load_checkpoint, load_weights, save_checkpoint)
 from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_gather_objects, all_reduce_sum,
-                                          any_rank, broadcast_object, ddp_buffer_sync)
+                                          any_rank, broadcast_result, ddp_buffer_sync)
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
@@ -815,8 +815,8 @@ class Trainer:
         """Greedy translations of the validation sources and their scores. Under DDP each rank
         decodes every world_size-th of the batches one process decodes (the same batches, so the
         same translations; every rank decoded them all before), the ranks gather them in input
-        order and rank 0 scores them and sends the scores to the others, so every rank takes the
-        same stopping and best-checkpoint decisions."""
+        order and rank 0 scores them and sends the scores (or its error) to the others, so every rank
+        takes the same stopping and best-checkpoint decisions."""
         d = self.valid_data
         n = len(d) if self.tc.valid_bleu_max_sentences is None else min(len(d), self.tc.valid_bleu_max_sentences)
         found = self._greedy_translator().translate_ids(d.src_ids[:n], shard=(self.dist.rank, self.dist.world_size))
@@ -824,7 +824,8 @@ class Trainer:
         for part in all_gather_objects({i: h[0].text for i, h in enumerate(found) if h}, self.dist):
             gathered.update(part)
         hyps = [gathered[i] for i in range(n)]
-        return broadcast_object(self._validation_scores(hyps, n) if self.dist.is_main else None, self.dist)
+        # rank 0's error too: the others stop with it rather than wait for scores that never come
+        return broadcast_result(lambda: self._validation_scores(hyps, n), self.dist, "scoring the validation translations")
 
     def _validation_scores(self, hyps: list[str], n: int) -> dict:
         d = self.valid_data
