@@ -106,6 +106,11 @@ class TrainConfig:
     # tokens/s, later ones at 32-37k (bench/README.md). false = flash / memory-efficient kernels only.
     cudnn_attention: bool = True  # CUDA: attention may use cuDNN kernels (slow first call per batch shape on an H100)
     num_threads: Optional[int] = None  # torch.set_num_threads on the CPU; null: torch's default
+    # Under DDP (torchrun): the process group's timeout (init_process_group's), how long a rank waits
+    # for the others in one collective (joining included) before it stops with an error. The longest
+    # wait is the other ranks' for rank 0 preparing the data: reading the corpus, training the
+    # SentencePiece models, tagging for Transformer++; raise it where that takes longer.
+    distributed_timeout_minutes: float = 30.0  # DDP: how long a rank waits for the others (rank 0 preparing the data, say) before it stops
     max_epochs: int = 100  # train at most this many epochs (the stopping rule or max_steps may end sooner)
     max_steps: Optional[int] = None  # optimizer steps taken (fp16: those the loss scaler skipped too); null: no limit. Stopping inside an epoch validates there (best.pt kept)
     batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side
@@ -638,6 +643,9 @@ def validate(cfg: Config) -> None:
                           f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}")
     if cfg.data.min_freq < 1:
         raise ConfigError(f"config key 'data.min_freq': must be at least 1 (1 keeps every word), got {cfg.data.min_freq}")
+    if not 0 < cfg.train.distributed_timeout_minutes < math.inf:  # nan fails too
+        raise ConfigError(f"config key 'train.distributed_timeout_minutes': must be a positive finite number of minutes, "
+                          f"got {cfg.train.distributed_timeout_minutes}")
     if cfg.train.num_threads is not None and cfg.train.num_threads < 1:
         raise ConfigError(f"config key 'train.num_threads': must be at least 1 (or null: torch's default), "
                           f"got {cfg.train.num_threads}")

@@ -222,6 +222,9 @@ def test_attention_dropout_is_checked_and_named():
     (["decode.max_len_a=0", "decode.max_len_b=0"], "config key 'decode.max_len_b': must be at least 1 with decode.max_len_a: 0"),
     (["train.num_threads=-1"], "config key 'train.num_threads': must be at least 1 (or null: torch's default), got -1"),
     (["train.num_threads=0"], "config key 'train.num_threads': must be at least 1"),  # was ignored without a word
+    (["train.distributed_timeout_minutes=0"],
+     "config key 'train.distributed_timeout_minutes': must be a positive finite number of minutes, got 0.0"),
+    (["train.distributed_timeout_minutes=.nan"], "config key 'train.distributed_timeout_minutes': must be a positive finite"),
     (["data.min_freq=-5"], "config key 'data.min_freq': must be at least 1 (1 keeps every word), got -5"),
     (["train.betas=[1.5, 0.98]"], "config key 'train.betas': Adam's two decay rates must be in [0, 1), got [1.5, 0.98]"),
     (["train.betas=[0.9, .nan]"], "config key 'train.betas': Adam's two decay rates must be in [0, 1), got [0.9, nan]"),

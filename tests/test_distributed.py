@@ -520,6 +520,60 @@ def test_a_failure_of_rank_zero_while_scoring_validation_stops_every_rank(tmp_pa
         "RuntimeError: rank 0 failed scoring the validation translations: ValueError: the scorer broke on rank 0")
 
 
+def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str) -> None:
+    """One rank of ``test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout``: rank
+    0's preparation of the data takes PREPARE_SECONDS longer; each rank writes the error it stopped
+    with, or 'trained', to ``out``.RANK."""
+    import time
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    original = run_module.prepare_data
+
+    def slow(*args):
+        time.sleep(PREPARE_SECONDS)  # as SentencePiece's training or the taggers on a large corpus
+        return original(*args)
+
+    run_module.prepare_data = slow if rank == 0 else None  # rank 1 never prepares
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(
+            data_dir, save_dir, "train.max_steps=1", f"train.distributed_timeout_minutes={timeout}")))
+        said = "trained"
+    except Exception as exc:
+        said = f"{type(exc).__name__}: {exc}"
+    with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+        f.write(said)
+
+
+PREPARE_SECONDS = 9
+
+
+@pytest.mark.parametrize("timeout", ["0.1", "1"])  # 6 seconds, less than rank 0's preparation; 60, more
+def test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout(tmp_path, data_dir, timeout):
+    """The ranks wait for rank 0's data preparation in one collective, for the process group's
+    timeout: train.distributed_timeout_minutes. Shorter than the preparation, every rank stops with
+    an error naming the key; longer, the run trains. Before, the process group had gloo's default
+    30 minutes, which no key changed: a preparation that took longer (SentencePiece's training,
+    the taggers on millions of lines) stopped the ranks with gloo's own timeout error."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "said"
+    torch.multiprocessing.spawn(_slow_rank_zero, nprocs=2, join=True,
+                                args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), timeout))
+    said = [(tmp_path / f"said.{rank}").read_text(encoding="utf-8") for rank in range(2)]
+    if timeout == "1":
+        assert said == ["trained", "trained"]
+        assert load_checkpoint(tmp_path / "ddp" / "last.pt")["step"] == 1
+        return
+    assert said[1].startswith("ConfigError: config key 'train.distributed_timeout_minutes': rank 1 gave up waiting for "
+                              "rank 0 to prepare the data (read the splits, build the codec, tag) after 0.1 minutes"), said[1]
+    assert said[0].startswith("ConfigError: config key 'train.distributed_timeout_minutes': rank 0 prepared the data"), said[0]
+    assert "longer than the 0.1 minutes a rank waits for the others" in said[0], said[0]
+
+
 # every registered architecture but the Transformer of the tests above, at test size
 ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked

@@ -4,6 +4,7 @@ Without those variables everything runs as a single process."""
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import os
 from collections.abc import Callable
@@ -33,8 +34,10 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_from_env(device_kind: str) -> DistInfo:
-    """Join the process group torchrun described, if any. ``device_kind``: 'cpu' or 'cuda'."""
+def init_from_env(device_kind: str, timeout_minutes: float = 30.0) -> DistInfo:
+    """Join the process group torchrun described, if any. ``device_kind``: 'cpu' or 'cuda'.
+    ``timeout_minutes`` (train.distributed_timeout_minutes): the group's timeout, how long a rank
+    waits in one collective (and for the others to join) before it fails."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
@@ -42,7 +45,8 @@ def init_from_env(device_kind: str) -> DistInfo:
     if device_kind == "cuda":  # before joining, so NCCL binds each rank to its own GPU
         torch.cuda.set_device(info.local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo",
+                                timeout=datetime.timedelta(minutes=timeout_minutes))
     return info
 
 

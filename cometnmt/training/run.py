@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import shlex
+import time
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
@@ -388,7 +389,8 @@ def prepare_data(cfg: Config, payload: dict | None, source: dict | None, flags: 
     return PreparedData(train_corpus, valid_corpus, test_corpus, digests, codec, train_data, valid_data, tags)
 
 
-def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], PreparedData]) -> PreparedData:
+def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], PreparedData],
+                  timeout_minutes: float = 30.0) -> PreparedData:
     """``prepare()`` on rank 0 alone under DDP; the other ranks wait and receive its result.
 
     Every rank prepared the data itself before: N ranks built the codec N times (tokenised the
@@ -400,10 +402,15 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
     raises as its own ("rank 0 failed preparing the data: ..."), so none waits for data that will
     never come. An interrupt anywhere: every rank stops with it, as ``_SetUp`` stops them. A
     signal to a rank while it waits here is delivered after the exchange (it then leaves through
-    ``_SetUp.leave``, which meets the others at ``_SetUp.ready``)."""
+    ``_SetUp.leave``, which meets the others at ``_SetUp.ready``).
+
+    The others wait in one collective, for at most the process group's timeout
+    (``timeout_minutes``, train.distributed_timeout_minutes): a preparation that takes longer
+    stops every rank with an error naming the key (:func:`_waited_too_long`)."""
     if not dist.enabled:
         return prepare()
     prepared, error = None, None
+    started = time.monotonic()
     if dist.is_main:
         try:
             prepared = prepare()
@@ -412,7 +419,13 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
     failure = dist.world_size + 1  # more than every rank's interrupt together
     with deferred():  # signals while waiting or exchanging: delivered once every rank is past the exchange
         code = 0 if error is None else 1 if isinstance(error, KeyboardInterrupt) else failure
-        total = int(all_reduce_sum(torch.tensor(float(code), device=setup.device), dist).item())
+        try:
+            total = int(all_reduce_sum(torch.tensor(float(code), device=setup.device), dist).item())
+        except RuntimeError as exc:  # gloo's and NCCL's errors, a timeout among them
+            if error is not None:  # rank 0's own error says more
+                raise error from exc
+            _waited_too_long(dist, time.monotonic() - started, timeout_minutes, exc)
+            raise
         failed, interrupted = total >= failure, total % failure
         if failed or interrupted:
             setup.met = True  # the ranks met here; none meets the others again on its way out
@@ -428,6 +441,24 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
     if failed:
         raise rank_zero_error(kind, message, "preparing the data")
     return prepared if dist.is_main else shared.received()
+
+
+def _waited_too_long(dist: DistInfo, seconds: float, timeout_minutes: float, exc: RuntimeError) -> None:
+    """After the wait for rank 0's data failed with ``exc``, ``seconds`` after the preparation began:
+    if that is the process group's timeout (train.distributed_timeout_minutes), raise an error
+    naming the key (on rank 0: its preparation outlasted it, and the other ranks gave up; on the
+    others: they gave up). Another failure (a rank that died) is left to ``exc``."""
+    minutes = seconds / 60
+    if minutes < 0.99 * timeout_minutes:
+        return
+    if dist.is_main:
+        what = (f"rank 0 prepared the data (read the splits, built the codec, tagged) in {minutes:.2f} minutes, longer "
+                f"than the {timeout_minutes:g} minutes a rank waits for the others, so they stopped waiting")
+    else:
+        what = (f"rank {dist.rank} gave up waiting for rank 0 to prepare the data (read the splits, build the codec, "
+                f"tag) after {timeout_minutes:g} minutes, the most a rank waits for the others")
+    raise ConfigError(f"config key 'train.distributed_timeout_minutes': {what}; raise it for data that take longer to "
+                      f"prepare ({type(exc).__name__}: {exc})") from exc
 
 
 class _SetUp:
@@ -502,7 +533,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
     # under DDP a signal while joining the process group is delivered once joined, in the try below
     # (_SetUp): a rank that left before joining kept the others waiting in the group's rendezvous
     with deferred(redeliver=False) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else nullcontext([]) as joining:
-        dist = init_from_env(device.type)
+        dist = init_from_env(device.type, cfg.train.distributed_timeout_minutes)
     if not dist.is_main:  # rank 0 reports; the other ranks' log lines would repeat its own
         logging.getLogger("cometnmt").setLevel(logging.WARNING)
     if dist.enabled and device.type == "cuda":
@@ -536,7 +567,8 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
 
         source = payload if payload is not None else init
         # under DDP rank 0 alone reads, builds the codec and tags; the others receive the result
-        prepared = _prepare_once(dist, setup, lambda: prepare_data(cfg, payload, source, flags))
+        prepared = _prepare_once(dist, setup, lambda: prepare_data(cfg, payload, source, flags),
+                                 cfg.train.distributed_timeout_minutes)
         train_corpus, valid_corpus, test_corpus = prepared.train_corpus, prepared.valid_corpus, prepared.test_corpus
         digests, codec, train_data, valid_data, tags = (prepared.digests, prepared.codec, prepared.train_data,
                                                         prepared.valid_data, prepared.tags)
