@@ -62,6 +62,47 @@ def first_raises() -> Iterator[list[int]]:
         yield later
 
 
+class HandOver:
+    """The signals of a :func:`noted_until_taken` block: noted until :meth:`take`, delivered after it
+    to the handlers that were in place before the block (as if the block had ended)."""
+
+    def __init__(self) -> None:
+        self.noted: list[int] = []
+        self.taken = False
+        self.ignored = ignored()  # before the block's handler is in place: it hides SIG_IGN from ignored()
+        self.previous: dict = {}
+
+    def handle(self, signum, frame) -> None:
+        if self.taken:
+            _deliver(signum, self.previous[signum])
+        else:
+            self.noted.append(signum)
+
+    def take(self) -> list[int]:
+        """Called by the code that notes the signals itself from now on, once its own handlers are
+        in place over the block's: the signals noted so far (this one block's, ignored ones
+        included), which are its to count; any that reaches the block's handler after this is
+        delivered as if the block had ended."""
+        self.taken = True
+        return list(self.noted)
+
+
+@contextmanager
+def noted_until_taken() -> Iterator[HandOver]:
+    """Within the block, SIGINT and SIGTERM are only noted, as in ``deferred(redeliver=False)``,
+    until the yielded :class:`HandOver`'s ``take()``; after it, the block's handler passes them to
+    the handlers in place before it. So code that installs its own handlers (:func:`deferred`,
+    :func:`first_raises`) inside the block can take the signals over with no gap between the
+    block's handler and its own, where one would have been raised, and the block's handler may stay
+    under the inner ones without swallowing what they deliver to it. On leaving, the handlers
+    before it come back; signals noted and never taken are dropped. Outside the main thread it
+    installs nothing."""
+    hand = HandOver()
+    with _handled_by(hand.handle) as previous:
+        hand.previous = previous
+        yield hand
+
+
 @contextmanager
 def _handled_by(handler) -> Iterator[dict]:
     """Within the block, ``handler`` handles SIGINT and SIGTERM; yields the handlers it replaced

@@ -348,6 +348,61 @@ def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_d
     assert not (tmp_path / "ddp" / "last.pt").exists() and not (tmp_path / "ddp" / "metrics.jsonl").exists()
 
 
+def _terminated_as_training_begins(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str) -> None:
+    """One rank of ``test_a_signal_to_one_rank_as_training_begins_stops_every_rank``: rank 1 alone
+    gets a real SIGTERM (raising as under the CLI) after the ranks' last agreement of the set-up,
+    before ``Trainer.fit`` notes signals itself: as ``train`` calls fit (``where`` "call"), or in
+    fit's first line ("entry")."""
+    import signal
+
+    from cometnmt.training import trainer as trainer_module
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def raise_term(signum, frame):
+        raise _Term
+
+    signal.signal(signal.SIGTERM, raise_term)
+    original_fit, original_folder = Trainer.fit, trainer_module.make_folder
+
+    def fit(self, *args, **kwargs):
+        if rank == 1 and where == "call":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_fit(self, *args, **kwargs)
+
+    def make_folder(*args):  # fit's first line
+        if rank == 1 and where == "entry":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_folder(*args)
+
+    Trainer.fit, trainer_module.make_folder = fit, make_folder
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, "train.max_epochs=1",
+                                                                               "train.accum_steps=1")))
+    except KeyboardInterrupt as exc:  # rank 1 for its own SIGTERM, rank 0 for its peer's
+        assert isinstance(exc, _Term) == (rank == 1), (rank, type(exc))
+        return
+    raise AssertionError(f"rank {rank} was not interrupted")
+
+
+@pytest.mark.parametrize("where", ["call", "entry"])
+def test_a_signal_to_one_rank_as_training_begins_stops_every_rank(tmp_path, data_dir, where):
+    """A SIGTERM that reaches one rank after the set-up's last agreement (``_SetUp.done``) and
+    before ``Trainer.fit`` notes signals itself is carried into fit: the first step's all-reduce
+    carries it, every rank stops after that step and rank 0 saves it. Before, the signal stopped
+    its rank alone there, and the other failed in the first step's all-reduce with gloo's
+    "Connection closed by peer" RuntimeError."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_terminated_as_training_begins, nprocs=2, join=True,
+                                args=(2, port, where, str(data_dir), str(tmp_path / "ddp")))
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["step"] == 1
+
+
 def _counting_rank(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, *extra: str) -> None:
     """One rank of ``test_rank_zero_alone_prepares_the_data_and_the_ranks_share_validation``: the
     CLI's training under torchrun's environment; every codec build, tagging pass and validation

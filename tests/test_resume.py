@@ -730,6 +730,36 @@ def test_deferred_delivers_the_first_signal_after_the_block_and_nests():
     assert noted == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is before
 
 
+def test_noted_until_taken_hands_its_signals_to_the_handlers_nested_in_it():
+    """cometnmt.interrupts.noted_until_taken (the DDP set-up's, handed to Trainer.fit): signals are
+    noted until take(), which returns them, ignored ones with them; handlers installed inside it
+    (fit's first_raises and deferred) then deliver through it to the handlers before it, so the
+    first raises a KeyboardInterrupt; on leaving, the handlers before it come back. A deferred block
+    nested over it, as before, would have delivered to a handler that only notes."""
+    from cometnmt.interrupts import deferred, first_raises, noted_until_taken, raise_noted
+
+    before = signal.getsignal(signal.SIGINT)
+    with noted_until_taken() as hand:
+        signal.raise_signal(signal.SIGINT)  # between the set-up's last agreement and fit's handlers
+        with pytest.raises(KeyboardInterrupt):
+            with first_raises():
+                with deferred(redeliver=False) as pending:
+                    pending.extend(hand.take())
+                    signal.raise_signal(signal.SIGTERM)  # fit's own: noted by its deferred
+                assert pending == [signal.SIGINT, signal.SIGTERM]
+                raise_noted(pending)  # as fit raises a rank's own signal
+        assert hand.ignored == set() and hand.noted == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is before
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a run started in the background
+    try:
+        with noted_until_taken() as hand:
+            signal.raise_signal(signal.SIGINT)
+            assert hand.ignored == {signal.SIGINT} and hand.take() == [signal.SIGINT]
+            signal.raise_signal(signal.SIGINT)  # after take(): to SIG_IGN, nothing raised
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_init_from_with_other_batch_norm_length_buckets_warns(tmp_path, data_dir, caplog):
     """--init-from with other model.comet.bn_length_bounds of as many buckets: the weights fit, but
     each bucket's statistics were trained on other lengths, which the log says."""

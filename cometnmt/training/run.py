@@ -25,7 +25,7 @@ from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
 from cometnmt.inference import resolve_device, set_cuda_backends
-from cometnmt.interrupts import deferred, ignored, raise_noted
+from cometnmt.interrupts import HandOver, deferred, ignored, noted_until_taken, raise_noted
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, EPOCH_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoints,
@@ -474,9 +474,12 @@ class _SetUp:
     model is built, before DDP's first collective), which a rank interrupted before it reaches from
     ``train``'s handler of the interrupt (:meth:`leave`) rather than leaving alone; and at
     :meth:`done` (before the trainer's loop takes the signals over), the signals between the two
-    only noted. A signal while the rank joined the process group is delivered once it joined. (The
-    first lines of ``Trainer.fit``, before it notes signals itself, are left: a signal there still
-    stops its rank alone.) In a single process it does nothing."""
+    only noted. A signal while the rank joined the process group is delivered once it joined.
+    After :meth:`done` signals are still only noted, until ``Trainer.fit`` has its own handlers in
+    place and takes them (:meth:`hand_over`): its first step's all-reduce then stops every rank.
+    (A signal there stopped its rank alone: the set-up's handlers were gone before fit's came, and
+    fit's nested over the set-up's would have delivered to them, only to be noted.) In a single
+    process it does nothing."""
 
     def __init__(self, dist: DistInfo, device: torch.device) -> None:
         self.dist, self.device = dist, device
@@ -484,12 +487,14 @@ class _SetUp:
         self.noting = ExitStack()
         self.met = not dist.enabled  # the ranks met at ready(): no rank leaves from there on without the others
         self.noted: list[int] = []
+        self.hand: HandOver | None = None
 
     def ready(self) -> None:
         if not self.met:
-            self.noted = self.noting.enter_context(deferred(redeliver=False))
+            self.hand = self.noting.enter_context(noted_until_taken())
+            self.noted = self.hand.noted
             self.met = True
-            self._agree(last=False)
+            self._agree()
 
     def leave(self) -> None:
         """An interrupt on its way out of ``train`` before :meth:`ready`: tell the others there."""
@@ -499,17 +504,21 @@ class _SetUp:
 
     def done(self) -> None:
         if self.dist.enabled:
-            self._agree(last=True)
+            self._agree()
+
+    def hand_over(self) -> HandOver | None:
+        """After :meth:`done`, for ``Trainer.fit``: the set-up's signals, still noted until fit takes
+        them; None in a single process."""
+        return self.hand
 
     def close(self) -> None:
         self.noting.close()
 
-    def _agree(self, last: bool) -> None:
+    def _agree(self) -> None:
         mine = [signum for signum in self.noted if signum not in self.skip]
         anyone = any_rank(bool(mine), self.dist, self.device)
-        if anyone or last:
-            self.close()  # the signals are handled as before again: the trainer's loop notes them itself
         if anyone:
+            self.close()  # the signals are handled as before again
             raise_noted(mine)  # this rank's own, as it would have been raised
             log.warning("rank %d: another rank was interrupted while the ranks set up; every rank stops", self.dist.rank)
             raise KeyboardInterrupt
@@ -609,7 +618,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if dist.is_main and not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
             write_text_file(Path(cfg.train.save_dir) / CONFIG_FILE, yaml_dump(to_dict(cfg)))
         setup.done()
-        summary = trainer.fit()
+        summary = trainer.fit(setup.hand_over())  # signals since done(): fit's to count
         clean = True
         return summary
     except KeyboardInterrupt:

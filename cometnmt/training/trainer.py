@@ -45,7 +45,7 @@ from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
 from cometnmt.evaluation import corpus_scores, paper_bleu, paper_label
 from cometnmt.inference import Translator
-from cometnmt.interrupts import deferred, first_raises, ignored, raise_noted
+from cometnmt.interrupts import HandOver, deferred, first_raises, ignored, raise_noted
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoint_name, epoch_checkpoints,
@@ -519,8 +519,12 @@ class Trainer:
         early, but a resume with a larger one goes on)."""
         return self.finished or self.epoch >= self.tc.max_epochs
 
-    def fit(self) -> dict:
-        """Train until the stopping rule, max_epochs or max_steps. Ctrl-C/SIGTERM saves `last.pt`."""
+    def fit(self, signals: HandOver | None = None) -> dict:
+        """Train until the stopping rule, max_epochs or max_steps. Ctrl-C/SIGTERM saves `last.pt`.
+
+        ``signals``: under DDP, those the set-up noted (``run._SetUp.hand_over``) up to here, still
+        noted until fit's own handlers are in place: fit counts them as its own, so the first
+        step's all-reduce stops every rank for one that came as training began."""
         make_folder(self.save_dir)
         if self.cuda_graphs and self._compiled:
             self._expect_graph_per_shape()
@@ -533,11 +537,13 @@ class Trainer:
         # collective, which failed with gloo's "Connection closed by peer" traceback once it exited;
         # and where rank 0 was the one left (a SIGTERM that reached rank 1 first, or rank 1 alone),
         # it died there without saving last.pt.
-        self._ignored = ignored()
+        self._ignored = ignored() if signals is None else signals.ignored  # the set-up's handler hides SIG_IGN
         with first_raises() as later:
             try:
                 peers = False
                 with deferred(redeliver=False) if self.dist.enabled else nullcontext([]) as self._pending:
+                    if signals is not None:
+                        self._pending.extend(signals.take())
                     try:
                         while not self.done:
                             if not self.run_epoch():
