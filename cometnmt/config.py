@@ -542,10 +542,11 @@ def config_from_dict(data: dict) -> Config:
 
 def validate(cfg: Config) -> None:
     """Cross-field checks that types alone cannot express."""
-    from cometnmt.models import REGISTRY
+    from cometnmt.models import REGISTRY, check_builder_signature
 
     if cfg.model.arch not in REGISTRY:
         raise ConfigError(f"config key 'model.arch': {cfg.model.arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}")
+    check_builder_signature(cfg.model.arch)
     # the shared Transformer sizes only where the architecture reads them: ConvS2S and the RNN take
     # theirs from their own sections, and a ConvS2S config with model.n_heads: 7 was refused
     shared = cfg.model.arch in TIED_ARCHS

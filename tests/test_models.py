@@ -338,3 +338,45 @@ def test_convs2s_scales_the_encoder_gradient_by_one_over_twice_the_attention_lay
         assert grads[False][n].abs().max() > 1e-6, n  # a gradient to scale
     for n in decoder:
         assert torch.allclose(grads[True][n], grads[False][n], rtol=1e-9, atol=1e-12), n
+
+
+def test_a_wrongly_registered_builder_is_a_config_error_naming_it(monkeypatch):
+    """A researcher's builder added to REGISTRY with another signature, returning something that
+    is not a Seq2Seq, or a Seq2Seq lacking a protocol method, was a TypeError, AttributeError
+    ('... has no attribute position_limit') or NotImplementedError traceback from inside training,
+    after the data had been read; now a ConfigError naming model.arch and the builder, and the
+    signature is checked when the config loads."""
+    from cometnmt.config import config_from_dict
+    from cometnmt.errors import ConfigError
+    from cometnmt.models import REGISTRY
+    from cometnmt.models.base import Seq2Seq
+
+    class NoStep(Seq2Seq):
+        def encode(self, src, src_pad_mask):
+            return {}
+
+        def decode(self, tgt_in, memory):
+            return tgt_in
+
+        def init_state(self, memory):
+            return {}
+
+    def two_args(cfg, vocab_size):
+        return REGISTRY["transformer"](cfg, vocab_size, vocab_size, PAD)
+
+    monkeypatch.setitem(REGISTRY, "two_args", two_args)
+    monkeypatch.setitem(REGISTRY, "plain_module", lambda cfg, s, t, p: torch.nn.Linear(2, 2))
+    monkeypatch.setitem(REGISTRY, "no_step", lambda cfg, s, t, p: NoStep(p))
+    monkeypatch.setitem(REGISTRY, "mine", REGISTRY["transformer"])
+    with pytest.raises(ConfigError, match=r"^config key 'model\.arch': the builder registered as 'two_args' "
+                                          r"\(.*two_args\(cfg, vocab_size\)\) cannot be called as builder\(model_cfg, "
+                                          r"src_vocab_size, tgt_vocab_size, pad_id\)"):
+        config_from_dict({"model": {"arch": "two_args"}})
+    with pytest.raises(ConfigError, match=r"'two_args'.*cannot be called as builder"):
+        build_model(from_dict(ModelConfig, {**SMALL, "arch": "two_args"}, "model"), V_SRC, V_TGT, PAD)
+    with pytest.raises(ConfigError, match=r"'plain_module' \(.*\) returned a Linear, not a cometnmt.models.base.Seq2Seq"):
+        build_model(from_dict(ModelConfig, {**SMALL, "arch": "plain_module"}, "model"), V_SRC, V_TGT, PAD)
+    with pytest.raises(ConfigError, match=r"NoStep, built by the builder registered as 'no_step' .* does not define step "
+                                          r"of the Seq2Seq protocol"):
+        build_model(from_dict(ModelConfig, {**SMALL, "arch": "no_step"}, "model"), V_SRC, V_TGT, PAD)
+    assert isinstance(build_model(from_dict(ModelConfig, {**SMALL, "arch": "mine"}, "model"), V_SRC, V_TGT, PAD), Seq2Seq)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
+from cometnmt.errors import ConfigError, a_type
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.comet import build_comet
 from cometnmt.models.convs2s import build_convs2s
@@ -23,9 +25,48 @@ REGISTRY: dict[str, Builder] = {
 }
 
 
+PROTOCOL = ("encode", "decode", "init_state", "step")  # what a Seq2Seq must define itself (reorder has a default)
+
+
 def build_model(model_cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Seq2Seq:
-    """Build the architecture named by ``model_cfg.arch`` (validated by the config loader)."""
-    model = REGISTRY[model_cfg.arch](model_cfg, src_vocab_size, tgt_vocab_size, pad_id)
+    """Build the architecture named by ``model_cfg.arch`` (validated by the config loader). A builder
+    registered wrongly (another signature, not returning a :class:`Seq2Seq` that defines the
+    protocol) is a ConfigError naming the architecture and builder, not a traceback from training."""
+    builder = REGISTRY[model_cfg.arch]
+    check_builder_signature(model_cfg.arch)
+    model = builder(model_cfg, src_vocab_size, tgt_vocab_size, pad_id)
+    _check_built_model(model_cfg.arch, builder, model)
     if model_cfg.tie_embeddings:
         model.tie_embeddings()
     return model
+
+
+def _builder_name(builder: Builder) -> str:
+    return f"{getattr(builder, '__module__', '?')}.{getattr(builder, '__qualname__', repr(builder))}"
+
+
+def check_builder_signature(arch: str) -> None:
+    """The builder registered as ``arch`` takes ``(model_cfg, src_vocab_size, tgt_vocab_size,
+    pad_id)`` positionally (checked by the config loader too, before any data is read)."""
+    builder = REGISTRY[arch]
+    try:
+        signature = inspect.signature(builder)
+    except (TypeError, ValueError):  # a callable Python cannot introspect: let the call tell
+        return
+    try:
+        signature.bind(None, 0, 0, 0)
+    except TypeError as exc:
+        raise ConfigError(f"config key 'model.arch': the builder registered as {arch!r} ({_builder_name(builder)}{signature}) "
+                          f"cannot be called as builder(model_cfg, src_vocab_size, tgt_vocab_size, pad_id): {exc}") from None
+
+
+def _check_built_model(arch: str, builder: Builder, model: object) -> None:
+    """What the builder returned is a Seq2Seq that defines every protocol method itself."""
+    if not isinstance(model, Seq2Seq):
+        raise ConfigError(f"config key 'model.arch': the builder registered as {arch!r} ({_builder_name(builder)}) returned "
+                          f"{a_type(model)}, not a cometnmt.models.base.Seq2Seq (a subclass defining {', '.join(PROTOCOL)})")
+    missing = [name for name in PROTOCOL if getattr(type(model), name) is getattr(Seq2Seq, name)]
+    if missing:
+        raise ConfigError(f"config key 'model.arch': {type(model).__name__}, built by the builder registered as {arch!r} "
+                          f"({_builder_name(builder)}), does not define {', '.join(missing)} of the Seq2Seq protocol "
+                          f"(cometnmt/models/base.py)")
