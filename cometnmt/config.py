@@ -147,6 +147,7 @@ COMPILE_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the ones that replay CUDA graphs (on CUDA)
 SEED_LIMIT = 2**63  # seeds are 63-bit: torch.manual_seed refuses 2**64 and above
 TIED_ARCHS = ("transformer", "comet", "transformer_pp")  # the Transformer family: they read the shared sizes (model.d_model, ...) and may tie embeddings
+OWN_SECTION_ARCHS = ("convs2s", "rnn")  # they read only their own section: no shared sizes, no tied embeddings
 
 
 @dataclass
@@ -580,7 +581,7 @@ def validate(cfg: Config) -> None:
         hint = "; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else ""
         raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures, "
                           f"not {cfg.model.arch!r}{hint}")
-    if cfg.model.tie_embeddings and cfg.model.arch not in TIED_ARCHS:
+    if cfg.model.tie_embeddings and cfg.model.arch in OWN_SECTION_ARCHS:  # a registered one of a script's: when built
         raise ConfigError(f"config key 'model.tie_embeddings': applies to the {', '.join(TIED_ARCHS)} architectures, "
                           f"not {cfg.model.arch!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", cfg.train.device):  # whether this machine has it: when training starts
@@ -741,7 +742,11 @@ def unused_model_keys(model: ModelConfig) -> list[str]:
     """``model.KEY=value`` for each key the architecture ``model.arch`` does not read but that is set
     away from its default: the shared Transformer sizes for convs2s and rnn, and every other
     architecture's section. A run with such keys trains without them, which is worth a warning
-    (``model.d_model=512`` beside ``arch: convs2s`` changes nothing)."""
+    (``model.d_model=512`` beside ``arch: convs2s`` changes nothing). None for an architecture a
+    script registered (its builder may read any key: the shared sizes, or ``model.comet.*`` for a
+    COMET variant)."""
+    if model.arch not in TIED_ARCHS + OWN_SECTION_ARCHS:
+        return []
     default = ModelConfig()
     keys = [] if model.arch in TIED_ARCHS else list(_SHARED_MODEL_KEYS)
     found = [f"model.{key}={getattr(model, key)!r}" for key in keys if getattr(model, key) != getattr(default, key)]

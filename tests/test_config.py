@@ -427,6 +427,36 @@ def test_keys_the_architecture_does_not_read_are_listed():
             assert unused_model_keys(load_config(path).model) == [], path
 
 
+def test_an_architecture_a_script_registered_reads_the_shared_keys_and_may_tie_embeddings(monkeypatch):
+    """README: a script's architecture (REGISTRY["mine"] = build_mine) reads the shared model.*
+    keys. train still warned "model.arch=mine does not use model.d_model=64, model.n_heads=4, ...
+    (trained without them: check model.arch)" of the very sizes it was built with, and refused
+    model.tie_embeddings ("applies to the transformer, comet, transformer_pp architectures, not
+    'mine'") for a Transformer variant that ties them. Now no warning for such an architecture
+    (its builder may read any key), and tie_embeddings is left to its model: tied where it defines
+    tie_embeddings(), else a ConfigError naming the key when it is built."""
+    import torch
+
+    from cometnmt.config import unused_model_keys
+    from cometnmt.models import REGISTRY, build_model
+    from cometnmt.models.base import Seq2Seq
+
+    class Untied(Seq2Seq):
+        encode = decode = init_state = step = lambda self, *args: None
+
+    monkeypatch.setitem(REGISTRY, "mine", REGISTRY["transformer"])
+    monkeypatch.setitem(REGISTRY, "untied", lambda cfg, s, t, p: Untied(p))
+    cfg = load_config(None, ["model.arch=mine", "model.d_model=32", "model.n_heads=4", "model.comet.kernel_size=5",
+                             "model.tie_embeddings=true"])
+    assert unused_model_keys(cfg.model) == []
+    model = build_model(cfg.model, 11, 13, 0)
+    assert model.out_proj.weight is model.tgt_embed.embed.weight and model.out_proj.weight.shape == torch.Size([13, 32])
+    cfg = load_config(None, ["model.arch=untied", "model.tie_embeddings=true"])
+    with pytest.raises(ConfigError, match=r"^config key 'model.tie_embeddings': Untied, built by the builder registered "
+                                          r"as 'untied', does not define tie_embeddings\(\)"):
+        build_model(cfg.model, 11, 13, 0)
+
+
 def test_a_list_written_without_brackets_gets_the_brackets_hint():
     """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
     with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "

@@ -37,6 +37,9 @@ def build_model(model_cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int
     model = builder(model_cfg, src_vocab_size, tgt_vocab_size, pad_id)
     _check_built_model(model_cfg.arch, builder, model)
     if model_cfg.tie_embeddings:
+        if type(model).tie_embeddings is Seq2Seq.tie_embeddings:  # a script's architecture (the config loader refuses convs2s, rnn)
+            raise ConfigError(f"config key 'model.tie_embeddings': {type(model).__name__}, built by the builder registered as "
+                              f"{model_cfg.arch!r}, does not define tie_embeddings() (Seq2Seq.tie_embeddings)")
         model.tie_embeddings()
     return model
 
