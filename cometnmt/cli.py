@@ -753,6 +753,10 @@ def main(argv: list[str] | None = None) -> int:
         # while the first is handled, not raised there as a traceback and exit 1
         with first_raises():
             try:
+                if os.environ.get("COMETNMT_PLUGINS"):  # architectures of the user's own (cometnmt.models.load_plugins)
+                    from cometnmt.models import load_plugins
+
+                    load_plugins()
                 code = args.func(args)
             except CometNMTError as exc:
                 print(f"cometnmt: error: {exc}", file=sys.stderr)

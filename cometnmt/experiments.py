@@ -56,17 +56,44 @@ _stopping = threading.Event()
 def check_run_configs(configs) -> None:
     """What the runs' trainings will need and a config alone can tell, checked before any run
     starts (not after the others trained): file pairs data.corpus multi30k would ignore, and
-    Transformer++'s tag cache folder and taggers. ``configs`` are (config file, loaded config) pairs; an error
-    names the file."""
+    Transformer++'s tag cache folder and taggers, and that a ``cometnmt train`` process knows each
+    architecture. ``configs`` are (config file, loaded config) pairs; an error names the file."""
     from cometnmt.config import check_unread_files
     from cometnmt.data.tagging import check_training_tags
 
+    configs = list(configs)
     for path, cfg in configs:
         try:
             check_unread_files(cfg.data)
             check_training_tags(cfg)
         except CometNMTError as exc:
             raise CometNMTError(f"{path}: {exc}") from None
+    check_run_architectures(configs)
+
+
+def check_run_architectures(configs) -> None:
+    """Each run trains in a new ``cometnmt train`` process, which knows the package's architectures
+    and those the modules ``$COMETNMT_PLUGINS`` names register, not one this process's script
+    registered: asked in such a process (a second or two, only for an architecture not the package's),
+    so that the error comes now, naming the file, not from each run's stdout.log."""
+    from cometnmt.models import BUILTIN_ARCHS, PLUGINS_ENV
+
+    own = [(path, cfg.model.arch) for path, cfg in configs if cfg.model.arch not in BUILTIN_ARCHS]
+    if not own:
+        return
+    code = "import cometnmt.models as m; m.load_plugins(); print(' '.join(m.REGISTRY))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = next((line for line in reversed(proc.stderr.splitlines()) if line.strip()), f"exit {proc.returncode}")
+        raise CometNMTError(f"a new process cannot list the architectures the runs' `cometnmt train` would know: {last}")
+    known = proc.stdout.split()
+    for path, arch in own:
+        if arch not in known:
+            plugins = os.environ.get(PLUGINS_ENV)
+            named = f"${PLUGINS_ENV}={plugins!r} does not register it" if plugins else f"${PLUGINS_ENV} is not set"
+            raise CometNMTError(f"{path}: model.arch {arch!r} is registered in this process only: each run trains in a new "
+                                f"`cometnmt train` process, which knows {', '.join(known)} ({named}); name the module that "
+                                f"registers it there, e.g. {PLUGINS_ENV}=my_arch (importable) or {PLUGINS_ENV}=path/to/my_arch.py")
 
 
 def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Optional[float],
@@ -96,7 +123,7 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     earlier = run / "train_seconds_before.txt"  # time spent in the calls the deadline cut short
     before = float(earlier.read_text()) if earlier.exists() else 0.0
     with open(run / "stdout.log", "a", encoding="utf-8") as logf:
-        logf.write(f"$ {shlex.join(cmd)}\n")
+        logf.write(f"$ {_shown_command(cmd)}\n")
         logf.flush()
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
         with _children_lock:
@@ -126,7 +153,7 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         write_text_file(earlier, f"{before + time.time() - start:.3f}\n")
         log.warning("%s seed %d finished training at the deadline; it is evaluated on the next call", spec.name, spec.seed)
         return None
-    record = {"row": spec.name, "seed": spec.seed, "train_seconds": before + time.time() - start, "command": shlex.join(cmd),
+    record = {"row": spec.name, "seed": spec.seed, "train_seconds": before + time.time() - start, "command": _shown_command(cmd),
               "hardware": hardware(device), "torch": torch_version(),
               "commit": commits[0]}
     if len(commits) > 1:  # resumed at other code: every commit the run trained at, in order
@@ -485,10 +512,24 @@ def _shown_path(part: str) -> str:
     return part
 
 
+def _shown_command(cmd: list[str]) -> str:
+    """A training command as a shell runs it: with ``$COMETNMT_PLUGINS`` before it where set, since
+    the run's architecture may be one that only those modules register."""
+    from cometnmt.models import PLUGINS_ENV
+
+    plugins = os.environ.get(PLUGINS_ENV)
+    return (f"{PLUGINS_ENV}={shlex.quote(plugins)} " if plugins else "") + shlex.join(cmd)
+
+
 def short_command(command: str) -> str:
     """A recorded training command without the interpreter path, shell-quoted, with the config
-    path and run folder as given (made relative to the current folder when under it)."""
+    path and run folder as given (made relative to the current folder when under it), and the
+    environment assignments before it (``COMETNMT_PLUGINS=...``) kept."""
     parts = shlex.split(command)
+    env = []
+    while parts and "=" in parts[0] and parts[0].split("=", 1)[0].isidentifier():
+        name, value = parts.pop(0).split("=", 1)
+        env.append(f"{name}={shlex.quote(value)}")
     if len(parts) > 2 and parts[1:3] == ["-m", "cometnmt"]:
         parts = ["cometnmt"] + parts[3:]
     out, skip = [], False
@@ -502,7 +543,7 @@ def short_command(command: str) -> str:
         if part.startswith("train.save_dir="):  # kept, so that pasted commands of two runs do not collide
             part = "train.save_dir=" + _shown_path(part.split("=", 1)[1])
         out.append(_shown_path(part) if part.endswith((".yaml", ".yml")) else part)
-    return shlex.join(out)
+    return " ".join(env + [shlex.join(out)])
 
 
 # -- provenance ---------------------------------------------------------------------------------

@@ -738,3 +738,51 @@ def test_a_runs_fields_are_read_without_its_weights(tmp_path, monkeypatch):
     mapped.clear()
     assert how_it_ended(legacy) == ended and _trained_in(legacy) == "/where/it/trained"
     assert mapped == [False, False]
+
+
+def test_an_architecture_of_ones_own_reaches_the_runs_processes_through_cometnmt_plugins(tmp_path, monkeypatch, cli):
+    """README's way to try an architecture without editing the package (REGISTRY["mine"] = ...
+    in a script) trained nothing in compare or reproduce: each run is a new `cometnmt train`
+    process, which refused it ("config key 'model.arch': 'mine' is not allowed", in the run's
+    stdout.log) while the others trained, and the report listed it as not finished. The CLI now
+    imports the modules $COMETNMT_PLUGINS names (inherited by the runs' processes), and compare
+    and reproduce check before any run trains that such a process knows each config's
+    architecture; the runs' recorded commands carry the variable."""
+    import sys
+
+    from cometnmt.config import load_config
+    from cometnmt.errors import ConfigError
+    from cometnmt.models import REGISTRY, load_plugins
+
+    plugin = tmp_path / "my_arch.py"
+    plugin.write_text("from cometnmt.models import REGISTRY\nREGISTRY['my_arch'] = REGISTRY['transformer']\n", encoding="utf-8")
+    monkeypatch.delenv("COMETNMT_PLUGINS", raising=False)
+    monkeypatch.setitem(REGISTRY, "my_arch", REGISTRY["transformer"])  # registered by this process's script only
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", ["model.arch=my_arch"])
+    with pytest.raises(CometNMTError, match=r"^mine.yaml: model.arch 'my_arch' is registered in this process only: each run "
+                                            r"trains in a new `cometnmt train` process, which knows transformer, .*"
+                                            r"\(\$COMETNMT_PLUGINS is not set\); name the module"):
+        experiments.check_run_configs([("mine.yaml", cfg)])
+    monkeypatch.setenv("COMETNMT_PLUGINS", str(plugin))
+    experiments.check_run_configs([("mine.yaml", cfg)])  # a new process imports the file and knows it
+    shown = experiments._shown_command([sys.executable, "-m", "cometnmt", "train", "mine.yaml"])
+    assert experiments.short_command(shown) == f"COMETNMT_PLUGINS={plugin} cometnmt train mine.yaml"
+
+    del REGISTRY["my_arch"]
+    try:
+        load_plugins()  # as the CLI does first: the file registers it
+        assert REGISTRY["my_arch"] is REGISTRY["transformer"]
+    finally:
+        REGISTRY.pop("my_arch", None)
+        sys.modules.pop("cometnmt_plugin_my_arch", None)
+    (tmp_path / "broken.py").write_text("\n\nraise NameError('boom')\n", encoding="utf-8")
+    monkeypatch.setenv("COMETNMT_PLUGINS", f"{plugin}, {tmp_path / 'broken.py'}")
+    with pytest.raises(ConfigError, match=r"^\$COMETNMT_PLUGINS: cannot import '.*broken.py' \(.*broken.py:3\): NameError: boom"):
+        load_plugins()
+    sys.modules.pop("cometnmt_plugin_my_arch", None)
+    REGISTRY.pop("my_arch", None)
+    monkeypatch.setenv("COMETNMT_PLUGINS", "no_such_plugin_module")
+    proc = cli("evaluate", "--hyp", str(plugin), "--ref", str(plugin), check=False)
+    assert proc.returncode == 2
+    assert ("cometnmt: error: $COMETNMT_PLUGINS: cannot import 'no_such_plugin_module': ModuleNotFoundError: "
+            "No module named 'no_such_plugin_module'") in proc.stderr

@@ -1,9 +1,21 @@
 """Architectures by name. One plain dict; each builder takes
-``(model_cfg, src_vocab_size, tgt_vocab_size, pad_id)`` and returns a :class:`Seq2Seq`."""
+``(model_cfg, src_vocab_size, tgt_vocab_size, pad_id)`` and returns a :class:`Seq2Seq`.
+
+A script may add its own (``REGISTRY["mine"] = build_mine``). The CLI also imports the modules
+named by ``$COMETNMT_PLUGINS`` before it runs (:func:`load_plugins`), so that ``cometnmt train``,
+``translate`` and the ``cometnmt train`` processes that ``compare``, ``reproduce`` and ``torchrun``
+start, which inherit the variable, all know such an architecture.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
+import os
+import sys
+import traceback
+from pathlib import Path
 from typing import Callable
 
 from cometnmt.errors import ConfigError, a_type
@@ -24,6 +36,9 @@ REGISTRY: dict[str, Builder] = {
     "transformer_pp": build_transformer_pp,
 }
 
+
+BUILTIN_ARCHS = tuple(REGISTRY)  # the package's own; others are registered by a script or $COMETNMT_PLUGINS
+PLUGINS_ENV = "COMETNMT_PLUGINS"
 
 PROTOCOL = ("encode", "decode", "init_state", "step")  # what a Seq2Seq must define itself (reorder has a default)
 
@@ -73,3 +88,39 @@ def _check_built_model(arch: str, builder: Builder, model: object) -> None:
         raise ConfigError(f"config key 'model.arch': {type(model).__name__}, built by the builder registered as {arch!r} "
                           f"({_builder_name(builder)}), does not define {', '.join(missing)} of the Seq2Seq protocol "
                           f"(cometnmt/models/base.py)")
+
+
+def load_plugins() -> None:
+    """Import each module ``$COMETNMT_PLUGINS`` names (comma-separated: a module name importable
+    from ``sys.path``, or a ``.py`` file), whose import registers architectures in REGISTRY. A
+    module that does not import is a ConfigError naming it and the line that failed."""
+    for entry in (e.strip() for e in os.environ.get(PLUGINS_ENV, "").split(",")):
+        if not entry:
+            continue
+        try:
+            if entry.endswith(".py"):
+                _import_file(Path(entry).expanduser())
+            else:
+                importlib.import_module(entry)
+        except Exception as exc:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)  # the plugin's own line, if it failed there
+                      if not f.filename.startswith(("<", os.path.dirname(importlib.__file__))) and f.filename != __file__]
+            where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+            raise ConfigError(f"${PLUGINS_ENV}: cannot import {entry!r}{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(path: Path) -> None:
+    """Run a plugin file once per process, as module ``cometnmt_plugin_<stem>``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path} (from the folder {Path.cwd()})")
+    name = f"cometnmt_plugin_{path.stem}"
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise

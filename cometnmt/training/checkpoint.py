@@ -69,7 +69,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         config_from_dict(payload["config"])
     except ConfigError as exc:
         hint = (" (an architecture added to cometnmt.models.REGISTRY by the code that trained it? register it before "
-                "loading)" if "'model.arch'" in str(exc) else "")
+                "loading; for the CLI, name its module in $COMETNMT_PLUGINS)" if "'model.arch'" in str(exc) else "")
         raise CheckpointError(f"{path}: its config does not load in this version of cometnmt: {exc}{hint}") from None
     return payload
 
