@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, curve_marker, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +324,10 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
         for rec in sorted((r for r in records if r["row"] == name), key=lambda r: r["seed"]):
             label = name if rec["seed"] == min(r["seed"] for r in records if r["row"] == name) else None
             hist = rec["history"]
-            axes[0].plot([h["epoch"] for h in hist], [h["val_loss"] for h in hist], color=f"C{i % 10}", label=label)
+            kw = {"color": f"C{i % 10}", "label": label, **curve_marker(hist)}
+            axes[0].plot([h["epoch"] for h in hist], [h["val_loss"] for h in hist], **kw)
             if hist and "val_bleu" in hist[0]:
-                axes[1].plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], color=f"C{i % 10}", label=label)
+                axes[1].plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], **kw)
             for j, (loss, points) in enumerate(sorted(rec.get("aux_losses", {}).items())):
                 axes[2].plot([p[0] for p in points], [p[1] for p in points], color=f"C{i % 10}",
                              linestyle=["-", "--", ":", "-."][j % 4], label=f"{name} {loss}" if label else None)

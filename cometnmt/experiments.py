@@ -521,6 +521,12 @@ def _shown_command(cmd: list[str]) -> str:
     return (f"{PLUGINS_ENV}={shlex.quote(plugins)} " if plugins else "") + shlex.join(cmd)
 
 
+def curve_marker(history: list) -> dict:
+    """Plot keywords for a run's learning curve: a marker where the run has one validation (a
+    one-epoch run's line of one point draws nothing), none for a real curve."""
+    return {"marker": "o", "markersize": 5} if len(history) == 1 else {}
+
+
 def short_command(command: str) -> str:
     """A recorded training command without the interpreter path, shell-quoted, with the config
     path and run folder as given (made relative to the current folder when under it), and the

@@ -32,7 +32,7 @@ from typing import Optional
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, curve_marker, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +368,7 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
         for rec in (r for r in records if r["row"] == row):
             hist = rec["history"]
             kw = {"color": f"C{i % 10}", "alpha": 0.8, "label": ROWS[row].label if rec["seed"] == min(
-                r["seed"] for r in records if r["row"] == row) else None}
+                r["seed"] for r in records if r["row"] == row) else None, **curve_marker(hist)}
             a1.plot([h["epoch"] for h in hist], [h["val_loss"] for h in hist], **kw)
             if hist and "val_bleu" in hist[0]:
                 a2.plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], **kw)

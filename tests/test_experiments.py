@@ -786,3 +786,31 @@ def test_an_architecture_of_ones_own_reaches_the_runs_processes_through_cometnmt
     assert proc.returncode == 2
     assert ("cometnmt: error: $COMETNMT_PLUGINS: cannot import 'no_such_plugin_module': ModuleNotFoundError: "
             "No module named 'no_such_plugin_module'") in proc.stderr
+
+
+def test_a_run_of_one_epoch_is_drawn_in_the_learning_curves(tmp_path):
+    """A run with one validation (a one-epoch smoke run, or a seed stopped after its first epoch)
+    was a line of one point, which matplotlib draws as nothing: compare's and reproduce's
+    learning_curves.png of two tiny one-epoch runs showed empty axes beside the legend. Such a
+    run is drawn as a marker now; the validation-BLEU panel (no legend there) must hold each run's colour."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from cometnmt import compare, reproduce
+
+    def records(rows):
+        return [{"row": row, "seed": 1, "history": [{"epoch": 1, "val_loss": 4.3 + i, "val_bleu": 0.5 + i,
+                                                     "val_bleu_sentences": 30}]} for i, row in enumerate(rows)]
+
+    for name, draw in (("compare", lambda out: compare._curves(out, ["a", "b"], records(["a", "b"]))),
+                       ("reproduce", lambda out: reproduce._learning_curves(out, ["comet", "transformer"],
+                                                                             records(["comet", "transformer"])))):
+        out = tmp_path / name
+        out.mkdir()
+        draw(out)
+        image = mpimg.imread(out / "learning_curves.png")[..., :3]  # H,W,RGB in [0, 1]
+        right = image[:, image.shape[1] // 2:]  # the validation BLEU panel
+        for colour in ("#1f77b4", "#ff7f0e"):  # C0, C1
+            rgb = np.array([int(colour[k:k + 2], 16) / 255 for k in (1, 3, 5)])
+            near = [np.abs(right - (alpha * rgb + 1 - alpha)).max(-1) < 0.05 for alpha in (1.0, 0.8)]  # reproduce's alpha 0.8
+            assert (near[0] | near[1]).sum() > 20, (name, colour)
