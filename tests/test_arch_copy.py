@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from cometnmt.config import ModelConfig, from_dict
 from cometnmt.decoding import greedy_search
-from cometnmt.models import build_model
+from cometnmt.models import BUILTIN_ARCHS, REGISTRY, build_model, load_plugins
 
 PAD, BOS, EOS = 0, 2, 3
 FIRST_SYMBOL, VOCAB = 4, 16  # 12 symbols: ids 4..15
@@ -34,6 +34,8 @@ ARCHS = {
     "rnn_gru_additive": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 32, "hidden_size": 64, "attention": "additive", "dropout": 0.0}},
     "rnn_lstm_general": {"arch": "rnn", "rnn": {"cell": "lstm", "embed_dim": 32, "hidden_size": 64, "attention": "general", "dropout": 0.0}},
 }
+load_plugins()  # $COMETNMT_PLUGINS's architectures learn to copy too, at the Transformer's sizes (test_models.py)
+ARCHS.update({arch: {"arch": arch, **SMALL_TRANSFORMER} for arch in REGISTRY if arch not in BUILTIN_ARCHS and arch not in ARCHS})
 
 
 def copy_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

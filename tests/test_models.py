@@ -2,6 +2,9 @@
 
 Each case is a small model built from a ModelConfig through the registry, so adding an
 architecture to ``cometnmt.models.REGISTRY`` plus a line in ``CASES`` puts it under every test.
+An architecture of one's own, outside the package, is put under every test by naming the module
+that registers it: ``COMETNMT_PLUGINS=mine.py python -m pytest tests/test_models.py -k mine``
+(a case per architecture it registers, built with the shared sizes of ``SMALL``).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import pytest
 import torch
 
 from cometnmt.config import ModelConfig, from_dict
-from cometnmt.models import build_model
+from cometnmt.models import BUILTIN_ARCHS, REGISTRY, build_model, load_plugins
 from conftest import state_buffers
 
 PAD, BOS, EOS = 0, 2, 3
@@ -40,6 +43,8 @@ CASES = {
     "comet_tied": {"arch": "comet", "tie_embeddings": True},
     "transformer_pp_tied": {"arch": "transformer_pp", "tie_embeddings": True, "transformer_pp": {"kernel_sizes": [3, 5], "dilations": [1, 2], "tasks": []}},
 }
+load_plugins()  # the architectures $COMETNMT_PLUGINS registers, each a case of its own
+CASES.update({arch: {"arch": arch} for arch in REGISTRY if arch not in BUILTIN_ARCHS and arch not in CASES})
 
 
 def make(name: str, seed: int = 0):
@@ -380,3 +385,28 @@ def test_a_wrongly_registered_builder_is_a_config_error_naming_it(monkeypatch):
                                           r"of the Seq2Seq protocol"):
         build_model(from_dict(ModelConfig, {**SMALL, "arch": "no_step"}, "model"), V_SRC, V_TGT, PAD)
     assert isinstance(build_model(from_dict(ModelConfig, {**SMALL, "arch": "mine"}, "model"), V_SRC, V_TGT, PAD), Seq2Seq)
+
+
+def test_an_architecture_of_ones_own_is_put_under_every_property_by_cometnmt_plugins(tmp_path):
+    """DESIGN.md rule 10's properties (padding invariance, causality, incremental == full, ...) and
+    the copy task lived in CASES and ARCHS, which a researcher's architecture, registered outside
+    the package, could join only by editing the tests. With $COMETNMT_PLUGINS naming the module
+    that registers it, every property test and the copy task collect a case for it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    plugin = tmp_path / "my_arch.py"
+    plugin.write_text("from cometnmt.models import REGISTRY\nREGISTRY['my_arch'] = REGISTRY['transformer']\n", encoding="utf-8")
+    tests = Path(__file__).parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-k", "my_arch", "-p", "no:cacheprovider",
+                           str(tests / "test_models.py"), str(tests / "test_arch_copy.py")],
+                          env={**os.environ, "COMETNMT_PLUGINS": str(plugin)}, cwd=tests.parent, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for test in ("test_output_shapes", "test_padding_invariance", "test_train_mode_padding_does_not_change_real_positions",
+                 "test_decoder_is_causal", "test_incremental_step_equals_full_decode", "test_reorder_selects_rows",
+                 "test_loss_ignores_padding", "test_cross_attention_weights"):
+        assert f"test_models.py::{test}[my_arch]" in proc.stdout, test
+    assert "test_arch_copy.py::test_learns_to_copy[my_arch]" in proc.stdout
