@@ -36,7 +36,10 @@ FORMAT = 1  # of the .partial.json record
 
 def count_lines(path: str) -> int | None:
     """The number of lines of a file (plain or gzip) as read_lines splits them, for the progress
-    bar's total; None where it cannot be read (the reader then says why)."""
+    bar's total; None where it cannot be read (the reader then says why) or is no regular file (a
+    pipe, `-i <(zcat a.gz)`, can be read once only: counting it left the translation nothing)."""
+    if not os.path.isfile(path):
+        return None
     try:
         with open_bytes(path) as f, gzip_errors(path):
             count, last = 0, b"\n"

@@ -180,3 +180,36 @@ def test_an_error_in_a_later_chunk_names_its_line_in_the_input_and_keeps_the_chu
     assert code == 2 and f"{src}: input line 4: 1100 source tokens" in err
     assert "2 lines translated (of the input's first) are kept" in err and "--resume" in err
     assert (tmp_path / "long.en.partial").read_text(encoding="utf-8").count("\n") == 2
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs named pipes (POSIX)")
+def test_a_pipe_is_read_as_a_file_is(tmp_path):
+    """`cometnmt translate best.pt -i <(zcat src.de.gz)` (and `attention -i`, `evaluate --hyp`
+    with a process substitution, or -i /dev/stdin) ended in a traceback, io.UnsupportedOperation
+    "File or stream is not seekable": the reader read two bytes to look for gzip's magic number and
+    sought back. It peeks at them now, and translate's progress bar no longer counts a pipe's lines
+    first (which would read it, leaving the translation nothing)."""
+    import gzip
+    import os
+    import threading
+
+    from cometnmt.data.corpus import read_lines
+    from cometnmt.streaming import ChunkedInput, count_lines
+
+    def piped(data: bytes, name: str) -> str:
+        fifo = tmp_path / name
+        os.mkfifo(fifo)
+        threading.Thread(target=lambda: fifo.write_bytes(data), daemon=True).start()
+        return str(fifo)
+
+    text = "Ein Hund.\nZwei Katzen.\n".encode()
+    counted = piped(text, "counted")
+    assert count_lines(counted) is None  # not read: a pipe's lines are there once, for the reader
+    assert read_lines(counted) == ["Ein Hund.", "Zwei Katzen."]
+    assert read_lines(piped(text, "plain")) == ["Ein Hund.", "Zwei Katzen."]
+    assert read_lines(piped(gzip.compress(text), "gzip")) == ["Ein Hund.", "Zwei Katzen."]
+    chunked = ChunkedInput(piped(gzip.compress(text), "chunks"), 1)
+    try:
+        assert [lines for _, lines, _ in chunked.chunks()] == [["Ein Hund."], ["Zwei Katzen."]]
+    finally:
+        chunked.close()

@@ -40,10 +40,9 @@ def open_bytes(path: str | Path) -> BinaryIO:
         raise DataError(f"{path}: is a directory, expected a text file") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
-    if raw.read(2) != GZIP_MAGIC:
-        raw.seek(0)
+    # peeked, not read and sought back: a pipe (`-i <(zcat a.gz)`, /dev/stdin) cannot seek
+    if raw.peek(2)[:2] != GZIP_MAGIC:
         return raw
-    raw.seek(0)
     return gzip.GzipFile(fileobj=raw, mode="rb")
 
 
