@@ -786,6 +786,8 @@ def test_an_architecture_of_ones_own_reaches_the_runs_processes_through_cometnmt
     assert proc.returncode == 2
     assert ("cometnmt: error: $COMETNMT_PLUGINS: cannot import 'no_such_plugin_module': ModuleNotFoundError: "
             "No module named 'no_such_plugin_module'") in proc.stderr
+    monkeypatch.delenv("COMETNMT_PLUGINS")
+    assert "COMETNMT_PLUGINS=MODULE[,FILE.py...] imports modules" in cli("--help").stdout.replace("\n", " ")
 
 
 def test_a_run_of_one_epoch_is_drawn_in_the_learning_curves(tmp_path):
