@@ -740,6 +740,14 @@ def test_a_runs_fields_are_read_without_its_weights(tmp_path, monkeypatch):
     assert mapped == [False, False]
 
 
+def _forget_plugins() -> None:
+    """Drop the plugin files' modules this process imported (load_plugins runs each once)."""
+    import sys
+
+    for name in [name for name in sys.modules if name.startswith("cometnmt_plugin_")]:
+        del sys.modules[name]
+
+
 def test_an_architecture_of_ones_own_reaches_the_runs_processes_through_cometnmt_plugins(tmp_path, monkeypatch, cli):
     """README's way to try an architecture without editing the package (REGISTRY["mine"] = ...
     in a script) trained nothing in compare or reproduce: each run is a new `cometnmt train`
@@ -774,12 +782,23 @@ def test_an_architecture_of_ones_own_reaches_the_runs_processes_through_cometnmt
         assert REGISTRY["my_arch"] is REGISTRY["transformer"]
     finally:
         REGISTRY.pop("my_arch", None)
-        sys.modules.pop("cometnmt_plugin_my_arch", None)
+        _forget_plugins()
+    other = tmp_path / "other" / "my_arch.py"  # a file of the same name in another folder is another plugin
+    other.parent.mkdir()
+    other.write_text("from cometnmt.models import REGISTRY\nREGISTRY['my_other'] = REGISTRY['transformer']\n", encoding="utf-8")
+    monkeypatch.setenv("COMETNMT_PLUGINS", f"{plugin},{other}")
+    try:
+        load_plugins()
+        assert "my_arch" in REGISTRY and "my_other" in REGISTRY
+    finally:
+        REGISTRY.pop("my_arch", None)
+        REGISTRY.pop("my_other", None)
+        _forget_plugins()
     (tmp_path / "broken.py").write_text("\n\nraise NameError('boom')\n", encoding="utf-8")
     monkeypatch.setenv("COMETNMT_PLUGINS", f"{plugin}, {tmp_path / 'broken.py'}")
     with pytest.raises(ConfigError, match=r"^\$COMETNMT_PLUGINS: cannot import '.*broken.py' \(.*broken.py:3\): NameError: boom"):
         load_plugins()
-    sys.modules.pop("cometnmt_plugin_my_arch", None)
+    _forget_plugins()
     REGISTRY.pop("my_arch", None)
     monkeypatch.setenv("COMETNMT_PLUGINS", "no_such_plugin_module")
     proc = cli("evaluate", "--hyp", str(plugin), "--ref", str(plugin), check=False)

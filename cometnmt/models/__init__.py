@@ -9,6 +9,7 @@ start, which inherit the variable, all know such an architecture.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -110,10 +111,12 @@ def load_plugins() -> None:
 
 
 def _import_file(path: Path) -> None:
-    """Run a plugin file once per process, as module ``cometnmt_plugin_<stem>``."""
+    """Run a plugin file once per process, as module ``cometnmt_plugin_<stem>_<digest of its
+    resolved path>``: two files of one name in different folders are two plugins."""
     if not path.is_file():
         raise FileNotFoundError(f"no file {path} (from the folder {Path.cwd()})")
-    name = f"cometnmt_plugin_{path.stem}"
+    digest = hashlib.sha256(str(path.resolve()).encode("utf-8")).hexdigest()[:12]
+    name = f"cometnmt_plugin_{path.stem}_{digest}"
     if name in sys.modules:
         return
     spec = importlib.util.spec_from_file_location(name, path)
