@@ -120,14 +120,25 @@ def _request_texts(body: dict, max_sentences: int, max_chars: int) -> tuple[list
         texts, single = [body["text"]], True
     else:
         texts, single = body["texts"], False
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise RequestError(HTTPStatus.BAD_REQUEST, '"texts" must be a list of strings')
+        if not isinstance(texts, list):
+            raise RequestError(HTTPStatus.BAD_REQUEST, f'"texts" must be a list of strings, got {type(texts).__name__}')
+        _check_strings(texts, "texts")
         if len(texts) > max_sentences:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f'"texts" has {len(texts)} sentences, more than this server takes at once ({max_sentences})')
     for i, text in enumerate(texts):  # a carriage return is text, as for Translator
         _check_text(text, '"text"' if single else f'"texts"[{i}]', max_chars)
     return texts, single
+
+
+def _check_strings(texts: list, field: str) -> None:
+    """Every item of a list field a string, the first that is not named as the request has it
+    (``"texts"[1]``, 0-based), as the sentence checks name theirs: before, ``{"texts": ["a", 3]}``
+    got '"texts" must be a list of strings', naming no item."""
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be a list of strings: "{field}"[{i}] is '
+                                                       f'{type(text).__name__}')
 
 
 def _check_text(text: str, where: str, max_chars: int) -> None:
@@ -192,7 +203,9 @@ def _request_pairs(body: dict, max_sentences: int, max_chars: int) -> tuple[list
         field = key if single else key + "s"
         value = [body[field]] if single else body[field]
         if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be {"a string" if single else "a list of strings"}')
+            if single or not isinstance(value, list):
+                raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be {"a string" if single else "a list of strings"}')
+            _check_strings(value, field)
         for i, text in enumerate(value):
             _check_text(text, f'"{field}"' if single else f'"{field}"[{i}]', max_chars)
         pairs[key] = value

@@ -110,6 +110,7 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"text": "a", "texts": ["b"]}, None, 400, 'exactly one of "text"'),
     ({"text": 3}, None, 400, '"text" must be a string, got int'),
     ({"texts": ["a", 1]}, None, 400, '"texts" must be a list of strings'),
+    ({"texts": ["a", "b", 3]}, None, 400, '"texts"[2] is int'),  # an item that is no string is named too
     ({"texts": ["a", "b\nc"]}, None, 400, '"texts"[1] holds a newline'),
     ({"texts": ["a"] * 4}, None, 413, "4 sentences, more than this server takes at once (3)"),
     ({"text": "a", "beam": 0}, None, 400, "beam=0: must be at least 1"),
@@ -273,6 +274,7 @@ def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
                          ({"source": "a", "target": "b", "beam": 2}, "unknown field(s) beam"),
                          ({"sources": ["a", "b"], "targets": ["c"]}, '"sources" has 2 sentences but "targets" has 1'),
                          ({"sources": "a", "targets": ["b"]}, '"sources" must be a list of strings'),
+                         ({"sources": ["a", "b"], "targets": ["c", 4]}, '"targets"[1] is int'),
                          ({"source": "a\nb", "target": "c"}, '"source" holds a newline'),
                          ({"source": " ".join(["Hund"] * 1100), "target": "a"}, '"source": 1100 source tokens'),
                          # a sentence of a list counts from 0, whichever check refuses it (the Translator's said
