@@ -143,6 +143,9 @@ def test_a_run_finished_at_the_deadline_is_evaluated_on_the_next_call(tmp_path, 
             time.sleep(0.3)  # trains past the deadline, then exits 0
             return 0
 
+    import platform
+
+    platform.processor()  # asks `uname -p` through subprocess.Popen once a process, cached: not the mock's to answer
     monkeypatch.setattr(experiments.subprocess, "Popen", SlowProcess)
     evaluated = []
     args = _args(out, False, deadline=0.2)
