@@ -190,8 +190,10 @@ def _call_commits(run: Path) -> list[str]:
 def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: str, stop_at: Optional[float],
             evaluate: Evaluate) -> list[str]:
     """Train and evaluate ``specs``, ``jobs`` at a time, in the given order; returns the failed runs
-    (each failure is logged; the others go on)."""
+    (each failure is logged; the others go on). The progress bar counts the runs finished or
+    failed; those the deadline left for a later call are shown beside it, not counted."""
     failed: list[str] = []
+    left = 0
     _stopping.clear()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, progress_bar(total=len(specs), desc="runs", unit="run") as bar:
         try:  # submitting is inside: the first runs start while later ones are still being queued
@@ -199,7 +201,10 @@ def run_all(specs: list[RunSpec], *, jobs: int, overrides: list[str], device: st
                                    evaluate=evaluate): s for s in specs}
             for fut, spec in futures.items():
                 try:
-                    fut.result()
+                    if fut.result() is None:  # the deadline stopped it, or it never started
+                        left += 1
+                        bar.set_postfix_str(f"{left} left for a later call (--deadline)")
+                        continue
                 except CometNMTError as exc:
                     log.error("%s", exc)
                     failed.append(f"{spec.name} seed {spec.seed}")

@@ -79,8 +79,9 @@ def _args(out: Path, report_only: bool, eval_limit=None, deadline=0.0) -> argpar
                               eval_limit=eval_limit)
 
 
-def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path):
-    """deadline 0: no run starts. Before, such a call rewrote report.md with every run missing."""
+def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path, capsys):
+    """deadline 0: no run starts. Before, such a call rewrote report.md with every run missing.
+    The runs bar does not count a run the deadline left (before, it showed 'runs: 100% 1/1')."""
     out = tmp_path / "report"
     specs = [RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")]
     calls = []
@@ -91,6 +92,8 @@ def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path):
 
     assert run_and_report(_args(out, False), specs, lambda run: {}, report) == 0
     assert calls == [([], ["comet seed 1"])]  # no report yet: the first one is written, run missing
+    bar = capsys.readouterr().err.rstrip().rsplit("\r", 1)[-1]  # the runs bar's last frame
+    assert "runs:   0%" in bar and "0/1" in bar and "1 left for a later call (--deadline)" in bar, bar
     assert run_and_report(_args(out, False), specs, lambda run: {}, report) == 0
     assert len(calls) == 1  # nothing finished and a report is there: kept
     assert not specs[0].run_dir.exists()  # and nothing trained
