@@ -39,7 +39,8 @@ client still sending its body gets the answer, not a reset.
 Requests are
 handled in threads, the model one request at a time (a first-come, first-served lock,
 :class:`FifoLock`), so a long batch delays the next request rather than racing it, and requests
-get the model in the order they asked for it.
+get the model in the order they asked for it. Sentences not in Unicode NFC are translated as they
+are, with a warning in the log at most once a minute, counting those in between (:class:`NfcWarnings`).
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ import socket
 import sys
 import threading
 import time
+import unicodedata
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
 from cometnmt.errors import CometNMTError, ConfigError, setting
-from cometnmt.inference import Translator, checkpoint_list
+from cometnmt.inference import Translator, checkpoint_list, read_from_files
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,54 @@ class FifoLock:
         with self._turn:
             self._serving += 1
             self._turn.notify_all()
+
+
+class NfcWarnings:
+    """Warnings of request text not in Unicode NFC (decomposed accents, as macOS writes them: its
+    words are not the vocabulary's precomposed ones), at most one per ``interval`` seconds. The
+    Translator warned once per call, so a client sending such text logged a warning with every
+    request (1,000 requests, 1,000 warnings), in the Python API's words ("Translator.translate
+    texts: ... sentence 1"). Now the first such request is warned of at once, naming the field;
+    later ones within ``interval`` are counted, and the next warning (or :meth:`flush`, when the
+    server closes) says how many requests and sentences there were since the last."""
+
+    def __init__(self, interval: float = 60.0, clock=time.monotonic) -> None:
+        self.interval, self._clock = interval, clock
+        self._lock = threading.Lock()
+        self._last: float | None = None  # when the last warning was logged
+        self._requests = self._sentences = 0  # requests (and their sentences) not in NFC since then, not yet logged
+
+    def check(self, route: str, fields: dict[str, list[str]], single: bool) -> None:
+        """Note one request's sentences (``fields``: its field -> their sentences, as a list even
+        for ``single``, a request of one ``text``) and warn if it is time."""
+        bad = [(field, i) for field, texts in fields.items() for i, text in enumerate(texts)
+               if not unicodedata.is_normalized("NFC", text)]
+        if not bad:
+            return
+        with self._lock:
+            self._requests, self._sentences = self._requests + 1, self._sentences + len(bad)
+            now = self._clock()
+            if self._last is not None and now - self._last < self.interval:
+                return
+            requests, sentences, self._requests, self._sentences, self._last = self._requests, self._sentences, 0, 0, now
+        field, i = bad[0]
+        first = f'"{field[:-1]}"' if single else f'"{field}"[{i}]'
+        earlier = ""
+        if requests > 1:
+            earlier = (f"; {requests - 1} earlier request{'s' * (requests > 2)} ({sentences - len(bad)} sentence"
+                       f"{'s' * (sentences - len(bad) != 1)}) held such text too since the last warning")
+        log.warning("POST %s: %d sentence%s not in Unicode NFC (first: %s), e.g. accents as separate combining "
+                    "characters; they do not match the same words written precomposed: the client should normalise "
+                    "its text (NFC)%s; this warning is logged at most once every %g s", route, len(bad),
+                    " is" if len(bad) == 1 else "s are", first, earlier, self.interval)
+
+    def flush(self) -> None:
+        """Log the requests not in NFC counted since the last warning, if any (the server is closing)."""
+        with self._lock:
+            requests, sentences, self._requests, self._sentences = self._requests, self._sentences, 0, 0
+        if requests:
+            log.warning("%d more request%s (%d sentence%s) held text not in Unicode NFC since the last warning", requests,
+                        "s" * (requests != 1), sentences, "s" * (sentences != 1))
 
 
 class RequestError(Exception):
@@ -240,6 +290,7 @@ class TranslationServer(ThreadingHTTPServer):
         self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
         self.max_chars = max_chars
         self.lock = FifoLock()  # the model's, first come first served
+        self.nfc_warnings = NfcWarnings()  # text not in NFC, warned of at most once a minute
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:
@@ -311,6 +362,7 @@ class TranslationServer(ThreadingHTTPServer):
                 self.closing = True
                 self._wake[1].send(b"\0")
         super().server_close()
+        self.nfc_warnings.flush()
         deadline = time.monotonic() + wait
         with self._handlers_lock:
             running = list(self._handlers)
@@ -358,8 +410,9 @@ class TranslationServer(ThreadingHTTPServer):
             value = settings.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > self.max_beam:
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"{key}={value}: more than this server's limit of {self.max_beam}")
+        self.nfc_warnings.check("/translate", {"texts": texts}, single)
         try:
-            with self.lock:
+            with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
                 results = self.translator.translate(texts, **settings)
         except CometNMTError as exc:  # a bad setting or sentence, or one longer than the model's positions
             raise RequestError(HTTPStatus.BAD_REQUEST, _name_field(str(exc), {"input": "texts"}, single)) from None
@@ -374,8 +427,9 @@ class TranslationServer(ThreadingHTTPServer):
         if not isinstance(body, dict):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {type(body).__name__}")
         sources, targets, single = _request_pairs(body, self.max_sentences, self.max_chars)
+        self.nfc_warnings.check("/logprob", {"sources": sources, "targets": targets}, single)
         try:
-            with self.lock:
+            with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
                 scores = self.translator.log_prob(sources, targets)
         except CometNMTError as exc:  # a sentence longer than the model's positions, say
             raise RequestError(HTTPStatus.BAD_REQUEST,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import urllib.request
 import pytest
 
 import cometnmt
-from cometnmt.serve import make_server
+from cometnmt.serve import NfcWarnings, make_server
 from conftest import REPO, tiny_train_cfg
 
 
@@ -319,6 +320,39 @@ def test_scores_that_are_not_numbers_are_null_and_the_answer_strict_json(checkpo
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_text_not_in_nfc_is_warned_of_once_a_minute_with_a_count(server, monkeypatch, caplog):
+    """A client sending decomposed accents (NFD, as macOS writes them) logged one warning per request,
+    in the Python API's words ("Translator.translate texts: ... sentence 1"). Now the first such
+    request is warned of at once naming its field, later ones within a minute are counted, and the
+    next warning after the minute (or the server's close) says how many there were."""
+    now = [0.0]
+    monkeypatch.setattr(server, "nfc_warnings", NfcWarnings(clock=lambda: now[0]))
+    nfd = "Ein Ma\u0308dchen la\u0308uft."
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "NFC" in r.getMessage()]
+
+    with caplog.at_level(logging.INFO):
+        assert call(server, "/translate", {"texts": ["Ein Hund.", nfd, nfd]})[0] == 200
+        assert len(warnings()) == 1 and warnings()[0].startswith('POST /translate: 2 sentences are not in Unicode NFC '
+                                                                  '(first: "texts"[1])')
+        for _ in range(3):
+            assert call(server, "/translate", {"text": nfd})[0] == 200
+        assert call(server, "/logprob", {"sources": ["Ein Hund."], "targets": ["A girl\u0301."]})[0] == 200
+        assert call(server, "/translate", {"texts": ["Ein Hund."]})[0] == 200  # NFC text is not counted
+        assert len(warnings()) == 1  # within the minute: counted, not logged
+        now[0] = 61.0
+        assert call(server, "/logprob", {"source": nfd, "target": "A girl."})[0] == 200
+        assert len(warnings()) == 2 and warnings()[1].startswith('POST /logprob: 1 sentence is not in Unicode NFC '
+                                                                  '(first: "source")')
+        assert "; 4 earlier requests (4 sentences) held such text too since the last warning" in warnings()[1]
+        assert call(server, "/translate", {"text": nfd})[0] == 200
+        server.nfc_warnings.flush()  # as server_close does
+        assert warnings()[2] == "1 more request (1 sentence) held text not in Unicode NFC since the last warning"
+        server.nfc_warnings.flush()
+        assert len(warnings()) == 3
 
 
 def test_closing_lets_a_request_being_answered_finish(checkpoint, monkeypatch):
