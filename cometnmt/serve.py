@@ -24,7 +24,7 @@ since a beam's (or the samples') memory grows with its width. With a seed (the r
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
 Content-Length, 413 for too many sentences (``--max-sentences``, default 1000), a sentence of too many
 characters (``--max-chars``, default 10,000: the RNN has no position limit, and one long sentence held
-the model for hours) or too large a body (1 MiB), 408 for a body that stops
+the model for hours) or too large a body (1 MiB), 415 for a compressed one (``Content-Encoding``), 408 for a body that stops
 short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
 from http.server itself) and ``{"error": "..."}`` naming the field (one sentence of a list as
 ``"texts"[2]``, counted from 0 as JSON indexes it; a key given twice in one JSON object is refused, naming it, not resolved to its
@@ -659,6 +659,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"the body has {length} bytes, more than this server takes ({self.server.max_body_bytes})")
+        coding = ", ".join(self.headers.get_all("Content-Encoding") or [])
+        if {c.strip(" \t").lower() for c in coding.split(",")} - {"", "identity"}:  # RFC 9110 8.4, 15.5.16
+            # a gzip body was read as it came: "the body is not valid UTF-8 (byte 1)", as if its text were misencoded
+            self.close_connection = True
+            raise RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {coding!r}: this server reads "
+                                                                  "bodies as sent; send the JSON uncompressed")
         if self._expect_continue:  # every check the headers allow has passed: the body is wanted
             self._expect_continue = False
             with self._answer_lock:  # not into the middle of a 503 from refuse
@@ -701,7 +707,8 @@ class _Handler(BaseHTTPRequestHandler):
                                                            f"{sys.get_int_max_str_digits()} digits") from None
             self._send(HTTPStatus.OK, getattr(self.server, _POST[self._route()])(body))
         except RequestError as exc:
-            self._send(exc.status, {"error": str(exc)})
+            self._send(exc.status, {"error": str(exc)}, {"Accept-Encoding": "identity"}
+                       if exc.status == HTTPStatus.UNSUPPORTED_MEDIA_TYPE else None)
         except ConnectionError:  # the client is gone: handle_one_request says so in one line
             raise
         except Exception:  # a bug must cost one request an answer of 500, not the connection

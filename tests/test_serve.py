@@ -153,6 +153,32 @@ def test_bad_requests_name_the_problem(server, body, raw, status, needle):
     assert call(server, "/health")[0] == 200  # and the server still answers
 
 
+def test_a_compressed_body_is_415_naming_its_encoding(server):
+    """A body sent compressed (Content-Encoding: gzip, as some HTTP clients do for large posts) was
+    read as it came: 400 'the body is not valid UTF-8 (byte 1)', as if its text were misencoded.
+    Now 415 Unsupported Media Type naming the encoding, with Accept-Encoding: identity (RFC 9110)."""
+    import gzip
+
+    body = gzip.compress(json.dumps({"text": "Ein Hund."}).encode())
+    for coding in ("gzip", "GZIP", "identity, deflate"):
+        status, accept, out = post_with_headers(server, body, {"Content-Encoding": coding})
+        assert status == 415 and accept == "identity", out
+        assert out["error"] == f"Content-Encoding {coding!r}: this server reads bodies as sent; send the JSON uncompressed"
+    plain = json.dumps({"text": "Ein Hund."}).encode()
+    for headers in ({"Content-Encoding": "identity"}, {}):
+        assert post_with_headers(server, plain, headers)[0] == 200
+
+
+def post_with_headers(server, body: bytes, headers: dict) -> tuple[int, str | None, dict]:
+    """(status, Accept-Encoding header, decoded JSON) of a POST /translate with ``headers``."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=60)
+    try:
+        connection.request("POST", "/translate", body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.getheader("Accept-Encoding"), json.loads(response.read())
+    finally:
+        connection.close()
+
 def test_unknown_paths_and_methods(server):
     assert call(server, "/nope")[0] == 404
     assert call(server, "/translat", {"text": "a"})[0] == 404
