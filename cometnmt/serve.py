@@ -39,7 +39,8 @@ client still sending its body gets the answer, not a reset.
 Requests are
 handled in threads, the model one request at a time (a first-come, first-served lock,
 :class:`FifoLock`), so a long batch delays the next request rather than racing it, and requests
-get the model in the order they asked for it. Sentences not in Unicode NFC are translated as they
+get the model in the order they asked for it; one whose client has closed its connection by then is
+not decoded (:meth:`TranslationServer.client_gone`). Sentences not in Unicode NFC are translated as they
 are, with a warning in the log at most once a minute, counting those in between (:class:`NfcWarnings`).
 """
 
@@ -394,6 +395,27 @@ class TranslationServer(ThreadingHTTPServer):
         refused = sum(handler is not None and handler.refuse(retry_after) for _, handler in running)
         return refused, len(running) - refused
 
+    def client_gone(self) -> bool:
+        """Whether the client of the calling request thread has closed (or reset) its connection: it
+        reads as ended, with no pipelined request ahead of the end. A client that gave up while its
+        request waited for the model (its timeout, then a retry) still had the request decoded, for
+        nobody, delaying the requests behind it; a client that half-closes (shuts down its sending
+        side) and still waits for the answer is taken as gone too, as nginx takes it."""
+        with self._handlers_lock:
+            handler = self._handlers.get(threading.current_thread())
+        if handler is None or not _has_bytes(handler.connection):
+            return False
+        try:
+            return handler.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:  # reset
+            return True
+
+    def _gone(self) -> None:
+        """Called with the model's lock held, before decoding: a client gone by then is not answered."""
+        if self.client_gone():
+            raise ConnectionAbortedError("the client closed its connection while the request waited for the model; "
+                                         "not decoded")
+
     def health(self) -> dict:
         cfg = self.translator.cfg
         arch = "ensemble" if isinstance(self.checkpoint, list) else cfg.model.arch
@@ -413,6 +435,7 @@ class TranslationServer(ThreadingHTTPServer):
         self.nfc_warnings.check("/translate", {"texts": texts}, single)
         try:
             with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
+                self._gone()
                 results = self.translator.translate(texts, **settings)
         except CometNMTError as exc:  # a bad setting or sentence, or one longer than the model's positions
             raise RequestError(HTTPStatus.BAD_REQUEST, _name_field(str(exc), {"input": "texts"}, single)) from None
@@ -430,6 +453,7 @@ class TranslationServer(ThreadingHTTPServer):
         self.nfc_warnings.check("/logprob", {"sources": sources, "targets": targets}, single)
         try:
             with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
+                self._gone()
                 scores = self.translator.log_prob(sources, targets)
         except CometNMTError as exc:  # a sentence longer than the model's positions, say
             raise RequestError(HTTPStatus.BAD_REQUEST,

@@ -967,6 +967,36 @@ def test_a_client_still_sending_its_body_gets_the_answer(server, method, path, s
             connection.close()
 
 
+@pytest.mark.parametrize("path, body", [("/translate", {"texts": ["Ein Hund.", "Zwei Katzen."]}),
+                                        ("/logprob", {"source": "Ein Hund.", "target": "A dog."})])
+def test_a_request_whose_client_left_while_it_waited_is_not_decoded(server, monkeypatch, caplog, path, body):
+    """A client that gave up while its request waited for the model (its timeout, then a retry, say)
+    still had it decoded, for nobody, delaying every request behind it. Now the request thread looks
+    at its connection once it has the model: closed, it decodes nothing and logs one line."""
+    import time
+
+    calls = []
+    for name in ("translate", "log_prob"):
+        method = getattr(server.translator, name)
+        monkeypatch.setattr(server.translator, name, lambda *a, _m=method, **k: calls.append(1) or _m(*a, **k))
+    data = json.dumps(body).encode()
+    with caplog.at_level(logging.INFO, logger="cometnmt.serve"):
+        with server.lock:  # the model busy with another request
+            with socket.create_connection(("127.0.0.1", server.server_port), timeout=60) as sock:
+                sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+                start = time.monotonic()
+                while server.lock.waiting() < 2 and time.monotonic() - start < 30:  # this thread's and the request's
+                    time.sleep(0.01)
+                assert server.lock.waiting() == 2
+        start = time.monotonic()
+        while server.lock.waiting() and time.monotonic() - start < 30:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the request thread logs after it leaves the lock
+    assert calls == []
+    assert "the client closed its connection while the request waited for the model; not decoded" in caplog.text
+    assert call(server, path, body)[0] == 200 and calls == [1]  # a client still there is answered
+
+
 def test_a_lingering_close_ends_when_the_client_stops_sending(checkpoint, monkeypatch):
     """The drain of a refused body is bounded: a client that sends part of it and then neither
     sends nor closes has its connection closed once it has been silent ``linger_idle`` seconds,
