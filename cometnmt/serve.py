@@ -167,12 +167,10 @@ def _request_texts(body: dict, max_sentences: int, max_chars: int) -> tuple[list
         raise RequestError(HTTPStatus.BAD_REQUEST, 'send exactly one of "text" (a string) or "texts" (a list of strings)')
     if "text" in body:
         if not isinstance(body["text"], str):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f'"text" must be a string, got {type(body["text"]).__name__}')
+            raise RequestError(HTTPStatus.BAD_REQUEST, f'"text" must be a string, got {_json_type(body["text"])}')
         texts, single = [body["text"]], True
     else:
         texts, single = body["texts"], False
-        if not isinstance(texts, list):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f'"texts" must be a list of strings, got {type(texts).__name__}')
         _check_strings(texts, "texts")
         if len(texts) > max_sentences:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -182,14 +180,23 @@ def _request_texts(body: dict, max_sentences: int, max_chars: int) -> tuple[list
     return texts, single
 
 
-def _check_strings(texts: list, field: str) -> None:
-    """Every item of a list field a string, the first that is not named as the request has it
-    (``"texts"[1]``, 0-based), as the sentence checks name theirs: before, ``{"texts": ["a", 3]}``
-    got '"texts" must be a list of strings', naming no item."""
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be a list of strings: "{field}"[{i}] is '
-                                                       f'{type(text).__name__}')
+def _json_type(value: object) -> str:
+    """A decoded JSON value's type as JSON names it: errors said Python's ("got NoneType" for null,
+    "got dict" for an object), which a client in another language need not know."""
+    if isinstance(value, bool):
+        return "a boolean"
+    names = {type(None): "null", int: "a number", float: "a number", str: "a string", list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _check_strings(value: object, field: str) -> None:
+    """``value`` (the request's ``field``) is a list of strings; else an error naming the first item
+    that is not one (``"texts"[1] must be a string, got a number``), where it named none."""
+    if not isinstance(value, list):
+        raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be a list of strings, got {_json_type(value)}')
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}"[{i}] must be a string, got {_json_type(item)}')
 
 
 def _check_text(text: str, where: str, max_chars: int) -> None:
@@ -253,10 +260,9 @@ def _request_pairs(body: dict, max_sentences: int, max_chars: int) -> tuple[list
     for key in ("source", "target"):
         field = key if single else key + "s"
         value = [body[field]] if single else body[field]
-        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-            if single or not isinstance(value, list):
-                raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be {"a string" if single else "a list of strings"}')
-            _check_strings(value, field)
+        if single and not isinstance(body[field], str):
+            raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}" must be a string, got {_json_type(body[field])}')
+        _check_strings(value, field)
         for i, text in enumerate(value):
             _check_text(text, f'"{field}"' if single else f'"{field}"[{i}]', max_chars)
         pairs[key] = value
@@ -425,7 +431,7 @@ class TranslationServer(ThreadingHTTPServer):
 
     def translate(self, body: object) -> dict:
         if not isinstance(body, dict):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {type(body).__name__}")
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {_json_type(body)}")
         texts, single = _request_texts(body, self.max_sentences, self.max_chars)
         settings = {k: body[k] for k in _SETTINGS if body.get(k) is not None}  # null: the server's default
         for key in ("beam", "nbest"):  # the beam's memory grows with its width: one request must not exhaust it
@@ -448,7 +454,7 @@ class TranslationServer(ThreadingHTTPServer):
     def log_prob(self, body: object) -> dict:
         """Forced decoding (:meth:`Translator.log_prob`): each target's log-probability given its source."""
         if not isinstance(body, dict):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {type(body).__name__}")
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, got {_json_type(body)}")
         sources, targets, single = _request_pairs(body, self.max_sentences, self.max_chars)
         self.nfc_warnings.check("/logprob", {"sources": sources, "targets": targets}, single)
         try:

@@ -106,12 +106,17 @@ def test_concurrent_requests_each_get_their_own_answer(server):
 @pytest.mark.parametrize("body, raw, status, needle", [
     (None, b"{not json", 400, "not valid JSON"),
     (None, b'{"text": "\xff"}', 400, "not valid UTF-8"),
-    ([1, 2], None, 400, "must be a JSON object, got list"),
+    # errors named Python's types ("got list", "got NoneType", "got dict"), and no item of a list
+    ([1, 2], None, 400, "the body must be a JSON object, got an array"),
+    (None, b"null", 400, "the body must be a JSON object, got null"),
     ({}, None, 400, 'exactly one of "text"'),
     ({"text": "a", "texts": ["b"]}, None, 400, 'exactly one of "text"'),
-    ({"text": 3}, None, 400, '"text" must be a string, got int'),
-    ({"texts": ["a", 1]}, None, 400, '"texts" must be a list of strings'),
-    ({"texts": ["a", "b", 3]}, None, 400, '"texts"[2] is int'),  # an item that is no string is named too
+    ({"text": 3}, None, 400, '"text" must be a string, got a number'),
+    ({"text": {"de": "a"}}, None, 400, '"text" must be a string, got an object'),
+    ({"texts": "a"}, None, 400, '"texts" must be a list of strings, got a string'),
+    ({"texts": ["a", 1]}, None, 400, '"texts"[1] must be a string, got a number'),
+    ({"texts": ["a", "b", None]}, None, 400, '"texts"[2] must be a string, got null'),
+    ({"texts": [True]}, None, 400, '"texts"[0] must be a string, got a boolean'),
     ({"texts": ["a", "b\nc"]}, None, 400, '"texts"[1] holds a newline'),
     ({"texts": ["a"] * 4}, None, 413, "4 sentences, more than this server takes at once (3)"),
     ({"text": "a", "beam": 0}, None, 400, "beam=0: must be at least 1"),
@@ -301,7 +306,8 @@ def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
                          ({"source": "a", "target": "b", "beam": 2}, "unknown field(s) beam"),
                          ({"sources": ["a", "b"], "targets": ["c"]}, '"sources" has 2 sentences but "targets" has 1'),
                          ({"sources": "a", "targets": ["b"]}, '"sources" must be a list of strings'),
-                         ({"sources": ["a", "b"], "targets": ["c", 4]}, '"targets"[1] is int'),
+                         ({"sources": ["a"], "targets": [None]}, '"targets"[0] must be a string, got null'),
+                         ({"source": "a", "target": 1.5}, '"target" must be a string, got a number'),
                          ({"source": "a\nb", "target": "c"}, '"source" holds a newline'),
                          ({"source": " ".join(["Hund"] * 1100), "target": "a"}, '"source": 1100 source tokens'),
                          # a sentence of a list counts from 0, whichever check refuses it (the Translator's said
