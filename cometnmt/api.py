@@ -144,7 +144,8 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path, *, flag
     nor a name the trainer gives its checkpoints there (``best.pt``, ``last.pt``, ``epoch*.pt``,
     which ``last_epoch_checkpoints`` would pick up). Errors name the arguments as keywords, or with
     ``flags`` as ``cometnmt average``'s ``-o``."""
-    from cometnmt.training.checkpoint import average_checkpoints as average, save_checkpoint
+    from cometnmt.training.checkpoint import (BEST_CHECKPOINT, EPOCH_CHECKPOINT_GLOB, LAST_CHECKPOINT,
+                                             average_checkpoints as average, save_checkpoint)
 
     if isinstance(paths, (str, Path)):
         raise CheckpointError("average_checkpoints takes a list of checkpoint paths")
@@ -158,7 +159,7 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path, *, flag
                      [("checkpoint" if flags else f"paths[{i}]", p) for i, p in enumerate(paths)], flags=flags,
                      error=CheckpointError)
     name = Path(output).name
-    if name in ("best.pt", "last.pt") or fnmatch(name, "epoch*.pt"):
+    if name in (BEST_CHECKPOINT, LAST_CHECKPOINT) or fnmatch(name, EPOCH_CHECKPOINT_GLOB):
         run = next((p for p in paths if same_file(Path(p).parent, Path(output).parent)), None)
         if run is not None:
             raise CheckpointError(f"{setting('output', output, flags, flag='-o')}: a name the trainer gives the run's own "

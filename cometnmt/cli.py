@@ -51,6 +51,7 @@ def cmd_train(args) -> int:
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
     try:
         from cometnmt.config import load_config
+        from cometnmt.training.checkpoint import LAST_CHECKPOINT
         from cometnmt.training.run import train
 
         cfg = load_config(args.config, args.set)
@@ -60,7 +61,7 @@ def cmd_train(args) -> int:
             pass
         elif cfg is None:  # importing torch and the config's check take seconds; nothing is written yet
             print("interrupted while starting; nothing was written (run the same command again)", file=sys.stderr)
-        elif (Path(cfg.train.save_dir).expanduser() / "last.pt").exists():
+        elif (Path(cfg.train.save_dir).expanduser() / LAST_CHECKPOINT).exists():
             command = ["train", args.config, "--resume", *(a for o in args.set for a in ("--set", o))]
             print(f"interrupted; continue with: {_resume_command(command, cfg.train.accum_steps)}", file=sys.stderr)
         else:

@@ -153,10 +153,10 @@ def _specs(args, systems: list[tuple[str, Path]]) -> list[RunSpec]:
 
 def _checkpoint(args, run: Path) -> tuple[Path, list[str]]:
     """The checkpoint to evaluate and the files it comes from (averaged into avg.pt if asked)."""
-    from cometnmt.training.checkpoint import average_checkpoints, epoch_checkpoints, save_checkpoint
+    from cometnmt.training.checkpoint import BEST_CHECKPOINT, average_checkpoints, epoch_checkpoints, save_checkpoint
 
     if not args.average_last:
-        return run / "best.pt", ["best.pt"]
+        return run / BEST_CHECKPOINT, [BEST_CHECKPOINT]
     found = epoch_checkpoints(run)
     if not found:  # a run trained by an earlier call, or by code without the check of _check_average_last
         raise CometNMTError(f"--average-last {args.average_last}: {run} has no epochNNN.pt checkpoints to average (trained "
@@ -175,9 +175,10 @@ def _kept(run: Path) -> str:
     import yaml
 
     from cometnmt.config import yaml_load
+    from cometnmt.training.checkpoint import CONFIG_FILE
 
     try:
-        return str(yaml_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["keep_checkpoints"])
+        return str(yaml_load((run / CONFIG_FILE).read_text(encoding="utf-8"))["train"]["keep_checkpoints"])
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return "?"
 

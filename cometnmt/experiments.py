@@ -100,6 +100,8 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
               evaluate: Evaluate) -> Optional[dict]:
     """Train (or resume) one run in a subprocess, then evaluate it; returns its done.json record,
     or None when the deadline stopped it (it stays resumable)."""
+    from cometnmt.training.checkpoint import LAST_CHECKPOINT, METRICS_FILE
+
     run = spec.run_dir
     done = run / "done.json"
     if done.exists():
@@ -108,11 +110,11 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
            "--set", f"train.save_dir={run}", "--set", f"train.device={device}", "--set", "train.progress=false"]
     for override in overrides:
         cmd += ["--set", override]
-    if (run / "last.pt").exists():
+    if (run / LAST_CHECKPOINT).exists():
         cmd.append("--resume")
-    elif (run / "metrics.jsonl").exists():  # killed before its first checkpoint: nothing to resume, start again
+    elif (run / METRICS_FILE).exists():  # killed before its first checkpoint: nothing to resume, start again
         stale = run / f"metrics.before-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        (run / "metrics.jsonl").rename(stale)
+        (run / METRICS_FILE).rename(stale)
         log.warning("%s seed %d stopped before its first checkpoint; training it from the start (old log: %s)",
                     spec.name, spec.seed, stale)
     start = time.time()
@@ -336,7 +338,9 @@ def finished(specs: list[RunSpec]) -> tuple[list[dict], list[str]]:
 
 def metrics(run: Path) -> list[dict]:
     """The run's metrics.jsonl records (train and valid events)."""
-    path = run / "metrics.jsonl"
+    from cometnmt.training.checkpoint import METRICS_FILE
+
+    path = run / METRICS_FILE
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -346,11 +350,11 @@ def how_it_ended(run: Path) -> dict:
     ``best_behind`` where best.pt is not the best validation under that rule (a resume changed the
     rule's measure and the best epoch's weights were not kept: see the trainer's
     ``_align_best_checkpoint``)."""
-    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.checkpoint import LAST_CHECKPOINT, load_checkpoint
 
-    if not (run / "last.pt").is_file():
+    if not (run / LAST_CHECKPOINT).is_file():
         return {}
-    last = load_checkpoint(run / "last.pt", mmap=True)  # its trainer state and config: the weights are not read
+    last = load_checkpoint(run / LAST_CHECKPOINT, mmap=True)  # its trainer state and config: the weights are not read
     train = last["config"].get("train", {})
     if last["trainer"]["finished"]:
         by = "rule"
@@ -366,6 +370,8 @@ def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
     """A report's line on the runs a budget (train.max_epochs or max_steps) ended before their
     stopping rule fired: their best.pt is the best of the epochs trained, not the rule's (a Table 1
     run reached --set train.max_epochs=30 with its validation loss still falling, unsaid)."""
+    from cometnmt.training.checkpoint import BEST_CHECKPOINT
+
     capped = sorted((r for r in runs if r.get("stopped_by") in ("max_epochs", "max_steps")
                      and r.get("stopping") not in (None, "none")), key=lambda r: (r["row"], r["seed"]))
     if not capped:
@@ -374,7 +380,7 @@ def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
                       for r in capped)
     # compare --average-last decodes the average of the last epochs, not best.pt
     what = ("the epochs averaged are the last trained, not those before the rule would have fired"
-            if any(r.get("checkpoint", ["best.pt"]) != ["best.pt"] for r in capped)
+            if any(r.get("checkpoint", [BEST_CHECKPOINT]) != [BEST_CHECKPOINT] for r in capped)
             else "best.pt is the best epoch trained, perhaps not the rule's")
     return ["", f"- **ended by their budget before their stopping rule fired** ({what}): {shown}"]
 
@@ -383,7 +389,9 @@ def best_behind_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str
     """A report's line on the runs whose best.pt is not the best validation under their stopping
     rule (``best_behind``, from :func:`how_it_ended`): their row is not the rule's best checkpoint,
     whatever the header says. Runs decoded on another checkpoint (compare --average-last) are not named."""
-    behind = sorted((r for r in runs if r.get("best_behind") and r.get("checkpoint", ["best.pt"]) == ["best.pt"]),
+    from cometnmt.training.checkpoint import BEST_CHECKPOINT
+
+    behind = sorted((r for r in runs if r.get("best_behind") and r.get("checkpoint", [BEST_CHECKPOINT]) == [BEST_CHECKPOINT]),
                     key=lambda r: (r["row"], r["seed"]))
     if not behind:
         return []
@@ -437,23 +445,24 @@ def run_test_split(run: Path, limit: Optional[int]):
     from cometnmt.config import config_from_dict, yaml_load
     from cometnmt.data.pipeline import anchor_paths, read_split
     from cometnmt.errors import DataError
+    from cometnmt.training.checkpoint import CONFIG_FILE
 
-    saved = yaml_load((run / "config.yaml").read_text(encoding="utf-8"))
+    saved = yaml_load((run / CONFIG_FILE).read_text(encoding="utf-8"))
     cfg = config_from_dict({**saved, "data": {**saved["data"], "multi30k_dir": None}})
     workdir = _trained_in(run)
     try:
         corpus = read_split(anchor_paths(cfg.data, workdir if workdir and Path(workdir).is_dir() else None), "test")
     except DataError as exc:
-        raise DataError(f"{run / 'config.yaml'}: the test split its run was evaluated on: {exc}") from None
+        raise DataError(f"{run / CONFIG_FILE}: the test split its run was evaluated on: {exc}") from None
     return corpus.src[:limit], corpus.tgt[:limit], cfg
 
 
 def _trained_in(run: Path) -> Optional[str]:
     """The folder a run was trained in (the workdir its best.pt, else last.pt, records); None
     without either, or for checkpoints from before it was recorded."""
-    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, load_checkpoint
 
-    for name in ("best.pt", "last.pt"):
+    for name in (BEST_CHECKPOINT, LAST_CHECKPOINT):
         if (run / name).is_file():
             return load_checkpoint(run / name, mmap=True).get("workdir")  # the weights are not read
     return None

@@ -107,8 +107,9 @@ def _evaluate_run(args, run: Path) -> dict:
     from cometnmt.data.tokenizers import SpacyTokenizer, metric_tokenizer
     from cometnmt.evaluation import evaluate
     from cometnmt.inference import Translator
+    from cometnmt.training.checkpoint import BEST_CHECKPOINT
 
-    translator = Translator.from_checkpoint(run / "best.pt", args.device)
+    translator = Translator.from_checkpoint(run / BEST_CHECKPOINT, args.device)
     # one hypothesis: greedy search of decode.nbest above 1 is a beam search of decode.beam_size
     # (Translator.translate), so a run trained with decode.nbest 3 was beam-decoded, reported as greedy
     dcfg = dataclasses.replace(translator.cfg.decode, method="greedy", nbest=1)

@@ -17,11 +17,13 @@ from cometnmt.errors import CheckpointError, ConfigError
 
 FORMAT_VERSION = 1
 
-# a run folder's checkpoints, as the trainer names them (the run's other files are named in
-# trainer.METRICS_FILE and run.CONFIG_FILE)
+# a run folder's files, as the trainer names them; every reader names them by these constants
 LAST_CHECKPOINT = "last.pt"  # the run's latest state: each epoch's end, train.save_every, max_steps, an interrupt
 BEST_CHECKPOINT = "best.pt"  # the best validation under the stopping rule's measure
 EPOCH_CHECKPOINT = re.compile(r"epoch(\d+)\.pt")  # epoch_checkpoint_name's names (train.keep_checkpoints)
+EPOCH_CHECKPOINT_GLOB = "epoch*.pt"  # a glob finding them (and names the trainer does not write: epoch_avg.pt)
+METRICS_FILE = "metrics.jsonl"  # the run folder's log of train and valid records, one JSON object a line
+CONFIG_FILE = "config.yaml"  # the run's config, written by train() as the run starts
 
 
 def epoch_checkpoint_name(epoch: int) -> str:
@@ -41,7 +43,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     file in torch's legacy format, which cannot be mapped, is read whole."""
     path = Path(path)
     if path.is_dir():
-        hint = " (best.pt or last.pt in it?)" if (path / "best.pt").exists() or (path / "last.pt").exists() else ""
+        found = (path / BEST_CHECKPOINT).exists() or (path / LAST_CHECKPOINT).exists()
+        hint = f" ({BEST_CHECKPOINT} or {LAST_CHECKPOINT} in it?)" if found else ""
         raise CheckpointError(f"{path}: is a folder, not a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -78,7 +81,7 @@ def epoch_checkpoints(folder: str | Path) -> list[Path]:
     """A run folder's epoch checkpoints, oldest first: by epoch number, as epoch999.pt comes
     before epoch1000.pt (sorted by name, epoch1000.pt came first, and the last N were not the
     newest N); names the trainer does not write (``epoch_avg.pt``) are not its epochs."""
-    found = [(int(m.group(1)), p) for p in Path(folder).glob("epoch*.pt") if (m := EPOCH_CHECKPOINT.fullmatch(p.name))]
+    found = [(int(m.group(1)), p) for p in Path(folder).glob(EPOCH_CHECKPOINT_GLOB) if (m := EPOCH_CHECKPOINT.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
 
 

@@ -28,11 +28,12 @@ from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.interrupts import HandOver, deferred, ignored, noted_until_taken, raise_noted
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
-from cometnmt.training.checkpoint import (BEST_CHECKPOINT, EPOCH_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoints,
-                                         load_checkpoint, weights_misfit)
+from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CHECKPOINT, EPOCH_CHECKPOINT_GLOB,
+                                         LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
+                                         weights_misfit)
 from cometnmt.training.distributed import (DistInfo, all_reduce_sum, any_rank, broadcast_object, init_from_env, rank_zero_error,
                                           shutdown)
-from cometnmt.training.trainer import METRICS_FILE, Trainer
+from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
             within = "" if folder == Path(cfg.train.save_dir) else f" (in {cfg.train.save_dir})"
             raise ConfigError(f"config key 'train.save_dir': {folder}{within} is a file, not a folder; name a folder "
                               "for the run's checkpoints and logs")
-    last = Path(cfg.train.save_dir) / "last.pt"
+    last = Path(cfg.train.save_dir) / LAST_CHECKPOINT
     option = _resume_option(flags)
     if resume:
         if not last.exists():
@@ -109,11 +110,12 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
                               f"run from its weights with {restart})")
         return payload
     save_dir = Path(cfg.train.save_dir)
-    found = [p.name for p in (last, save_dir / "best.pt", save_dir / "metrics.jsonl") if p.exists()]
-    found += sorted(p.name for p in save_dir.glob("epoch*.pt"))
+    found = [p.name for p in (last, save_dir / BEST_CHECKPOINT, save_dir / METRICS_FILE) if p.exists()]
+    found += sorted(p.name for p in save_dir.glob(EPOCH_CHECKPOINT_GLOB))
     if found:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        hint = f"pass {option} to continue it" if last.exists() else f"it has no last.pt to resume from ({shown} would be mixed with the new run's)"
+        hint = (f"pass {option} to continue it" if last.exists()
+                else f"it has no {LAST_CHECKPOINT} to resume from ({shown} would be mixed with the new run's)")
         raise ConfigError(
             f"train.save_dir={cfg.train.save_dir} already holds a run ({shown}); {hint}; "
             "set train.save_dir to a new folder, or move the old run away"
@@ -129,7 +131,7 @@ def _resume_alternatives(last: Path, flags: bool) -> str:
     back by itself would drop the training after that step (and overwrite last.pt) unasked, and
     the user may rather repair or fetch last.pt. "" when there is none."""
     found = []
-    for path in (*reversed(epoch_checkpoints(last.parent)), last.parent / "best.pt"):
+    for path in (*reversed(epoch_checkpoints(last.parent)), last.parent / BEST_CHECKPOINT):
         if not path.is_file():
             continue
         try:
@@ -144,11 +146,9 @@ def _resume_alternatives(last: Path, flags: bool) -> str:
     again = "run the same command again with --resume" if flags else "call train again with resume=True"
     return (f"; the run folder holds {'a checkpoint' if len(found) == 1 else 'checkpoints'} that load{'s' * (len(found) == 1)}: "
             f"{shown}; each holds the run's whole state at its step: to continue from {found[0][2].name}, copy it "
-            f"over last.pt ({shlex.join(['cp', str(found[0][2]), str(last)])}) and {again} (the steps after it are "
+            f"over {LAST_CHECKPOINT} ({shlex.join(['cp', str(found[0][2]), str(last)])}) and {again} (the steps after it are "
             "trained again)")
 
-
-CONFIG_FILE = "config.yaml"  # the run's config, written by train() as the run starts
 
 
 def _is_run_file(name: str) -> bool:
@@ -379,12 +379,12 @@ def prepare_data(cfg: Config, payload: dict | None, source: dict | None, flags: 
     corpora = {"train": train_corpus, "valid": valid_corpus}
     digests = {split: corpus_digest(c) for split, c in corpora.items()}
     if payload is not None:
-        _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / "last.pt", flags)
+        _check_same_data(payload, digests, corpora, Path(cfg.train.save_dir) / LAST_CHECKPOINT, flags)
     codec = None if source is None else TextCodec.from_state(source["codec"])
     codec, train_data = training_examples(cfg, train_corpus, codec)
     tags = tag_record(train_data)
     if payload is not None:
-        _check_same_tags(payload, tags, Path(cfg.train.save_dir) / "last.pt", flags)
+        _check_same_tags(payload, tags, Path(cfg.train.save_dir) / LAST_CHECKPOINT, flags)
     valid_data = encode_pairs(codec, valid_corpus, None)
     return PreparedData(train_corpus, valid_corpus, test_corpus, digests, codec, train_data, valid_data, tags)
 
@@ -608,7 +608,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if init is not None:
             trainer.init_from = str(init_from)
         if payload is not None:
-            trainer.load_state_dict(payload, Path(cfg.train.save_dir) / "last.pt")
+            trainer.load_state_dict(payload, Path(cfg.train.save_dir) / LAST_CHECKPOINT)
             trainer.drop_records_after_checkpoint()
             if trainer.done:
                 log.info("the run had already finished at step %d, epoch %d (%s): nothing to train",

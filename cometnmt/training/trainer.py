@@ -48,8 +48,8 @@ from cometnmt.inference import Translator
 from cometnmt.interrupts import HandOver, deferred, first_raises, ignored, raise_noted
 from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
-from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, epoch_checkpoint_name, epoch_checkpoints,
-                                         load_checkpoint, load_weights, save_checkpoint)
+from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoint_name,
+                                         epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint)
 from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_gather_objects, all_reduce_sum,
                                           any_rank, broadcast_result, ddp_buffer_sync)
 from cometnmt.training.host_memory import keep_freed_memory
@@ -64,7 +64,6 @@ class _RanksStop(Exception):
 
 
 STOPPING_KEYS = ("stopping", "loss_rise_epochs", "patience")  # the train keys of the stopping rule
-METRICS_FILE = "metrics.jsonl"  # the run folder's log of train and valid records, one JSON object a line
 
 
 def compile_module(module: torch.nn.Module, mode: str) -> torch.nn.Module:
