@@ -103,9 +103,11 @@ def _specs(args, rows: list[str]) -> list[RunSpec]:
 
 
 def _evaluate_run(args, run: Path) -> dict:
-    """Greedy-decode the validation and test splits with the run's best checkpoint."""
-    from cometnmt.data.tokenizers import SpacyTokenizer, metric_tokenizer
-    from cometnmt.evaluation import evaluate
+    """Greedy-decode the validation and test splits with the run's best checkpoint; scored as
+    compare scores (:func:`~cometnmt.evaluation.score_with`): where spaCy cannot tokenise a language
+    (Japanese without SudachiPy, Korean without mecab-ko), BLEU and chrF without the paper's metric,
+    a warning naming the package, and ``not_computed`` saying so."""
+    from cometnmt.evaluation import paper_tokenizers, score_with
     from cometnmt.inference import Translator
     from cometnmt.training.checkpoint import BEST_CHECKPOINT
 
@@ -113,15 +115,14 @@ def _evaluate_run(args, run: Path) -> dict:
     # one hypothesis: greedy search of decode.nbest above 1 is a beam search of decode.beam_size
     # (Translator.translate), so a run trained with decode.nbest 3 was beam-decoded, reported as greedy
     dcfg = dataclasses.replace(translator.cfg.decode, method="greedy", nbest=1)
-    tgt_tok, src_tok = metric_tokenizer(translator.cfg.data.tgt_lang), SpacyTokenizer(translator.cfg.data.src_lang)
+    data = translator.cfg.data
+    tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # None where spaCy lacks the language (warned)
     out = {}
     for split in ("valid", "test"):
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
-        result = evaluate(done.hyps, done.refs, tokenize=tgt_tok.tokenize, src=done.src, src_tokenize=src_tok.tokenize,
-                          lowercase=translator.cfg.data.lowercase, lang=translator.cfg.data.tgt_lang,
-                          per_sentence=True)
-        out[split] = result
+        out[split] = score_with(done.hyps, done.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang,
+                                src=done.src, per_sentence=True, lowercase=data.lowercase)
     history = [r for r in metrics(run) if r.get("event") == "valid"]
     out["epochs"] = history[-1]["epoch"] if history else 0  # the last validated epoch (not a count: an old resume bug lost one record)
     out["history"] = history
@@ -173,8 +174,8 @@ def summarise(rows: list[str], records: list[dict]) -> list[dict]:
         entry = {"row": row, "label": ROWS[row].label, "paper_dev": ROWS[row].paper_dev,
                  "paper_test": ROWS[row].paper_test, "seeds": [r["seed"] for r in recs]}
         for split in ("valid", "test"):
-            for metric in ("paper_bleu", "bleu", "chrf"):
-                entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs])
+            for metric in ("paper_bleu", "bleu", "chrf"):  # paper_bleu: not where spaCy lacks the language
+                entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs if metric in r[split]])
         entry["epochs"] = mean_sd([r["epochs"] for r in recs])
         table.append(entry)
     return table
@@ -189,7 +190,8 @@ def _previous_report(args, rows: list[str]) -> dict:
         prev = json.loads(Path(path).read_text(encoding="utf-8"))
         runs = prev["runs"]
         for r in runs:
-            r["row"], r["seed"], r["test"]["paper_bleu"]  # the keys the report needs
+            # the keys the report needs: paper_bleu, or bleu where it was not computed (a language spaCy lacks)
+            r["row"], r["seed"], r["test"]["paper_bleu" if "paper_bleu" in r["test"] else "bleu"]
     except FileNotFoundError:
         raise CometNMTError(f"--merge-report: no such file: {path}") from None
     except IsADirectoryError:
@@ -244,8 +246,12 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
         if prev.get("candidate", "comet") != cand:  # an earlier report's tests of another row do not apply
             prev = {k: v for k, v in prev.items() if k not in ("significance", "examples")}
         report["significance"] = _significance(args, out, records, prev, cand)
-        report["figure4"] = _figure4(out, records, cand)
-        report["examples"] = _examples(args, out, records, prev, cand)
+        # without the paper's metric (a language spaCy lacks: _not_computed_lines says so), neither
+        paired = [r["test"] for pair in _paired_runs(records, cand) for r in pair]
+        if all("bleu_by_length" in test for test in paired):
+            report["figure4"] = _figure4(out, records, cand)
+        if all("sentence_bleu" in test for test in paired):
+            report["examples"] = _examples(args, out, records, prev, cand)
     _learning_curves(out, rows, records)
     # whole or not at all (write_text_file): a report cut short by a kill or a full disk was kept by
     # the next call that finished nothing, and --merge-report could not read it
@@ -280,10 +286,10 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     for all seeds; see :func:`~cometnmt.evaluation.paired_bootstrap_runs`). Pairs whose hypotheses are
     gone (merged runs) take their rows from the earlier report; its pooled rows replace ours when they
     cover all of this report's seed pairs and ours do not."""
-    from cometnmt.data.tokenizers import metric_tokenizer
+    from cometnmt.data.tokenizers import paper_tokenizer
     from cometnmt.evaluation import paired_bootstrap, paired_bootstrap_runs
 
-    results, seeds, runs_c, runs_t, tok, refs, lc, lang = [], [], [], [], None, None, False, None
+    results, seeds, runs_c, runs_t, refs, kw, names = [], [], [], [], None, None, ("paper", "bleu")
     pairs = _paired_runs(records, cand)
     earlier = prev.get("significance", [])
     for comet, trans in pairs:
@@ -291,23 +297,22 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
         if c_h is None or t_h is None:  # merged runs: their rows of the earlier report
             results += [s for s in earlier if s["seed"] == comet["seed"]]
             continue
-        if tok is None:
+        if kw is None:
             _, refs, cfg = _test_corpus(args, out, comet)
-            tok, lc, lang = metric_tokenizer(cfg.data.tgt_lang).tokenize, cfg.data.lowercase, cfg.data.tgt_lang
-        for metric in ("paper", "bleu"):
-            res = paired_bootstrap(c_h, t_h, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok, lowercase=lc,
-                                   lang=lang)
-            results.append({"seed": comet["seed"], **res})
+            tok = paper_tokenizer(cfg.data.tgt_lang)  # None where spaCy lacks the language (warned): BLEU alone
+            names = ("paper", "bleu") if tok else ("bleu",)
+            kw = {"n_samples": args.bootstrap, "tokenize": tok.tokenize if tok else None,
+                  "lowercase": cfg.data.lowercase, "lang": cfg.data.tgt_lang}
+        for metric in names:
+            results.append({"seed": comet["seed"], **paired_bootstrap(c_h, t_h, refs, metric=metric, **kw)})
         seeds.append(comet["seed"])
         runs_c.append(c_h)
         runs_t.append(t_h)
     all_seeds = [c["seed"] for c, _ in pairs]
     pooled = [s for s in earlier if s["seed"] == "pooled" and s.get("seeds") == all_seeds]
     if len(seeds) > 1 and (seeds == all_seeds or not pooled):
-        for metric in ("paper", "bleu"):
-            res = paired_bootstrap_runs(runs_c, runs_t, refs, n_samples=args.bootstrap, metric=metric, tokenize=tok,
-                                        lowercase=lc, lang=lang)
-            results.append({"seed": "pooled", "seeds": seeds, **res})
+        for metric in names:
+            results.append({"seed": "pooled", "seeds": seeds, **paired_bootstrap_runs(runs_c, runs_t, refs, metric=metric, **kw)})
     else:
         results += pooled
     return results
@@ -382,6 +387,23 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
     plt.close(fig)
 
 
+def _not_computed_lines(runs: list[dict]) -> list[str]:
+    """report.md's note on the runs scored without the paper's metric, as compare scores a target
+    language spaCy cannot tokenise (Japanese without SudachiPy): what was left out, and the tokeniser
+    their BLEU signature names (13a where sacreBLEU's for the language needs a package not installed)."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for r in runs:
+        test = r.get("test", {})
+        if "not_computed" in test:
+            tok = next((f for f in test.get("bleu_signature", "").split("|") if f.startswith("tok:")), "tok:?")
+            name = ROWS[r["row"]].label if r["row"] in ROWS else r["row"]
+            found.setdefault((test["not_computed"], tok), []).append(f"{name} seed {r['seed']}")
+    return [""] * bool(found) + [
+        f"- **not computed** for {', '.join(names)}: {why} (the log's warning names the package spaCy needs), so "
+        f"this report is without it. Their BLEU is tokenised by sacreBLEU's `{tok}`"
+        for (why, tok), names in found.items()]
+
+
 def _markdown(args, report: dict) -> str:
     from cometnmt.evaluation import BY_LENGTH_MIN_COUNT, PAPER_BLEU_LABEL
 
@@ -401,6 +423,7 @@ def _markdown(args, report: dict) -> str:
         pt = "–" if e["paper_test"] is None else f"{e['paper_test']:.2f}"
         lines.append(f"| {e['label']} | {len(e['seeds'])} | {fmt(e['epochs'])} | {pd} | {fmt(e['valid_paper_bleu'])} | "
                      f"{fmt(e['valid_bleu'])} | {pt} | {fmt(e['test_paper_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} |")
+    lines += _not_computed_lines(report["runs"])
     lines += capped_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
     lines += best_behind_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
     lines += ["", "## How each row was trained (seed of the first run; other seeds differ only in train.seed)", ""]

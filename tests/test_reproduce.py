@@ -318,3 +318,63 @@ def test_a_chinese_target_is_scored_with_sacrebleus_zh_tokeniser(monkeypatch, tm
     rows = reproduce._significance(argparse.Namespace(bootstrap=10, eval_limit=None), tmp_path, records, {}, "comet")
     bleu = [r for r in rows if r["metric"] == "bleu"]
     assert bleu and all("tok:zh" in r["label"] for r in bleu)
+
+
+def test_a_target_spacy_cannot_tokenise_gets_a_report_of_bleu_and_chrf(monkeypatch, tmp_path, caplog):
+    """reproduce took spaCy's tokeniser of data.tgt_lang for the paper's metric and raised where
+    spaCy lacks it (Japanese without SudachiPy, Korean without mecab-ko), after every run had
+    trained; compare scores such a language with BLEU and chrF alone. Now reproduce does too: its
+    report says what was not computed and which BLEU tokeniser was used, warnings name the packages."""
+    import argparse
+    import importlib.util
+    import types
+
+    from cometnmt import evaluation, reproduce
+    from cometnmt.config import DecodeConfig
+    from cometnmt.data import tokenizers
+    from cometnmt.inference import Translator
+
+    if importlib.util.find_spec("sudachipy"):  # as where SudachiPy is not installed
+        def no_japanese(lang, lowercase=False):
+            raise tokenizers.UnknownLanguageError(f"spaCy has no tokenizer for language {lang!r} (Japanese support "
+                                                  "requires SudachiPy and SudachiDict-core)")
+        monkeypatch.setattr(tokenizers, "metric_tokenizer", no_japanese)
+    if importlib.util.find_spec("MeCab"):  # as where mecab-python3 is not installed
+        real = evaluation.BLEU
+
+        def no_mecab(*, lowercase=False, trg_lang=""):
+            if trg_lang == "ja":
+                raise RuntimeError("Japanese tokenization requires extra dependencies, but you do not have them "
+                                   "installed. Please install them like so. pip install sacrebleu[ja]")
+            return real(lowercase=lowercase)
+        monkeypatch.setattr(evaluation, "BLEU", no_mecab)
+    monkeypatch.setattr(evaluation, "_BLEU_FALLBACK_WARNED", set())
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    monkeypatch.setattr(reproduce, "_learning_curves", lambda *a: None)
+
+    hyps, refs = ["彼らは公園で遊んでいる。", "犬が走る。"], ["彼らは公園で遊ぶ。", "犬が走る。"]
+    data = types.SimpleNamespace(tgt_lang="ja", src_lang="en", lowercase=False)
+    translator = types.SimpleNamespace(cfg=types.SimpleNamespace(decode=DecodeConfig(), data=data,
+                                                                 train=types.SimpleNamespace(stopping="loss_rise")),
+                                       translate_split=lambda split, decode, limit=None: types.SimpleNamespace(
+                                           hyps=hyps, refs=refs, src=["They play in the park.", "A dog runs."]))
+    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(lambda path, device: translator))
+    args = argparse.Namespace(out=str(tmp_path), set=[], device="cpu", eval_limit=None, candidate=None,
+                              merge_report=None, bootstrap=10, examples=1, seeds=[1])
+    with caplog.at_level("WARNING"):
+        run = reproduce._evaluate_run(args, tmp_path)
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "SudachiPy" in warned and "sacrebleu[ja]" in warned
+    for split in ("valid", "test"):
+        assert "paper_bleu" not in run[split] and "spaCy cannot tokenise 'ja'" in run[split]["not_computed"]
+        assert "tok:13a" in run[split]["bleu_signature"] and run[split]["chrf"] > 50
+
+    records = [{"row": row, "seed": 1, "command": f"cometnmt train {row}.yaml", **run} for row in ("comet", "transformer")]
+    monkeypatch.setattr(reproduce, "test_hyps", lambda out, rec: hyps if rec["row"] == "comet" else refs)
+    monkeypatch.setattr(reproduce, "_test_corpus", lambda args, out, rec: (None, refs, translator.cfg))
+    report = reproduce.build_report(args, ["comet", "transformer"], records, [], 1.0)
+    assert [s["metric"] for s in report["significance"]] == ["bleu"] and "figure4" not in report
+    assert report["table"][0]["test_paper_bleu"] == (None, None) and report["table"][0]["test_chrf"][0] > 50
+    text = (tmp_path / "report.md").read_text()
+    assert ("- **not computed** for COMET seed 1, Transformer seed 1: the COMET paper's metric and BLEU by length: "
+            "spaCy cannot tokenise 'ja'") in text and "tokenised by sacreBLEU's `tok:13a`" in text
