@@ -130,6 +130,28 @@ def test_an_undecodable_file_in_another_encoding_says_which_and_how_to_convert_i
     assert "iconv" not in str(info.value)
 
 
+def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:
+    """For a gzip file in another encoding the hint was 'iconv -f WINDOWS-1252 -t UTF-8 FILE.gz >
+    FILE.gz.utf8', which fails on the compressed bytes ('illegal input sequence'). It now pipes the
+    file through gzip -dc and gzip, and the command it gives converts the file."""
+    import shutil
+    import subprocess
+
+    text = "Ein Mädchen läuft.\nZwei Hunde.\n"
+    for name, data, encoding in (("train.de.gz", text.encode("latin-1"), "WINDOWS-1252"),
+                                 ("train.en", text.encode("utf-16"), "UTF-16")):  # gzip found by its bytes
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(data))
+        with pytest.raises(DataError, match=r"not valid UTF-8") as info:
+            read_lines(path)
+        out = tmp_path / "train.de.utf8.gz" if name.endswith(".gz") else tmp_path / "train.en.utf8.gz"
+        command = f"gzip -dc {path} | iconv -f {encoding} -t UTF-8 | gzip > {out}"
+        assert str(info.value).endswith(f"it looks like {encoding}: convert it with {command}"), str(info.value)
+        if shutil.which("iconv") and shutil.which("gzip"):
+            subprocess.run(command, shell=True, check=True)
+            assert read_lines(out) == ["Ein Mädchen läuft.", "Zwei Hunde."]
+
+
 def test_gzip_data_on_standard_input_is_named(monkeypatch) -> None:
     """Files are gunzipped (-i FILE), standard input is not: `translate < src.de.gz` was
     '<stdin>:1: not valid UTF-8 (byte 0x8b at column 2)', as if the text were in another encoding."""

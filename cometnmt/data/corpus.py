@@ -62,13 +62,29 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
     line_start = data.rfind(b"\n", 0, pos) + 1
     line_no = data.count(b"\n", 0, pos) + first_line
     column = len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
-    encoding, file = _other_encoding(data, pos), "FILE" if str(path).startswith("<") else path  # <stdin>
-    hint = "" if encoding is None else (
-        f"; it looks like {encoding}: convert it with iconv -f {encoding} -t UTF-8 {file} > {file}.utf8")
+    encoding = _other_encoding(data, pos)
+    hint = "" if encoding is None else f"; it looks like {encoding}: convert it with {_iconv_command(path, encoding)}"
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
         f"the file must be UTF-8 encoded text{hint}"
     )
+
+
+def _iconv_command(path: Path, encoding: str) -> str:
+    """The shell command converting ``path`` from ``encoding`` to UTF-8 beside it (FILE for standard
+    input): a gzip file through gzip -dc and back into gzip, as iconv alone converted the compressed
+    bytes (into mojibake, without an error, from WINDOWS-1252); gzip -dc, not zcat (macOS's reads .Z)."""
+    if str(path).startswith("<"):  # <stdin>
+        return f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8"
+    try:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == GZIP_MAGIC
+    except OSError:
+        gzipped = False
+    if not gzipped:
+        return f"iconv -f {encoding} -t UTF-8 {path} > {path}.utf8"
+    out = str(path)[:-3] if str(path).endswith(".gz") else str(path)
+    return f"gzip -dc {path} | iconv -f {encoding} -t UTF-8 | gzip > {out}.utf8.gz"
 
 
 def _other_encoding(data: bytes, pos: int) -> str | None:
