@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from cometnmt.atomic import _fsync_folder, atomic_write, make_folder, output_path, replace_keeping_mode
-from cometnmt.data.corpus import GZIP_MAGIC, decode_lines, gzip_errors, open_bytes
+from cometnmt.data.corpus import GZIP_MAGIC, decode_lines, gzip_errors, not_nfc_lines, open_bytes, warn_not_nfc_count
 from cometnmt.errors import CometNMTError, DataError
 from cometnmt.interrupts import deferred
 
@@ -55,7 +55,9 @@ class ChunkedInput:
     """An input file (plain or gzip) or standard input (``path`` None), read ``size`` lines at a
     time; a chunk's lines are decoded and checked as read_lines checks a file's (errors and
     warnings name the line of the whole input). A running SHA-256 of the bytes read identifies the
-    lines done for a resumed run."""
+    lines done for a resumed run. Lines not in Unicode NFC are warned of once, as read_lines warns
+    of a file's, when the input is closed: how many of the lines read, and the first (a warning per
+    chunk was one per 10,000 lines of a large file)."""
 
     def __init__(self, path: str | None, size: int) -> None:
         self.path, self.size = path, size
@@ -63,10 +65,16 @@ class ChunkedInput:
         self.stream: BinaryIO = open_bytes(path) if path else sys.stdin.buffer
         self.lines_read = 0
         self.sha256 = hashlib.sha256()
+        self.not_nfc, self.first_not_nfc = 0, 0  # lines read not in NFC: how many, the first (1-based)
 
     def close(self) -> None:
+        """Close the file, and warn of the lines read that are not in NFC (at the end of the input,
+        or where an interrupt or error stopped the reading)."""
         if self.path:
             self.stream.close()
+        if self.not_nfc:
+            warn_not_nfc_count(self.name, self.not_nfc, self.first_not_nfc)
+            self.not_nfc = 0
 
     def _raw(self, count: int) -> list[bytes]:
         """The next ``count`` lines as bytes (fewer at the end), newlines kept, hashed."""
@@ -92,7 +100,11 @@ class ChunkedInput:
         its last) for each chunk of ``size`` lines."""
         while raw := self._raw(self.size):
             start = self.lines_read - len(raw)
-            yield start, decode_lines(b"".join(raw), self.name, first_line=start + 1), self.sha256.hexdigest()
+            lines = decode_lines(b"".join(raw), self.name, first_line=start + 1, check_nfc=False)  # close() warns
+            if bad := not_nfc_lines(lines, start + 1):
+                self.first_not_nfc = self.first_not_nfc or bad[0]
+                self.not_nfc += len(bad)
+            yield start, lines, self.sha256.hexdigest()
 
 
 def checkpoint_identity(paths) -> list[dict]:

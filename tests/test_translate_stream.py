@@ -213,3 +213,20 @@ def test_a_pipe_is_read_as_a_file_is(tmp_path):
         assert [lines for _, lines, _ in chunked.chunks()] == [["Ein Hund."], ["Zwei Katzen."]]
     finally:
         chunked.close()
+
+
+def test_lines_not_in_nfc_are_warned_of_once_per_file_whatever_the_buffer_size(ckpt, tmp_path, capsys, caplog):
+    """Each chunk warned of its own lines not in NFC: a large file gave a warning per 10,000
+    lines, --buffer-size 2 one per two lines. The input is warned of once, when it is closed, with
+    how many lines and the first (a summary of the lines read, at the end)."""
+    import logging
+    import unicodedata
+
+    nfd = [unicodedata.normalize("NFD", line) for line in LINES]  # "läuft", "fährt" decomposed
+    src = tmp_path / "nfd.de"
+    src.write_text("".join(line + "\n" for line in [LINES[1], *nfd, nfd[0]]), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):
+        code, _, _ = translate(capsys, ckpt, "-i", str(src), "-o", str(tmp_path / "out.en"), "--buffer-size", "2")
+    assert code == 0
+    warned = [r.getMessage() for r in caplog.records if "not in Unicode NFC" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"{src}: 3 lines are not in Unicode NFC (first: line 2)"), warned

@@ -127,14 +127,15 @@ def read_lines(path: str | Path) -> list[str]:
     return decode_lines(_read_bytes(path), path)
 
 
-def decode_lines(data: bytes, name: str | Path, first_line: int = 1) -> list[str]:
+def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: bool = True) -> list[str]:
     """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
     an undecodable byte is a DataError naming ``name``, the line and the column, and the warning
     about text not in NFC names its first such line: lines counted from ``first_line`` (a later
     piece of an input read piece by piece, as ``translate --interactive`` reads each line). Byte order marks
     (U+FEFF, as Windows editors write) are not text: those that open a line are dropped, however
     many, which covers a file saved twice with one and files concatenated with theirs. Unicode
-    deprecates U+FEFF as a zero-width no-break space (U+2060 is that), so no text is lost."""
+    deprecates U+FEFF as a zero-width no-break space (U+2060 is that), so no text is lost.
+    ``check_nfc`` False: no warning of text not in NFC (a reader of pieces warning once, for all)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -142,7 +143,7 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1) -> list[str
     lines = _split_lines(text)
     if "\ufeff" in text:
         lines = drop_byte_order_marks(lines)
-    if not unicodedata.is_normalized("NFC", text):
+    if check_nfc and not unicodedata.is_normalized("NFC", text):
         warn_not_nfc(lines, name, first_line)
     return lines
 
@@ -160,14 +161,24 @@ def warn_not_nfc(lines: list[str], name: str | Path, first_line: int = 1, unit: 
     spaCy splits them otherwise, and BLEU counts them as different. Warn once per read, naming
     the first such line; the text is kept as it is (sacreBLEU scores it as written too). ``unit``
     "sentence": ``lines`` are sentences given to the Python API (Translator), ``name`` its argument."""
-    bad = [i for i, line in enumerate(lines, first_line) if not unicodedata.is_normalized("NFC", line)]
+    bad = not_nfc_lines(lines, first_line)
     if bad:
-        remedy = ("unicodedata.normalize('NFC', text)" if unit == "sentence" else
-                  "python -c \"import sys, unicodedata; sys.stdout.write(unicodedata.normalize('NFC', "
-                  "sys.stdin.read()))\" < IN > OUT")
-        logger.warning("%s: %d %s%s not in Unicode NFC (first: %s %d), e.g. accents as separate combining "
-                       "characters; they do not match the same words written precomposed: normalise the text, e.g. %s",
-                       name, len(bad), unit, " is" if len(bad) == 1 else "s are", unit, bad[0], remedy)
+        warn_not_nfc_count(name, len(bad), bad[0], unit)
+
+
+def not_nfc_lines(lines: list[str], first_line: int = 1) -> list[int]:
+    """The numbers of the ``lines`` not in Unicode NFC, counted from ``first_line``."""
+    return [i for i, line in enumerate(lines, first_line) if not unicodedata.is_normalized("NFC", line)]
+
+
+def warn_not_nfc_count(name: str | Path, count: int, first: int, unit: str = "line") -> None:
+    """:func:`warn_not_nfc`'s warning of ``count`` lines (``unit``s) not in NFC, the first ``first``."""
+    remedy = ("unicodedata.normalize('NFC', text)" if unit == "sentence" else
+              "python -c \"import sys, unicodedata; sys.stdout.write(unicodedata.normalize('NFC', "
+              "sys.stdin.read()))\" < IN > OUT")
+    logger.warning("%s: %d %s%s not in Unicode NFC (first: %s %d), e.g. accents as separate combining "
+                   "characters; they do not match the same words written precomposed: normalise the text, e.g. %s",
+                   name, count, unit, " is" if count == 1 else "s are", unit, first, remedy)
 
 
 def read_stdin_lines() -> list[str]:
