@@ -7,6 +7,7 @@ import logging
 import numbers
 import os
 import re
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,11 @@ def _sentence_list(texts, name: str, method: str) -> list:
     bytes, "sentence 1 is an int"."""
     if isinstance(texts, (bytes, bytearray)):
         raise TypeError(f"{method}: {name} is bytes; decode it (data.decode('utf-8')) into a list of strings")
+    if isinstance(texts, Mapping):  # iterating one gives its keys, silently: {"id1": "Ein Hund."} translated "id1"
+        raise TypeError(f"{method}: {name} is {a_type(texts)}; give a list of sentences (list(d.values()) for its "
+                        f"values, in the mapping's order)")
+    if isinstance(texts, (set, frozenset)):  # no order: results could not be matched to sentences by position
+        raise TypeError(f"{method}: {name} is {a_type(texts)}, which has no order; give a list of sentences")
     try:
         return list(texts)
     except TypeError:

@@ -700,6 +700,11 @@ def test_translator_checks_each_sentence(translator):
         translator.log_prob(["Ein Hund."], 5)
     with pytest.raises(TypeError, match=r"^Translator.attention: sources is bytes"):
         translator.attention(b"Ein Hund.")
+    # a dict was iterated as its keys ("id1" translated), a set in no order the results could be matched by
+    with pytest.raises(TypeError, match=r"^Translator.translate: texts is a dict; give a list of sentences \(list\(d.values"):
+        translator.translate({"id1": "Ein Hund."})
+    with pytest.raises(TypeError, match=r"^Translator.log_prob: sources is a set, which has no order"):
+        translator.log_prob({"Ein Hund."}, ["A dog."])
     with pytest.raises(cometnmt.DataError, match="sentence 1 holds a newline"):
         translator("Ein Hund.\nZwei Katzen.")
     with pytest.raises(cometnmt.DataError, match="lone surrogate at column 3"):
