@@ -109,6 +109,9 @@ def test_an_undecodable_file_in_another_encoding_says_which_and_how_to_convert_i
     """A UTF-16 file (as Windows' Notepad and PowerShell write) was 'not valid UTF-8 (byte 0xff at
     column 1)' without a hint; so was a Latin-1 one. The error now names the encoding it looks like
     and the iconv command converting the file."""
+    import shutil
+    import subprocess
+
     text = "Ein Mädchen läuft.\nZwei Hunde.\n"
     cases = {
         "bom16.txt": (text.encode("utf-16"), "UTF-16"),  # with its byte order mark
@@ -123,6 +126,15 @@ def test_an_undecodable_file_in_another_encoding_says_which_and_how_to_convert_i
         with pytest.raises(DataError, match=r"not valid UTF-8") as info:
             read_lines(path)
         assert f"iconv -f {encoding} -t UTF-8 {path} > {path}.utf8" in str(info.value), (name, str(info.value))
+    spaced = tmp_path / "my corpus.de"  # the command names it as one shell word: it was two, and iconv found no 'my'
+    spaced.write_bytes(text.encode("latin-1"))
+    with pytest.raises(DataError) as info:
+        read_lines(spaced)
+    command = str(info.value).split("convert it with ", 1)[1]
+    assert command == f"iconv -f WINDOWS-1252 -t UTF-8 '{spaced}' > '{spaced}.utf8'", command
+    if shutil.which("iconv"):
+        subprocess.run(command, shell=True, check=True)
+        assert read_lines(f"{spaced}.utf8") == ["Ein Mädchen läuft.", "Zwei Hunde."]
     path = tmp_path / "cut.txt"  # a UTF-8 file cut inside a character: no other encoding blamed
     path.write_bytes("Ein Mädchen".encode("utf-8")[:6])
     with pytest.raises(DataError) as info:

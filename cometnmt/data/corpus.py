@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import shlex
 import sys
 import unicodedata
 import zlib
@@ -73,7 +74,8 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
 def _iconv_command(path: Path, encoding: str) -> str:
     """The shell command converting ``path`` from ``encoding`` to UTF-8 beside it (FILE for standard
     input): a gzip file through gzip -dc and back into gzip, as iconv alone converted the compressed
-    bytes (into mojibake, without an error, from WINDOWS-1252); gzip -dc, not zcat (macOS's reads .Z)."""
+    bytes (into mojibake, without an error, from WINDOWS-1252); gzip -dc, not zcat (macOS's reads .Z).
+    Paths are quoted for the shell."""
     if str(path).startswith("<"):  # <stdin>
         return f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8"
     try:
@@ -81,10 +83,11 @@ def _iconv_command(path: Path, encoding: str) -> str:
             gzipped = f.read(2) == GZIP_MAGIC
     except OSError:
         gzipped = False
+    quoted = shlex.quote(str(path))  # a name with spaces (Windows' "My Documents") stays one argument
     if not gzipped:
-        return f"iconv -f {encoding} -t UTF-8 {path} > {path}.utf8"
+        return f"iconv -f {encoding} -t UTF-8 {quoted} > {shlex.quote(f'{path}.utf8')}"
     out = str(path)[:-3] if str(path).endswith(".gz") else str(path)
-    return f"gzip -dc {path} | iconv -f {encoding} -t UTF-8 | gzip > {out}.utf8.gz"
+    return f"gzip -dc {quoted} | iconv -f {encoding} -t UTF-8 | gzip > {shlex.quote(f'{out}.utf8.gz')}"
 
 
 def _other_encoding(data: bytes, pos: int) -> str | None:
