@@ -575,6 +575,59 @@ def test_a_failure_of_rank_zero_while_scoring_validation_stops_every_rank(tmp_pa
         "RuntimeError: rank 0 failed scoring the validation translations: ValueError: the scorer broke on rank 0")
 
 
+def _rank_one_fails_decoding(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
+    """One rank of ``test_a_failure_of_rank_one_while_decoding_validation_stops_every_rank``: rank
+    1's decoding of its share of the validation set fails; each rank writes the error it stopped
+    with to ``out``.RANK, then exits with it (non-zero)."""
+    from cometnmt.training import trainer as trainer_module
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def failing(self, *args, **kwargs):
+        raise ValueError("the decoder broke on rank 1")
+
+    if rank == 1:
+        trainer_module.Translator.translate_ids = failing
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(
+            data_dir, save_dir, "train.max_steps=1", "train.valid_bleu=true", "train.valid_bleu_max_sentences=4")))
+    except Exception as exc:
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    raise AssertionError(f"rank {rank} did not stop")
+
+
+def test_a_failure_of_rank_one_while_decoding_validation_stops_every_rank(tmp_path, data_dir):
+    """Rank 1 fails while it decodes its share of the validation set: it stops with its error, and
+    rank 0, which waits for the ranks' translations, stops at once with rank 1's error, both
+    exiting non-zero. Before, rank 0 waited in the gather of the translations and failed there with
+    gloo's "Connection closed by peer" once rank 1 had left (or at the timeout), which does not say
+    what happened."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "error"
+    context = torch.multiprocessing.spawn(_rank_one_fails_decoding, nprocs=2, join=False,
+                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
+    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
+    try:
+        for process in context.processes:  # each on its own: context.join() kills the others when one fails
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            assert process.exitcode is not None, "a rank still waits"
+    finally:
+        for process in context.processes:
+            process.kill()
+    assert [process.exitcode for process in context.processes] == [1, 1]
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == "ValueError: the decoder broke on rank 1"
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == (
+        "RuntimeError: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke on rank 1")
+
+
 def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str) -> None:
     """One rank of ``test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout``: rank
     0's preparation of the data takes PREPARE_SECONDS longer; each rank writes the error it stopped

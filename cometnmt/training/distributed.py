@@ -65,37 +65,69 @@ def broadcast_object(obj, info: DistInfo):
     return box[0]
 
 
-def rank_zero_error(kind: str, message: str, doing: str) -> Exception:
-    """The error another rank raises for one rank 0 had while ``doing`` (its class name ``kind``
-    and its message, as rank 0 broadcast them): the same class for the toolkit's own errors
+def rank_error(rank: int, kind: str, message: str, doing: str) -> Exception:
+    """The error another rank raises for one rank ``rank`` had while ``doing`` (its class name
+    ``kind`` and its message, as that rank sent them): the same class for the toolkit's own errors
     (the CLI shows them as one line), a RuntimeError naming the class otherwise."""
     cls = getattr(errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, errors.CometNMTError):
-        return cls(f"rank 0 failed {doing}: {message}")
-    return RuntimeError(f"rank 0 failed {doing}: {kind}: {message}")
+        return cls(f"rank {rank} failed {doing}: {message}")
+    return RuntimeError(f"rank {rank} failed {doing}: {kind}: {message}")
+
+
+def rank_zero_error(kind: str, message: str, doing: str) -> Exception:
+    """:func:`rank_error` of rank 0."""
+    return rank_error(0, kind, message, doing)
+
+
+def _attempt(compute: Callable[[], T]) -> tuple[tuple, Exception | None]:
+    """``compute()`` as an outcome another rank can receive (pickled): ``(True, result)``, or
+    ``(False, (class name, message))`` with the error itself beside it for this rank to raise."""
+    try:
+        return (True, compute()), None
+    except Exception as exc:  # the other ranks learn of it from the outcome
+        return (False, (type(exc).__name__, str(exc))), exc
+
+
+def _raise_failure(outcomes: list[tuple | None], error: Exception | None, doing: str) -> None:
+    """After the ranks exchanged ``outcomes`` (rank r's at index r; None for a rank that computed
+    nothing): a rank that failed raises its own ``error``; the others, if any rank failed, an error
+    naming the first that did (:func:`rank_error`)."""
+    if error is not None:
+        raise error
+    for rank, outcome in enumerate(outcomes):
+        if outcome is not None and not outcome[0]:
+            raise rank_error(rank, *outcome[1], doing)
 
 
 def broadcast_result(compute: Callable[[], T], info: DistInfo, doing: str) -> T:
     """``compute()`` run on rank 0 alone and its result broadcast to every rank, with success or
     rank 0's error: if it raises, rank 0 raises its error and every other rank at once a copy that
-    names it ("rank 0 failed DOING: ..."; :func:`rank_zero_error`). The other ranks wait in the
+    names it ("rank 0 failed DOING: ..."; :func:`rank_error`). The other ranks wait in the
     broadcast either way: with a plain broadcast of the result, they waited there for one that never
     came, until the process group's timeout (gloo's 30 minutes by default). ``compute()`` itself in a
     single process."""
     if not info.enabled:
         return compute()
-    outcome, error = None, None
-    if info.is_main:
-        try:
-            outcome = (True, compute())
-        except Exception as exc:  # the other ranks learn of it below
-            error, outcome = exc, (False, (type(exc).__name__, str(exc)))
-    ok, value = broadcast_object(outcome, info)
-    if error is not None:
-        raise error
-    if not ok:
-        raise rank_zero_error(*value, doing)
-    return value
+    outcome, error = _attempt(compute) if info.is_main else (None, None)
+    outcome = broadcast_object(outcome, info)
+    _raise_failure([outcome], error, doing)
+    return outcome[1]
+
+
+def gather_results(compute: Callable[[], T], info: DistInfo, doing: str) -> list[T]:
+    """``compute()`` run on every rank and every rank's result on every rank, in rank order, with
+    success or each rank's error: if it raises on a rank, that rank raises its error and every
+    other rank at once a copy that names it ("rank 1 failed DOING: ..."; the first such rank where
+    several failed). With a plain all-gather of the results, the others waited in it for a rank
+    that had left, and failed there with gloo's "Connection closed by peer" (or the process group's
+    timeout), which does not say what happened. ``[compute()]`` in a single process."""
+    if not info.enabled:
+        return [compute()]
+    outcome, error = _attempt(compute)
+    outcomes = all_gather_objects(outcome, info)
+    _raise_failure(outcomes, error, doing)
+    return [value for _, value in outcomes]
 
 
 def all_gather_objects(obj, info: DistInfo) -> list:

@@ -50,8 +50,8 @@ from cometnmt.models.base import Seq2Seq
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoint_name,
                                          epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint)
-from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_gather_objects, all_reduce_sum,
-                                          any_rank, broadcast_result, ddp_buffer_sync)
+from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_reduce_sum, any_rank,
+                                          broadcast_result, ddp_buffer_sync, gather_results)
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
@@ -821,12 +821,18 @@ class Trainer:
         decodes every world_size-th of the batches one process decodes (the same batches, so the
         same translations; every rank decoded them all before), the ranks gather them in input
         order and rank 0 scores them and sends the scores (or its error) to the others, so every rank
-        takes the same stopping and best-checkpoint decisions."""
+        takes the same stopping and best-checkpoint decisions. A rank whose decoding fails sends its
+        error in the gather instead, and every rank stops at once with it ("rank 1 failed decoding
+        its share of the validation set: ...")."""
         d = self.valid_data
         n = len(d) if self.tc.valid_bleu_max_sentences is None else min(len(d), self.tc.valid_bleu_max_sentences)
-        found = self._greedy_translator().translate_ids(d.src_ids[:n], shard=(self.dist.rank, self.dist.world_size))
+
+        def decode_share() -> dict[int, str]:  # {sentence index: greedy translation} of this rank's batches
+            found = self._greedy_translator().translate_ids(d.src_ids[:n], shard=(self.dist.rank, self.dist.world_size))
+            return {i: h[0].text for i, h in enumerate(found) if h}
+
         gathered: dict[int, str] = {}
-        for part in all_gather_objects({i: h[0].text for i, h in enumerate(found) if h}, self.dist):
+        for part in gather_results(decode_share, self.dist, "decoding its share of the validation set"):
             gathered.update(part)
         hyps = [gathered[i] for i in range(n)]
         # rank 0's error too: the others stop with it rather than wait for scores that never come
