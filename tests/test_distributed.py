@@ -628,6 +628,48 @@ def test_a_failure_of_rank_one_while_decoding_validation_stops_every_rank(tmp_pa
         "RuntimeError: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke on rank 1")
 
 
+def _rank_zero_fails_plotting(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
+    """One rank of ``test_a_failure_of_rank_zeros_attention_plots_is_a_warning``: rank 0's attention
+    plot fails; each rank writes the error it stopped with, or 'trained', to ``out``.RANK."""
+    import cometnmt.plots
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def failing(*args, **kwargs):
+        raise OSError("no space left for the plot on rank 0")
+
+    cometnmt.plots.plot_attention = failing if rank == 0 else None  # rank 1 never plots
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(
+            data_dir, save_dir, "train.max_steps=1", "train.attention_plots=2")))
+        said = "trained"
+    except Exception as exc:
+        said = f"{type(exc).__name__}: {exc}"
+    with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+        f.write(said)
+
+
+def test_a_failure_of_rank_zeros_attention_plots_is_a_warning(tmp_path, data_dir):
+    """Rank 0 alone draws train.attention_plots' heatmaps; where that fails, it warns in train.log and
+    every rank trains on (the plots are for watching). Before, the error stopped rank 0 alone, and
+    rank 1 failed in its next collective with gloo's "Connection closed by peer"."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "said"
+    torch.multiprocessing.spawn(_rank_zero_fails_plotting, nprocs=2, join=True,
+                                args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
+    said = [(tmp_path / f"said.{rank}").read_text(encoding="utf-8") for rank in range(2)]
+    assert said == ["trained", "trained"]
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["step"] == 1
+    log_text = (tmp_path / "ddp" / "train.log").read_text(encoding="utf-8")
+    assert ("train.attention_plots: the attention plots of step 1 failed (OSError: no space left for the plot on "
+            "rank 0); training goes on without them") in log_text
+
+
 def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str) -> None:
     """One rank of ``test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout``: rank
     0's preparation of the data takes PREPARE_SECONDS longer; each rank writes the error it stopped

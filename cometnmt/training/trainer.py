@@ -794,8 +794,19 @@ class Trainer:
         if self.tc.valid_bleu:
             out.update(self.validation_bleu())
         if self.tc.attention_plots and self.dist.is_main:
-            self.plot_validation_attention()
+            self._plot_or_warn()
         return out
+
+    def _plot_or_warn(self) -> None:
+        """Rank 0's attention plots (:meth:`plot_validation_attention`); one that fails is logged as a
+        warning and training goes on: the plots are for watching, the run does not need them. Under
+        DDP, raised on rank 0 alone, the error stopped rank 0 and left the others to fail in their
+        next collective with gloo's "Connection closed by peer"; a single process is treated the same."""
+        try:
+            self.plot_validation_attention()
+        except Exception as exc:  # a full disk, matplotlib missing or broken, a decoding error
+            log.warning("train.attention_plots: the attention plots of step %d failed (%s: %s); training goes on "
+                        "without them", self.step, type(exc).__name__, exc)
 
     def plot_validation_attention(self) -> None:
         """``train.attention_plots``: heatmaps of the first N validation sentences' attention (last
