@@ -670,6 +670,61 @@ def test_a_failure_of_rank_zeros_attention_plots_is_a_warning(tmp_path, data_dir
             "rank 0); training goes on without them") in log_text
 
 
+def _rank_zero_fails_saving(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, *extra: str) -> None:
+    """One rank of ``test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank``: rank 0's
+    checkpoint writes fail (a full disk); each rank writes the error it stopped with to ``out``.RANK,
+    then exits with it (non-zero)."""
+    from cometnmt.training import trainer as trainer_module
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    trainer_module.save_checkpoint = failing if rank == 0 else None  # rank 1 never writes
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
+    except Exception as exc:
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    raise AssertionError(f"rank {rank} did not stop")
+
+
+@pytest.mark.parametrize("where, extra, doing", [
+    ("save_every", ["train.save_every=1", "train.max_steps=2"], "writing last.pt at step 1"),
+    ("max_steps", ["train.max_steps=1"], "writing the record and checkpoints of step 1"),
+    ("epoch_end", ["train.max_epochs=1"], "writing the record and checkpoints of epoch 1"),
+])
+def test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank(tmp_path, data_dir, where, extra, doing):
+    """Rank 0 alone writes the checkpoints (and metrics.jsonl); where that fails (a full disk) at
+    save_every, at max_steps inside an epoch or at an epoch's end, it stops with its error and the
+    other rank at once with a copy naming it, both exiting non-zero. Before, rank 0 stopped alone
+    and rank 1 failed in its next collective with gloo's "Connection closed by peer"."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "error"
+    context = torch.multiprocessing.spawn(_rank_zero_fails_saving, nprocs=2, join=False,
+                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), *extra))
+    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
+    try:
+        for process in context.processes:  # each on its own: context.join() kills the others when one fails
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            assert process.exitcode is not None, "a rank still waits"
+    finally:
+        for process in context.processes:
+            process.kill()
+    assert [process.exitcode for process in context.processes] == [1, 1]
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == "OSError: [Errno 28] No space left on device"
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
+        f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
+
+
 def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str) -> None:
     """One rank of ``test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout``: rank
     0's preparation of the data takes PREPARE_SECONDS longer; each rank writes the error it stopped

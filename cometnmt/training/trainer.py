@@ -30,6 +30,7 @@ import os
 import math
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Optional
@@ -336,6 +337,13 @@ class Trainer:
         if self.dist.is_main:
             with deferred():  # an interrupt would abort the write (it is atomic: the old file stays)
                 save_checkpoint(self.state_dict(), self.save_dir / name)
+
+    def _write_on_rank_zero(self, write: Callable[[], None], doing: str) -> None:
+        """``write()`` (checkpoints, metrics.jsonl: rank 0's files) on rank 0, whose success or error
+        every rank receives (:func:`broadcast_result`): a failure (a full disk) stops every rank at
+        once ("rank 0 failed DOING: OSError: ..."). Raised on rank 0 alone, it left the others to fail
+        in their next collective with gloo's "Connection closed by peer". ``write()`` in one process."""
+        broadcast_result(write, self.dist, doing)
 
     def drop_records_after_checkpoint(self) -> None:
         """On a resume, remove from metrics.jsonl the records the checkpoint does not include: those
@@ -681,7 +689,7 @@ class Trainer:
                 raise _RanksStop
             if self.tc.save_every and self.step % self.tc.save_every == 0:
                 saving = time.perf_counter()
-                self.save(LAST_CHECKPOINT)
+                self._write_on_rank_zero(lambda: self.save(LAST_CHECKPOINT), f"writing {LAST_CHECKPOINT} at step {self.step}")
                 self.window_start += time.perf_counter() - saving  # the write is not training: keep it out of tokens/s
         bar.close()
         return True
@@ -698,25 +706,31 @@ class Trainer:
             self.epoch += 1
             self.consumed = 0
             self.history.append(metrics)
-            self.log_metrics(metrics)
             improved = self.update_stopping(metrics)
             self.best_behind = None if improved else self.best_behind  # best.pt is saved below
-            self.save(LAST_CHECKPOINT)
-            if improved:
-                self.save(BEST_CHECKPOINT)
-            if self.tc.keep_checkpoints:
-                self.save(epoch_checkpoint_name(self.epoch))
-                # every older one, not just the one N epochs back: a resume with a smaller N left
-                # the epochs between behind
-                if self.dist.is_main:
-                    for path in epoch_checkpoints(self.save_dir)[: -self.tc.keep_checkpoints]:
-                        path.unlink()
+            self._write_on_rank_zero(lambda: self._write_epoch(metrics, improved),
+                                    f"writing the record and checkpoints of epoch {self.epoch}")
         log.info(
             "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
             self.epoch, metrics["val_loss"], metrics["val_loss_per_100_tokens"],
             (f", val BLEU {metrics['val_bleu']:.2f}" if "val_bleu" in metrics else "")
             + (f", {paper_label(self.cfg.data.lowercase)} {metrics['val_paper_bleu']:.2f}" if "val_paper_bleu" in metrics else ""),
         )
+
+    def _write_epoch(self, metrics: dict, improved: bool) -> None:
+        """Rank 0's files at an epoch's end: its record, last.pt, best.pt if ``improved``, the epoch's
+        own checkpoint (train.keep_checkpoints)."""
+        self.log_metrics(metrics)
+        self.save(LAST_CHECKPOINT)
+        if improved:
+            self.save(BEST_CHECKPOINT)
+        if self.tc.keep_checkpoints:
+            self.save(epoch_checkpoint_name(self.epoch))
+            # every older one, not just the one N epochs back: a resume with a smaller N left
+            # the epochs between behind
+            if self.dist.is_main:
+                for path in epoch_checkpoints(self.save_dir)[: -self.tc.keep_checkpoints]:
+                    path.unlink()
 
     def end_at_max_steps(self) -> None:
         """train.max_steps stopped the run inside an epoch: validate there (a record of its own,
@@ -733,16 +747,21 @@ class Trainer:
             with deferred():
                 self.validated_step = self.step
                 self.mid_epoch.append(metrics)
-                self.log_metrics(metrics)
                 improved = self._update_best(metrics)
                 self.best_behind = None if improved else self.best_behind  # best.pt is saved below
-                self.save(LAST_CHECKPOINT)
-                if improved:
-                    self.save(BEST_CHECKPOINT)
+                self._write_on_rank_zero(lambda: self._write_mid_epoch(metrics, improved),
+                                        f"writing the record and checkpoints of step {self.step}")
             log.info("max_steps %d reached inside epoch %d: val loss %.4f/token%s", self.step, self.epoch + 1,
                      metrics["val_loss"], f", val BLEU {metrics['val_bleu']:.2f}" if "val_bleu" in metrics else "")
         else:
-            self.save(LAST_CHECKPOINT)
+            self._write_on_rank_zero(lambda: self.save(LAST_CHECKPOINT), f"writing {LAST_CHECKPOINT} at step {self.step}")
+
+    def _write_mid_epoch(self, metrics: dict, improved: bool) -> None:
+        """Rank 0's files at max_steps inside an epoch: the validation's record, last.pt, best.pt if ``improved``."""
+        self.log_metrics(metrics)
+        self.save(LAST_CHECKPOINT)
+        if improved:
+            self.save(BEST_CHECKPOINT)
 
     def improves(self, m: dict) -> bool:
         """Whether validation metrics ``m`` beat the best so far (BLEU under bleu_patience, else the loss)."""
