@@ -618,7 +618,8 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         if dist.is_main and not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
             write_text_file(Path(cfg.train.save_dir) / CONFIG_FILE, yaml_dump(to_dict(cfg)))
         setup.done()
-        summary = trainer.fit(setup.hand_over())  # signals since done(): fit's to count
+        hand = setup.hand_over()  # under DDP the signals since done(): fit's to count
+        summary = trainer.fit() if hand is None else trainer.fit(hand)
         clean = True
         return summary
     except KeyboardInterrupt:
