@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -276,6 +277,17 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
     raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
 
 
+def check_arch(arch: str) -> None:
+    """``model.arch`` names a registered architecture; else a ConfigError with the closest names."""
+    from cometnmt.models import REGISTRY
+
+    if arch not in REGISTRY:
+        # cutoff 0.75: typos (transfomer, comte), not a name merely alike (dwconv, of a missing plugin: convs2s)
+        close = difflib.get_close_matches(arch, sorted(REGISTRY), n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"config key 'model.arch': {arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}{hint}")
+
+
 def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> Any:
     """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types. ``build`` False
     checks the keys and types only and returns the checked dict: a file or base may leave a
@@ -283,6 +295,8 @@ def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> An
     meet, which the sections' own checks, run as they are built, would refuse."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    if cls is ModelConfig and isinstance(data.get("arch"), str):  # with the file's other keys, so that its error names the file
+        check_arch(data["arch"])
     kwargs = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
@@ -543,10 +557,9 @@ def config_from_dict(data: dict) -> Config:
 
 def validate(cfg: Config) -> None:
     """Cross-field checks that types alone cannot express."""
-    from cometnmt.models import REGISTRY, check_builder_signature
+    from cometnmt.models import check_builder_signature
 
-    if cfg.model.arch not in REGISTRY:
-        raise ConfigError(f"config key 'model.arch': {cfg.model.arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}")
+    check_arch(cfg.model.arch)
     check_builder_signature(cfg.model.arch)
     # the shared Transformer sizes only where the architecture reads them: ConvS2S and the RNN take
     # theirs from their own sections, and a ConvS2S config with model.n_heads: 7 was refused

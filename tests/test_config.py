@@ -457,6 +457,26 @@ def test_an_architecture_a_script_registered_reads_the_shared_keys_and_may_tie_e
         build_model(cfg.model, 11, 13, 0)
 
 
+def test_a_mistyped_arch_names_the_file_and_the_closest_architecture(tmp_path):
+    """model.arch: transfomer in a file was "config key 'model.arch': 'transfomer' is not allowed;
+    expected one of ...", naming no file (checked after the overrides, not with the file's other
+    keys) and leaving the reader to spot the typo. It now names the file (the base's, for a base)
+    and the closest registered name."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\nmodel:\n  arch: transfomer\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'model.arch': 'transfomer' is not allowed; "
+                                          r"expected one of comet, convs2s, .*transformer_pp; did you mean 'transformer'\?$"):
+        load_config(path)
+    child = tmp_path / "child.yaml"
+    child.write_text("base: mine.yaml\ntrain:\n  lr: 0.001\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'model.arch': 'transfomer' .* \(the base of "):
+        load_config(child)
+    with pytest.raises(ConfigError, match=r"^config key 'model.arch': 'comte' is not allowed; .*; did you mean 'comet'\?$"):
+        load_config(None, ["model.arch=comte"])
+    with pytest.raises(ConfigError, match=r"^config key 'model.arch': 'lstm' is not allowed; expected one of [^;]*$"):
+        load_config(None, ["model.arch=lstm"])  # nothing close: no guess
+
+
 def test_a_list_written_without_brackets_gets_the_brackets_hint():
     """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
     with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "
