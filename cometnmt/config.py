@@ -75,7 +75,7 @@ class DataConfig:
 class ModelConfig:
     """Shared Transformer-family sizes plus one section per architecture."""
 
-    arch: str = "transformer"  # transformer, comet, transformer_pp, convs2s or rnn (the last two read only their own section)
+    arch: str = "transformer"  # transformer, comet, transformer_pp, convs2s or rnn (the last two read only their own section), or one registered (README)
     d_model: int = 256  # transformer, comet, transformer_pp: width of embeddings and every unit's output; a multiple of n_heads
     n_heads: int = 8  # heads of every attention sublayer (transformer_pp self-attention: dot-product and convolution heads together)
     enc_layers: int = 3  # encoder units (N)
@@ -89,6 +89,27 @@ class ModelConfig:
     convs2s: ConvS2SConfig = field(default_factory=ConvS2SConfig)
     rnn: RNNConfig = field(default_factory=RNNConfig)
     transformer_pp: TransformerPPConfig = field(default_factory=TransformerPPConfig)
+    # Not a key: the sections of architectures registered with one (cometnmt.models.register_architecture),
+    # written model.<arch>.* in a config file, read as model_cfg.<arch>. It holds the selected
+    # architecture's section and those the config sets, so that a run of another architecture does not
+    # need the module that registers them to load.
+    plugin_sections: dict[str, Any] = field(default_factory=dict)  # not a key: model.<arch> of registered architectures
+
+    def __post_init__(self) -> None:
+        from cometnmt.models import SECTIONS
+
+        if self.arch in SECTIONS and self.arch not in self.plugin_sections:  # its builder reads model_cfg.<arch>
+            self.plugin_sections[self.arch] = SECTIONS[self.arch]()
+
+    def __getattr__(self, name: str) -> Any:
+        """``model_cfg.<arch>``: the section of an architecture registered with one."""
+        sections = self.__dict__.get(PLUGIN_SECTIONS) or {}
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+PLUGIN_SECTIONS = "plugin_sections"  # ModelConfig's field of registered architectures' sections (not a key itself)
 
 
 @dataclass
@@ -277,6 +298,18 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
     raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
 
 
+def config_keys(cls: type) -> dict[str, Any]:
+    """The keys of dataclass ``cls`` and their types: its fields, and for :class:`ModelConfig` the
+    sections of the architectures registered with one (``model.<arch>``) in place of the field
+    holding them."""
+    hints = {name: tp for name, tp in typing.get_type_hints(cls).items() if not (cls is ModelConfig and name == PLUGIN_SECTIONS)}
+    if cls is ModelConfig:
+        from cometnmt.models import SECTIONS
+
+        hints.update(SECTIONS)
+    return hints
+
+
 def check_arch(arch: str) -> None:
     """``model.arch`` names a registered architecture; else a ConfigError with the closest names."""
     from cometnmt.models import REGISTRY
@@ -293,22 +326,45 @@ def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> An
     checks the keys and types only and returns the checked dict: a file or base may leave a
     cross-key rule (model.comet.dilations, one per feature layer, say) for a child or an override to
     meet, which the sections' own checks, run as they are built, would refuse."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints = config_keys(cls)
     if cls is ModelConfig and isinstance(data.get("arch"), str):  # with the file's other keys, so that its error names the file
-        check_arch(data["arch"])
+        check_arch(data["arch"])  # and first: a checkpoint of an unregistered architecture is named by it, not by its section
     kwargs = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in hints:
-            raise ConfigError(f"unknown config key '{dotted}'; allowed keys here: {', '.join(names)}")
+            raise ConfigError(f"unknown config key '{dotted}'; allowed keys here: {', '.join(hints)}{_section_hint(cls, value)}")
         kwargs[key] = _coerce(value, hints[key], dotted, build)
-    return cls(**kwargs) if build else kwargs
+    if not build:
+        return kwargs
+    from cometnmt.models import SECTIONS
+
+    if cls is ModelConfig:
+        kwargs[PLUGIN_SECTIONS] = {key: kwargs.pop(key) for key in list(kwargs) if key in SECTIONS}
+    if cls not in SECTIONS.values():
+        return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:  # a registered section's own checks (the package's raise ConfigError)
+        raise ConfigError(f"config key '{prefix}': {type(exc).__name__}: {exc}") from None
+
+
+def _section_hint(cls: type, value: Any) -> str:
+    """For an unknown mapping under ``model``: where a section of one's own architecture comes from."""
+    if cls is not ModelConfig or not isinstance(value, dict):
+        return ""
+    return ("; the section of an architecture of one's own is known once the module registering it with "
+            "cometnmt.models.register_architecture(..., config=...) is imported: for the CLI, name it in $COMETNMT_PLUGINS")
 
 
 def to_dict(cfg: Any) -> dict:
-    """Plain nested dict (YAML/JSON/pickle friendly)."""
-    return dataclasses.asdict(cfg)
+    """Plain nested dict (YAML/JSON/pickle friendly). The sections of registered architectures are
+    keys of ``model`` beside the package's own (``model.mine.*``), as a config file writes them."""
+    data = dataclasses.asdict(cfg)
+    model = data.get("model") if isinstance(cfg, Config) else data if isinstance(cfg, ModelConfig) else None
+    if model is not None:
+        model.update(model.pop(PLUGIN_SECTIONS))
+    return data
 
 
 def _section_type(dotted: str) -> Any:
@@ -316,7 +372,7 @@ def _section_type(dotted: str) -> Any:
     is no section (a value, or unknown: :func:`from_dict` names those)."""
     tp: Any = Config
     for part in dotted.split("."):
-        tp = typing.get_type_hints(tp).get(part) if dataclasses.is_dataclass(tp) else None
+        tp = config_keys(tp).get(part) if dataclasses.is_dataclass(tp) else None
     return tp if dataclasses.is_dataclass(tp) else None
 
 
@@ -754,10 +810,10 @@ def positions_key(model: ModelConfig) -> str:
 def unused_model_keys(model: ModelConfig) -> list[str]:
     """``model.KEY=value`` for each key the architecture ``model.arch`` does not read but that is set
     away from its default: the shared Transformer sizes for convs2s and rnn, and every other
-    architecture's section. A run with such keys trains without them, which is worth a warning
-    (``model.d_model=512`` beside ``arch: convs2s`` changes nothing). None for an architecture a
-    script registered (its builder may read any key: the shared sizes, or ``model.comet.*`` for a
-    COMET variant)."""
+    architecture's section (those of registered architectures too). A run with such keys trains
+    without them, which is worth a warning (``model.d_model=512`` beside ``arch: convs2s`` changes
+    nothing). None for an architecture a script registered (its builder may read any key: the shared
+    sizes, or ``model.comet.*`` for a COMET variant)."""
     if model.arch not in TIED_ARCHS + OWN_SECTION_ARCHS:
         return []
     default = ModelConfig()
@@ -767,6 +823,8 @@ def unused_model_keys(model: ModelConfig) -> list[str]:
         if section != model.arch:
             found += [f"model.{section}.{key}={new!r}" for key, old, new in changed_keys(to_dict(getattr(default, section)),
                                                                                           to_dict(getattr(model, section)))]
+    for section, value in model.plugin_sections.items():  # a registered architecture's, beside one of the package's
+        found += [f"model.{section}.{key}={new!r}" for key, old, new in changed_keys(to_dict(type(value)()), to_dict(value))]
     return found
 
 
@@ -872,6 +930,8 @@ def _reference_lines(cls: type, indent: int) -> list[str]:
     hints = typing.get_type_hints(cls)
     defaults = cls()
     for f in dataclasses.fields(cls):
+        if cls is ModelConfig and f.name == PLUGIN_SECTIONS:  # not a key: registered architectures' sections
+            continue
         value = getattr(defaults, f.name)
         if dataclasses.is_dataclass(value):
             lines.append(f"{pad}{f.name}:")

@@ -40,6 +40,42 @@ def tiny_train_cfg(save_dir, data_dir, *overrides):
     ])
 
 
+DWCONV_PLUGIN = """\
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from cometnmt.models import register_architecture
+from cometnmt.models.transformer import build_transformer
+
+
+@dataclass
+class DwConvConfig:
+    kernel_size: int = 3  # FFN width = 16 * kernel_size: a checkpoint loads only with its own value
+    padding: Literal["same", "causal"] = "same"
+
+
+def build_dwconv(model_cfg, src_vocab_size, tgt_vocab_size, pad_id):
+    section = model_cfg.dwconv
+    model = build_transformer(dataclasses.replace(model_cfg, d_ff=16 * section.kernel_size), src_vocab_size,
+                              tgt_vocab_size, pad_id)
+    model.built_with = section
+    return model
+
+
+register_architecture("dwconv", build_dwconv, config=DwConvConfig)
+"""
+
+
+def write_dwconv_plugin(folder: Path) -> Path:
+    """A plugin file registering the architecture ``dwconv`` with its section ``model.dwconv``
+    (kernel_size, padding): a Transformer whose FFN is 16 * kernel_size wide, the section it was
+    built with kept as ``model.built_with``."""
+    path = folder / "dwconv_plugin.py"
+    path.write_text(DWCONV_PLUGIN, encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def one_thread():
     """Timed training loops of tiny models: one intra-op thread (a second gains nothing, and on a

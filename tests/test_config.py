@@ -457,6 +457,110 @@ def test_an_architecture_a_script_registered_reads_the_shared_keys_and_may_tie_e
         build_model(cfg.model, 11, 13, 0)
 
 
+@pytest.fixture
+def dwconv(tmp_path, monkeypatch):
+    """conftest's plugin file registering 'dwconv' with its section model.dwconv, imported as the CLI
+    imports $COMETNMT_PLUGINS; unregistered afterwards."""
+    import sys
+
+    from conftest import write_dwconv_plugin
+
+    from cometnmt.models import REGISTRY, SECTIONS, load_plugins
+
+    monkeypatch.setenv("COMETNMT_PLUGINS", str(write_dwconv_plugin(tmp_path)))
+    load_plugins()
+    yield
+    REGISTRY.pop("dwconv", None)
+    SECTIONS.pop("dwconv", None)
+    for name in [name for name in sys.modules if name.startswith("cometnmt_plugin_dwconv_plugin_")]:
+        del sys.modules[name]
+
+
+def test_an_architectures_own_section_is_checked_saved_and_reaches_its_builder(dwconv, tmp_path):
+    """An architecture of one's own could have no section ("unknown config key 'model.dwconv'"):
+    its builder read the shared keys or another architecture's. register_architecture(name,
+    builder, config=...) now declares model.<name>.*, checked as the package's sections (unknown
+    key, type and choice errors name the key and the file), read by the builder as
+    model_cfg.<name>, written to the saved config and read back; beside another architecture it is
+    an unused key as model.comet.* is beside a Transformer, and absent unless set."""
+    from cometnmt.config import config_from_dict, unused_model_keys, yaml_dump, yaml_load
+    from cometnmt.models import build_model
+
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["model.arch=dwconv", "model.dwconv.kernel_size=5"])
+    model = build_model(cfg.model, 11, 13, 0)
+    assert (model.built_with.kernel_size, model.built_with.padding) == (5, "same")
+    saved = yaml_load(yaml_dump(to_dict(cfg)))  # a run's config.yaml, as its checkpoints keep it
+    assert saved["model"]["dwconv"] == {"kernel_size": 5, "padding": "same"}
+    assert config_from_dict(saved).model.dwconv.kernel_size == 5
+    assert load_config(None, ["model.arch=dwconv"]).model.dwconv.kernel_size == 3  # its defaults, unset
+    merged = load_config(None, ["model.arch=dwconv", "model.dwconv.kernel_size=5", "model.dwconv={padding: causal}"])
+    assert (merged.model.dwconv.kernel_size, merged.model.dwconv.padding) == (5, "causal")  # key by key, as the package's
+    path = tmp_path / "dwconv.yaml"
+    for line, error in (("kernal_size: 5", r"unknown config key 'model.dwconv.kernal_size'; allowed keys here: kernel_size, padding"),
+                        ("kernel_size: five", r"config key 'model.dwconv.kernel_size': expected an integer, got 'five'"),
+                        ("padding: left", r"config key 'model.dwconv.padding': 'left' is not allowed; expected one of 'same', 'causal'")):
+        path.write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\nmodel:\n  arch: dwconv\n  dwconv:\n    {line}\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {error}$"):
+            load_config(path)
+    with pytest.raises(ConfigError, match=r"^config key 'model.dwconv.kernel_size': expected an integer, got 2.5$"):
+        load_config(None, ["model.arch=dwconv", "model.dwconv.kernel_size=2.5"])
+    with pytest.raises(ConfigError, match=r"^override 'model.dwconv=null': 'model.dwconv' is a section, not a value"):
+        load_config(None, ["model.dwconv=null"])
+    assert "dwconv" not in to_dict(load_config(None))["model"]  # another architecture's checkpoints need no plugin
+    beside = load_config(None, ["model.arch=transformer", "model.dwconv.kernel_size=5", "model.comet.kernel_size=5"])
+    assert unused_model_keys(beside.model) == ["model.comet.kernel_size=5", "model.dwconv.kernel_size=5"]
+
+
+def test_an_unregistered_section_and_a_section_that_cannot_be_one_are_named(monkeypatch):
+    """A section whose architecture is not registered says where sections come from; register_architecture
+    refuses a name that is a key of the package's own and a class that is no config section; a
+    section's own check (a ValueError in its __post_init__) is an error naming the section."""
+    from dataclasses import dataclass, field
+
+    from cometnmt.models import REGISTRY, SECTIONS, register_architecture
+
+    monkeypatch.delenv("COMETNMT_PLUGINS", raising=False)
+    with pytest.raises(ConfigError, match=r"^unknown config key 'model.dwconv'; allowed keys here: arch, d_model, .*, "
+                                          r"transformer_pp; the section of an architecture of one's own is known once .* "
+                                          r"name it in \$COMETNMT_PLUGINS$"):
+        load_config(None, ["model.dwconv.kernel_size=5"])
+
+    @dataclass
+    class NoDefault:
+        kernel_size: int
+
+    @dataclass
+    class Mapping:
+        sizes: dict = field(default_factory=dict)
+
+    build = REGISTRY["transformer"]
+    with pytest.raises(ConfigError, match=r"^register_architecture\('comet', \.\.\., config='NoDefault'\): 'model.comet' is a "
+                                          r"key of the package's own"):
+        register_architecture("comet", build, config=NoDefault)
+    with pytest.raises(ConfigError, match=r"config must be a dataclass .* got an int"):
+        register_architecture("mine", build, config=3)
+    with pytest.raises(ConfigError, match=r"NoDefault cannot be a config section: .*missing 1 required positional argument"):
+        register_architecture("mine", build, config=NoDefault)
+    with pytest.raises(ConfigError, match=r"Mapping cannot be a config section: unsupported config type .* for 'model.mine.sizes'"):
+        register_architecture("mine", build, config=Mapping)
+    assert "mine" not in REGISTRY and "mine" not in SECTIONS
+
+    @dataclass
+    class Odd:
+        kernel_size: int = 3  # its own check: odd
+
+        def __post_init__(self):
+            if self.kernel_size % 2 == 0:
+                raise ValueError(f"kernel_size must be odd, got {self.kernel_size}")
+
+    monkeypatch.setitem(REGISTRY, "mine", build)  # removed again after the test
+    monkeypatch.setitem(SECTIONS, "mine", Odd)
+    register_architecture("mine", build, config=Odd)
+    assert load_config(None, ["model.arch=mine", "model.mine.kernel_size=5"]).model.mine.kernel_size == 5
+    with pytest.raises(ConfigError, match=r"^config key 'model.mine': ValueError: kernel_size must be odd, got 4$"):
+        load_config(None, ["model.arch=mine", "model.mine.kernel_size=4"])
+
+
 def test_a_mistyped_arch_names_the_file_and_the_closest_architecture(tmp_path):
     """model.arch: transfomer in a file was "config key 'model.arch': 'transfomer' is not allowed;
     expected one of ...", naming no file (checked after the overrides, not with the file's other

@@ -815,6 +815,35 @@ def test_an_architecture_of_ones_own_reaches_the_runs_processes_through_cometnmt
     assert "COMETNMT_PLUGINS=MODULE[,FILE.py...] imports modules" in cli("--help").stdout.replace("\n", " ")
 
 
+def test_an_architectures_own_section_trains_and_translates_through_the_cli(tmp_path, monkeypatch, cli):
+    """An architecture of one's own registered with its section (register_architecture(..., config=...))
+    trains through the CLI with --set model.dwconv.kernel_size=5, which the run's config.yaml and its
+    checkpoint keep; a new `cometnmt translate` process given the same $COMETNMT_PLUGINS rebuilds the
+    model with it (its FFN is 16 * kernel_size wide: the defaults' weights would not load), and one
+    without it gives the documented error, naming the architecture and $COMETNMT_PLUGINS."""
+    import torch
+    import yaml
+    from conftest import write_dwconv_plugin
+
+    run = tmp_path / "run"
+    monkeypatch.setenv("COMETNMT_PLUGINS", str(write_dwconv_plugin(tmp_path)))
+    cli("train", "configs/tiny.yaml", "--set", "model.arch=dwconv", "--set", "model.dwconv.kernel_size=5",
+        "--set", "data.max_train_pairs=200", "--set", "data.max_valid_pairs=10", "--set", "train.max_steps=2",
+        "--set", "train.valid_bleu=false", "--set", "train.progress=false", "--set", f"train.save_dir={run}")
+    assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]["dwconv"] == {"kernel_size": 5,
+                                                                                                    "padding": "same"}
+    payload = torch.load(run / "last.pt", weights_only=True)
+    assert payload["config"]["model"]["dwconv"]["kernel_size"] == 5
+    assert payload["model"]["encoder.0.ffn.w1.weight"].shape == (80, 64)  # built with the section's kernel_size
+    src = tmp_path / "src.de"
+    src.write_text("Ein Mann läuft.\nZwei Hunde spielen im Schnee.\n", encoding="utf-8")
+    assert len(cli("translate", str(run / "last.pt"), "-i", str(src)).stdout.splitlines()) == 2
+    monkeypatch.delenv("COMETNMT_PLUGINS")
+    proc = cli("translate", str(run / "last.pt"), "-i", str(src), check=False)
+    assert proc.returncode != 0
+    assert "config key 'model.arch': 'dwconv' is not allowed" in proc.stderr and "$COMETNMT_PLUGINS" in proc.stderr
+
+
 def test_a_run_of_one_epoch_is_drawn_in_the_learning_curves(tmp_path):
     """A run with one validation (a one-epoch smoke run, or a seed stopped after its first epoch)
     was a line of one point, which matplotlib draws as nothing: compare's and reproduce's

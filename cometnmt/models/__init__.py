@@ -1,7 +1,9 @@
 """Architectures by name. One plain dict; each builder takes
 ``(model_cfg, src_vocab_size, tgt_vocab_size, pad_id)`` and returns a :class:`Seq2Seq`.
 
-A script may add its own (``REGISTRY["mine"] = build_mine``). The CLI also imports the modules
+A script may add its own (``REGISTRY["mine"] = build_mine``), or one with a config section of its own
+(``register_architecture("mine", build_mine, config=MineConfig)``: ``model.mine.*``, in
+:data:`SECTIONS`). The CLI also imports the modules
 named by ``$COMETNMT_PLUGINS`` before it runs (:func:`load_plugins`), so that ``cometnmt train``,
 ``translate`` and the ``cometnmt train`` processes that ``compare``, ``reproduce`` and ``torchrun``
 start, which inherit the variable, all know such an architecture.
@@ -9,6 +11,7 @@ start, which inherit the variable, all know such an architecture.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -38,10 +41,44 @@ REGISTRY: dict[str, Builder] = {
 }
 
 
+# The config sections of architectures registered with one (register_architecture): model.<arch>.*,
+# typed and checked as the package's own, and handed to the builder as model_cfg.<arch>
+SECTIONS: dict[str, type] = {}
+
 BUILTIN_ARCHS = tuple(REGISTRY)  # the package's own; others are registered by a script or $COMETNMT_PLUGINS
 PLUGINS_ENV = "COMETNMT_PLUGINS"
 
 PROTOCOL = ("encode", "decode", "init_state", "step")  # what a Seq2Seq must define itself (reorder has a default)
+
+
+def register_architecture(name: str, builder: Builder, config: type | None = None) -> None:
+    """Register ``builder`` as the architecture ``name`` (as ``REGISTRY[name] = builder``) and, with
+    ``config`` (a dataclass whose every field has a default and a config type: bool, int, float,
+    str, a Literal, a list or Optional of those, or another such dataclass), its own config section
+    ``model.<name>``: its keys are checked as the package's (an unknown key or a wrong type names
+    ``model.<name>.<key>``), saved in the run's config.yaml and checkpoints, and the builder reads
+    them as ``model_cfg.<name>`` (the defaults where the config sets none)."""
+    from cometnmt.config import ModelConfig, from_dict, to_dict
+
+    if config is None:
+        SECTIONS.pop(name, None)  # registered again without one
+        REGISTRY[name] = builder
+        return
+    what = f"register_architecture({name!r}, ..., config={getattr(config, '__name__', config)!r})"
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ConfigError(f"{what}: an architecture with a config section needs a name that is a Python identifier "
+                          f"(its keys are model.<name>.KEY)")
+    if name in {f.name for f in dataclasses.fields(ModelConfig)}:
+        raise ConfigError(f"{what}: 'model.{name}' is a key of the package's own; name the architecture otherwise")
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        raise ConfigError(f"{what}: config must be a dataclass (its fields are the keys of model.{name}), got {a_type(config)}")
+    try:
+        defaults = config()
+        from_dict(config, to_dict(defaults), f"model.{name}")  # every field's type is one a config file can hold
+    except TypeError as exc:
+        raise ConfigError(f"{what}: {config.__name__} cannot be a config section: {exc}") from None
+    REGISTRY[name] = builder
+    SECTIONS[name] = config
 
 
 def build_model(model_cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Seq2Seq:
