@@ -725,6 +725,74 @@ def test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank(tmp_p
         f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
 
 
+def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str,
+                                out: str) -> None:
+    """One rank of ``test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank``:
+    rank 0's train.log (``where`` "train_log"), config.yaml ("config") or, resuming, metrics.jsonl
+    ("metrics": the records past last.pt removed) cannot be written (a full disk); each rank writes
+    the error it stopped with to ``out``.RANK, then exits with it (non-zero)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if where == "train_log":
+        run_module._log_file = failing if rank == 0 else None  # rank 1 never opens it
+    elif where == "config":
+        run_module.write_text_file = failing if rank == 0 else None  # rank 1 never writes config.yaml
+    else:
+        Trainer._drop_records = failing if rank == 0 else None  # rank 1 never rewrites metrics.jsonl
+    try:
+        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, "train.max_steps=2")),
+                         resume=where == "metrics")
+    except Exception as exc:
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    raise AssertionError(f"rank {rank} did not stop")
+
+
+@pytest.mark.parametrize("where, doing", [
+    ("train_log", "opening {}/train.log"), ("config", "writing {}/config.yaml"),
+    ("metrics", "removing the records past step 1 from {}/metrics.jsonl"),
+])
+def test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank(tmp_path, data_dir, where, doing):
+    """Rank 0 alone sets the run folder up (the folder, train.log, the stale temporaries' removal)
+    and writes config.yaml before training (on a resume, it also removes the records past last.pt
+    from metrics.jsonl); where that fails (a full disk), it stops with its error
+    and the other rank at once with a copy naming the file, both exiting non-zero, nothing trained.
+    Before, rank 0 stopped alone and rank 1 failed in its next collective (the wait for the data,
+    DDP's first broadcast) with gloo's "Connection closed by peer"."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if where == "metrics":  # a run to resume, its metrics.jsonl past its last.pt (a kill after step 2's record)
+        train_in_process(data_dir, tmp_path / "ddp", "train.max_steps=1")
+        with open(tmp_path / "ddp" / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"event": "train", "epoch": 1, "step": 2}) + "\n")
+    out = tmp_path / "error"
+    context = torch.multiprocessing.spawn(_rank_zero_fails_setting_up, nprocs=2, join=False,
+                                          args=(2, port, where, str(data_dir), str(tmp_path / "ddp"), str(out)))
+    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
+    try:
+        for process in context.processes:  # each on its own: context.join() kills the others when one fails
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            assert process.exitcode is not None, "a rank still waits"
+    finally:
+        for process in context.processes:
+            process.kill()
+    assert [process.exitcode for process in context.processes] == [1, 1]
+    doing = doing.format(tmp_path / "ddp")
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == "OSError: [Errno 28] No space left on device"
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
+        f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
+    assert where == "metrics" or not (tmp_path / "ddp" / "last.pt").exists()
+
+
 def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str) -> None:
     """One rank of ``test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout``: rank
     0's preparation of the data takes PREPARE_SECONDS longer; each rank writes the error it stopped

@@ -31,8 +31,8 @@ from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CHECKPOINT, EPOCH_CHECKPOINT_GLOB,
                                          LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
                                          weights_misfit)
-from cometnmt.training.distributed import (DistInfo, all_reduce_sum, any_rank, broadcast_object, init_from_env, rank_zero_error,
-                                          shutdown)
+from cometnmt.training.distributed import (DistInfo, all_reduce_sum, any_rank, broadcast_object, broadcast_result,
+                                          init_from_env, rank_zero_error, shutdown)
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ def prepare_data(cfg: Config, payload: dict | None, source: dict | None, flags: 
 
 
 def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], PreparedData],
-                  timeout_minutes: float = 30.0) -> PreparedData:
+                  timeout_minutes: float = 30.0, set_up_failure: tuple[Exception, str] | None = None) -> PreparedData:
     """``prepare()`` on rank 0 alone under DDP; the other ranks wait and receive its result.
 
     Every rank prepared the data itself before: N ranks built the codec N times (tokenised the
@@ -404,14 +404,23 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
     signal to a rank while it waits here is delivered after the exchange (it then leaves through
     ``_SetUp.leave``, which meets the others at ``_SetUp.ready``).
 
+    ``set_up_failure``: rank 0's error, and what it was doing, in setting up ``train.save_dir``
+    before (the folder, its train.log, the removal of stale temporaries): rank 0 prepares nothing
+    and every rank stops with it in this exchange, the others with "rank 0 failed DOING: ...".
+    (Raised there, it stopped rank 0 alone, and the others failed here with gloo's "Connection
+    closed by peer"; a collective of its own before this one would not meet a rank interrupted
+    before it, which comes here from ``_SetUp.leave``.)
+
     The others wait in one collective, for at most the process group's timeout
     (``timeout_minutes``, train.distributed_timeout_minutes): a preparation that takes longer
     stops every rank with an error naming the key (:func:`_waited_too_long`)."""
     if not dist.enabled:
         return prepare()
-    prepared, error = None, None
+    prepared, error, doing = None, None, "preparing the data"
     started = time.monotonic()
-    if dist.is_main:
+    if dist.is_main and set_up_failure is not None:
+        error, doing = set_up_failure
+    elif dist.is_main:
         try:
             prepared = prepare()
         except BaseException as exc:  # an error or an interrupt: the other ranks learn of it below
@@ -430,7 +439,8 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         if failed or interrupted:
             setup.met = True  # the ranks met here; none meets the others again on its way out
         if failed and not interrupted:
-            kind, message = broadcast_object(None if error is None else (type(error).__name__, str(error)), dist)
+            kind, message, doing = broadcast_object(None if error is None else (type(error).__name__, str(error), doing),
+                                                    dist)
         elif not failed and not interrupted:
             shared = broadcast_object(prepared.shareable() if dist.is_main else None, dist)
     if error is not None:
@@ -439,7 +449,7 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         log.warning("rank %d: another rank was interrupted while rank 0 prepared the data; every rank stops", dist.rank)
         raise KeyboardInterrupt
     if failed:
-        raise rank_zero_error(kind, message, "preparing the data")
+        raise rank_zero_error(kind, message, doing)
     return prepared if dist.is_main else shared.received()
 
 
@@ -562,10 +572,20 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         check_unread_files(cfg.data)  # file pairs that data.corpus multi30k would ignore
         check_training_tags(cfg)  # Transformer++'s tag cache and taggers: before the corpus is read and tagged
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
+        set_up_failure = None  # under DDP rank 0's, with what it did: every rank stops with it in _prepare_once
         if dist.is_main:
-            make_folder(cfg.train.save_dir)
-            handler = _log_file(Path(cfg.train.save_dir) / "train.log")
-            _remove_stale_temporaries(Path(cfg.train.save_dir))
+            save_dir = Path(cfg.train.save_dir)
+            doing = f"making the run folder {save_dir}"
+            try:
+                make_folder(save_dir)
+                doing = f"opening {save_dir / 'train.log'}"
+                handler = _log_file(save_dir / "train.log")
+                doing = f"removing the stale temporary files in {save_dir}"
+                _remove_stale_temporaries(save_dir)
+            except Exception as exc:  # under DDP raised in _prepare_once's exchange, on every rank
+                if not dist.enabled:
+                    raise
+                set_up_failure = (exc, doing)
         unused = unused_model_keys(cfg.model)
         if unused:
             log.warning("model.arch=%s does not use %s (set away from their defaults; trained without them: check "
@@ -577,7 +597,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         source = payload if payload is not None else init
         # under DDP rank 0 alone reads, builds the codec and tags; the others receive the result
         prepared = _prepare_once(dist, setup, lambda: prepare_data(cfg, payload, source, flags),
-                                 cfg.train.distributed_timeout_minutes)
+                                 cfg.train.distributed_timeout_minutes, set_up_failure)
         train_corpus, valid_corpus, test_corpus = prepared.train_corpus, prepared.valid_corpus, prepared.test_corpus
         digests, codec, train_data, valid_data, tags = (prepared.digests, prepared.codec, prepared.train_data,
                                                         prepared.valid_data, prepared.tags)
@@ -615,8 +635,10 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
                          trainer.step, trainer.epoch, "its stopping rule" if trainer.finished else "train.max_epochs")
             else:
                 log.info("resumed from step %d (epoch %d)", trainer.step, trainer.epoch + 1)
-        if dist.is_main and not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
-            write_text_file(Path(cfg.train.save_dir) / CONFIG_FILE, yaml_dump(to_dict(cfg)))
+        if not trainer.done:  # on --resume too: train keys (max_epochs, say) may have changed
+            config_path = Path(cfg.train.save_dir) / CONFIG_FILE  # rank 0's file; its failure stops every rank
+            broadcast_result(lambda: write_text_file(config_path, yaml_dump(to_dict(cfg))), dist,
+                             f"writing {config_path}")
         setup.done()
         hand = setup.hand_over()  # under DDP the signals since done(): fit's to count
         summary = trainer.fit() if hand is None else trainer.fit(hand)

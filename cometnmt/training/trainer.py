@@ -277,30 +277,37 @@ class Trainer:
         if it beat the new best: a run resumed from loss to BLEU kept its lowest-loss epoch as the
         "best-validation-BLEU checkpoint" that reports decoded. Where that epoch's checkpoint
         (``train.keep_checkpoints``) is still there it is copied to best.pt; else a warning says
-        so, and ``best_behind`` (in last.pt, for the reports) notes it until best.pt is next saved."""
+        so, and ``best_behind`` (in last.pt, for the reports) notes it until best.pt is next saved.
+        Rank 0 reads, copies and decides; every rank receives ``best_behind`` or its error (a full
+        disk) from it (:func:`broadcast_result`): raised on rank 0 alone, the others failed in their
+        next collective with gloo's "Connection closed by peer", and a rank reading best.pt itself
+        could find rank 0's copy there already and skip the exchange."""
         path = self.save_dir / BEST_CHECKPOINT
+        self.best_behind = broadcast_result(lambda: self._aligned_best_behind(best, path), self.dist,
+                                            f"making {path} the model of the best validation")
+
+    def _aligned_best_behind(self, best: Optional[dict], path: Path) -> Optional[dict]:
+        """:meth:`_align_best_checkpoint` on rank 0: best.pt (``path``) aligned where it can be, and
+        the ``best_behind`` that follows."""
         if best is None or not path.is_file():
-            return
+            return self.best_behind
         held = load_checkpoint(path, mmap=True)["step"]  # the steps: the weights are not read
         if held == best["step"]:
-            self.best_behind = None
-            return
+            return None
         kept = self.save_dir / epoch_checkpoint_name(best["epoch"])
         if best["event"] == "valid" and kept.is_file() and load_checkpoint(kept, mmap=True)["step"] == best["step"]:
-            if self.dist.is_main:
-                with deferred():
-                    save_checkpoint(load_checkpoint(kept), path)
-            self.best_behind = None
+            with deferred():
+                save_checkpoint(load_checkpoint(kept), path)
             log.info("best.pt is now %s (epoch %d, step %d): the best validation under train.stopping=%s", kept.name,
                      best["epoch"], best["step"], self.tc.stopping)
-            return
+            return None
         measure = "val_bleu" if self.tc.stopping == "bleu_patience" else "val_loss"
-        self.best_behind = {"held_step": held, "best_epoch": best["epoch"], "best_step": best["step"],
-                            "measure": measure, "value": best[measure], "stopping": self.tc.stopping}
         log.warning("best.pt holds the model of step %d, the best under the run's earlier stopping rule; under "
                     "train.stopping=%s the best validation is %s %.4g at step %d (epoch %d), whose weights were not "
                     "kept (train.keep_checkpoints): best.pt stays as it is until a validation beats %.4g",
                     held, self.tc.stopping, measure, best[measure], best["step"], best["epoch"], best[measure])
+        return {"held_step": held, "best_epoch": best["epoch"], "best_step": best["step"],
+                "measure": measure, "value": best[measure], "stopping": self.tc.stopping}
 
     def _new_window(self) -> None:
         """Start a metrics-log window: the summed loss, auxiliary losses and target tokens of its
@@ -349,9 +356,15 @@ class Trainer:
         """On a resume, remove from metrics.jsonl the records the checkpoint does not include: those
         a run killed without saving (``kill -9``, a lost machine) logged after its last ``save_every``
         or epoch checkpoint. The resume trains those steps again and logs them anew; before, their
-        records stood twice (step 3, 3, 4, ...), and learning curves drawn from the log doubled back."""
+        records stood twice (step 3, 3, 4, ...), and learning curves drawn from the log doubled back.
+        Rank 0 rewrites it; a failure stops every rank (:meth:`_write_on_rank_zero`)."""
         path = self.save_dir / METRICS_FILE
-        if not self.dist.is_main or not path.exists():
+        self._write_on_rank_zero(lambda: self._drop_records(path),
+                                 f"removing the records past step {self.step} from {path}")
+
+    def _drop_records(self, path: Path) -> None:
+        """:meth:`drop_records_after_checkpoint` on rank 0."""
+        if not path.exists():
             return
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         kept = [line for line in lines if self._before_checkpoint(line)]
