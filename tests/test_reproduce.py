@@ -290,24 +290,34 @@ def test_a_config_of_several_hypotheses_is_still_decoded_greedily(monkeypatch, t
     assert (decode.method, decode.nbest) == ("greedy", 1)
 
 
-def test_a_chinese_target_is_scored_with_sacrebleus_zh_tokeniser(monkeypatch, tmp_path):
-    """Validation BLEU, evaluate and compare take sacreBLEU's tokeniser for data.tgt_lang (zh for
-    Chinese); reproduce scored its runs' test and validation hypotheses and its bootstrap with 13a,
-    which reads unspaced Chinese as one word: '他们在公园里玩。' against '他们在公园玩。' scored 0."""
-    import argparse
+def _fake_run_into(monkeypatch, tgt_lang: str, hyps: list[str], refs: list[str]):
+    """Translator.from_checkpoint gives a stand-in for a run into ``tgt_lang`` (from English) whose
+    splits decode to ``hyps`` against ``refs``: reproduce's scoring without a trained model. Returns
+    the stand-in."""
     import types
 
-    from cometnmt import reproduce
     from cometnmt.config import DecodeConfig
     from cometnmt.inference import Translator
 
-    hyps, refs = ["他们在公园里玩。", "一只狗在跑。"], ["他们在公园玩。", "一只狗在跑。"]
-    data = types.SimpleNamespace(tgt_lang="zh", src_lang="en", lowercase=False)
+    data = types.SimpleNamespace(tgt_lang=tgt_lang, src_lang="en", lowercase=False)
     translator = types.SimpleNamespace(cfg=types.SimpleNamespace(decode=DecodeConfig(), data=data,
                                                                  train=types.SimpleNamespace(stopping="loss_rise")),
                                        translate_split=lambda split, decode, limit=None: types.SimpleNamespace(
                                            hyps=hyps, refs=refs, src=["They play in the park.", "A dog runs."]))
     monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(lambda path, device: translator))
+    return translator
+
+
+def test_a_chinese_target_is_scored_with_sacrebleus_zh_tokeniser(monkeypatch, tmp_path):
+    """Validation BLEU, evaluate and compare take sacreBLEU's tokeniser for data.tgt_lang (zh for
+    Chinese); reproduce scored its runs' test and validation hypotheses and its bootstrap with 13a,
+    which reads unspaced Chinese as one word: '他们在公园里玩。' against '他们在公园玩。' scored 0."""
+    import argparse
+
+    from cometnmt import reproduce
+
+    hyps, refs = ["他们在公园里玩。", "一只狗在跑。"], ["他们在公园玩。", "一只狗在跑。"]
+    translator = _fake_run_into(monkeypatch, "zh", hyps, refs)
     out = reproduce._evaluate_run(argparse.Namespace(device="cpu", eval_limit=None), tmp_path)
     for split in ("valid", "test"):
         assert "tok:zh" in out[split]["bleu_signature"] and out[split]["bleu"] > 50
@@ -327,12 +337,9 @@ def test_a_target_spacy_cannot_tokenise_gets_a_report_of_bleu_and_chrf(monkeypat
     report says what was not computed and which BLEU tokeniser was used, warnings name the packages."""
     import argparse
     import importlib.util
-    import types
 
     from cometnmt import evaluation, reproduce
-    from cometnmt.config import DecodeConfig
     from cometnmt.data import tokenizers
-    from cometnmt.inference import Translator
 
     if importlib.util.find_spec("sudachipy"):  # as where SudachiPy is not installed
         def no_japanese(lang, lowercase=False):
@@ -353,12 +360,7 @@ def test_a_target_spacy_cannot_tokenise_gets_a_report_of_bleu_and_chrf(monkeypat
     monkeypatch.setattr(reproduce, "_learning_curves", lambda *a: None)
 
     hyps, refs = ["彼らは公園で遊んでいる。", "犬が走る。"], ["彼らは公園で遊ぶ。", "犬が走る。"]
-    data = types.SimpleNamespace(tgt_lang="ja", src_lang="en", lowercase=False)
-    translator = types.SimpleNamespace(cfg=types.SimpleNamespace(decode=DecodeConfig(), data=data,
-                                                                 train=types.SimpleNamespace(stopping="loss_rise")),
-                                       translate_split=lambda split, decode, limit=None: types.SimpleNamespace(
-                                           hyps=hyps, refs=refs, src=["They play in the park.", "A dog runs."]))
-    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(lambda path, device: translator))
+    translator = _fake_run_into(monkeypatch, "ja", hyps, refs)
     args = argparse.Namespace(out=str(tmp_path), set=[], device="cpu", eval_limit=None, candidate=None,
                               merge_report=None, bootstrap=10, examples=1, seeds=[1])
     with caplog.at_level("WARNING"):
