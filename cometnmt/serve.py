@@ -199,6 +199,15 @@ def _check_strings(value: object, field: str) -> None:
             raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}"[{i}] must be a string, got {_json_type(item)}')
 
 
+def _form_hint(raw: bytes) -> str:
+    """For a body that is not JSON but an HTML form's fields (``text=Ein+Hund.``, as ``curl -d
+    text=...`` or Python requests' ``data={...}`` send): how to send JSON instead."""
+    if not re.match(rb"[A-Za-z_][\w.-]*=", raw):
+        return ""
+    return ('; it looks form-encoded (name=value): send a JSON object, e.g. curl -H "Content-Type: application/json" '
+            """-d '{"text": "Ein Hund."}', or requests.post(url, json={"text": "Ein Hund."})""")
+
+
 def _check_text(text: str, where: str, max_chars: int) -> None:
     """One sentence of a request, named as the request has it (``where``: ``"texts"[2]``, 0-based as
     JSON counts): no newline, UTF-8 (no lone surrogate, which JSON's \\ud800 can carry), and at most
@@ -728,7 +737,7 @@ class _Handler(BaseHTTPRequestHandler):
             except UnicodeDecodeError as exc:
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid UTF-8 (byte {exc.start})") from None
             except json.JSONDecodeError as exc:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}") from None
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}{_form_hint(raw)}") from None
             except RecursionError:
                 raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None
             except ValueError:  # an integer longer than Python reads (sys.get_int_max_str_digits()): not a

@@ -105,6 +105,8 @@ def test_concurrent_requests_each_get_their_own_answer(server):
 
 @pytest.mark.parametrize("body, raw, status, needle", [
     (None, b"{not json", 400, "not valid JSON"),
+    # an HTML form's fields (curl -d text=..., requests' data=): said "not valid JSON" and no more
+    (None, b"text=Ein+Hund.", 400, "it looks form-encoded (name=value): send a JSON object"),
     (None, b'{"text": "\xff"}', 400, "not valid UTF-8"),
     # errors named Python's types ("got list", "got NoneType", "got dict"), and no item of a list
     ([1, 2], None, 400, "the body must be a JSON object, got an array"),
