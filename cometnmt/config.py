@@ -390,6 +390,18 @@ def _null_section(dotted: str, value: Any) -> str | None:
     return None
 
 
+def _keys_listed_in(dotted: str) -> str:
+    """Where a section's keys are listed: configs/reference.yaml for the package's, the registered
+    dataclass for an architecture of one's own (``model.<arch>``, not in reference.yaml)."""
+    from cometnmt.models import SECTIONS
+
+    parts = dotted.split(".")
+    if len(parts) >= 2 and parts[0] == "model" and parts[1] in SECTIONS:
+        cls = SECTIONS[parts[1]]
+        return f"the dataclass {cls.__module__}.{cls.__qualname__} registered for {parts[1]!r}"
+    return "configs/reference.yaml"
+
+
 def _set_dotted(data: dict, dotted: str, value: Any, text: str | None = None) -> None:
     """Set ``value`` at the dotted key. A section the file left empty (``data:``, read as null) is
     an empty section here too: ``--set data.max_len=50`` on such a file said 'data' is not a section.
@@ -398,11 +410,11 @@ def _set_dotted(data: dict, dotted: str, value: Any, text: str | None = None) ->
     inside a mapping (``model={comet: null}``). ``text``: the override as written, for that error."""
     if value is None and _section_type(dotted) is not None:
         raise ConfigError(f"override '{dotted}=null': '{dotted}' is a section, not a value (null neither resets nor "
-                          f"clears it); set its keys, {dotted}.KEY=VALUE (configs/reference.yaml lists them)")
+                          f"clears it); set its keys, {dotted}.KEY=VALUE ({_keys_listed_in(dotted)} lists them)")
     if (section := _null_section(dotted, value)) is not None:  # the same null inside a mapping: --set
         # 'model={comet: null}' merged key by key, so the base's comet section stayed without a word
         raise ConfigError(f"override '{text or dotted}': '{section}' is a section, not a value (null neither resets nor "
-                          f"clears it); set its keys, {section}.KEY=VALUE (configs/reference.yaml lists them)")
+                          f"clears it); set its keys, {section}.KEY=VALUE ({_keys_listed_in(section)} lists them)")
     node = data
     parts = dotted.split(".")
     for part in parts[:-1]:

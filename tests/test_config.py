@@ -484,7 +484,7 @@ def test_an_architectures_own_section_is_checked_saved_and_reaches_its_builder(d
     model_cfg.<name>, written to the saved config and read back; beside another architecture it is
     an unused key as model.comet.* is beside a Transformer, and absent unless set."""
     from cometnmt.config import config_from_dict, unused_model_keys, yaml_dump, yaml_load
-    from cometnmt.models import build_model
+    from cometnmt.models import SECTIONS, build_model
 
     cfg = load_config(REPO / "configs" / "tiny.yaml", ["model.arch=dwconv", "model.dwconv.kernel_size=5"])
     model = build_model(cfg.model, 11, 13, 0)
@@ -504,8 +504,12 @@ def test_an_architectures_own_section_is_checked_saved_and_reaches_its_builder(d
             load_config(path)
     with pytest.raises(ConfigError, match=r"^config key 'model.dwconv.kernel_size': expected an integer, got 2.5$"):
         load_config(None, ["model.arch=dwconv", "model.dwconv.kernel_size=2.5"])
-    with pytest.raises(ConfigError, match=r"^override 'model.dwconv=null': 'model.dwconv' is a section, not a value"):
+    with pytest.raises(ConfigError, match=r"^override 'model.dwconv=null': 'model.dwconv' is a section, not a value") as info:
         load_config(None, ["model.dwconv=null"])
+    # its keys are not in configs/reference.yaml, which the error named: the registered dataclass lists them
+    assert str(info.value).endswith("set its keys, model.dwconv.KEY=VALUE (the dataclass "
+                                    f"{SECTIONS['dwconv'].__module__}.{SECTIONS['dwconv'].__qualname__} registered "
+                                    "for 'dwconv' lists them)"), str(info.value)
     assert "dwconv" not in to_dict(load_config(None))["model"]  # another architecture's checkpoints need no plugin
     beside = load_config(None, ["model.arch=transformer", "model.dwconv.kernel_size=5", "model.comet.kernel_size=5"])
     assert unused_model_keys(beside.model) == ["model.comet.kernel_size=5", "model.dwconv.kernel_size=5"]
