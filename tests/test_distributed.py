@@ -37,6 +37,46 @@ STEPS, MORE_STEPS = 3, 5
 DROPOUT = "model.dropout=0.3"  # overrides the 0 of overrides(): masks must match across ranks
 
 
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a test's process group."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_until_all_stop(worker, args: tuple, seconds: float = 120) -> list[int]:
+    """Two ranks of ``worker(rank, *args)``, each waited for on its own (torch's ``context.join()``
+    kills the others when one fails), for at most ``seconds`` together: starting two interpreters
+    with torch takes seconds, while a rank waiting for a peer that left would wait for the process
+    group's timeout (30 minutes), so one still running then fails the test. Their exit codes."""
+    import time
+
+    context = torch.multiprocessing.spawn(worker, nprocs=2, join=False, args=args)
+    deadline = time.monotonic() + seconds
+    try:
+        for process in context.processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            assert process.exitcode is not None, "a rank still waits"
+    finally:
+        for process in context.processes:
+            process.kill()
+    return [process.exitcode for process in context.processes]
+
+
+def _train_and_record_the_error(rank: int, out: str, cfg, **kwargs) -> None:
+    """A spawned rank's ``train(cfg, **kwargs)`` that must fail: the error it stopped with goes to
+    ``out``.RANK as 'Class: message' and is raised again, so that the process exits non-zero."""
+    try:
+        run_module.train(cfg, **kwargs)
+    except Exception as exc:
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    raise AssertionError(f"rank {rank} did not stop")
+
+
 def overrides(data_dir, save_dir, *extra: str) -> list[str]:
     return [
         f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
@@ -166,12 +206,9 @@ def test_an_interrupted_ddp_run_saves_the_log_window_of_every_rank(tmp_path, dat
     holds the window of both ranks' micro-batches, and the resumed epoch's one record (step 5)
     covers steps 1-5 as one uninterrupted process's does. Before, a DDP checkpoint kept no window
     (each rank held its own losses only), and the record covered steps 3-5 alone."""
-    import socket
 
     common = ["train.max_epochs=1", "train.log_every=10", DROPOUT]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     torch.multiprocessing.spawn(_interrupted_rank, nprocs=2, join=True,
                                 args=(2, port, str(data_dir), str(tmp_path / "ddp"), "train.accum_steps=1", *common))
     saved = load_checkpoint(tmp_path / "ddp" / "last.pt")
@@ -237,12 +274,9 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_step(tmp_path, data_dir, w
     step's all-reduce (or, at the run's end, shutdown's barrier), which failed with gloo's
     "Connection closed by peer" traceback once the first had exited, and where that rank was rank
     0, last.pt was never saved."""
-    import socket
 
     common = ["train.accum_steps=1", "train.max_epochs=1", "train.log_every=10", DROPOUT]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     torch.multiprocessing.spawn(_rank_one_terminated, nprocs=2, join=True,
                                 args=(2, port, where, str(data_dir), str(tmp_path / "ddp"), *common))
     saved = load_checkpoint(tmp_path / "ddp" / "last.pt")
@@ -266,14 +300,11 @@ def test_any_rank_is_true_where_one_rank_is():
     """The one "has any rank been interrupted?" all-reduce (the trainer's and the set-up's): every
     rank gets the same answer, true where at least one rank's flag is; in a single process (one
     rank, or no process group) the answer is the flag itself."""
-    import socket
 
     assert any_rank(True, None) and not any_rank(False, None)
     assert any_rank(True, DistInfo()) and not any_rank(False, DistInfo())
     flags = [[False, False], [True, False], [False, True], [True, True]]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     answers = torch.multiprocessing.get_context("spawn").SimpleQueue()
     torch.multiprocessing.spawn(_any_rank_answers, nprocs=2, join=True, args=(2, port, flags, answers))
     got = dict(answers.get() for _ in range(2))
@@ -338,11 +369,7 @@ def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_d
     the other failed in its next collective (DDP's first broadcast, or the first step's all-reduce)
     with gloo's "Connection closed by peer" RuntimeError (under torchrun, still joining the process
     group, it waited there until torchrun killed it 30 seconds later)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     torch.multiprocessing.spawn(_terminated_while_setting_up, nprocs=2, join=True,
                                 args=(2, port, where, str(data_dir), str(tmp_path / "ddp")))
     assert not (tmp_path / "ddp" / "last.pt").exists() and not (tmp_path / "ddp" / "metrics.jsonl").exists()
@@ -393,11 +420,7 @@ def test_a_signal_to_one_rank_as_training_begins_stops_every_rank(tmp_path, data
     carries it, every rank stops after that step and rank 0 saves it. Before, the signal stopped
     its rank alone there, and the other failed in the first step's all-reduce with gloo's
     "Connection closed by peer" RuntimeError."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     torch.multiprocessing.spawn(_terminated_as_training_begins, nprocs=2, join=True,
                                 args=(2, port, where, str(data_dir), str(tmp_path / "ddp")))
     assert load_checkpoint(tmp_path / "ddp" / "last.pt")["step"] == 1
@@ -446,12 +469,9 @@ def test_rank_zero_alone_prepares_the_data_and_the_ranks_share_validation(tmp_pa
     translations: the same hypotheses, in the same order, and the same BLEU as one process's, and
     the same weights. Before, each rank built the codec, tagged and decoded the whole validation
     set itself (two codec builds, two tagging passes, two full decodings)."""
-    import socket
 
     common = ["train.max_epochs=1", "train.valid_bleu=true", "decode.batch_sentences=4", DROPOUT]  # 20 sentences, 5 batches
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     out = tmp_path / "calls.jsonl"
     torch.multiprocessing.spawn(_counting_rank, nprocs=2, join=True,
                                 args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), "train.accum_steps=1", *common))
@@ -502,22 +522,10 @@ def test_a_failure_of_rank_zero_while_preparing_the_data_stops_every_rank(tmp_pa
     """Rank 0 fails while it alone prepares the data: it stops with its error, and rank 1, which
     waits for the data, stops at once with rank 0's error (not waiting for data that never comes,
     which gloo would give up on only after 30 minutes)."""
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     out = tmp_path / "error"
-    context = torch.multiprocessing.spawn(_failing_rank_zero, nprocs=2, join=False,
-                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
-    deadline = time.monotonic() + 180  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
-    try:
-        while not context.join(timeout=5):
-            assert time.monotonic() < deadline, "a rank still waits"
-    finally:
-        for process in context.processes:
-            process.kill()
+    assert _spawn_until_all_stop(_failing_rank_zero, (2, port, str(data_dir), str(tmp_path / "ddp"), str(out)),
+                                 seconds=180) == [0, 0]  # each rank catches its error and writes it
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "data/train.de:7: something rank 0 alone found"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
         "rank 0 failed preparing the data: data/train.de:7: something rank 0 alone found")
@@ -536,14 +544,8 @@ def _rank_zero_fails_scoring(rank: int, world: int, port: int, data_dir: str, sa
         raise ValueError("the scorer broke on rank 0")
 
     trainer_module.corpus_scores = failing if rank == 0 else None  # rank 1 never scores
-    try:
-        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(
-            data_dir, save_dir, "train.max_steps=1", "train.valid_bleu=true", "train.valid_bleu_max_sentences=4")))
-    except Exception as exc:
-        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
-        raise
-    raise AssertionError(f"rank {rank} did not stop")
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(
+        data_dir, save_dir, "train.max_steps=1", "train.valid_bleu=true", "train.valid_bleu_max_sentences=4")))
 
 
 def test_a_failure_of_rank_zero_while_scoring_validation_stops_every_rank(tmp_path, data_dir):
@@ -552,24 +554,10 @@ def test_a_failure_of_rank_zero_while_scoring_validation_stops_every_rank(tmp_pa
     non-zero. Before, rank 1 waited in the broadcast of scores that never came (gloo gives up only
     after its timeout, 30 minutes by default) or failed there with gloo's own error, which does
     not say what happened."""
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     out = tmp_path / "error"
-    context = torch.multiprocessing.spawn(_rank_zero_fails_scoring, nprocs=2, join=False,
-                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
-    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
-    try:
-        for process in context.processes:  # each on its own: context.join() kills the others when one fails
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-            assert process.exitcode is not None, "a rank still waits"
-    finally:
-        for process in context.processes:
-            process.kill()
-    assert [process.exitcode for process in context.processes] == [1, 1]
+    assert _spawn_until_all_stop(_rank_zero_fails_scoring,
+                                 (2, port, str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "ValueError: the scorer broke on rank 0"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
         "RuntimeError: rank 0 failed scoring the validation translations: ValueError: the scorer broke on rank 0")
@@ -589,14 +577,8 @@ def _rank_one_fails_decoding(rank: int, world: int, port: int, data_dir: str, sa
 
     if rank == 1:
         trainer_module.Translator.translate_ids = failing
-    try:
-        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(
-            data_dir, save_dir, "train.max_steps=1", "train.valid_bleu=true", "train.valid_bleu_max_sentences=4")))
-    except Exception as exc:
-        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
-        raise
-    raise AssertionError(f"rank {rank} did not stop")
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(
+        data_dir, save_dir, "train.max_steps=1", "train.valid_bleu=true", "train.valid_bleu_max_sentences=4")))
 
 
 def test_a_failure_of_rank_one_while_decoding_validation_stops_every_rank(tmp_path, data_dir):
@@ -605,24 +587,10 @@ def test_a_failure_of_rank_one_while_decoding_validation_stops_every_rank(tmp_pa
     exiting non-zero. Before, rank 0 waited in the gather of the translations and failed there with
     gloo's "Connection closed by peer" once rank 1 had left (or at the timeout), which does not say
     what happened."""
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     out = tmp_path / "error"
-    context = torch.multiprocessing.spawn(_rank_one_fails_decoding, nprocs=2, join=False,
-                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
-    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
-    try:
-        for process in context.processes:  # each on its own: context.join() kills the others when one fails
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-            assert process.exitcode is not None, "a rank still waits"
-    finally:
-        for process in context.processes:
-            process.kill()
-    assert [process.exitcode for process in context.processes] == [1, 1]
+    assert _spawn_until_all_stop(_rank_one_fails_decoding,
+                                 (2, port, str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == "ValueError: the decoder broke on rank 1"
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == (
         "RuntimeError: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke on rank 1")
@@ -654,11 +622,7 @@ def test_a_failure_of_rank_zeros_attention_plots_is_a_warning(tmp_path, data_dir
     """Rank 0 alone draws train.attention_plots' heatmaps; where that fails, it warns in train.log and
     every rank trains on (the plots are for watching). Before, the error stopped rank 0 alone, and
     rank 1 failed in its next collective with gloo's "Connection closed by peer"."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     out = tmp_path / "said"
     torch.multiprocessing.spawn(_rank_zero_fails_plotting, nprocs=2, join=True,
                                 args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out)))
@@ -683,13 +647,7 @@ def _rank_zero_fails_saving(rank: int, world: int, port: int, data_dir: str, sav
         raise OSError(28, "No space left on device")
 
     trainer_module.save_checkpoint = failing if rank == 0 else None  # rank 1 never writes
-    try:
-        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
-    except Exception as exc:
-        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
-        raise
-    raise AssertionError(f"rank {rank} did not stop")
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
 
 
 @pytest.mark.parametrize("where, extra, doing", [
@@ -702,24 +660,10 @@ def test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank(tmp_p
     save_every, at max_steps inside an epoch or at an epoch's end, it stops with its error and the
     other rank at once with a copy naming it, both exiting non-zero. Before, rank 0 stopped alone
     and rank 1 failed in its next collective with gloo's "Connection closed by peer"."""
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     out = tmp_path / "error"
-    context = torch.multiprocessing.spawn(_rank_zero_fails_saving, nprocs=2, join=False,
-                                          args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), *extra))
-    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
-    try:
-        for process in context.processes:  # each on its own: context.join() kills the others when one fails
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-            assert process.exitcode is not None, "a rank still waits"
-    finally:
-        for process in context.processes:
-            process.kill()
-    assert [process.exitcode for process in context.processes] == [1, 1]
+    assert _spawn_until_all_stop(_rank_zero_fails_saving,
+                                 (2, port, str(data_dir), str(tmp_path / "ddp"), str(out), *extra)) == [1, 1]
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "OSError: [Errno 28] No space left on device"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
         f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
@@ -743,14 +687,8 @@ def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, da
         run_module.write_text_file = failing if rank == 0 else None  # rank 1 never writes config.yaml
     else:
         Trainer._drop_records = failing if rank == 0 else None  # rank 1 never rewrites metrics.jsonl
-    try:
-        run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, "train.max_steps=2")),
-                         resume=where == "metrics")
-    except Exception as exc:
-        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
-        raise
-    raise AssertionError(f"rank {rank} did not stop")
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(
+        data_dir, save_dir, "train.max_steps=2")), resume=where == "metrics")
 
 
 @pytest.mark.parametrize("where, doing", [
@@ -764,28 +702,14 @@ def test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank
     and the other rank at once with a copy naming the file, both exiting non-zero, nothing trained.
     Before, rank 0 stopped alone and rank 1 failed in its next collective (the wait for the data,
     DDP's first broadcast) with gloo's "Connection closed by peer"."""
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     if where == "metrics":  # a run to resume, its metrics.jsonl past its last.pt (a kill after step 2's record)
         train_in_process(data_dir, tmp_path / "ddp", "train.max_steps=1")
         with open(tmp_path / "ddp" / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"event": "train", "epoch": 1, "step": 2}) + "\n")
     out = tmp_path / "error"
-    context = torch.multiprocessing.spawn(_rank_zero_fails_setting_up, nprocs=2, join=False,
-                                          args=(2, port, where, str(data_dir), str(tmp_path / "ddp"), str(out)))
-    deadline = time.monotonic() + 120  # starting two interpreters with torch takes seconds; a hang takes 30 minutes
-    try:
-        for process in context.processes:  # each on its own: context.join() kills the others when one fails
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-            assert process.exitcode is not None, "a rank still waits"
-    finally:
-        for process in context.processes:
-            process.kill()
-    assert [process.exitcode for process in context.processes] == [1, 1]
+    assert _spawn_until_all_stop(_rank_zero_fails_setting_up,
+                                 (2, port, where, str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
     doing = doing.format(tmp_path / "ddp")
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "OSError: [Errno 28] No space left on device"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
@@ -828,11 +752,7 @@ def test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout(tmp_
     an error naming the key; longer, the run trains. Before, the process group had gloo's default
     30 minutes, which no key changed: a preparation that took longer (SentencePiece's training,
     the taggers on millions of lines) stopped the ranks with gloo's own timeout error."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     out = tmp_path / "said"
     torch.multiprocessing.spawn(_slow_rank_zero, nprocs=2, join=True,
                                 args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), timeout))
