@@ -75,11 +75,6 @@ def rank_error(rank: int, kind: str, message: str, doing: str) -> Exception:
     return RuntimeError(f"rank {rank} failed {doing}: {kind}: {message}")
 
 
-def rank_zero_error(kind: str, message: str, doing: str) -> Exception:
-    """:func:`rank_error` of rank 0."""
-    return rank_error(0, kind, message, doing)
-
-
 def _attempt(compute: Callable[[], T]) -> tuple[tuple, Exception | None]:
     """``compute()`` as an outcome another rank can receive (pickled): ``(True, result)``, or
     ``(False, (class name, message))`` with the error itself beside it for this rank to raise."""

@@ -32,7 +32,7 @@ from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CH
                                          LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
                                          weights_misfit)
 from cometnmt.training.distributed import (DistInfo, all_reduce_sum, any_rank, broadcast_object, broadcast_result,
-                                          init_from_env, rank_zero_error, shutdown)
+                                          init_from_env, rank_error, shutdown)
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -449,7 +449,7 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         log.warning("rank %d: another rank was interrupted while rank 0 prepared the data; every rank stops", dist.rank)
         raise KeyboardInterrupt
     if failed:
-        raise rank_zero_error(kind, message, doing)
+        raise rank_error(0, kind, message, doing)
     return prepared if dist.is_main else shared.received()
 
 
