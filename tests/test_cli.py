@@ -957,3 +957,20 @@ def test_perplexity_past_a_floats_range_is_inf_not_an_overflow_error():
 
     assert perplexity(0.0) == 1.0 and perplexity(math.log(7.5)) == pytest.approx(7.5)
     assert perplexity(710.0) == math.inf and perplexity(math.inf) == math.inf
+
+
+def test_the_help_imports_neither_torch_nor_spacy():
+    """``cometnmt --help`` built its parser through reproduce/compare's options, whose
+    ``cometnmt.data.corpus`` import ran ``cometnmt/data/__init__.py``: torch and spaCy, ~6 s of CPU
+    on every call. The data package's names are now imported on first use."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = ("import sys; from cometnmt.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'spacy', 'sacremoses', 'sentencepiece') if m in sys.modules)); "
+            "import cometnmt.data as d; print(d.PAD, d.make_batches.__module__, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "0 cometnmt.data.batching True"  # the names still there, on first use

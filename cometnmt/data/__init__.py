@@ -1,51 +1,31 @@
-"""Data pipeline: reading corpora, Multi30k, tokenizers, vocabularies and batching."""
+"""Data pipeline: reading corpora, Multi30k, tokenizers, vocabularies and batching.
 
-from cometnmt.data.batching import Batch, collate, make_batches, padding_fraction
-from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
-from cometnmt.data.multi30k import (
-    DEFAULT_URL,
-    ENV_VAR,
-    LANGS,
-    SHA256,
-    SPLITS,
-    file_name,
-    resolve_dir,
-    split_paths,
-)
-from cometnmt.data.tokenizers import (
-    SentencePieceTokenizer,
-    SpacyTokenizer,
-    Tokenizer,
-    build_tokenizer,
-    tokenizer_from_state,
-)
-from cometnmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
+The names below are imported on first use (PEP 562), as the package's own exports are: importing
+one light submodule (``cometnmt.data.corpus``, which the CLI's reproduce/compare options pull in)
+must not import torch (batching) and spaCy (tokenizers), ~6 s of every ``cometnmt --help``."""
 
-__all__ = [
-    "BOS",
-    "Batch",
-    "DEFAULT_URL",
-    "ENV_VAR",
-    "EOS",
-    "LANGS",
-    "PAD",
-    "ParallelCorpus",
-    "SHA256",
-    "SPECIALS",
-    "SPLITS",
-    "SentencePieceTokenizer",
-    "SpacyTokenizer",
-    "Tokenizer",
-    "UNK",
-    "Vocab",
-    "build_tokenizer",
-    "collate",
-    "file_name",
-    "make_batches",
-    "padding_fraction",
-    "read_lines",
-    "read_parallel",
-    "resolve_dir",
-    "split_paths",
-    "tokenizer_from_state",
-]
+_EXPORTS = {
+    **dict.fromkeys(["Batch", "collate", "make_batches", "padding_fraction"], "cometnmt.data.batching"),
+    **dict.fromkeys(["ParallelCorpus", "read_lines", "read_parallel"], "cometnmt.data.corpus"),
+    **dict.fromkeys(["DEFAULT_URL", "ENV_VAR", "LANGS", "SHA256", "SPLITS", "file_name", "resolve_dir", "split_paths"],
+                    "cometnmt.data.multi30k"),
+    **dict.fromkeys(["SentencePieceTokenizer", "SpacyTokenizer", "Tokenizer", "build_tokenizer", "tokenizer_from_state"],
+                    "cometnmt.data.tokenizers"),
+    **dict.fromkeys(["BOS", "EOS", "PAD", "SPECIALS", "UNK", "Vocab"], "cometnmt.data.vocab"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'cometnmt.data' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))
