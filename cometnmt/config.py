@@ -812,6 +812,26 @@ def unread_multi30k_dir(data: DataConfig) -> str | None:
 
 _SHARED_MODEL_KEYS = ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "dropout", "attention_dropout",
                       "max_positions", "tie_embeddings")  # the Transformer family's; ConvS2S and the RNN read none
+_PACKAGE_SECTIONS = ("comet", "convs2s", "rnn", "transformer_pp")  # model.<arch>.* of the package's architectures
+# What register_architecture(..., uses=...) may name: the shared keys a builder reads, and the package's
+# sections (model.comet.* for a COMET variant). Not tie_embeddings: build_model ties, through the model's
+# tie_embeddings(), whatever the builder reads.
+USABLE_MODEL_KEYS = tuple(key for key in _SHARED_MODEL_KEYS if key != "tie_embeddings") + _PACKAGE_SECTIONS
+
+
+def model_keys_read(arch: str) -> frozenset[str] | None:
+    """The shared keys (``d_model``, ...) and the package's sections (``comet``, ...) that the
+    architecture ``arch`` reads, its own section among them; None where that is unknown: an
+    architecture registered without ``uses=`` (its builder may read any key)."""
+    from cometnmt.models import USES
+
+    if arch in TIED_ARCHS:
+        return frozenset(_SHARED_MODEL_KEYS) | {arch}
+    if arch in OWN_SECTION_ARCHS:
+        return frozenset({arch})
+    if arch in USES:
+        return USES[arch] | {arch, "tie_embeddings"}  # tie_embeddings: build_model's, through its model
+    return None
 
 
 def positions_key(model: ModelConfig) -> str:
@@ -824,19 +844,22 @@ def unused_model_keys(model: ModelConfig) -> list[str]:
     away from its default: the shared Transformer sizes for convs2s and rnn, and every other
     architecture's section (those of registered architectures too). A run with such keys trains
     without them, which is worth a warning (``model.d_model=512`` beside ``arch: convs2s`` changes
-    nothing). None for an architecture a script registered (its builder may read any key: the shared
-    sizes, or ``model.comet.*`` for a COMET variant)."""
-    if model.arch not in TIED_ARCHS + OWN_SECTION_ARCHS:
+    nothing). For an architecture registered with ``uses=(...)``, the keys it does not declare; none
+    for one registered without (its builder may read any key: the shared sizes, or ``model.comet.*``
+    for a COMET variant)."""
+    reads = model_keys_read(model.arch)
+    if reads is None:
         return []
     default = ModelConfig()
-    keys = [] if model.arch in TIED_ARCHS else list(_SHARED_MODEL_KEYS)
-    found = [f"model.{key}={getattr(model, key)!r}" for key in keys if getattr(model, key) != getattr(default, key)]
-    for section in ("comet", "convs2s", "rnn", "transformer_pp"):
-        if section != model.arch:
+    found = [f"model.{key}={getattr(model, key)!r}" for key in _SHARED_MODEL_KEYS
+             if key not in reads and getattr(model, key) != getattr(default, key)]
+    for section in _PACKAGE_SECTIONS:
+        if section not in reads:
             found += [f"model.{section}.{key}={new!r}" for key, old, new in changed_keys(to_dict(getattr(default, section)),
                                                                                           to_dict(getattr(model, section)))]
-    for section, value in model.plugin_sections.items():  # a registered architecture's, beside one of the package's
-        found += [f"model.{section}.{key}={new!r}" for key, old, new in changed_keys(to_dict(type(value)()), to_dict(value))]
+    for section, value in model.plugin_sections.items():  # a registered architecture's, beside another
+        if section not in reads:
+            found += [f"model.{section}.{key}={new!r}" for key, old, new in changed_keys(to_dict(type(value)()), to_dict(value))]
     return found
 
 

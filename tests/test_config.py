@@ -565,6 +565,42 @@ def test_an_unregistered_section_and_a_section_that_cannot_be_one_are_named(monk
         load_config(None, ["model.arch=mine", "model.mine.kernel_size=4"])
 
 
+def test_an_architecture_registered_with_uses_is_warned_of_the_keys_it_does_not_read(monkeypatch):
+    """train warned of no unused model key for an architecture of one's own: model.d_ff=512 beside a
+    builder that never reads it trained without it and without a word (unused_model_keys was []).
+    register_architecture(..., uses=(...)) now declares the shared keys and package sections its
+    builder reads, and the others set away from their defaults are listed as for ConvS2S; its own
+    section and model.tie_embeddings (build_model's, through the model) are not. Registered without
+    uses, any key may be read and none is listed; a uses that is no tuple of such names is refused."""
+    from dataclasses import dataclass
+
+    from cometnmt.config import unused_model_keys
+    from cometnmt.models import REGISTRY, SECTIONS, USES, register_architecture
+
+    @dataclass
+    class Mine:
+        width: int = 3
+
+    build = REGISTRY["transformer"]
+    for table in (REGISTRY, SECTIONS, USES):
+        monkeypatch.setitem(table, "mine", None)  # removed again after the test
+    register_architecture("mine", build, config=Mine, uses=("d_model", "n_heads", "enc_layers", "dec_layers", "dropout",
+                                                            "max_positions", "comet"))
+    overrides = ["model.arch=mine", "model.d_model=32", "model.n_heads=4", "model.d_ff=512", "model.comet.kernel_size=5",
+                 "model.rnn.cell=lstm", "model.mine.width=5", "model.tie_embeddings=true"]
+    assert unused_model_keys(load_config(None, overrides).model) == ["model.d_ff=512", "model.rnn.cell='lstm'"]
+    register_architecture("mine", build, config=Mine)  # again, without uses: its builder may read any key
+    assert "mine" not in USES and unused_model_keys(load_config(None, overrides).model) == []
+    with pytest.raises(ConfigError, match=r"^register_architecture\('mine', \.\.\.\): uses must be a tuple of key names "
+                                          r"such as \('d_model', 'n_heads'\), got 'd_model'$"):
+        register_architecture("mine", build, uses="d_model")
+    with pytest.raises(ConfigError, match=r"^register_architecture\('mine', \.\.\., config='Mine'\): uses names "
+                                          r"'tie_embeddings', 'width', not a shared model key or section a builder reads; "
+                                          r"expected some of d_model, n_heads, .*, max_positions, comet, convs2s, rnn, transformer_pp$"):
+        register_architecture("mine", build, config=Mine, uses=("d_model", "tie_embeddings", "width"))
+    assert "mine" not in USES and SECTIONS["mine"] is Mine  # refused: registered as before
+
+
 def test_a_mistyped_arch_names_the_file_and_the_closest_architecture(tmp_path):
     """model.arch: transfomer in a file was "config key 'model.arch': 'transfomer' is not allowed;
     expected one of ...", naming no file (checked after the overrides, not with the file's other

@@ -44,6 +44,10 @@ REGISTRY: dict[str, Builder] = {
 # The config sections of architectures registered with one (register_architecture): model.<arch>.*,
 # typed and checked as the package's own, and handed to the builder as model_cfg.<arch>
 SECTIONS: dict[str, type] = {}
+# The shared model.* keys and package sections that the builder of an architecture registered with
+# uses=(...) reads (register_architecture): train warns of the others when set. An architecture absent
+# here may read any key.
+USES: dict[str, frozenset[str]] = {}
 
 BUILTIN_ARCHS = tuple(REGISTRY)  # the package's own; others are registered by a script or $COMETNMT_PLUGINS
 PLUGINS_ENV = "COMETNMT_PLUGINS"
@@ -51,20 +55,39 @@ PLUGINS_ENV = "COMETNMT_PLUGINS"
 PROTOCOL = ("encode", "decode", "init_state", "step")  # what a Seq2Seq must define itself (reorder has a default)
 
 
-def register_architecture(name: str, builder: Builder, config: type | None = None) -> None:
+def register_architecture(name: str, builder: Builder, config: type | None = None,
+                          uses: tuple[str, ...] | None = None) -> None:
     """Register ``builder`` as the architecture ``name`` (as ``REGISTRY[name] = builder``) and, with
     ``config`` (a dataclass whose every field has a default and a config type: bool, int, float,
     str, a Literal, a list or Optional of those, or another such dataclass), its own config section
     ``model.<name>``: its keys are checked as the package's (an unknown key or a wrong type names
     ``model.<name>.<key>``), saved in the run's config.yaml and checkpoints, and the builder reads
-    them as ``model_cfg.<name>`` (the defaults where the config sets none)."""
-    from cometnmt.config import ModelConfig, from_dict, to_dict
+    them as ``model_cfg.<name>`` (the defaults where the config sets none).
 
+    ``uses`` names the shared keys (``"d_model"``, ``"n_heads"``, ...) and the package's sections
+    (``"comet"`` for a COMET variant) that the builder reads, as the package's architectures are
+    known to: ``train`` then warns of the others when a config sets them, as it does for ConvS2S's
+    ``model.d_model``. Without it the builder may read any key, and none is warned of."""
+    section = "" if config is None else f", config={getattr(config, '__name__', config)!r}"
+    what = f"register_architecture({name!r}, ...{section})"
+    read = None if uses is None else _checked_uses(what, uses)
+    if config is not None:
+        _check_section(what, name, config)
+    REGISTRY[name] = builder
     if config is None:
         SECTIONS.pop(name, None)  # registered again without one
-        REGISTRY[name] = builder
-        return
-    what = f"register_architecture({name!r}, ..., config={getattr(config, '__name__', config)!r})"
+    else:
+        SECTIONS[name] = config
+    if read is None:
+        USES.pop(name, None)
+    else:
+        USES[name] = read
+
+
+def _check_section(what: str, name: str, config: object) -> None:
+    """``config`` can be the section ``model.<name>``: a dataclass of config keys, each with a default."""
+    from cometnmt.config import ModelConfig, from_dict, to_dict
+
     if not (isinstance(name, str) and name.isidentifier()):
         raise ConfigError(f"{what}: an architecture with a config section needs a name that is a Python identifier "
                           f"(its keys are model.<name>.KEY)")
@@ -77,8 +100,19 @@ def register_architecture(name: str, builder: Builder, config: type | None = Non
         from_dict(config, to_dict(defaults), f"model.{name}")  # every field's type is one a config file can hold
     except TypeError as exc:
         raise ConfigError(f"{what}: {config.__name__} cannot be a config section: {exc}") from None
-    REGISTRY[name] = builder
-    SECTIONS[name] = config
+
+
+def _checked_uses(what: str, uses: object) -> frozenset[str]:
+    """``uses`` as a set of names of :data:`cometnmt.config.USABLE_MODEL_KEYS`; a ConfigError naming the others."""
+    from cometnmt.config import USABLE_MODEL_KEYS
+
+    if not isinstance(uses, (tuple, list, set, frozenset)) or not all(isinstance(key, str) for key in uses):
+        raise ConfigError(f"{what}: uses must be a tuple of key names such as ('d_model', 'n_heads'), got {uses!r}")
+    unknown = [key for key in uses if key not in USABLE_MODEL_KEYS]
+    if unknown:
+        raise ConfigError(f"{what}: uses names {', '.join(repr(key) for key in unknown)}, not a shared model key or "
+                          f"section a builder reads; expected some of {', '.join(USABLE_MODEL_KEYS)}")
+    return frozenset(uses)
 
 
 def build_model(model_cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Seq2Seq:

@@ -26,7 +26,7 @@ from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
 from cometnmt.inference import resolve_device, set_cuda_backends
 from cometnmt.interrupts import HandOver, deferred, ignored, noted_until_taken, raise_noted
-from cometnmt.models import build_model
+from cometnmt.models import BUILTIN_ARCHS, build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CHECKPOINT, EPOCH_CHECKPOINT_GLOB,
                                          LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
@@ -588,8 +588,10 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
                 set_up_failure = (exc, doing)
         unused = unused_model_keys(cfg.model)
         if unused:
+            declared = ("" if cfg.model.arch in BUILTIN_ARCHS else
+                        f", or the uses=(...) that register_architecture({cfg.model.arch!r}, ...) declares")
             log.warning("model.arch=%s does not use %s (set away from their defaults; trained without them: check "
-                        "model.arch)", cfg.model.arch, ", ".join(unused))
+                        "model.arch%s)", cfg.model.arch, ", ".join(unused), declared)
         if (unread := unread_multi30k_dir(cfg.data)) is not None:
             log.warning("%s", unread)
         seed_everything(cfg.train.seed)
