@@ -630,13 +630,15 @@ def validate(cfg: Config) -> None:
     check_arch(cfg.model.arch)
     check_builder_signature(cfg.model.arch)
     # the shared Transformer sizes only where the architecture reads them: ConvS2S and the RNN take
-    # theirs from their own sections, and a ConvS2S config with model.n_heads: 7 was refused
-    shared = cfg.model.arch in TIED_ARCHS
+    # theirs from their own sections, and a ConvS2S config with model.n_heads: 7 was refused. One
+    # registered with uses=(...) reads those it declares; one registered without may read any, so
+    # none may be below 1 (model.d_model: 0 was a ZeroDivisionError from its builder)
+    reads = model_keys_read(cfg.model.arch)
     sizes = {f"model.{key}": getattr(cfg.model, key) for key in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "max_positions")
-             if shared}
+             if reads is None or key in reads}
     for key, value in sizes.items():
         if value < 1:
-            raise ConfigError(f"config key '{key}': must be at least 1, got {value}")
+            raise ConfigError(f"config key '{key}': must be at least 1, got {value}{_may_read_any(cfg.model.arch, reads)}")
     for key in ("max_train_pairs", "max_valid_pairs"):
         value = getattr(cfg.data, key)
         if value is not None and value < 0:
@@ -652,16 +654,20 @@ def validate(cfg: Config) -> None:
     if cfg.train.clip_norm is not None and not (math.isfinite(cfg.train.clip_norm) and cfg.train.clip_norm >= 0):
         raise ConfigError(f"config key 'train.clip_norm': must be a finite number at least 0 (0 or null: no clipping), "
                           f"got {cfg.train.clip_norm}")
-    if shared and cfg.model.d_model % cfg.model.n_heads:
+    if reads is not None and {"d_model", "n_heads"} <= reads and cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}")
-    if shared and not 0.0 <= cfg.model.dropout < 1.0:
-        raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)")
+    if (reads is None or "dropout" in reads) and not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)"
+                          f"{_may_read_any(cfg.model.arch, reads)}")
     if not 0.0 <= cfg.model.attention_dropout < 1.0:
         raise ConfigError(f"config key 'model.attention_dropout': {cfg.model.attention_dropout} must be in [0, 1)")
-    if cfg.model.attention_dropout and cfg.model.arch not in ("transformer", "comet"):
-        hint = "; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else ""
-        raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures, "
-                          f"not {cfg.model.arch!r}{hint}")
+    builtin = cfg.model.arch in TIED_ARCHS + OWN_SECTION_ARCHS
+    if cfg.model.attention_dropout and (cfg.model.arch not in ("transformer", "comet") if builtin
+                                        else reads is not None and "attention_dropout" not in reads):
+        hint = ("; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else
+                "" if builtin else f"; register_architecture({cfg.model.arch!r}, ..., uses=...) does not name it")
+        raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures"
+                          f"{'' if builtin else ' and those that declare it'}, not {cfg.model.arch!r}{hint}")
     if cfg.model.tie_embeddings and cfg.model.arch in OWN_SECTION_ARCHS:  # a registered one of a script's: when built
         raise ConfigError(f"config key 'model.tie_embeddings': applies to the {', '.join(TIED_ARCHS)} architectures, "
                           f"not {cfg.model.arch!r}")
@@ -745,9 +751,11 @@ def validate(cfg: Config) -> None:
 def _check_max_len(cfg: Config) -> None:
     """A training pair may have ``data.max_len`` tokens a side, plus <s> </s> around the source with
     ``data.src_sos_eos`` and the target's BOS: all must fit the architecture's position table (none
-    for the RNN). Checked at load, as train's own check (which remains for --init-from's tables)
-    came only after the corpus was read and, for Transformer++, tagged."""
-    if cfg.model.arch == "rnn":
+    for the RNN, nor for an architecture registered with uses=(...) that does not name
+    model.max_positions). Checked at load, as train's own check (which remains for --init-from's
+    tables) came only after the corpus was read and, for Transformer++, tagged."""
+    reads = model_keys_read(cfg.model.arch)
+    if cfg.model.arch == "rnn" or (cfg.model.arch != "convs2s" and reads is not None and "max_positions" not in reads):
         return
     limit = cfg.model.convs2s.max_positions if cfg.model.arch == "convs2s" else cfg.model.max_positions
     extra = 2 if cfg.data.src_sos_eos else 1
@@ -822,7 +830,8 @@ USABLE_MODEL_KEYS = tuple(key for key in _SHARED_MODEL_KEYS if key != "tie_embed
 def model_keys_read(arch: str) -> frozenset[str] | None:
     """The shared keys (``d_model``, ...) and the package's sections (``comet``, ...) that the
     architecture ``arch`` reads, its own section among them; None where that is unknown: an
-    architecture registered without ``uses=`` (its builder may read any key)."""
+    architecture registered without ``uses=`` (its builder may read any key). :func:`validate`
+    checks the sizes among them, and :func:`unused_model_keys` lists the others."""
     from cometnmt.models import USES
 
     if arch in TIED_ARCHS:
@@ -832,6 +841,14 @@ def model_keys_read(arch: str) -> frozenset[str] | None:
     if arch in USES:
         return USES[arch] | {arch, "tie_embeddings"}  # tie_embeddings: build_model's, through its model
     return None
+
+
+def _may_read_any(arch: str, reads: frozenset[str] | None) -> str:
+    """The words after a shared key's error for an architecture registered without ``uses=``."""
+    if reads is not None:
+        return ""
+    return (f" (model.arch {arch!r} was registered without uses=(...), so its builder may read any shared key; "
+            f"register_architecture({arch!r}, ..., uses=...) names those it reads)")
 
 
 def positions_key(model: ModelConfig) -> str:

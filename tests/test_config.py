@@ -601,6 +601,46 @@ def test_an_architecture_registered_with_uses_is_warned_of_the_keys_it_does_not_
     assert "mine" not in USES and SECTIONS["mine"] is Mine  # refused: registered as before
 
 
+def test_the_shared_sizes_an_architecture_of_ones_own_reads_are_checked(dwconv, monkeypatch):
+    """validate() checked the shared sizes for the Transformer family only: model.d_model: 0 with an
+    architecture of one's own reached its builder ("ZeroDivisionError: 0.0 cannot be raised to a
+    negative power" from the embeddings), and model.attention_dropout was refused for dwconv, whose
+    builder (build_transformer's) reads it. Registered without uses=, its builder may read any
+    shared key: every size must be at least 1 and model.dropout in [0, 1), the error saying why;
+    registered with uses=(...), the keys it names are checked as the Transformer's (d_model divisible
+    by n_heads where it reads both) and the others not, nor data.max_len against model.max_positions."""
+    from cometnmt.models import REGISTRY, USES, register_architecture
+
+    for override, error in (("model.d_model=0", "'model.d_model': must be at least 1, got 0"),
+                            ("model.d_ff=-1", "'model.d_ff': must be at least 1, got -1"),
+                            ("model.dropout=1.5", r"'model.dropout': 1.5 must be in \[0, 1\)")):
+        with pytest.raises(ConfigError, match=rf"^config key {error} \(model.arch 'dwconv' was registered without "
+                                              r"uses=\(\.\.\.\), so its builder may read any shared key; "
+                                              r"register_architecture\('dwconv', \.\.\., uses=\.\.\.\) names those it reads\)$"):
+            load_config(None, ["model.arch=dwconv", override])
+    assert load_config(None, ["model.arch=dwconv", "model.attention_dropout=0.1"]).model.attention_dropout == 0.1
+    assert load_config(None, ["model.arch=dwconv", "model.d_model=30"]).model.d_model == 30  # heads: its builder's to judge
+
+    build = REGISTRY["transformer"]
+    monkeypatch.setitem(REGISTRY, "mine", build)  # removed again after the test
+    monkeypatch.setitem(USES, "mine", frozenset())
+    register_architecture("mine", build, uses=("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "dropout", "max_positions"))
+    with pytest.raises(ConfigError, match=r"^config key 'model.d_model': must be at least 1, got 0$"):
+        load_config(None, ["model.arch=mine", "model.d_model=0"])
+    with pytest.raises(ConfigError, match=r"^config key 'model.n_heads': 7 does not divide model.d_model=256$"):
+        load_config(None, ["model.arch=mine", "model.n_heads=7"])
+    with pytest.raises(ConfigError, match=r"^config key 'model.attention_dropout': applies to the transformer and comet "
+                                          r"architectures and those that declare it, not 'mine'; register_architecture"
+                                          r"\('mine', \.\.\., uses=\.\.\.\) does not name it$"):
+        load_config(None, ["model.arch=mine", "model.attention_dropout=0.1"])
+    register_architecture("mine", build, uses=("enc_layers",))
+    cfg = load_config(None, ["model.arch=mine", "model.d_model=0", "model.n_heads=7", "model.dropout=1.5",
+                             "model.max_positions=8"])  # read by nothing: warned of by train, not refused
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.max_positions) == (0, 7, 8)
+    with pytest.raises(ConfigError, match=r"^config key 'model.enc_layers': must be at least 1, got 0$"):
+        load_config(None, ["model.arch=mine", "model.enc_layers=0"])
+
+
 def test_a_mistyped_arch_names_the_file_and_the_closest_architecture(tmp_path):
     """model.arch: transfomer in a file was "config key 'model.arch': 'transfomer' is not allowed;
     expected one of ...", naming no file (checked after the overrides, not with the file's other

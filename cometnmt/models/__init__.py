@@ -45,8 +45,8 @@ REGISTRY: dict[str, Builder] = {
 # typed and checked as the package's own, and handed to the builder as model_cfg.<arch>
 SECTIONS: dict[str, type] = {}
 # The shared model.* keys and package sections that the builder of an architecture registered with
-# uses=(...) reads (register_architecture): train warns of the others when set. An architecture absent
-# here may read any key.
+# uses=(...) reads (register_architecture): the config loader checks those sizes, and train warns of the
+# others when set. An architecture absent here may read any key.
 USES: dict[str, frozenset[str]] = {}
 
 BUILTIN_ARCHS = tuple(REGISTRY)  # the package's own; others are registered by a script or $COMETNMT_PLUGINS
@@ -66,8 +66,10 @@ def register_architecture(name: str, builder: Builder, config: type | None = Non
 
     ``uses`` names the shared keys (``"d_model"``, ``"n_heads"``, ...) and the package's sections
     (``"comet"`` for a COMET variant) that the builder reads, as the package's architectures are
-    known to: ``train`` then warns of the others when a config sets them, as it does for ConvS2S's
-    ``model.d_model``. Without it the builder may read any key, and none is warned of."""
+    known to: the config loader checks those sizes (``model.d_model: 0`` is an error naming the key)
+    and ``train`` warns of the others when a config sets them, as it does for ConvS2S's
+    ``model.d_model``. Without it the builder may read any key: none is warned of, and every
+    shared size is checked."""
     section = "" if config is None else f", config={getattr(config, '__name__', config)!r}"
     what = f"register_architecture({name!r}, ...{section})"
     read = None if uses is None else _checked_uses(what, uses)
