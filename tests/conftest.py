@@ -67,6 +67,23 @@ register_architecture("dwconv", build_dwconv, config=DwConvConfig)
 """
 
 
+def load_plugins_as_cases() -> None:
+    """cometnmt.models.load_plugins() for a test module whose cases include the architectures
+    $COMETNMT_PLUGINS registers. A plugin that does not import fails the module's collection with
+    the error's one line (the file, its failing line, the exception), not a traceback through
+    importlib and the chained ConfigError."""
+    from cometnmt.errors import ConfigError
+    from cometnmt.models import load_plugins
+
+    try:
+        load_plugins()
+    except ConfigError as exc:
+        message = f"{exc} (its architectures are cases of this module: fix the module or unset $COMETNMT_PLUGINS)"
+    else:
+        return
+    pytest.fail(message, pytrace=False)
+
+
 def write_dwconv_plugin(folder: Path) -> Path:
     """A plugin file registering the architecture ``dwconv`` with its section ``model.dwconv``
     (kernel_size, padding): a Transformer whose FFN is 16 * kernel_size wide, the section it was

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from cometnmt.config import ModelConfig, from_dict
 from cometnmt.decoding import greedy_search
-from cometnmt.models import BUILTIN_ARCHS, REGISTRY, build_model, load_plugins
+from cometnmt.models import BUILTIN_ARCHS, REGISTRY, build_model
+from conftest import load_plugins_as_cases
 
 PAD, BOS, EOS = 0, 2, 3
 FIRST_SYMBOL, VOCAB = 4, 16  # 12 symbols: ids 4..15
@@ -34,7 +35,7 @@ ARCHS = {
     "rnn_gru_additive": {"arch": "rnn", "rnn": {"cell": "gru", "embed_dim": 32, "hidden_size": 64, "attention": "additive", "dropout": 0.0}},
     "rnn_lstm_general": {"arch": "rnn", "rnn": {"cell": "lstm", "embed_dim": 32, "hidden_size": 64, "attention": "general", "dropout": 0.0}},
 }
-load_plugins()  # $COMETNMT_PLUGINS's architectures learn to copy too, at the Transformer's sizes (test_models.py)
+load_plugins_as_cases()  # $COMETNMT_PLUGINS's architectures learn to copy too, at the Transformer's sizes (test_models.py)
 ARCHS.update({arch: {"arch": arch, **SMALL_TRANSFORMER} for arch in REGISTRY if arch not in BUILTIN_ARCHS and arch not in ARCHS})
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from cometnmt.config import ModelConfig, from_dict
-from cometnmt.models import BUILTIN_ARCHS, REGISTRY, build_model, load_plugins
-from conftest import state_buffers
+from cometnmt.models import BUILTIN_ARCHS, REGISTRY, build_model
+from conftest import load_plugins_as_cases, state_buffers
 
 PAD, BOS, EOS = 0, 2, 3
 V_SRC, V_TGT = 23, 19
@@ -43,7 +43,7 @@ CASES = {
     "comet_tied": {"arch": "comet", "tie_embeddings": True},
     "transformer_pp_tied": {"arch": "transformer_pp", "tie_embeddings": True, "transformer_pp": {"kernel_sizes": [3, 5], "dilations": [1, 2], "tasks": []}},
 }
-load_plugins()  # the architectures $COMETNMT_PLUGINS registers, each a case of its own
+load_plugins_as_cases()  # the architectures $COMETNMT_PLUGINS registers, each a case of its own
 CASES.update({arch: {"arch": arch} for arch in REGISTRY if arch not in BUILTIN_ARCHS and arch not in CASES})
 
 
@@ -410,3 +410,33 @@ def test_an_architecture_of_ones_own_is_put_under_every_property_by_cometnmt_plu
                  "test_loss_ignores_padding", "test_cross_attention_weights"):
         assert f"test_models.py::{test}[my_arch]" in proc.stdout, test
     assert "test_arch_copy.py::test_learns_to_copy[my_arch]" in proc.stdout
+
+
+def test_a_plugin_that_does_not_import_is_one_line_in_collection_and_in_the_cli(tmp_path):
+    """A $COMETNMT_PLUGINS file that raises on import broke the collection of test_models.py and
+    test_arch_copy.py with two tracebacks each (through importlib's frozen frames, then "The above
+    exception was the direct cause of ..."). Each module's collection error is now the one line
+    naming the file, its failing line and the exception. The CLI: a command stops with that line
+    and exit 2; --help, which imports no plugin, still shows the help (how to learn about
+    $COMETNMT_PLUGINS while one is broken)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    broken = tmp_path / "broken_arch.py"
+    broken.write_text("import os\n\nraise RuntimeError('boom')\n", encoding="utf-8")
+    tests = Path(__file__).parent
+    env = {**os.environ, "COMETNMT_PLUGINS": str(broken)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           str(tests / "test_models.py"), str(tests / "test_arch_copy.py")],
+                          env=env, cwd=tests.parent, capture_output=True, text=True, timeout=300)
+    line = f"$COMETNMT_PLUGINS: cannot import '{broken}' ({broken}:3): RuntimeError: boom"
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count(f"\n{line} (its architectures are cases of this module") == 2, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout and "direct cause" not in proc.stdout and "importlib" not in proc.stdout, proc.stdout[-3000:]
+    for args, code in ((["--help"], 0), (["evaluate", "--hyp", str(broken), "--ref", str(broken)], 2)):
+        proc = subprocess.run([sys.executable, "-m", "cometnmt", *args], env=env, cwd=tests.parent, capture_output=True,
+                              text=True, timeout=300, stdin=subprocess.DEVNULL)
+        assert proc.returncode == code, (args, proc.stderr[-2000:])
+        assert proc.stderr == ("" if code == 0 else f"cometnmt: error: {line}\n"), (args, proc.stderr[-2000:])
