@@ -70,7 +70,8 @@ ROWS: dict[str, Row] = {
 
 def add_arguments(p) -> None:
     p.add_argument("--rows", nargs="+", default=["comet", "transformer"], metavar="ROW",
-                   help=f"Table 1 rows to run (default: comet transformer); 'all' = every paper row. Rows: {', '.join(ROWS)}")
+                   help=f"Table 1 rows to run (default: comet transformer); 'all' = every paper row. Rows: {', '.join(ROWS)} "
+                        "(a config of one's own: cometnmt compare CONFIG .../transformer.yaml --beam 1 --metrics bleu paper)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="training seeds (default 1 2 3)")
     p.add_argument("--out", default="reports/reproduce", help="report folder; runs are kept in OUT/runs")
     p.add_argument("--jobs", type=int, default=1, help="training runs side by side (several fit on one GPU)")
@@ -141,12 +142,26 @@ def _checkpoint_label(records: list[dict]) -> str:
     return "best-validation-loss checkpoint"
 
 
+def _config_rows_hint(args, unknown: list[str]) -> str:
+    """Where a --rows entry is a config file (a researcher's own architecture, say): reproduce
+    writes the paper's Table 1 beside the paper's scores, which such a config has none of; compare
+    runs it against the Transformer preset with reproduce's search and metrics."""
+    files = [r for r in unknown if r.endswith((".yaml", ".yml")) or Path(r).is_file()]
+    if not files:
+        return ""
+    baseline = Path(args.config_dir) / ROWS["transformer"].preset
+    return (f". Rows are the paper's Table 1, reported beside its scores, not config files: to test {files[0]} "
+            f"against the Transformer with reproduce's greedy search and metrics, run `cometnmt compare {files[0]} "
+            f"{baseline} --beam 1 --metrics bleu paper` (an architecture of one's own: with $COMETNMT_PLUGINS set)")
+
+
 def run_reproduce(args) -> int:
     check_run_args(args)
     rows = list(r for r in ROWS if ROWS[r].in_paper) if args.rows == ["all"] else args.rows
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
-        raise CometNMTError(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(ROWS)} or 'all'")
+        raise CometNMTError(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(ROWS)} or 'all'"
+                            f"{_config_rows_hint(args, unknown)}")
     cand = args.candidate
     if cand is not None and (cand not in rows or cand == "transformer"):
         raise CometNMTError(f"--candidate {cand}: must be one of --rows ({', '.join(rows)}) other than transformer, "

@@ -319,6 +319,8 @@ def test_an_interrupt_while_runs_are_still_being_queued_stops_the_started_ones(t
     (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--bootstrap", "0"], "--bootstrap 0: must be at least 1"),
     (["compare", "configs/tiny.yaml", "configs/multi30k/comet.yaml", "--eval-limit", "-3"], "--eval-limit -3: must be at least 1"),
     (["reproduce", "--rows", "comet", "comet", "transformer"], "--rows: comet given twice"),
+    (["reproduce", "--rows", "mine.yaml", "transformer"], "not config files: to test mine.yaml against the Transformer with "
+     "reproduce's greedy search and metrics, run `cometnmt compare mine.yaml "),
     (["reproduce", "--examples", "-1"], "--examples -1: must be at least 0"),
     (["reproduce", "--jobs", "0"], "--jobs 0: must be at least 1"),
     (["reproduce", "--merge-report", "configs"], "--merge-report configs: is a folder"),
