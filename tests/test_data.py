@@ -142,6 +142,36 @@ def test_an_undecodable_file_in_another_encoding_says_which_and_how_to_convert_i
     assert "iconv" not in str(info.value)
 
 
+def test_cjk_text_in_utf16_without_a_byte_order_mark_is_named_utf16(tmp_path: Path) -> None:
+    """Chinese or Japanese text in UTF-16 without a byte order mark has few NUL bytes (its newlines,
+    U+4E00): the hint counted them and named no encoding, and a file of one line without a NUL byte
+    got 'it looks like WINDOWS-1252'. Such files are now named UTF-16LE/BE, and the iconv command
+    converts them; legacy CJK encodings (GBK, Shift-JIS) are named neither UTF-16 nor WINDOWS-1252."""
+    import shutil
+    import subprocess
+
+    zh = "一只狗在草地上奔跑。\n两个男人在街上说话。\n"
+    ja = "日本語のテキストです。\u3000犬が走っている。\n一人の男性が歩いている。\n"
+    mixed = "A dog 在草地上奔跑.\nZwei Hunde.\n"
+    cases = [(text, order) for text in (zh, ja, mixed) for order in ("LE", "BE")] + [("一只狗", "LE")]  # no line break
+    for i, (text, order) in enumerate(cases):
+        path = tmp_path / f"{i}.txt"
+        path.write_bytes(text.encode(f"utf-16-{order.lower()}"))
+        with pytest.raises(DataError) as info:
+            read_lines(path)
+        assert f"it looks like UTF-16{order}: convert it with iconv -f UTF-16{order} -t UTF-8 {path}" in str(info.value), (
+            text, order, str(info.value))
+        if shutil.which("iconv"):
+            subprocess.run(f"iconv -f UTF-16{order} -t UTF-8 {path} > {path}.utf8", shell=True, check=True)
+            assert read_lines(f"{path}.utf8") == text.splitlines()
+    for text, encoding in ((zh, "gbk"), (ja, "shift_jis"), ("日本語のテキストです", "shift_jis"), ("日本語", "utf-16-le")):
+        path = tmp_path / f"{encoding}.txt"
+        path.write_bytes(text.encode(encoding))
+        with pytest.raises(DataError) as info:
+            read_lines(path)
+        assert "UTF-16" not in str(info.value) and "WINDOWS-1252" not in str(info.value), (text, encoding, str(info.value))
+
+
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:
     """For a gzip file in another encoding the hint was 'iconv -f WINDOWS-1252 -t UTF-8 FILE.gz >
     FILE.gz.utf8', which fails on the compressed bytes ('illegal input sequence'). It now pipes the

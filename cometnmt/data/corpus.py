@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import logging
 import shlex
@@ -93,8 +94,9 @@ def _iconv_command(path: Path, encoding: str) -> str:
 def _other_encoding(data: bytes, pos: int) -> str | None:
     """The iconv name of the encoding undecodable ``data`` (bad byte at ``pos``) looks like, or
     None: UTF-32 or UTF-16 by their byte order mark, UTF-16BE/LE by NUL bytes every other byte
-    (ASCII text in UTF-16), and WINDOWS-1252 (Latin-1 and its superset) by a lone high byte between
-    ASCII bytes ("M\\xe4dchen"), where UTF-8 puts a high byte before other high bytes."""
+    (ASCII text in UTF-16) or by decoding into text (:func:`_utf16_without_bom`), and WINDOWS-1252
+    (Latin-1 and its superset) by a lone high byte between ASCII bytes ("M\\xe4dchen"), where UTF-8
+    puts a high byte before other high bytes (and most high bytes lone, not CJK text)."""
     if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
         return "UTF-32"
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -105,9 +107,63 @@ def _other_encoding(data: bytes, pos: int) -> str | None:
         return "UTF-16BE"
     if len(sample) >= 4 and odd.count(0) >= 0.9 * len(odd) and even.count(0) <= 0.1 * len(even):
         return "UTF-16LE"
-    if 0 not in sample and pos + 1 < len(data) and data[pos + 1] < 0x80:
+    utf16 = _utf16_without_bom(sample)
+    if utf16 is not None:
+        return utf16
+    if 0 not in sample and pos + 1 < len(data) and data[pos + 1] < 0x80 and _mostly_lone_high_bytes(sample):
         return "WINDOWS-1252"
     return None
+
+
+def _mostly_lone_high_bytes(sample: bytes) -> bool:
+    """True when at least 3/4 of ``sample``'s high bytes stand between ASCII bytes, as the accented
+    letters of Latin text do in WINDOWS-1252; CJK text, in UTF-16 or a legacy encoding, puts most
+    beside other high bytes."""
+    high = [i for i, byte in enumerate(sample) if byte >= 0x80]
+    lone = [i for i in high if (i == 0 or sample[i - 1] < 0x80) and (i + 1 == len(sample) or sample[i + 1] < 0x80)]
+    return len(lone) >= 0.75 * len(high)
+
+
+def _utf16_without_bom(sample: bytes) -> str | None:
+    """"UTF-16LE" or "UTF-16BE" for UTF-16 text without a byte order mark that is not mostly ASCII
+    (Chinese, Japanese: few NUL bytes, so :func:`_other_encoding`'s NUL count missed it): the one
+    byte order that decodes ``sample`` into lines ("\\n": a NUL byte beside 0x0a) of at least 90%
+    printable characters, or, in one line, into at least 90% CJK characters. Without NUL bytes
+    (UTF-16 text with no line break and no ASCII) the bytes must not read as a legacy CJK
+    encoding too: one line of GBK or Shift-JIS reads as CJK UTF-16 as well. None otherwise."""
+    with_nul = 0 in sample
+    if not with_nul and (b"\n" in sample or any(_decodes(sample, legacy) for legacy in LEGACY_CJK)):
+        return None
+    found = []
+    for order in ("LE", "BE"):
+        try:  # incremental: a character cut at the sample's end is no error
+            text = codecs.getincrementaldecoder(f"utf-16-{order.lower()}")().decode(sample, final=False)
+        except UnicodeDecodeError:
+            continue
+        if with_nul and "\n" in text:
+            good = sum(c.isprintable() or c.isspace() for c in text)
+        else:
+            good = sum(_is_cjk(c) for c in text)
+        if text and good >= 0.9 * len(text):
+            found.append(f"UTF-16{order}")
+    return found[0] if len(found) == 1 else None
+
+
+LEGACY_CJK = ("gbk", "big5", "shift_jis", "euc-kr")
+
+
+def _decodes(data: bytes, encoding: str) -> bool:
+    """True when ``data`` decodes in ``encoding`` (a character cut at its end is no error)."""
+    try:
+        codecs.getincrementaldecoder(encoding)().decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _is_cjk(char: str) -> bool:
+    """True for a CJK ideograph, kana, CJK punctuation or a fullwidth form."""
+    return "\u3000" <= char <= "\u9fff" or "\uf900" <= char <= "\ufaff" or "\uff00" <= char <= "\uffef"
 
 
 def _split_lines(text: str) -> list[str]:
