@@ -5,7 +5,7 @@ keeps what it finished.
 
 Into ``-o FILE`` each chunk is appended to ``FILE.partial`` (beside the file ``FILE`` names,
 through a symbolic link), and ``FILE.partial.json`` records what it belongs to: the input (its path
-and the SHA-256 of the lines translated so far), the checkpoints (path, size, modification time),
+and the SHA-256 of the lines translated so far), the checkpoints (path, size, modification time, SHA-256),
 the search settings (``decode.*``, a drawn sampling seed included), the lines done and the bytes of
 output they gave. At the end ``FILE.partial`` is renamed to ``FILE`` (never half-written) and the
 record removed. ``translate --resume`` continues an interrupted run from its first unfinished line:
@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -108,13 +109,54 @@ class ChunkedInput:
 
 
 def checkpoint_identity(paths) -> list[dict]:
-    """What a record says of each checkpoint: its path, size and modification time (a retrained
-    ``best.pt`` at the same path is another model)."""
+    """What a record says of each checkpoint: its path, size, modification time and SHA-256 (a
+    retrained ``best.pt`` at the same path is another model; the same file copied, unpacked or
+    cloned again has another modification time only)."""
     out = []
     for path in paths:
         info = os.stat(path)
-        out.append({"path": str(Path(path).resolve()), "bytes": info.st_size, "modified_ns": info.st_mtime_ns})
+        out.append({"path": str(Path(path).resolve()), "bytes": info.st_size, "modified_ns": info.st_mtime_ns,
+                    "sha256": _file_sha256(path)})
     return out
+
+
+def _file_sha256(path) -> str:
+    """The SHA-256 of a file's bytes, read 1 MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_differences(recorded: list, now: list) -> list[str]:
+    """What differs between the checkpoints a record names and those given now: the list (paths,
+    their number), or a checkpoint's size or content, each naming the file. A modification time
+    alone is no difference where both sides have the file's SHA-256 and it is the same (``cp``,
+    an unpacked archive or a fresh clone give the same bytes a new time); a record written before
+    digests were kept is compared by its time, as it was."""
+    if [c.get("path") for c in recorded] != [c.get("path") for c in now]:
+        return differences({"checkpoints": recorded}, {"checkpoints": now})
+    out = []
+    for old, new in zip(recorded, now):
+        if old.get("bytes") != new.get("bytes"):
+            out.append(f"checkpoint {new['path']}: {old.get('bytes')} bytes there, {new['bytes']} now")
+        elif old.get("sha256") and old["sha256"] != new["sha256"]:
+            out.append(f"checkpoint {new['path']}: its content differs (SHA-256 {old['sha256'][:12]}... there, "
+                       f"{new['sha256'][:12]}... now; modified {_when(old.get('modified_ns'))} there, "
+                       f"{_when(new['modified_ns'])} now)")
+        elif not old.get("sha256") and old.get("modified_ns") != new["modified_ns"]:
+            out.append(f"checkpoint {new['path']}: modified {_when(old.get('modified_ns'))} there, "
+                       f"{_when(new['modified_ns'])} now (the record, of an older cometnmt, keeps no SHA-256 to "
+                       "compare its content by)")
+    return out
+
+
+def _when(modified_ns) -> str:
+    """A modification time in nanoseconds as local ISO time, to the microsecond."""
+    if not isinstance(modified_ns, int):
+        return json.dumps(modified_ns)
+    return datetime.fromtimestamp(modified_ns / 1e9).isoformat(sep=" ")
 
 
 def differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
@@ -186,7 +228,9 @@ class PartialOutput:
         except (OSError, ValueError, KeyError, TypeError, AssertionError):
             raise CometNMTError(f"{self.record}: not a record of cometnmt translate's partial output (format {FORMAT}); "
                                 f"remove it and {self.partial} to start over") from None
-        differ = differences(state.get("belongs_to", {}), self.identity)
+        belongs_to = dict(state.get("belongs_to", {}))
+        differ = checkpoint_differences(belongs_to.pop("checkpoints", []), self.identity["checkpoints"])
+        differ += differences(belongs_to, {k: v for k, v in self.identity.items() if k != "checkpoints"})
         if differ:
             raise CometNMTError(f"{self.record}: the partial output in {self.partial} belongs to another translation ("
                                 f"{'; '.join(differ)}); continue it with the same input, checkpoints and search settings, "

@@ -172,6 +172,41 @@ def test_a_record_of_another_translation_is_refused_naming_what_differs(ckpt, sr
     assert (tmp_path / "out.en.partial").exists() and not out.exists()  # refused, nothing mixed or lost
 
 
+def test_a_checkpoint_copied_anew_resumes_and_one_of_other_content_is_refused_naming_it(ckpt, src, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """--resume refused a checkpoint whose modification time alone had changed (copied back with
+    cp, unpacked or cloned again: the same bytes) as 'another translation'. The record now keeps
+    each checkpoint's SHA-256, and a new time with the same content continues the run; other
+    content is refused naming the file and both digests; a record without digests (an older
+    cometnmt's) is still compared by the time, naming the file."""
+    import os
+    import shutil
+
+    model = tmp_path / "model.pt"
+    shutil.copyfile(ckpt, model)
+    out = tmp_path / "out.en"
+    assert translate(capsys, str(model), "-i", src, "-o", str(tmp_path / "whole.en"))[0] == 0
+    _interrupt_at(monkeypatch, 3)
+    assert translate(capsys, str(model), "-i", src, "-o", str(out), "--buffer-size", "3")[0] == 130
+    monkeypatch.undo()
+    record = tmp_path / "out.en.partial.json"
+    before = json.loads(record.read_text(encoding="utf-8"))["belongs_to"]["checkpoints"]
+    later = before[0]["modified_ns"] + 10**9
+    os.utime(model, ns=(later, later))  # the same bytes with a new time, as cp or an unpack leaves them
+    code, _, err = translate(capsys, str(model), "-i", src, "-o", str(out), "--resume")
+    assert code == 0, err
+    assert out.read_text(encoding="utf-8") == (tmp_path / "whole.en").read_text(encoding="utf-8")
+
+    from cometnmt.streaming import checkpoint_differences, checkpoint_identity
+
+    other = dict(before[0], sha256="0" * 64)  # the same path and size, other bytes
+    [message] = checkpoint_differences([other], checkpoint_identity([model]))
+    assert message.startswith(f"checkpoint {model.resolve()}: its content differs (SHA-256 000000000000... there, ")
+    old_record = {k: v for k, v in before[0].items() if k != "sha256"}
+    [message] = checkpoint_differences([old_record], checkpoint_identity([model]))
+    assert message.startswith(f"checkpoint {model.resolve()}: modified ") and "no SHA-256" in message
+
+
 def test_an_error_in_a_later_chunk_names_its_line_in_the_input_and_keeps_the_chunks_before(ckpt, tmp_path, capsys):
     src = tmp_path / "long.de"
     src.write_text("Ein Hund.\nZwei.\nEine Katze.\n" + " ".join(["Hund"] * 1100) + "\n", encoding="utf-8")
