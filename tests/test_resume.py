@@ -711,6 +711,30 @@ def test_a_resume_may_turn_fp16_on(tmp_path, data_dir):
     assert last["step"] == 3 and last["scaler"]["scale"] == 2.0**16
 
 
+def test_a_resume_on_another_device_is_warned_of_naming_both(tmp_path, data_dir, caplog):
+    """A run trained on CUDA and resumed on the CPU (or back) cannot continue bit-exactly (other
+    kernels, other random streams), and was resumed without a word. The checkpoint now records the
+    device it was written on, and a resume on another warns once, naming both; a resume on the
+    same device does not."""
+    from cometnmt.training.checkpoint import save_checkpoint
+
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=1", "train.device=cpu"))
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["device"] == "cpu"
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):
+        run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=2", "train.device=cpu"), resume=True)
+    assert "resumes on" not in caplog.text
+    last = load_checkpoint(tmp_path / "last.pt")
+    save_checkpoint({**last, "device": "cuda (NVIDIA H100 80GB HBM3)"}, tmp_path / "last.pt")  # as a GPU run wrote it
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):
+        run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.max_steps=3", "train.device=cpu"), resume=True)
+    warned = [r.getMessage() for r in caplog.records if "resumes on" in r.getMessage()]
+    assert warned == [f"{tmp_path / 'last.pt'}: the run trained on cuda (NVIDIA H100 80GB HBM3) and resumes on cpu; "
+                      "it goes on, but not bit-exactly as it would on cuda (NVIDIA H100 80GB HBM3)"], caplog.text
+    assert "\n" not in warned[0] and load_checkpoint(tmp_path / "last.pt")["step"] == 3
+
+
 def test_deferred_delivers_the_first_signal_after_the_block_and_nests():
     """cometnmt.interrupts.deferred: the block runs to its end, then the interrupt is raised; a
     nested block hands its signal to the outer one; redeliver=False drops it; handlers come back."""

@@ -86,6 +86,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def device_name(device: torch.device) -> str:
+    """The kind of device a run trains on, as its checkpoints record it: "cpu", or "cuda (its name)"
+    (not its index: the ranks of one run, or a resume on GPU 1 of GPU 0's model, compute alike)."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
 def micro_batch_seed(seed: int, epoch: int, index: int) -> int:
     """The seed of micro-batch ``index`` of ``epoch`` (a 63-bit hash, so no two of a run collide in practice)."""
     digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
@@ -198,6 +206,7 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "workdir": os.getcwd(),  # what the config's relative data paths are relative to
+            "device": device_name(self.device),  # a resume on another is warned of: it cannot continue bit-exactly
             "data_digests": self.data_digests,  # a --resume on changed files is refused
             "init_from": self.init_from,  # the checkpoint a fine-tuning run started from (None: from scratch)
             "tags": self.tag_record,  # Transformer++: the taggers ('auto' resolved); a --resume on other tags is refused
@@ -232,11 +241,22 @@ class Trainer:
         self.validated_step = t.get("validated_step")
         self.best_behind = t.get("best_behind")
         set_rng_state(payload["rng"])
+        self._warn_other_device(payload.get("device"), path)
         saved = payload.get("config", {}).get("train", {})
         if any(key in saved and saved[key] != getattr(self.tc, key) for key in STOPPING_KEYS):
             # a rule of another measure (validation loss, BLEU) has another best validation than best.pt's
             by_bleu = (saved.get("stopping") == "bleu_patience", self.tc.stopping == "bleu_patience")
             self._rescore_history(measure_changed=by_bleu[0] != by_bleu[1])
+
+    def _warn_other_device(self, saved: str | None, path: str | Path) -> None:
+        """A resume on another kind of device than the run trained on (CUDA then CPU, or another
+        GPU) goes on, but cannot continue bit-exactly: other kernels round otherwise, and the CPU's
+        and CUDA's random streams differ. It was accepted without a word; it is now one warning
+        naming both. Checkpoints written before the device was recorded (None): none."""
+        now = device_name(self.device)
+        if saved is not None and saved != now:
+            log.warning("%s: the run trained on %s and resumes on %s; it goes on, but not bit-exactly as it would "
+                        "on %s", path, saved, now, saved)
 
     def _rescore_history(self, measure_changed: bool = False) -> None:
         """A resume under another stopping rule than the run's (train.stopping, loss_rise_epochs or
