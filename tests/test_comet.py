@@ -586,6 +586,34 @@ def test_channels_first_unit_casts_its_input_once_under_autocast(kind, features,
     assert len(casts[2]) == 4  # the reference: x cast forward and its gradient back, twice each
 
 
+@pytest.mark.parametrize("kind", ["conv", "ffn2"])
+def test_a_unit_without_batch_norm_casts_its_input_not_its_maps_under_autocast(kind):
+    """ConvUnit.combine's cast of x to the maps' dtype was reviewed as unreachable (forward casts x
+    on the channels-first path). It is reached: with comet.batch_norm false the maps stay in the
+    convolutions' bf16 while x is float32, in training and evaluation, padded or not. There it casts
+    x once, where the concatenation would promote every map to float32 and cast the joined tensor
+    back to bf16 for the linear: the same output, bit for bit, with one cast instead of four."""
+    torch.manual_seed(8)
+    unit = ConvUnit(8, CometConfig(features=[6, 4, 2], dilations=[1, 2, 3], unit=kind, ffn2_hidden=16,
+                                   batch_norm=False), dropout=0.0)
+    x = torch.randn(3, 7, 8)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+    for training, pad_mask in ((True, None), (True, pad), (False, pad)):
+        unit.train(training)
+        with _Casts() as seen, torch.autocast("cpu", dtype=torch.bfloat16):
+            maps = unit.convs(x, pad_mask)
+            y = unit.combine(maps, x)
+        assert {m.dtype for m in maps} == {torch.bfloat16} and x.dtype == torch.float32
+        assert ((3, 7, 8), torch.float32, torch.bfloat16) in seen.seen  # x, once
+        assert not [c for c in seen.seen if c[1] == torch.bfloat16]  # no map widened to float32
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the promoting concatenation, as without the cast
+            joined = torch.cat([*maps, x], dim=-1)  # B,L,20 (float32)
+            want = unit.reduce(joined) if kind == "ffn2" else torch.nn.functional.leaky_relu(unit.reduce(joined), unit.slope)
+            whole = unit(x, pad_mask)  # forward: the same maps and combine
+        assert torch.equal(y, want) and torch.equal(whole, y)
+
+
 class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
     """How many times each ATen operator a block dispatches."""
 

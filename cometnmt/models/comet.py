@@ -627,9 +627,12 @@ class ConvUnit(nn.Module):
             feats = torch.cat(maps, dim=-1)  # B,L,n_feat
             maps = [self.inner_norm(feats + self.inner_dropout(self.inner(feats)))]  # B,L,n_feat
         if x.dtype != maps[0].dtype and all(m.dtype == maps[0].dtype for m in maps) and _autocast_on(x):
-            # bf16 maps (the channels-first path) and a float32 x: the linear below would take all of
-            # it in bf16 anyway, so round x now rather than promote the maps to float32 and back
-            # (forward casts x once before the convolutions on that path: this is combine called alone)
+            # bf16 maps and a float32 x: the linear below would take all of it in bf16 anyway, so round
+            # x now (one cast) rather than promote the maps to float32 and cast the concatenation back
+            # (one cast a map and one more), with the same values. Reached where forward has not cast x
+            # already: comet.batch_norm false (the masking stand-in keeps the convolutions' bf16; in
+            # forward and step alike), and ffn1's channels-first path on the CPU (its LayerNorm keeps
+            # bf16 there; CUDA's autocast gives float32)
             x = x.to(maps[0].dtype)
         joined = torch.cat([*maps, x], dim=-1)  # B,L,n_feat+D
         if self.kind == "ffn2":
