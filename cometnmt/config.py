@@ -543,18 +543,35 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML file (or defaults when ``path`` is None), apply dotted overrides, validate."""
-    data = _read_yaml(Path(path).expanduser()) if path is not None else {}  # "~": as base: and the data paths
-    if path is not None:  # the file's own keys and types first, so an error there names the file
-        try:
-            from_dict(Config, copy.deepcopy(data), build=False)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
     if isinstance(overrides, str):
         raise ConfigError(f"overrides must be a list of 'section.key=value' strings, got the string {overrides!r}")
-    for text in overrides or []:
-        key, value = parse_override(text)
+    parsed = [(text, *parse_override(text)) for text in overrides or []]
+    arch_replaced = any(_sets_arch(key, value) for _, key, value in parsed)
+    data = _read_yaml(Path(path).expanduser(), arch_replaced=arch_replaced) if path is not None else {}  # "~": as base: and the data paths
+    if path is not None:  # the file's own keys and types first, so an error there names the file
+        try:
+            from_dict(Config, _without_arch(data) if arch_replaced else copy.deepcopy(data), build=False)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    for text, key, value in parsed:
         _set_dotted(data, key, value, text)
     return config_from_dict(data)
+
+
+def _sets_arch(key: str, value: Any) -> bool:
+    """Whether the override ``key=value`` sets model.arch (``model.arch=...`` or ``model={arch: ...}``)."""
+    return key == "model.arch" or (key == "model" and isinstance(value, dict) and "arch" in value)
+
+
+def _without_arch(data: dict) -> dict:
+    """A copy of a file's ``data`` without its model.arch name, for checking a file whose architecture
+    a child or an override replaces: ``--set model.arch=transformer`` on a file with a typo there, or
+    naming an architecture of a plugin not loaded, was refused for the file's name (checked against
+    the registry, :func:`check_arch`). The replacing name is checked when the config is built."""
+    data = copy.deepcopy(data)
+    if isinstance(data.get("model"), dict) and isinstance(data["model"].get("arch"), str):
+        del data["model"]["arch"]
+    return data
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
@@ -580,9 +597,10 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+def _read_yaml(path: Path, seen: tuple[Path, ...] = (), arch_replaced: bool = False) -> dict:
     """Read one preset. A top-level ``base: other.yaml`` (relative to this file; "~" is the home
-    folder) is read first and this file's keys are merged over it, section by section."""
+    folder) is read first and this file's keys are merged over it, section by section.
+    ``arch_replaced``: a child or an override sets model.arch, so a base's is not checked."""
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder, expected a YAML config file" + (f" (the base of {seen[-1]})" if seen else ""))
     if not path.is_file():
@@ -607,14 +625,15 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: config key 'base' must be a file name, got {base!r}")
     if seen:  # a base: its own keys and types, so that an error names the file to edit, not the child
         try:
-            from_dict(Config, copy.deepcopy(data), build=False)
+            from_dict(Config, _without_arch(data) if arch_replaced else copy.deepcopy(data), build=False)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc} (the base of {seen[-1]})") from None
     if base is None:
         return data
+    sets_arch = isinstance(data.get("model"), dict) and "arch" in data["model"]
     # "~" is the home folder, as in the data paths and train.save_dir: base: ~/presets/x.yaml was
     # looked for in a folder named "~" beside this file
-    return _merge(_read_yaml(path.parent / Path(base).expanduser(), seen + (path.resolve(),)), data)
+    return _merge(_read_yaml(path.parent / Path(base).expanduser(), seen + (path.resolve(),), arch_replaced or sets_arch), data)
 
 
 def config_from_dict(data: dict) -> Config:

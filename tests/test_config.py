@@ -661,6 +661,32 @@ def test_a_mistyped_arch_names_the_file_and_the_closest_architecture(tmp_path):
         load_config(None, ["model.arch=lstm"])  # nothing close: no guess
 
 
+def test_an_arch_that_an_override_or_a_child_replaces_is_not_refused(tmp_path, monkeypatch):
+    """model.arch was checked against the registry with the file's other keys, before the overrides:
+    a file with a typo there, or naming the architecture of a plugin not loaded, was refused although
+    --set model.arch=transformer (or a child's arch:) replaced it. The file's keys and types are
+    still checked, naming the file; the name that replaces it is checked where it is given."""
+    monkeypatch.delenv("COMETNMT_PLUGINS", raising=False)
+    tiny = REPO / "configs" / "tiny.yaml"
+    for arch in ("transfomer", "dwconv"):  # a typo; an architecture of a plugin not loaded
+        path = tmp_path / f"{arch}.yaml"
+        path.write_text(f"base: {tiny}\nmodel:\n  arch: {arch}\n  d_model: 32\n", encoding="utf-8")
+        cfg = load_config(path, ["model.arch=transformer"])
+        assert (cfg.model.arch, cfg.model.d_model) == ("transformer", 32)
+        assert load_config(path, ["model={arch: comet}"]).model.arch == "comet"
+        child = tmp_path / f"child_{arch}.yaml"
+        child.write_text(f"base: {arch}.yaml\nmodel:\n  arch: rnn\n", encoding="utf-8")
+        assert load_config(child).model.arch == "rnn"
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'model.arch': '{arch}' is not allowed"):
+            load_config(path, ["train.lr=0.001"])  # not replaced: still refused, naming the file
+    path = tmp_path / "typo.yaml"
+    path.write_text(f"base: {tiny}\nmodel:\n  arch: transfomer\n  d_modl: 32\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: unknown config key 'model.d_modl'"):
+        load_config(path, ["model.arch=transformer"])  # the file's other keys: checked, naming the file
+    with pytest.raises(ConfigError, match=r"^config key 'model.arch': 'tranformer' is not allowed; .*did you mean 'transformer'\?$"):
+        load_config(path.with_name("transfomer.yaml"), ["model.arch=tranformer"])  # the override's name: checked
+
+
 def test_a_list_written_without_brackets_gets_the_brackets_hint():
     """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
     with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "
