@@ -381,7 +381,7 @@ def capped_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
     # compare --average-last decodes the average of the last epochs, not best.pt
     what = ("the epochs averaged are the last trained, not those before the rule would have fired"
             if any(r.get("checkpoint", [BEST_CHECKPOINT]) != [BEST_CHECKPOINT] for r in capped)
-            else "best.pt is the best epoch trained, perhaps not the rule's")
+            else f"{BEST_CHECKPOINT} is the best epoch trained, perhaps not the rule's")
     return ["", f"- **ended by their budget before their stopping rule fired** ({what}): {shown}"]
 
 
@@ -395,10 +395,10 @@ def best_behind_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str
                     key=lambda r: (r["row"], r["seed"]))
     if not behind:
         return []
-    shown = ", ".join(f"{name(r)} seed {r['seed']} (best.pt: step {b['held_step']}; best under train.stopping="
+    shown = ", ".join(f"{name(r)} seed {r['seed']} ({BEST_CHECKPOINT}: step {b['held_step']}; best under train.stopping="
                       f"{b['stopping']}: epoch {b['best_epoch']}, step {b['best_step']}, {b['measure']} {b['value']:.4g})"
                       for r in behind for b in [r["best_behind"]])
-    return ["", "- **best.pt is not the best validation under the run's stopping rule** (the rule's measure changed on "
+    return ["", f"- **{BEST_CHECKPOINT} is not the best validation under the run's stopping rule** (the rule's measure changed on "
             f"a resume, and that validation's weights were not kept): {shown}"]
 
 

@@ -2,6 +2,7 @@
 every reader names them by those constants (a file renamed in one place was missed in another)."""
 
 import ast
+import re
 from pathlib import Path
 
 import cometnmt
@@ -30,6 +31,27 @@ def _literals_outside_definitions(path: Path) -> list[str]:
             if isinstance(node, ast.Constant) and node.value in names and id(node) not in defined]
 
 
+# a run file's name as a word inside a longer string: a log message's "best.pt is now %s", an
+# f-string's literal part " (best.pt: step ", which the whole-string check above passed over
+NAME_IN_TEXT = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(name) for name in RUN_FILES.values()) + r")(?!\w)")
+# text that may spell a name: cli.py's --help, which does not import torch (checkpoint's constants do)
+SPELLED_FOR_HELP = {("cometnmt/cli.py", "continue the run in train.save_dir from last.pt")}
+
+
+def _names_inside_strings(path: Path) -> list[str]:
+    """``path:line: 'text'`` for each string (an f-string's literal parts included) that holds a run
+    file's name beside other text; docstrings, which describe the files, are passed over."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    relative = path.relative_to(PACKAGE.parent).as_posix()
+    return [f"{relative}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and node.value not in RUN_FILES.values() and NAME_IN_TEXT.search(node.value)
+            and (relative, node.value) not in SPELLED_FOR_HELP]
+
+
 def test_the_constants_hold_the_names_the_trainer_writes():
     for name, literal in RUN_FILES.items():
         assert getattr(checkpoint, name) == literal
@@ -39,3 +61,11 @@ def test_the_constants_hold_the_names_the_trainer_writes():
 def test_run_file_names_are_spelled_only_in_their_constants():
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _literals_outside_definitions(path)]
     assert found == [], "run file names spelled by hand (use the constants of cometnmt.training.checkpoint):\n" + "\n".join(found)
+
+
+def test_messages_name_run_files_by_their_constants():
+    """The trainer's log messages ("best.pt is now %s", "metrics.jsonl: %d record(s) ... removed")
+    and the reports' lines spelled the names inside longer strings, which the test above, matching
+    whole strings, did not see."""
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _names_inside_strings(path)]
+    assert found == [], "run file names spelled inside messages (use the constants of cometnmt.training.checkpoint):\n" + "\n".join(found)

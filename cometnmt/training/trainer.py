@@ -318,14 +318,14 @@ class Trainer:
         if best["event"] == "valid" and kept.is_file() and load_checkpoint(kept, mmap=True)["step"] == best["step"]:
             with deferred():
                 save_checkpoint(load_checkpoint(kept), path)
-            log.info("best.pt is now %s (epoch %d, step %d): the best validation under train.stopping=%s", kept.name,
-                     best["epoch"], best["step"], self.tc.stopping)
+            log.info("%s is now %s (epoch %d, step %d): the best validation under train.stopping=%s", BEST_CHECKPOINT,
+                     kept.name, best["epoch"], best["step"], self.tc.stopping)
             return None
         measure = "val_bleu" if self.tc.stopping == "bleu_patience" else "val_loss"
-        log.warning("best.pt holds the model of step %d, the best under the run's earlier stopping rule; under "
+        log.warning("%s holds the model of step %d, the best under the run's earlier stopping rule; under "
                     "train.stopping=%s the best validation is %s %.4g at step %d (epoch %d), whose weights were not "
-                    "kept (train.keep_checkpoints): best.pt stays as it is until a validation beats %.4g",
-                    held, self.tc.stopping, measure, best[measure], best["step"], best["epoch"], best[measure])
+                    "kept (train.keep_checkpoints): %s stays as it is until a validation beats %.4g", BEST_CHECKPOINT,
+                    held, self.tc.stopping, measure, best[measure], best["step"], best["epoch"], BEST_CHECKPOINT, best[measure])
         return {"held_step": held, "best_epoch": best["epoch"], "best_step": best["step"],
                 "measure": measure, "value": best[measure], "stopping": self.tc.stopping}
 
@@ -389,8 +389,8 @@ class Trainer:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         kept = [line for line in lines if self._before_checkpoint(line)]
         if len(kept) < len(lines):
-            log.info("metrics.jsonl: %d record(s) past the checkpoint (step %d) removed; the resume logs them again",
-                     len(lines) - len(kept), self.step)
+            log.info("%s: %d record(s) past the checkpoint (step %d) removed; the resume logs them again",
+                     METRICS_FILE, len(lines) - len(kept), self.step)
             with atomic_write(path) as f:
                 f.write("".join(line + "\n" for line in kept))
 
