@@ -330,15 +330,11 @@ def test_a_chinese_target_is_scored_with_sacrebleus_zh_tokeniser(monkeypatch, tm
     assert bleu and all("tok:zh" in r["label"] for r in bleu)
 
 
-def test_a_target_spacy_cannot_tokenise_gets_a_report_of_bleu_and_chrf(monkeypatch, tmp_path, caplog):
-    """reproduce took spaCy's tokeniser of data.tgt_lang for the paper's metric and raised where
-    spaCy lacks it (Japanese without SudachiPy, Korean without mecab-ko), after every run had
-    trained; compare scores such a language with BLEU and chrF alone. Now reproduce does too: its
-    report says what was not computed and which BLEU tokeniser was used, warnings name the packages."""
-    import argparse
+def _without_japanese_tokenisers(monkeypatch):
+    """spaCy and sacreBLEU as where SudachiPy and mecab-python3 are not installed."""
     import importlib.util
 
-    from cometnmt import evaluation, reproduce
+    from cometnmt import evaluation
     from cometnmt.data import tokenizers
 
     if importlib.util.find_spec("sudachipy"):  # as where SudachiPy is not installed
@@ -356,6 +352,18 @@ def test_a_target_spacy_cannot_tokenise_gets_a_report_of_bleu_and_chrf(monkeypat
             return real(lowercase=lowercase)
         monkeypatch.setattr(evaluation, "BLEU", no_mecab)
     monkeypatch.setattr(evaluation, "_BLEU_FALLBACK_WARNED", set())
+
+
+def test_a_target_spacy_cannot_tokenise_gets_a_report_of_bleu_and_chrf(monkeypatch, tmp_path, caplog):
+    """reproduce took spaCy's tokeniser of data.tgt_lang for the paper's metric and raised where
+    spaCy lacks it (Japanese without SudachiPy, Korean without mecab-ko), after every run had
+    trained; compare scores such a language with BLEU and chrF alone. Now reproduce does too: its
+    report says what was not computed and which BLEU tokeniser was used, warnings name the packages."""
+    import argparse
+
+    from cometnmt import reproduce
+
+    _without_japanese_tokenisers(monkeypatch)
     monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
     monkeypatch.setattr(reproduce, "_learning_curves", lambda *a: None)
 
@@ -380,3 +388,54 @@ def test_a_target_spacy_cannot_tokenise_gets_a_report_of_bleu_and_chrf(monkeypat
     text = (tmp_path / "report.md").read_text()
     assert ("- **not computed** for COMET seed 1, Transformer seed 1: the COMET paper's metric and BLEU by length: "
             "spaCy cannot tokenise 'ja'") in text and "tokenised by sacreBLEU's `tok:13a`" in text
+
+
+def test_a_call_warns_once_that_spacy_cannot_tokenise_its_target(monkeypatch, tmp_path, caplog):
+    """reproduce warned that spaCy cannot tokenise the target language once for every run it scored
+    and again for the bootstrap test: five times for two rows of two seeds. One call now says it
+    once; compare, which scores its runs alike, too."""
+    import argparse
+    import types
+
+    from cometnmt import compare, reproduce
+
+    _without_japanese_tokenisers(monkeypatch)
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    monkeypatch.setattr(reproduce, "_learning_curves", lambda *a: None)
+    hyps, refs = ["彼らは公園で遊んでいる。", "犬が走る。"], ["彼らは公園で遊ぶ。", "犬が走る。"]
+    translator = _fake_run_into(monkeypatch, "ja", hyps, refs)
+    translator.cfg.model = types.SimpleNamespace(arch="comet")
+    translator.model = types.SimpleNamespace(parameters=lambda: [])
+    monkeypatch.setattr(reproduce, "test_hyps", lambda out, rec: hyps if rec["row"] == "comet" else refs)
+    monkeypatch.setattr(reproduce, "_test_corpus", lambda args, out, rec: (None, refs, translator.cfg))
+
+    def one_call(args, specs, evaluate, report):  # experiments.run_and_report with every run trained
+        records = []
+        for spec in specs:
+            spec.run_dir.mkdir(parents=True)
+            records.append({"row": spec.name, "seed": spec.seed, "command": f"cometnmt train {spec.name}", **evaluate(spec.run_dir)})
+        report(records, [], 1.0)
+        return 0
+
+    monkeypatch.setattr(reproduce, "run_and_report", one_call)
+    args = argparse.Namespace(out=str(tmp_path / "reproduce"), set=[], device="cpu", eval_limit=None, candidate=None,
+                              merge_report=None, bootstrap=10, examples=1, seeds=[1, 2], rows=["comet", "transformer"],
+                              jobs=1, deadline=None, report_only=False, config_dir=str(reproduce.REPO_CONFIGS))
+    with caplog.at_level("WARNING"):
+        reproduce.run_reproduce(args)
+    said = [r.getMessage() for r in caplog.records if "without the COMET paper's metric" in r.getMessage()]
+    assert len(said) == 1, said
+    assert (tmp_path / "reproduce" / "report.md").is_file()
+
+    caplog.clear()
+    monkeypatch.setattr(compare, "_checkpoint", lambda args, run: (run / "best.pt", ["best.pt"]))
+    monkeypatch.setattr(compare, "run_and_report", lambda args, specs, evaluate, report: [evaluate(s.run_dir) for s in specs])
+    runs = [tmp_path / "compare" / name / f"seed{seed}" for name in ("comet", "transformer") for seed in (1, 2)]
+    for run in runs:
+        run.mkdir(parents=True)
+    monkeypatch.setattr(compare, "_specs", lambda args, systems: [types.SimpleNamespace(run_dir=run) for run in runs])
+    monkeypatch.setattr(compare, "_systems", lambda args: [("comet", None), ("transformer", None)])
+    with caplog.at_level("WARNING"):
+        compare.run_compare(argparse.Namespace(beam=None, length_penalty=None, eval_limit=None, device="cpu"))
+    said = [r.getMessage() for r in caplog.records if "without the COMET paper's metric" in r.getMessage()]
+    assert len(said) == 1, said

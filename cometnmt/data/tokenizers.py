@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import threading
 from collections.abc import Iterable
 from typing import Literal, Protocol, runtime_checkable
 
@@ -174,14 +175,24 @@ def metric_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer:
     return SpacyTokenizer(lang, lowercase=lowercase, unk_word=True)
 
 
-def paper_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer | None:
+_WARNED_LOCK = threading.Lock()  # reproduce and compare score runs in threads (--jobs)
+
+
+def paper_tokenizer(lang: str, lowercase: bool = False, warned: set[str] | None = None) -> SpacyTokenizer | None:
     """:func:`metric_tokenizer`, or None, with a warning that names why, where spaCy cannot
     tokenise ``lang`` (Japanese without SudachiPy, a language spaCy lacks): scores are then
-    sacreBLEU's BLEU and chrF without the paper metric."""
+    sacreBLEU's BLEU and chrF without the paper metric. ``warned``: the languages a call that
+    scores many runs (reproduce, compare) has warned of, so that it warns once a language, not
+    once a run (and again for the bootstrap test)."""
     try:
         return metric_tokenizer(lang, lowercase=lowercase)
     except DataError as exc:
-        logger.warning("%s: scores are BLEU and chrF without the COMET paper's metric", exc)
+        with _WARNED_LOCK:
+            first = warned is None or lang not in warned
+            if warned is not None:
+                warned.add(lang)
+        if first:
+            logger.warning("%s: scores are BLEU and chrF without the COMET paper's metric", exc)
         return None
 
 
