@@ -555,7 +555,39 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: {exc}") from None
     for text, key, value in parsed:
         _set_dotted(data, key, value, text)
-    return config_from_dict(data)
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:  # a value's own rule (train.lr: -1) or a rule across keys, checked once merged
+        named = re.match(r"config keys? '([^']+)'", str(exc))
+        mentioned = re.findall(r"\b(?:name|data|model|train|decode)(?:\.\w+)*", str(exc))  # an override of any: its error
+        if path is None or named is None or any(_overlaps(key, m) for _, key, _ in parsed for m in mentioned):
+            raise
+        raise ConfigError(_in_file(Path(path).expanduser(), named[1].split("[")[0], exc) or f"{path}: {exc}") from None
+
+
+def _overlaps(key: str, dotted: str) -> bool:
+    """Whether an override of ``key`` sets ``dotted`` or a key inside it (or ``dotted`` lies inside ``key``)."""
+    return key == dotted or dotted.startswith(key + ".") or key.startswith(dotted + ".")
+
+
+def _in_file(path: Path, dotted: str, exc: ConfigError, child: Path | None = None) -> str | None:
+    """``exc``, a rule's error on ``dotted`` (``train.lr: -1``: "config key 'train.lr': must be a
+    positive finite number, got -1.0", naming no file), naming the file of ``path``'s base chain
+    whose value the config took, the child's over its base's, as the file checks name them ("BASE:
+    ... (the base of CHILD)"); None where no file sets it (a default another key's rule refuses).
+    The chain is read again: it was read whole before, so it has no loop."""
+    loaded = yaml_load(path.read_text(encoding="utf-8"))
+    node: Any = loaded
+    for part in dotted.split("."):
+        node = node.get(part, _UNSET) if isinstance(node, dict) else _UNSET
+    if node is not _UNSET and not (node is None and _section_type(dotted) is not None):  # an empty section keeps the base's
+        return f"{path}: {exc}" + (f" (the base of {child})" if child is not None else "")
+    if isinstance(loaded.get("base"), str):
+        return _in_file(path.parent / Path(loaded["base"]).expanduser(), dotted, exc, path)
+    return None
+
+
+_UNSET = object()  # a key a file does not set
 
 
 def _sets_arch(key: str, value: Any) -> bool:

@@ -687,6 +687,36 @@ def test_an_arch_that_an_override_or_a_child_replaces_is_not_refused(tmp_path, m
         load_config(path.with_name("transfomer.yaml"), ["model.arch=tranformer"])  # the override's name: checked
 
 
+def test_a_value_a_rule_refuses_names_the_file_that_set_it(tmp_path):
+    """train.lr: -1 in a file was "config key 'train.lr': must be a positive finite number, got
+    -1.0", naming no file: the rules on values and across keys run once the file and the overrides
+    are merged. The error now names the file of the base chain that set the key (a base as the file
+    checks name one); an override's value is named as before, without a file."""
+    tiny = REPO / "configs" / "tiny.yaml"
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"base: {tiny}\ntrain:\n  lr: -1\nmodel:\n  n_heads: 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'train.lr': must be a positive finite number, got -1.0$"):
+        load_config(path)
+    child = tmp_path / "child.yaml"
+    child.write_text("base: mine.yaml\nname: child\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'train.lr': .* \(the base of {re.escape(str(child))}\)$"):
+        load_config(child)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'model.n_heads': 3 does not divide model.d_model=64 "):
+        load_config(child, ["train.lr=0.001", "data.max_len=60"])  # a rule across keys: the file setting the key it names
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("model:\n  d_model: 100\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(wide))}: config key 'model.n_heads': 8 does not divide model.d_model=100$"):
+        load_config(wide)  # the key it names is a default: the file loaded
+    with pytest.raises(ConfigError, match=r"^config key 'train.lr': must be a positive finite number, got -2.0$"):
+        load_config(path, ["train.lr=-2"])  # the override's value: no file to name
+    with pytest.raises(ConfigError, match=r"^config key 'model.n_heads': 3 does not divide model.d_model=100$"):
+        load_config(path, ["train.lr=0.001", "model.d_model=100"])  # the rule's other key is the override's
+    split = tmp_path / "split.yaml"
+    split.write_text(f"base: {tiny}\ndata:\n  test_src: a.txt\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(split))}: config keys 'data.test_src' and 'data.test_tgt' go together"):
+        load_config(split)
+
+
 def test_a_list_written_without_brackets_gets_the_brackets_hint():
     """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
     with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "
