@@ -24,7 +24,8 @@ since a beam's (or the samples') memory grows with its width. With a seed (the r
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
 Content-Length, 413 for too many sentences (``--max-sentences``, default 1000), a sentence of too many
 characters (``--max-chars``, default 10,000: the RNN has no position limit, and one long sentence held
-the model for hours) or too large a body (1 MiB), 415 for a compressed one (``Content-Encoding``), 408 for a body that stops
+the model for hours) or too large a body (1 MiB), 415 for a compressed one (``Content-Encoding``) or one whose ``Content-Type`` is not
+``application/json`` (a ``+json`` type and a UTF-8 charset are taken; a body without the header is read as JSON), 408 for a body that stops
 short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
 from http.server itself) and ``{"error": "..."}`` naming the field (one sentence of a list as
 ``"texts"[2]``, counted from 0 as JSON indexes it; a key given twice in one JSON object is refused, naming it, not resolved to its
@@ -152,9 +153,9 @@ class NfcWarnings:
 
 
 class RequestError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
+    def __init__(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers  # headers: the answer's own (Accept-Encoding with a 415, say)
 
 
 def _request_texts(body: dict, max_sentences: int, max_chars: int) -> tuple[list[str], bool]:
@@ -206,6 +207,37 @@ def _form_hint(raw: bytes) -> str:
         return ""
     return ('; it looks form-encoded (name=value): send a JSON object, e.g. curl -H "Content-Type: application/json" '
             """-d '{"text": "Ein Hund."}', or requests.post(url, json={"text": "Ein Hund."})""")
+
+
+_JSON_CHARSETS = ("utf-8", "utf8", "us-ascii")  # JSON is UTF-8 (RFC 8259 8.1); ASCII is a part of it
+
+
+def _check_content_type(values: list[str]) -> None:
+    """A body's ``Content-Type`` header (``values``: each one sent) must say JSON: ``application/json``
+    (or a ``+json`` type), with a UTF-8 charset if any. It was not read: a body sent as text/plain or
+    application/xml was decoded as JSON all the same, and one that was no JSON got "not valid JSON",
+    where a 415 names the type that was sent and the one wanted. Without the header the body is read
+    as JSON (RFC 9110 8.3 lets the server look at the data): http.client and raw sockets send none."""
+    if not values:
+        return
+    sent = ", ".join(values)
+    media, _, params = sent.partition(";")
+    media = media.strip(" \t").lower()
+    if media != "application/json" and not re.fullmatch(r"application/[^/,\s]+\+json", media):
+        hint = ""
+        if media == "application/x-www-form-urlencoded":  # curl -d's and urllib's type, requests' data=, an HTML form's
+            hint = ('; curl -d sends that type unless told otherwise: add -H "Content-Type: application/json" (Python: '
+                    "requests.post(url, json={...}), or urllib.request.Request(url, data, headers={\"Content-Type\": "
+                    '"application/json"}))')
+        raise RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Type {sent!r}: this server reads JSON; send the "
+                                                              f"body with Content-Type: application/json{hint}",
+                           {"Accept-Post": "application/json"})
+    charset = re.search(r'(?:^|;)[ \t]*charset[ \t]*=[ \t]*"?([^";, \t]*)', params, re.IGNORECASE)
+    if charset and charset.group(1).lower() not in _JSON_CHARSETS:
+        raise RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Type {sent!r}: this server reads JSON as UTF-8 "
+                                                              "(RFC 8259); send the body in UTF-8, with Content-Type: "
+                                                              "application/json or application/json; charset=utf-8",
+                           {"Accept-Post": "application/json; charset=utf-8"})
 
 
 def _check_text(text: str, where: str, max_chars: int) -> None:
@@ -703,7 +735,13 @@ class _Handler(BaseHTTPRequestHandler):
             # a gzip body was read as it came: "the body is not valid UTF-8 (byte 1)", as if its text were misencoded
             self.close_connection = True
             raise RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {coding!r}: this server reads "
-                                                                  "bodies as sent; send the JSON uncompressed")
+                                                                  "bodies as sent; send the JSON uncompressed",
+                               {"Accept-Encoding": "identity"})
+        try:
+            _check_content_type(self.headers.get_all("Content-Type") or [])
+        except RequestError:  # before 100 Continue: the body is not wanted, nor read
+            self.close_connection = True
+            raise
         if self._expect_continue:  # every check the headers allow has passed: the body is wanted
             self._expect_continue = False
             with self._answer_lock:  # not into the middle of a 503 from refuse
@@ -746,8 +784,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                            f"{sys.get_int_max_str_digits()} digits") from None
             self._send(HTTPStatus.OK, getattr(self.server, _POST[self._route()])(body))
         except RequestError as exc:
-            self._send(exc.status, {"error": str(exc)}, {"Accept-Encoding": "identity"}
-                       if exc.status == HTTPStatus.UNSUPPORTED_MEDIA_TYPE else None)
+            self._send(exc.status, {"error": str(exc)}, exc.headers)
         except ConnectionError:  # the client is gone: handle_one_request says so in one line
             raise
         except Exception:  # a bug must cost one request an answer of 500, not the connection

@@ -176,6 +176,65 @@ def test_a_compressed_body_is_415_naming_its_encoding(server):
         assert post_with_headers(server, plain, headers)[0] == 200
 
 
+@pytest.mark.parametrize("content_type, status, needle", [
+    ("application/json", 200, None),
+    ("Application/JSON; charset=UTF-8", 200, None),
+    ('application/json;charset="utf-8"', 200, None),
+    ("application/vnd.api+json", 200, None),
+    (None, 200, None),  # no header (http.client, a raw socket): read as JSON
+    # accepted as JSON whatever they said they were, and a body that was not JSON got "not valid JSON"
+    ("text/plain", 415, "Content-Type 'text/plain': this server reads JSON; send the body with Content-Type: application/json"),
+    ("application/xml", 415, "Content-Type 'application/xml': this server reads JSON"),
+    ("application/x-www-form-urlencoded", 415, 'curl -d sends that type unless told otherwise: add -H "Content-Type: '
+                                               'application/json"'),
+    ("application/json; charset=iso-8859-1", 415, "Content-Type 'application/json; charset=iso-8859-1': this server "
+                                                  "reads JSON as UTF-8"),
+])
+def test_a_body_that_is_not_said_to_be_json_is_415_naming_its_type(server, content_type, status, needle):
+    """The Content-Type was not read: a POST of text/plain or application/xml carrying JSON was
+    translated, one of form fields got 'not valid JSON'. Now 415 names the type sent and the one
+    wanted (with Accept-Post), whatever the body holds; no header at all is read as JSON."""
+    for body in (json.dumps({"text": "Ein Hund."}).encode(), b"text=Ein+Hund."):
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=60)
+        try:
+            connection.request("POST", "/translate", body=body, headers={"Content-Type": content_type} if content_type else {})
+            response = connection.getresponse()
+            got, out = response.status, json.loads(response.read())
+        finally:
+            connection.close()
+        if status == 200 and body.startswith(b"text="):  # read as JSON: not JSON, with the form hint
+            assert got == 400 and "it looks form-encoded" in out["error"], out
+            continue
+        assert got == status, out
+        if needle:
+            assert needle in out["error"] and response.getheader("Accept-Post").startswith("application/json"), out
+            assert response.getheader("Accept-Encoding") is None  # that one is for a Content-Encoding refused
+    assert call(server, "/health")[0] == 200
+
+
+def test_the_readmes_curl_and_requests_examples_are_answered(server):
+    """README's examples as sent: curl -H "Content-Type: application/json" -d '...' and
+    requests.post(url, json=...) (which sends application/json); curl -d and urllib.request without
+    the header send application/x-www-form-urlencoded, refused saying so."""
+    import shutil
+
+    body = {"texts": ["Ein Hund läuft.", "Zwei Kinder."], "beam": 5}
+    if shutil.which("curl"):
+        out = subprocess.run(["curl", "-s", f"localhost:{server.server_port}/translate", "-H", "Content-Type: application/json",
+                              "-d", json.dumps(body, ensure_ascii=False)], capture_output=True, timeout=60)
+        assert len(json.loads(out.stdout)["translations"]) == 2, out
+        out = subprocess.run(["curl", "-s", f"localhost:{server.server_port}/translate", "-d", json.dumps(body)],
+                             capture_output=True, timeout=60)  # without the header: form-encoded, refused saying so
+        assert "add -H \"Content-Type: application/json\"" in json.loads(out.stdout)["error"], out
+    form = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/translate", data=json.dumps(body).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(form, timeout=60)
+    assert refused.value.code == 415 and "urllib.request" in json.loads(refused.value.read())["error"]
+    requests = pytest.importorskip("requests")
+    answer = requests.post(f"http://127.0.0.1:{server.server_port}/translate", json=body, timeout=60)
+    assert answer.status_code == 200 and len(answer.json()["translations"]) == 2
+
+
 def post_with_headers(server, body: bytes, headers: dict) -> tuple[int, str | None, dict]:
     """(status, Accept-Encoding header, decoded JSON) of a POST /translate with ``headers``."""
     connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=60)
@@ -339,7 +398,8 @@ def test_scores_that_are_not_numbers_are_null_and_the_answer_strict_json(checkpo
     threading.Thread(target=srv.serve_forever, daemon=True).start()
 
     def strict(path: str, body: dict):
-        req = urllib.request.Request(f"http://127.0.0.1:{srv.server_port}{path}", data=json.dumps(body).encode())
+        req = urllib.request.Request(f"http://127.0.0.1:{srv.server_port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # urllib's own is form-encoded
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, json.loads(resp.read(), parse_constant=lambda name: pytest.fail(f"{name} in the answer"))
 
@@ -625,7 +685,9 @@ def first_answer_line(server, request: bytes) -> tuple[bytes, socket.socket, obj
     (b"PUT /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 12", 405),
     (b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 12", 405),
     (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 12", 200),  # answered without reading the body
-], ids=["two-lengths", "bad-length", "no-length", "too-large", "no-such-path", "put", "post-health", "get-health"])
+    (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\nContent-Type: text/plain", 415),
+], ids=["two-lengths", "bad-length", "no-length", "too-large", "no-such-path", "put", "post-health", "get-health",
+        "not-json"])
 def test_expect_100_continue_only_for_a_body_that_will_be_read(server, request_head, status):
     """http.server sent 100 Continue before any check, so a client waiting for it was told to send a
     body that was then refused. A request refused from its headers gets its final status alone,
