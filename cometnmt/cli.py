@@ -548,7 +548,8 @@ def cmd_serve(args) -> int:
 
     server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                         max_sentences=args.max_sentences, max_beam=args.max_beam, max_chars=args.max_chars, flags=True,
+                         max_sentences=args.max_sentences, max_beam=args.max_beam, max_chars=args.max_chars,
+                         nfc_warning_interval=args.nfc_warning_interval, flags=True,
                          **_search_args(args))
     host, port = server.server_address[:2]
     print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
@@ -723,6 +724,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", dest="max_chars", type=int, default=10000,
                    help="most characters in one sentence of a request (default 10000; an RNN has no position limit, "
                         "and its search time grows with the source's length)")
+    p.add_argument("--nfc-warning-interval", dest="nfc_warning_interval", type=float, default=60.0, metavar="SECONDS",
+                   help="log a warning of request text not in Unicode NFC at most once per SECONDS, counting the "
+                        "requests in between (default 60; 0 warns of every such request)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -42,7 +42,8 @@ handled in threads, the model one request at a time (a first-come, first-served 
 :class:`FifoLock`), so a long batch delays the next request rather than racing it, and requests
 get the model in the order they asked for it; one whose client has closed its connection by then is
 not decoded (:meth:`TranslationServer.client_gone`). Sentences not in Unicode NFC are translated as they
-are, with a warning in the log at most once a minute, counting those in between (:class:`NfcWarnings`).
+are, with a warning in the log at most once a minute (``--nfc-warning-interval``), counting those in between
+(:class:`NfcWarnings`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class NfcWarnings:
     request (1,000 requests, 1,000 warnings), in the Python API's words ("Translator.translate
     texts: ... sentence 1"). Now the first such request is warned of at once, naming the field;
     later ones within ``interval`` are counted, and the next warning (or :meth:`flush`, when the
-    server closes) says how many requests and sentences there were since the last."""
+    server closes) says how many requests and sentences there were since the last. ``interval`` 0
+    warns of every such request."""
 
     def __init__(self, interval: float = 60.0, clock=time.monotonic) -> None:
         self.interval, self._clock = interval, clock
@@ -138,10 +140,10 @@ class NfcWarnings:
         if requests > 1:
             earlier = (f"; {requests - 1} earlier request{'s' * (requests > 2)} ({sentences - len(bad)} sentence"
                        f"{'s' * (sentences - len(bad) != 1)}) held such text too since the last warning")
+        every = f"; this warning is logged at most once every {self.interval:g} s" if self.interval > 0 else ""
         log.warning("POST %s: %d sentence%s not in Unicode NFC (first: %s), e.g. accents as separate combining "
                     "characters; they do not match the same words written precomposed: the client should normalise "
-                    "its text (NFC)%s; this warning is logged at most once every %g s", route, len(bad),
-                    " is" if len(bad) == 1 else "s are", first, earlier, self.interval)
+                    "its text (NFC)%s%s", route, len(bad), " is" if len(bad) == 1 else "s are", first, earlier, every)
 
     def flush(self) -> None:
         """Log the requests not in NFC counted since the last warning, if any (the server is closing)."""
@@ -323,7 +325,7 @@ class TranslationServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], translator: Translator | None, checkpoint: str | list[str], *,
                  max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64,
-                 max_chars: int = 10000) -> None:
+                 max_chars: int = 10000, nfc_warning_interval: float = 60.0) -> None:
         if ":" in address[0]:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
         # before binding: when the bind fails (port in use, unknown host) socketserver calls
@@ -338,7 +340,7 @@ class TranslationServer(ThreadingHTTPServer):
         self.max_sentences, self.max_body_bytes, self.max_beam = max_sentences, max_body_bytes, max_beam
         self.max_chars = max_chars
         self.lock = FifoLock()  # the model's, first come first served
-        self.nfc_warnings = NfcWarnings()  # text not in NFC, warned of at most once a minute
+        self.nfc_warnings = NfcWarnings(nfc_warning_interval)  # text not in NFC, warned of at most once an interval
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:
@@ -856,7 +858,8 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8080, device: str = "auto", *,
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
-                max_beam: int = 64, max_chars: int = 10000, flags: bool = False, sampling: bool | None = None, topk: int | None = None,
+                max_beam: int = 64, max_chars: int = 10000, nfc_warning_interval: float = 60.0, flags: bool = False,
+                sampling: bool | None = None, topk: int | None = None,
                 topp: float | None = None, temperature: float | None = None, seed: int | None = None,
                 replace_unk: bool | None = None) -> TranslationServer:
     """Load ``checkpoint`` (a list of several: an ensemble) and bind the server (``port`` 0 picks a
@@ -864,17 +867,24 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     ``beam``, ``nbest``, ``length_penalty``, ``batch_size``, ``replace_unk`` and the sampling settings (those of
     :meth:`Translator.translate`) replace the checkpoint's search settings as the default of every
     request. ``max_sentences``, ``max_chars`` (per sentence), ``max_body_bytes`` and ``max_beam`` (also
-    ``nbest``) bound what one request may ask for. Call ``serve_forever()`` on the result to serve."""
+    ``nbest``) bound what one request may ask for. ``nfc_warning_interval``: the seconds between two
+    warnings of request text not in Unicode NFC (:class:`NfcWarnings`; 0: one per such request).
+    Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
     for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam), ("max_chars", max_chars)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{setting(name, value, flags)}: must be at least 1")
+    interval = nfc_warning_interval
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
+        raise ConfigError(f"{setting('nfc_warning_interval', interval, flags)}: must be a number of seconds, 0 or more "
+                          "(0: a warning for every request holding text not in Unicode NFC)")
     paths = [str(c) for c in checkpoint_list(checkpoint)]
     try:  # bind first: a port in use is reported at once, not after loading the model (connections wait in
         # the listen queue until serve_forever)
         server = TranslationServer((host, port), None, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
-                                   max_body_bytes=max_body_bytes, max_beam=max_beam, max_chars=max_chars)
+                                   max_body_bytes=max_body_bytes, max_beam=max_beam, max_chars=max_chars,
+                                   nfc_warning_interval=nfc_warning_interval)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:

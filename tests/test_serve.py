@@ -449,6 +449,35 @@ def test_text_not_in_nfc_is_warned_of_once_a_minute_with_a_count(server, monkeyp
         assert len(warnings()) == 3
 
 
+def test_the_nfc_warning_interval_is_an_option(checkpoint, caplog):
+    """The interval between two warnings of text not in NFC was fixed at 60 s: a server whose clients
+    should be told at once (or rarely) could not say so. --nfc-warning-interval (nfc_warning_interval)
+    sets it, 0 warning of every such request, and a bad value is refused naming the option."""
+    nfd = "Ein Ma\u0308dchen la\u0308uft."
+    srv = make_server(str(checkpoint), port=0, device="cpu", nfc_warning_interval=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):
+                assert call(srv, "/translate", {"text": nfd})[0] == 200
+        warned = [r.getMessage() for r in caplog.records if "not in Unicode NFC" in r.getMessage()]
+        assert len(warned) == 3 and not any("earlier request" in w or "at most once" in w for w in warned), warned
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    srv = make_server(str(checkpoint), port=0, device="cpu", nfc_warning_interval=3600)
+    try:
+        assert srv.nfc_warnings.interval == 3600
+    finally:
+        srv.server_close()
+    for value in (-1, float("nan"), float("inf"), "60", True):
+        with pytest.raises(cometnmt.ConfigError, match=r"nfc_warning_interval=.*: must be a number of seconds, 0 or more"):
+            make_server(str(checkpoint), port=0, device="cpu", nfc_warning_interval=value)
+    bad = serve_command(str(checkpoint), "--nfc-warning-interval", "-5")
+    assert bad.returncode == 2 and "--nfc-warning-interval -5.0: must be a number of seconds, 0 or more" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_closing_lets_a_request_being_answered_finish(checkpoint, monkeypatch):
     """Ctrl-C right after a request sometimes aborted the process ("terminate called without an
     active exception"): its daemon thread was still finishing the response when the interpreter shut
