@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import numbers
 import os
 import re
+import threading
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -324,6 +326,17 @@ def _check_sentences(texts: list, name: str = "sentences") -> list[str]:
     return drop_byte_order_marks(texts)
 
 
+def _one_call_at_a_time(method):
+    """A :class:`Translator` method that runs alone: its calls from other threads wait for it."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class Translator:
     """A model plus everything needed to turn text into text; built from a checkpoint alone.
 
@@ -336,11 +349,21 @@ class Translator:
         translator.translate(["Zwei Hunde."], sampling=True, topk=10, nbest=4, seed=1)[0]  # 4 samples
 
     Search settings not given come from the checkpoint's ``decode`` config (``self.cfg.decode``).
+
+    Threads may share one Translator: its calls (``translate``, ``log_prob``, ``attention``, their
+    ``*_ids`` forms, and what calls them) run one at a time, a lock making a call from another
+    thread wait, and each gets the results it gets alone. Without the lock two calls that read
+    attention weights (``attention``, ``replace_unk``), which the model keeps on its attention
+    modules while a call runs, mixed up each other's weights or failed (a tensor size mismatch, an
+    AttributeError). Searches do not run side by side on one model: on a CPU torch already spreads
+    each over ``torch.get_num_threads()`` threads; a second model (``from_checkpoint`` again) is
+    needed for that. ``cometnmt serve`` queues its requests first-come first-served before this lock.
     """
 
     def __init__(self, model: Seq2Seq, codec: TextCodec, cfg: Config, device: torch.device) -> None:
         self.model, self.codec, self.cfg, self.device = model.to(device).eval(), codec, cfg, device
         self.workdir: str | None = None  # the folder the model was trained in (its data paths' anchor)
+        self._lock = threading.RLock()  # one call at a time (the class docstring); re-entered by calls within a call
         if device.type == "cpu":
             keep_freed_memory()  # as in training: the per-step logits are re-allocated at every step
 
@@ -401,6 +424,7 @@ class Translator:
                               f"words in place of <unk>, for word vocabularies (data.tokenizer: spacy); this model's "
                               f"tokenizer is {' and '.join(sorted(kinds))}")
 
+    @_one_call_at_a_time
     def translate_ids(self, src_ids: list[list[int]], decode_cfg=None, progress: bool | tqdm = False, *,
                       start: int = 0, shard: tuple[int, int] = (0, 1)) -> list[list[Translation]]:
         """n-best translations of already-indexed sentences, in input order. ``start``: the place
@@ -457,6 +481,7 @@ class Translator:
             raise DataError(f"{where} line {i + 1}: {len(ids[i])} {side} tokens{' and <s>' if extra else ''}, more than the "
                             f"model's {limit} positions ({positions_key(self.cfg.model)}){more}; split or shorten it")
 
+    @_one_call_at_a_time
     def log_prob_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]], batch_size: int | None = None,
                      progress: bool = False) -> list[float]:
         """Forced decoding of already-indexed pairs: each target's log-probability (its tokens and
@@ -478,6 +503,7 @@ class Translator:
         bar.close()
         return out
 
+    @_one_call_at_a_time
     def log_prob(self, sources: Sequence[str], targets: Sequence[str], *, batch_size: int | None = None,
                  progress: bool = False) -> list[PairScore]:
         """Forced decoding: how probable the model finds each given translation of each source,
@@ -501,6 +527,7 @@ class Translator:
         scores = self.log_prob_ids(src_ids, tgt_ids, batch_size, progress)
         return [PairScore(score, len(ids) + 1, sum(i == UNK for i in ids)) for score, ids in zip(scores, tgt_ids)]
 
+    @_one_call_at_a_time
     def attention(self, sources: Sequence[str], targets: Sequence[str] | None = None, *, layer: int = -1,
                   batch_size: int | None = None, progress: bool = False, flags: bool = False) -> list[AttentionMap]:
         """Where each target token looks in the source: the attention weights of decoder layer
@@ -546,6 +573,7 @@ class Translator:
         found = iter(self.translate_ids([ids for ids, s in zip(src_ids, skip) if not s], progress=progress))
         return [[] if s else self.codec.tgt_vocab.encode(next(found)[0].tokens) for s in skip]
 
+    @_one_call_at_a_time
     def attention_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]] | None = None, *, layer: int = -1,
                       batch_size: int | None = None, progress: bool = False, flags: bool = False) -> list[AttentionMap]:
         """:meth:`attention` of already-indexed sentences (targets: None for the model's own)."""
@@ -612,6 +640,7 @@ class Translator:
         # word ("▁", "▁dog": two spaces), or one at either end
         return Translation(_SPACES.sub(" ", _LINE_BREAKS.sub(" ", text)).strip(" "), score, tokens)
 
+    @_one_call_at_a_time
     def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool | tqdm = False, *,
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                   batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
