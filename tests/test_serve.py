@@ -189,6 +189,10 @@ def test_a_compressed_body_is_415_naming_its_encoding(server):
                                                'application/json"'),
     ("application/json; charset=iso-8859-1", 415, "Content-Type 'application/json; charset=iso-8859-1': this server "
                                                   "reads JSON as UTF-8"),
+    # curl -F's type: the header parser's notes on a multipart type (no boundary in a body it was not
+    # given) were taken for a malformed header line: 400 "malformed header line ''"
+    ("multipart/form-data; boundary=----x", 415, "Content-Type 'multipart/form-data; boundary=----x': this server reads JSON"),
+    ("multipart/mixed", 415, "Content-Type 'multipart/mixed': this server reads JSON"),
 ])
 def test_a_body_that_is_not_said_to_be_json_is_415_naming_its_type(server, content_type, status, needle):
     """The Content-Type was not read: a POST of text/plain or application/xml carrying JSON was
