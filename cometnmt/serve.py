@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 
 _SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed", "replace_unk")
 _POST = {"/translate": "translate", "/logprob": "log_prob"}  # route -> TranslationServer method
+_EXAMPLE = {"/translate": '{"text": "Ein Hund."}', "/logprob": '{"source": "Ein Hund.", "target": "A dog."}'}  # route -> a body
 
 
 class FifoLock:
@@ -779,6 +780,9 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.NOT_FOUND,
                                    f"no such endpoint {self._route()}; use POST /translate or POST /logprob")
             raw = self._read_body()
+            if not raw.strip(b" \t\r\n"):  # was 'not valid JSON: Expecting value: line 1 column 1 (char 0)'
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is empty; send a JSON object, e.g. "
+                                                           f"{_EXAMPLE[self._route()]}")
             try:
                 body = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as exc:

@@ -105,6 +105,9 @@ def test_concurrent_requests_each_get_their_own_answer(server):
 
 @pytest.mark.parametrize("body, raw, status, needle", [
     (None, b"{not json", 400, "not valid JSON"),
+    # curl -d '' or a client that forgot the body: said 'not valid JSON: Expecting value: line 1 column 1 (char 0)'
+    (None, b"", 400, 'the body is empty; send a JSON object, e.g. {"text": "Ein Hund."}'),
+    (None, b" \r\n", 400, "the body is empty; send a JSON object"),
     # an HTML form's fields (curl -d text=..., requests' data=): said "not valid JSON" and no more
     (None, b"text=Ein+Hund.", 400, "it looks form-encoded (name=value): send a JSON object"),
     (None, b'{"text": "\xff"}', 400, "not valid UTF-8"),
@@ -383,6 +386,8 @@ def test_logprob_scores_pairs_as_the_translator(server, checkpoint):
                           '"targets"[1] is not valid Unicode (a lone surrogate at column 2)')):
         status, err = call(server, "/logprob", body)
         assert status == 400 and needle in err["error"], (body, err)
+    assert call(server, "/logprob", raw=b"") == (400, {"error": 'the body is empty; send a JSON object, e.g. '
+                                                                '{"source": "Ein Hund.", "target": "A dog."}'})
     assert call(server, "/logprob", {"sources": ["a"] * 4, "targets": ["b"] * 4})[0] == 413  # max_sentences 3
     status, err = call(server, "/logprob", {"sources": ["a", "b"], "targets": ["c", "y" * 6001]})  # max_chars 6000
     assert status == 413 and '"targets"[1] has 6001 characters, more than this server takes in one sentence (6000)' in err["error"]
