@@ -68,6 +68,9 @@ def test_translations_equal_the_translators(server, checkpoint):
     assert call(server, "/translate", request) == (200, out)  # seeded: the same request, the same samples
     assert call(server, "/translate", {"texts": sentences, "replace_unk": True}) == \
         (200, {"translations": translator(sentences, replace_unk=True)})
+    # a UTF-8 byte order mark before the JSON (a file saved by Notepad) was 400 'Unexpected UTF-8 BOM'
+    assert call(server, "/translate", raw="\ufeff".encode() + json.dumps({"texts": sentences}).encode()) == \
+        (200, {"translations": translator(sentences)})
     status, health = call(server, "/health")
     assert status == 200 and health["status"] == "ok" and health["arch"] == "transformer"
     assert (health["src_lang"], health["tgt_lang"]) == ("de", "en") and health["decode"]["method"] == "greedy"
