@@ -327,6 +327,28 @@ def test_a_tab_separated_file_named_as_both_sides_is_refused(tmp_path: Path) -> 
         assert read_split(cfg, split).tgt == ["Ein Hund.", "Zwei\tKatzen."]
 
 
+def test_a_tab_separated_file_named_as_one_side_is_refused(tmp_path: Path) -> None:
+    """A file of "source<TAB>target" lines named as data.train_src beside a target file of as many
+    lines trained its whole lines as source sentences, without a word (found walking README with
+    one's own corpus). A side whose every line holds a tab is refused naming its key and how to cut
+    it; a tab in some lines only is text, read as before."""
+    from cometnmt.config import DataConfig
+    from cometnmt.data.pipeline import read_split
+
+    (tmp_path / "pairs.tsv").write_text("Ein Hund.\tA dog.\nZwei Katzen.\tTwo cats.\n", encoding="utf-8")
+    (tmp_path / "de.txt").write_text("Ein Hund.\nZwei\tKatzen.\n", encoding="utf-8")
+    (tmp_path / "en.txt").write_text("A dog.\nTwo cats.\n", encoding="utf-8")
+    tsv, de, en = (str(tmp_path / name) for name in ("pairs.tsv", "de.txt", "en.txt"))
+    for split in ("train", "valid", "test"):
+        for side, paths in (("src", (tsv, en)), ("tgt", (de, tsv))):
+            cfg = DataConfig(corpus="files", **{f"{split}_src": paths[0], f"{split}_tgt": paths[1]})
+            with pytest.raises(DataError, match=rf"^config key 'data.{split}_{side}': every line of .*pairs.tsv holds a "
+                                                r"tab: a tab-separated file of pairs is not read as two columns.*cut -f1"):
+                read_split(cfg, split)
+        cfg = DataConfig(corpus="files", **{f"{split}_src": de, f"{split}_tgt": en})
+        assert read_split(cfg, split).src == ["Ein Hund.", "Zwei\tKatzen."]
+
+
 def test_the_default_tag_cache_follows_xdg_cache_home_as_the_multi30k_download_does(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: the tags went to ~/.cache/cometnmt/tags whatever XDG_CACHE_HOME said, while the

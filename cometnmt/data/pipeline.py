@@ -115,13 +115,20 @@ def anchor_paths(cfg, workdir: str | None):
 def _check_not_one_tsv(corpus: ParallelCorpus, split: str) -> None:
     """A tab-separated file of pairs (JoeyNMT's and Marian's format) named as both sides of a split
     was read as two copies of its lines: the run trained a model to copy "source<TAB>target" lines,
-    without a word. Sides holding the same lines, each with a tab, are refused; the same file
-    without tabs (a copy task) is read as before."""
+    without a word. Sides holding the same lines, each with a tab, are refused, and so is one side
+    whose every line holds a tab; the same file without tabs (a copy task) is read as before."""
+    cut = f"give one file per language, line-aligned (cut -f1 FILE > {split}.SRC; cut -f2 FILE > {split}.TGT)"
     if corpus.src and corpus.src == corpus.tgt and all("\t" in line for line in corpus.src):
         raise DataError(
             f"config keys 'data.{split}_src' and 'data.{split}_tgt': {corpus.src_path} and {corpus.tgt_path} hold the "
-            "same lines, each with a tab: a tab-separated file of pairs is not read as two columns; give one file per "
-            f"language, line-aligned (cut -f1 FILE > {split}.SRC; cut -f2 FILE > {split}.TGT)")
+            f"same lines, each with a tab: a tab-separated file of pairs is not read as two columns; {cut}")
+    # named as one side beside a file of the other language, it trained "source<TAB>target" lines as
+    # that side's sentences without a word (the line counts agreed)
+    for side, path, lines in (("src", corpus.src_path, corpus.src), ("tgt", corpus.tgt_path, corpus.tgt)):
+        if lines and all("\t" in line for line in lines):
+            raise DataError(
+                f"config key 'data.{split}_{side}': every line of {path} holds a tab: a tab-separated file of pairs "
+                f"is not read as two columns (each whole line would be one sentence); {cut}")
 
 
 def read_split(cfg, split: str) -> ParallelCorpus:
