@@ -242,6 +242,34 @@ def test_empty_lines_skip_or_error(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert first2.src == ["a", "d"] and first2.tgt == ["v", "y"]
 
 
+def test_empty_lines_ending_a_file_are_named_as_such(tmp_path: Path) -> None:
+    """A blank line after the last sentence (an editor's, or `echo >> file`; CRLF alike) made
+    "dev.fr:61: empty line" and "corpus.fr has 400 lines but corpus.en has 401 lines", which read
+    as misaligned text (found walking README with one's own corpus). The errors now say that the
+    file's last lines are empty and to remove them; an empty line before the last sentence is named
+    as before."""
+    from cometnmt.data.pipeline import read_text_file
+
+    src, tgt, two = tmp_path / "s.fr", tmp_path / "t.en", tmp_path / "two.en"
+    src.write_bytes(b"\xef\xbb\xbfa\r\nb\r\n\r\n")
+    tgt.write_text("v\nw\n\n", encoding="utf-8")
+    two.write_text("v\nw\n \n\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{src}:3: empty line \(empty or whitespace-only; its last line is empty, "
+                                        r"after the last sentence: remove it\)$"):
+        read_parallel(src, tgt, empty="error")
+    with pytest.raises(DataError, match=rf"^{src} has 3 lines \(its last line is empty, after the last sentence: remove "
+                                        rf"it\) but {two} has 4 lines \(its last 2 lines are empty, .*remove them\); "):
+        read_parallel(src, two, empty="skip")
+    with pytest.raises(DataError, match=rf"^{two}:3: empty line \(its last 2 lines are empty, after the last sentence"):
+        read_text_file(two)
+    middle = tmp_path / "m.en"
+    middle.write_text("v\n\nw\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{middle}:2: empty line$"):
+        read_text_file(middle)
+    with pytest.raises(DataError, match=rf"^{middle} has 3 lines but {two} has 4 lines \(its last 2 lines are empty"):
+        read_parallel(middle, two, empty="skip")
+
+
 def test_a_tilde_in_data_paths_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """data.train_src: ~/corpus/train.de (YAML and --set do not expand "~"; anchor_paths already took
     it as absolute) reads the file under the home folder (was: file not found); data.multi30k_dir

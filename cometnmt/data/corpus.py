@@ -285,6 +285,22 @@ def _is_blank(line: str) -> bool:
     return not line.strip()
 
 
+def blank_tail(lines: list[str], line_no: int | None = None) -> str:
+    """A note for an error about ``lines``: how many empty lines end the file (an editor's or a
+    script's blank line after the last sentence, which made a count mismatch of "400 lines but
+    401" or an "empty line" at its end look like misaligned text), "" where none do or where
+    ``line_no`` (1-based) is an empty line before them."""
+    n = next((i for i, line in enumerate(reversed(lines)) if not _is_blank(line)), len(lines))
+    if not n or n == len(lines) or (line_no is not None and line_no <= len(lines) - n):  # none, or no sentence
+        return ""
+    last = "its last line is empty" if n == 1 else f"its last {n} lines are empty"
+    return f"{last}, after the last sentence: remove {'it' if n == 1 else 'them'}"
+
+
+def _paren(note: str) -> str:
+    return f" ({note})" if note else ""
+
+
 def read_parallel(
     src_path: str | Path,
     tgt_path: str | Path,
@@ -306,7 +322,8 @@ def read_parallel(
     src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
     if len(src_lines) != len(tgt_lines):
         raise DataError(
-            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)} lines; "
+            f"{src_path} has {len(src_lines)} lines{_paren(blank_tail(src_lines))} but {tgt_path} has {len(tgt_lines)} "
+            f"lines{_paren(blank_tail(tgt_lines))}; "
             "parallel files must have the same number of lines"
         )
     src, tgt, skipped, first_skipped, not_read = [], [], 0, 0, 0
@@ -316,8 +333,9 @@ def read_parallel(
             break
         if _is_blank(s) or _is_blank(t):
             if empty == "error":
-                bad_path = src_path if _is_blank(s) else tgt_path
-                raise DataError(f"{bad_path}:{line_no}: empty line (empty or whitespace-only)")
+                bad_path, bad_lines = (src_path, src_lines) if _is_blank(s) else (tgt_path, tgt_lines)
+                tail = blank_tail(bad_lines, line_no)
+                raise DataError(f"{bad_path}:{line_no}: empty line (empty or whitespace-only{'; ' + tail if tail else ''})")
             skipped += 1
             first_skipped = first_skipped or line_no
             continue

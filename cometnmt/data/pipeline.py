@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cometnmt.config import DATA_PATH_KEYS
-from cometnmt.data.corpus import ParallelCorpus, read_lines, read_parallel
+from cometnmt.data.corpus import ParallelCorpus, blank_tail, read_lines, read_parallel
 from cometnmt.data.multi30k import LANGS, resolve_dir, split_paths
 from cometnmt.data.tokenizers import (Tokenizer, UnknownLanguageError, VocabSizeError, build_tokenizer,
                                        tokenizer_from_state)
@@ -209,5 +209,6 @@ def read_text_file(path: str | Path) -> list[str]:
     lines = read_lines(path)
     for i, line in enumerate(lines, start=1):
         if not line.strip():
-            raise DataError(f"{path}:{i}: empty line")
+            tail = blank_tail(lines, i)
+            raise DataError(f"{path}:{i}: empty line{' (' + tail + ')' if tail else ''}")
     return lines
