@@ -233,8 +233,8 @@ def _write_stdout(text: str) -> bool:
 def _kept(out, exc: BaseException, command: str) -> int:
     """After an interrupt or error with chunks done: say what is kept in FILE.partial and how to
     continue; an interrupt exits 130 (143 for SIGTERM), an error goes on to main."""
-    kept = (f"{out.lines_done} line{'s' * (out.lines_done != 1)} translated (of the input's first) are kept in "
-            f"{out.partial}")
+    done = "line is" if out.lines_done == 1 else f"{out.lines_done} lines are"
+    kept = f"the input's first {done} translated and kept in {out.partial}"
     if isinstance(exc, KeyboardInterrupt):
         print(f"interrupted; {kept}; continue with: {command}", file=sys.stderr)
         return 143 if isinstance(exc, _Terminated) else 130

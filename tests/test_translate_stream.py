@@ -123,7 +123,8 @@ def test_an_interrupted_run_keeps_its_chunks_and_resume_finishes_the_same_file(c
     assert code == 130 and not out.exists()
     partial = tmp_path / "out.en.partial"
     assert partial.read_text(encoding="utf-8") == "".join(whole.splitlines(keepends=True)[:3])  # the first chunk
-    assert f"3 lines translated (of the input's first) are kept in {partial}" in err
+    # said "3 lines translated (of the input's first) are kept in", which does not parse
+    assert f"interrupted; the input's first 3 lines are translated and kept in {partial}; continue with: " in err
     record = json.loads((tmp_path / "out.en.partial.json").read_text(encoding="utf-8"))
     assert record["lines_done"] == 3 and record["belongs_to"]["decode"]["method"] == "greedy"
     monkeypatch.undo()
@@ -213,7 +214,7 @@ def test_an_error_in_a_later_chunk_names_its_line_in_the_input_and_keeps_the_chu
     out = tmp_path / "long.en"
     code, _, err = translate(capsys, ckpt, "-i", str(src), "-o", str(out), "--buffer-size", "2")
     assert code == 2 and f"{src}: input line 4: 1100 source tokens" in err
-    assert "2 lines translated (of the input's first) are kept" in err and "--resume" in err
+    assert "(the input's first 2 lines are translated and kept in" in err and "--resume" in err
     assert (tmp_path / "long.en.partial").read_text(encoding="utf-8").count("\n") == 2
 
 
