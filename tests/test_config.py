@@ -908,3 +908,18 @@ def test_max_len_beyond_the_position_table_is_refused_at_load():
         load_config(None, ["model.arch=convs2s", "data.max_len=64", "model.convs2s.max_positions=64"])
     assert load_config(None, ["model.arch=convs2s", "data.max_len=64", "model.max_positions=8"]).data.max_len == 64
     assert load_config(None, ["model.arch=rnn", "data.max_len=5000"]).data.max_len == 5000
+
+
+def test_the_readmes_own_corpus_config_loads_as_it_says(tmp_path: Path) -> None:
+    """README's config for one's own parallel text (mine.yaml at the repository root, on
+    configs/tiny.yaml) reads the files it names, all of them: tiny.yaml's 2,000/100-pair cuts undone."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```$", (REPO / "README.md").read_text(encoding="utf-8"), re.S | re.M)
+    assert len(blocks) == 1, "README should hold one yaml block, the own-corpus config"
+    text = blocks[0].replace("base: configs/", f"base: {REPO / 'configs'}/")  # as from the repository root
+    assert text != blocks[0]
+    (tmp_path / "mine.yaml").write_text(text, encoding="utf-8")
+    cfg = load_config(tmp_path / "mine.yaml")
+    assert (cfg.data.corpus, cfg.data.src_lang, cfg.data.tgt_lang) == ("files", "fr", "en")
+    assert [cfg.data.train_src, cfg.data.valid_tgt, cfg.data.test_src] == ["data/corpus.fr", "data/dev.en", "data/test.fr"]
+    assert cfg.data.max_train_pairs is None and cfg.data.max_valid_pairs is None
+    assert cfg.model.d_model == load_config(REPO / "configs" / "tiny.yaml").model.d_model and cfg.train.save_dir == "runs/fr_en"
