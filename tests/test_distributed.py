@@ -669,6 +669,59 @@ def test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank(tmp_p
         f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
 
 
+def _rank_zero_fails_logging(rank: int, world: int, port: int, fail_at: str, data_dir: str, save_dir: str, out: str,
+                             *extra: str) -> None:
+    """One rank of ``test_a_failure_of_rank_zero_while_writing_metrics_stops_every_rank``: rank 0's
+    write of the metrics.jsonl record ``fail_at`` ("EVENT" or "EVENT STEP") fails as on a full disk
+    (in the write, an OSError naming no file); each rank writes the error it stopped with to
+    ``out``.RANK, then exits with it (non-zero)."""
+    from cometnmt.training import trainer as trainer_module
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def on_a_full_disk(path, *args, **kwargs):
+        f = open(path, *args, **kwargs)
+        write = f.write
+
+        def failing(text: str) -> int:
+            record = json.loads(text)
+            if fail_at in (record["event"], f"{record['event']} {record['step']}"):
+                raise OSError(28, "No space left on device")
+            return write(text)
+
+        f.write = failing
+        return f
+
+    trainer_module.open = on_a_full_disk if rank == 0 else None  # rank 1 never writes metrics.jsonl
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
+
+
+@pytest.mark.parametrize("fail_at, extra, doing", [
+    ("train 1", ["train.max_steps=3"], "writing the record of step 1 to metrics.jsonl"),  # told in step 2's all-reduce
+    ("train 1", ["train.max_steps=1"], "writing the record of step 1 to metrics.jsonl"),  # the loop's last step
+    ("train 1", ["train.save_every=1", "train.max_steps=2"], "writing the record of step 1 to metrics.jsonl"),
+    ("valid", ["train.max_epochs=1"], "writing the record and checkpoints of epoch 1"),
+])
+def test_a_failure_of_rank_zero_while_writing_metrics_stops_every_rank(tmp_path, data_dir, fail_at, extra, doing):
+    """Rank 0 alone writes metrics.jsonl; where a record does not fit (a full disk), a training
+    record (train.log_every=1: every step's) or an epoch's validation record, rank 0 stops with its
+    error, which names the file, and the other rank at once with a copy naming it, both exiting
+    non-zero, and no checkpoint is written past the record: a training record followed by another
+    step is told in that step's all-reduce of the losses (no collective of its own), one at the
+    loop's end or before save_every's last.pt at once. Before, a training record's failure stopped
+    rank 0 alone and rank 1 failed in its next collective with gloo's "Connection closed by peer",
+    and the OSError said "No space left on device" without the file."""
+    port = _free_port()
+    out = tmp_path / "error"
+    assert _spawn_until_all_stop(_rank_zero_fails_logging,
+                                 (2, port, fail_at, str(data_dir), str(tmp_path / "ddp"), str(out), *extra)) == [1, 1]
+    error = f"OSError: [Errno 28] No space left on device: '{tmp_path / 'ddp' / 'metrics.jsonl'}'"
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == error
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == f"RuntimeError: rank 0 failed {doing}: {error}"
+    assert not (tmp_path / "ddp" / "last.pt").exists()
+
+
 def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str,
                                 out: str) -> None:
     """One rank of ``test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank``:
