@@ -634,10 +634,11 @@ def test_a_failure_of_rank_zeros_attention_plots_is_a_warning(tmp_path, data_dir
             "rank 0); training goes on without them") in log_text
 
 
-def _rank_zero_fails_saving(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, *extra: str) -> None:
+def _rank_zero_fails_saving(rank: int, world: int, port: int, resume: bool, data_dir: str, save_dir: str, out: str,
+                            *extra: str) -> None:
     """One rank of ``test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank``: rank 0's
-    checkpoint writes fail (a full disk); each rank writes the error it stopped with to ``out``.RANK,
-    then exits with it (non-zero)."""
+    checkpoint writes fail (a full disk), in a new run or a ``resume``; each rank writes the error it
+    stopped with to ``out``.RANK, then exits with it (non-zero)."""
     from cometnmt.training import trainer as trainer_module
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -647,26 +648,41 @@ def _rank_zero_fails_saving(rank: int, world: int, port: int, data_dir: str, sav
         raise OSError(28, "No space left on device")
 
     trainer_module.save_checkpoint = failing if rank == 0 else None  # rank 1 never writes
-    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)),
+                                resume=resume)
 
 
 @pytest.mark.parametrize("where, extra, doing", [
     ("save_every", ["train.save_every=1", "train.max_steps=2"], "writing last.pt at step 1"),
     ("max_steps", ["train.max_steps=1"], "writing the record and checkpoints of step 1"),
     ("epoch_end", ["train.max_epochs=1"], "writing the record and checkpoints of epoch 1"),
+    ("align", ["train.stopping=none", "train.valid_bleu=true", "train.max_epochs=3", "train.keep_checkpoints=2"],
+     "making {}/best.pt the model of the best validation"),
 ])
-def test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank(tmp_path, data_dir, where, extra, doing):
+def test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank(tmp_path, data_dir, monkeypatch, where,
+                                                                           extra, doing):
     """Rank 0 alone writes the checkpoints (and metrics.jsonl); where that fails (a full disk) at
-    save_every, at max_steps inside an epoch or at an epoch's end, it stops with its error and the
-    other rank at once with a copy naming it, both exiting non-zero. Before, rank 0 stopped alone
-    and rank 1 failed in its next collective with gloo's "Connection closed by peer"."""
+    save_every, at max_steps inside an epoch, at an epoch's end, or on a resume under a stopping
+    rule of another measure, where best.pt is made the replayed best's kept epoch checkpoint
+    (``Trainer._align_best_checkpoint``), it stops with its error and the other rank at once with a
+    copy naming it, both exiting non-zero. Before, rank 0 stopped alone and rank 1 failed in its
+    next collective with gloo's "Connection closed by peer"."""
     port = _free_port()
+    if where == "align":  # 2 epochs under bleu_patience: best.pt is epoch 2 (BLEU 30), the lowest loss epoch 1's
+        scores = iter([{"val_loss": loss, "val_loss_per_100_tokens": 100 * loss, "val_bleu": bleu}
+                       for loss, bleu in ((2.0, 20.0), (3.0, 30.0))])
+        monkeypatch.setattr(Trainer, "validate", lambda self: next(scores))
+        train_in_process(data_dir, tmp_path / "ddp", "train.stopping=bleu_patience", "train.valid_bleu=true",
+                         "train.max_epochs=2", "train.keep_checkpoints=2")
+        assert load_checkpoint(tmp_path / "ddp" / "best.pt")["epoch"] == 2
     out = tmp_path / "error"
-    assert _spawn_until_all_stop(_rank_zero_fails_saving,
-                                 (2, port, str(data_dir), str(tmp_path / "ddp"), str(out), *extra)) == [1, 1]
+    assert _spawn_until_all_stop(_rank_zero_fails_saving, (2, port, where == "align", str(data_dir),
+                                                           str(tmp_path / "ddp"), str(out), *extra)) == [1, 1]
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "OSError: [Errno 28] No space left on device"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
-        f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
+        f"RuntimeError: rank 0 failed {doing.format(tmp_path / 'ddp')}: OSError: [Errno 28] No space left on device")
+    if where == "align":  # the resume stopped before training: best.pt is as it was
+        assert load_checkpoint(tmp_path / "ddp" / "best.pt")["epoch"] == 2
 
 
 def _rank_zero_fails_logging(rank: int, world: int, port: int, fail_at: str, data_dir: str, save_dir: str, out: str,
@@ -725,16 +741,18 @@ def test_a_failure_of_rank_zero_while_writing_metrics_stops_every_rank(tmp_path,
 def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str,
                                 out: str) -> None:
     """One rank of ``test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank``:
-    rank 0's train.log (``where`` "train_log"), config.yaml ("config") or, resuming, metrics.jsonl
-    ("metrics": the records past last.pt removed) cannot be written (a full disk); each rank writes
-    the error it stopped with to ``out``.RANK, then exits with it (non-zero)."""
+    rank 0's run folder (``where`` "folder"), train.log ("train_log"), config.yaml ("config") or,
+    resuming, metrics.jsonl ("metrics": the records past last.pt removed) cannot be written (a full
+    disk); each rank writes the error it stopped with to ``out``.RANK, then exits with it (non-zero)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
 
     def failing(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    if where == "train_log":
+    if where == "folder":
+        run_module.make_folder = failing if rank == 0 else None  # rank 1 never makes it
+    elif where == "train_log":
         run_module._log_file = failing if rank == 0 else None  # rank 1 never opens it
     elif where == "config":
         run_module.write_text_file = failing if rank == 0 else None  # rank 1 never writes config.yaml
@@ -745,7 +763,7 @@ def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, da
 
 
 @pytest.mark.parametrize("where, doing", [
-    ("train_log", "opening {}/train.log"), ("config", "writing {}/config.yaml"),
+    ("folder", "making the run folder {}"), ("train_log", "opening {}/train.log"), ("config", "writing {}/config.yaml"),
     ("metrics", "removing the records past step 1 from {}/metrics.jsonl"),
 ])
 def test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank(tmp_path, data_dir, where, doing):
