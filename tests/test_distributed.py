@@ -838,6 +838,38 @@ def test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout(tmp_
     assert "longer than the 0.17 minutes a rank waits for the others" in said[0], said[0]
 
 
+def _joining_alone(index: int, rank: int, port: int, out: str) -> None:
+    """Rank ``rank`` of two, started alone: it joins the process group with train.distributed_timeout_minutes
+    0.05 (3 seconds) and writes the error it stopped with, or 'joined', to ``out``."""
+    from cometnmt.training.distributed import init_from_env
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    try:
+        init_from_env("cpu", 0.05)
+        said = "joined"
+    except Exception as exc:
+        said = f"{type(exc).__name__}: {exc}"
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(said)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_that_waits_too_long_for_the_others_to_join_names_the_timeout_key(tmp_path, rank):
+    """train.distributed_timeout_minutes also bounds joining the process group: a rank whose peers
+    never start stops after it with an error naming the key, the rank and, on rank 0 (whose store
+    counts them), how many ranks joined. Before, it stopped with torch's own text: rank 0 with
+    "DistStoreError: Timed out after 4 seconds waiting for clients. 1/2 clients joined.", rank 1
+    (no rank 0 to reach) with "DistNetworkError: The client socket has timed out after 3000ms ..."."""
+    out = tmp_path / "said"
+    torch.multiprocessing.spawn(_joining_alone, nprocs=1, join=True, args=(rank, _free_port(), str(out)))
+    said = out.read_text(encoding="utf-8")
+    assert said.startswith(f"ConfigError: config key 'train.distributed_timeout_minutes': rank {rank} of 2 gave up "
+                           "joining the process group after "), said
+    assert ("(1 of 2 ranks joined), the 0.05 minutes" if rank == 0 else "minutes, the 0.05 minutes") in said, said
+    assert "check that every rank started and can reach rank 0 at MASTER_ADDR:MASTER_PORT (127.0.0.1:" in said, said
+
+
 # every registered architecture but the Transformer of the tests above, at test size
 ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked

@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -37,7 +39,8 @@ class DistInfo:
 def init_from_env(device_kind: str, timeout_minutes: float = 30.0) -> DistInfo:
     """Join the process group torchrun described, if any. ``device_kind``: 'cpu' or 'cuda'.
     ``timeout_minutes`` (train.distributed_timeout_minutes): the group's timeout, how long a rank
-    waits in one collective (and for the others to join) before it fails."""
+    waits in one collective (and for the others to join) before it fails; a join that outlasts it
+    raises an error naming the key (:func:`_joined_too_late`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
@@ -45,9 +48,37 @@ def init_from_env(device_kind: str, timeout_minutes: float = 30.0) -> DistInfo:
     if device_kind == "cuda":  # before joining, so NCCL binds each rank to its own GPU
         torch.cuda.set_device(info.local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo",
-                                timeout=datetime.timedelta(minutes=timeout_minutes))
+        started = time.monotonic()
+        try:
+            dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo",
+                                    timeout=datetime.timedelta(minutes=timeout_minutes))
+        except RuntimeError as exc:  # torch.distributed.DistError: the store's, a timeout among them
+            _joined_too_late(info, time.monotonic() - started, timeout_minutes, exc)
+            raise
     return info
+
+
+def _joined_too_late(info: DistInfo, seconds: float, timeout_minutes: float, exc: RuntimeError) -> None:
+    """After joining the process group failed with ``exc``, ``seconds`` after it began: if the wait
+    lasted the group's timeout (train.distributed_timeout_minutes), raise an error naming the key,
+    the rank and, where torch counted them (rank 0's store: "1/2 clients joined"), the ranks that
+    joined. torch's own text said neither the key nor what to do: rank 0 "DistStoreError: Timed out
+    after 7 seconds waiting for clients. 1/2 clients joined.", under torchrun "DistStoreError: wait
+    timeout after 6000ms, keys: /default_pg/0//cpu//0/1", a rank whose rank 0 never came
+    "DistNetworkError: The client socket has timed out after 6000ms while trying to connect to
+    (127.0.0.1, 29500)." Another failure (a port in use) is left to ``exc``."""
+    minutes = seconds / 60
+    if minutes < 0.99 * timeout_minutes:
+        return
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    counted = re.search(r"(\d+)/(\d+) clients joined", text)
+    joined = f" ({counted[1]} of {counted[2]} ranks joined)" if counted else ""
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    raise errors.ConfigError(
+        f"config key 'train.distributed_timeout_minutes': rank {info.rank} of {info.world_size} gave up joining the "
+        f"process group after {minutes:.2f} minutes{joined}, the {timeout_minutes:g} minutes a rank waits for the others "
+        f"to start: check that every rank started and can reach rank 0 at MASTER_ADDR:MASTER_PORT ({address}), or raise "
+        f"the key where ranks start minutes apart ({type(exc).__name__}: {text})") from exc
 
 
 def barrier(info: DistInfo) -> None:
