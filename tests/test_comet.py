@@ -164,11 +164,16 @@ def _check_gated_conv1d_function(causal: bool, device: str) -> None:
     x = torch.randn(3, 6, 9, device=device)  # B,C_in,L
     probe = torch.randn(3, 4, 9, device=device)
     for dtype, bf16, tol in ((torch.float32, False, 1e-6 if device == "cpu" else 1e-5), (torch.float32, True, 2e-2), (torch.bfloat16, True, 2e-2)):
-        ours, ref = run(conv.forward_channels_first, x.to(dtype), probe, bf16), run(reference, x.to(dtype), probe, bf16)
-        assert type(ours[0].grad_fn).__name__ == "_GatedConv1dBackward"  # the Function, not autograd's ops
-        for a, b, name in zip(ours, ref, ("y", "x.grad", "weight.grad", "bias.grad")):
-            assert a.dtype == b.dtype, (dtype, bf16, name)
-            torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol, msg=f"{dtype} bf16={bf16} {name}")
+        # fused_gate False (bench.py's comet@unfused): autograd through F.conv1d and the gate, the same values
+        for fused in (True, False):
+            conv.fused_gate = fused
+            ours, ref = run(conv.forward_channels_first, x.to(dtype), probe, bf16), run(reference, x.to(dtype), probe, bf16)
+            # the Function, or autograd's ops (the gate's product last) where switched off
+            assert type(ours[0].grad_fn).__name__ == ("_GatedConv1dBackward" if fused else "MulBackward0"), fused
+            for a, b, name in zip(ours, ref, ("y", "x.grad", "weight.grad", "bias.grad")):
+                assert a.dtype == b.dtype, (dtype, bf16, fused, name)
+                torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol, msg=f"{dtype} bf16={bf16} fused={fused} {name}")
+    conv.fused_gate = True
     conv.double()
     ours, ref = run(conv.forward_channels_first, x.double(), probe.double()), run(reference, x.double(), probe.double())
     for a, b in zip(ours, ref):
@@ -556,8 +561,10 @@ def test_channels_first_unit_casts_its_input_once_under_autocast(kind, features,
     the same outputs, gradients and running statistics, bit for bit, as a cast for each of them."""
     torch.manual_seed(6)
     cfg = CometConfig(features=features, dilations=dilations, unit=kind, ffn2_hidden=16)
-    units = [ConvUnit(8, cfg, dropout=0.0).train() for _ in range(2)]
-    units[1].load_state_dict(units[0].state_dict())
+    units = [ConvUnit(8, cfg, dropout=0.0).train() for _ in range(3)]
+    for unit in units[1:]:
+        unit.load_state_dict(units[0].state_dict())
+    units[2].cast_once = False  # bench.py's comet@unfused: forward casts as the reference does
     for m in (m for unit in units for m in unit.modules()):
         if isinstance(m, GatedConv):
             m.use_conv1d = True
@@ -570,20 +577,22 @@ def test_channels_first_unit_casts_its_input_once_under_autocast(kind, features,
             with _Casts() as seen:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     # units[1]: a cast for each consumer of x, as the unit did before
-                    y = unit(xi) if i == 0 else unit.combine(unit.convs(xi, None), xi)
+                    y = unit(xi) if i != 1 else unit.combine(unit.convs(xi, None), xi)
                 (y * probe_bf16).sum().backward()  # no cast of y's shape, only of x's
             casts.append([c for c in seen.seen if c[0] in ((3, 7, 8), (3, 8, 7))])  # x's, in either layout
         results.append((y.detach(), xi.grad, {k: p.grad for k, p in unit.named_parameters()}))
-    (y0, gx0, g0), (y1, gx1, g1) = results
-    assert torch.equal(y0, y1)
-    assert torch.equal(gx0, gx1)
-    for k in g0:
-        assert torch.equal(g0[k], g1[k]), k
-    for (k, a), (_, b) in zip(state_buffers(units[0]), state_buffers(units[1])):
-        assert torch.equal(a, b), k
+    (y0, gx0, g0) = results[0]
+    for j, (y1, gx1, g1) in enumerate(results[1:], 1):
+        assert torch.equal(y0, y1), j
+        assert torch.equal(gx0, gx1), j
+        for k in g0:
+            assert torch.equal(g0[k], g1[k]), (j, k)
+        for (k, a), (_, b) in zip(state_buffers(units[0]), state_buffers(units[j])):
+            assert torch.equal(a, b), (j, k)
     one_each_way = [((3, 7, 8), torch.float32, torch.bfloat16), ((3, 7, 8), torch.bfloat16, torch.float32)]
     assert casts[0] == casts[1] == one_each_way  # the unit, both batches
     assert len(casts[2]) == 4  # the reference: x cast forward and its gradient back, twice each
+    assert casts[4] == casts[5] == casts[2]  # cast_once switched off: the reference's casts
 
 
 @pytest.mark.parametrize("kind", ["conv", "ffn2"])

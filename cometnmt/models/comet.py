@@ -393,7 +393,8 @@ class GatedConv(nn.Module):
     ``F.conv1d`` instead, in training with the gate as one autograd Function (:class:`_GatedConv1d`):
     10 operators forward and backward against im2col's 25 (a B,L,C call and a sum's backward,
     counted on the CPU), and a GPU step at Multi30k's batch sizes is bound by kernel launches
-    (bench/README.md).
+    (bench/README.md). ``fused_gate = False`` trains through autograd of ``F.conv1d`` and the gate
+    instead (the path before the Function; bench.py's ``comet@unfused`` times the two side by side).
     """
 
     def __init__(self, d_in: int, n_f: int, kernel_size: int, dilation: int, causal: bool) -> None:
@@ -403,6 +404,7 @@ class GatedConv(nn.Module):
         self.context = (kernel_size - 1) * dilation  # positions of history the kernel spans
         self.pad = (self.context, 0) if causal else (self.context // 2, self.context - self.context // 2)
         self.use_conv1d: Optional[bool] = None  # None: F.conv1d on CUDA, im2col elsewhere
+        self.fused_gate = True  # F.conv1d's training path: the gate in _GatedConv1d (False: autograd's ops)
 
     def matrix(self) -> torch.Tensor:
         """The kernel as 2n_f x (K*C_in), shift-major: column k*C_in + c is weight[:, c, k]."""
@@ -437,7 +439,7 @@ class GatedConv(nn.Module):
         left, right = self.pad
         if left != right:  # causal, or an even kernel: pad first
             x, left = F.pad(x, (left, right)), 0
-        if torch.is_grad_enabled() and (x.requires_grad or self.conv.weight.requires_grad):
+        if self.fused_gate and torch.is_grad_enabled() and (x.requires_grad or self.conv.weight.requires_grad):
             # training: convolution and gate as one autograd Function, 4 operators fewer forward and
             # backward (casts apart) than autograd through the ops below
             return _GatedConv1d.apply(x, self.conv.weight, self.conv.bias, left, self.conv.dilation[0])
@@ -616,6 +618,7 @@ class ConvUnit(nn.Module):
         else:
             self.reduce = nn.Linear(n_feat + d_model, d_model)
         self.slope = cfg.leaky_slope
+        self.cast_once = True  # the channels-first path under autocast: x cast once for two (False: once each)
 
     @property
     def wants_source_lengths(self) -> bool:
@@ -647,7 +650,7 @@ class ConvUnit(nn.Module):
             # of this path are in it; ffn1's LayerNorm gives float32): cast it once, not once each
             # (float64 is kept, as autocast keeps it)
             dtype = torch.get_autocast_dtype(x.device.type)
-            if x.dtype not in (dtype, torch.float64):
+            if self.cast_once and x.dtype not in (dtype, torch.float64):
                 x_conv, x = _CastForTwo.apply(x, dtype)
         return self.combine(self.convs(x_conv, pad_mask, src_lengths), x)
 
