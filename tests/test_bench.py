@@ -57,6 +57,49 @@ def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
     assert "COMET/Transformer training tokens/s" in proc.stdout
 
 
+def test_comet_variants_take_turns_in_the_rounds_each_with_its_ratio(data_dir, tmp_path):
+    """``--models transformer comet comet@unfused ...``: NAME@VARIANT builds the preset NAME and then
+    changes the built model (unfused: the gated convolutions' GPU training path without
+    _GatedConv1d and _CastForTwo; conv1d: that path on the CPU too). Before, an entry with @ was no
+    preset, and the rounds took transformer and comet alone, so the two COMET paths could not be
+    timed side by side in one run. Every COMET entry now runs in the table and takes its turn in the
+    same rounds, with its own ratio to the Transformer in the JSON and the report; plain comet's stays
+    the verdict. On the CPU (im2col) unfused changes nothing; on F.conv1d it dispatches more operators."""
+    out = tmp_path / "cpu.json"
+    models = ["transformer", "comet", "comet@unfused", "comet@conv1d", "comet@conv1d,unfused"]
+    proc = run("bench.py", "--models", *models, "--steps", "2", "--warmup", "1", "--rounds", "2", "--no-decode",
+               "--threads", "1", *TINY, "--out", str(out))
+    result = json.loads(out.read_text())
+    assert [m["preset"] for m in result["models"]] == models
+    assert [m["variants"] for m in result["models"]] == [[], [], ["unfused"], ["conv1d"], ["conv1d", "unfused"]]
+    ops = {m["preset"]: m["training"]["aten_ops_per_step"] for m in result["models"]}
+    assert ops["comet@unfused"] == ops["comet"]  # im2col: no gate Function to switch off
+    assert ops["comet@conv1d,unfused"] > ops["comet@conv1d"]  # autograd's operators in place of _GatedConv1d's
+    comets = models[1:]
+    over = result["over_transformer"]
+    assert list(over) == comets and result["comet_over_transformer"] == over["comet"]
+    for name in comets:
+        rounds = over[name]["rounds"]
+        assert over[name]["model"] == name and rounds["ratio"] == f"{name}/transformer"
+        assert list(rounds["models"]) == ["transformer", *comets]  # one set of rounds, all five taking turns
+        assert len(rounds["ratios"]) == 2 and over[name]["ratio"] == rounds["median_ratio"]
+        per = rounds["models"]
+        assert rounds["ratios"] == [c / t for t, c in zip(per["transformer"]["tokens_per_s"], per[name]["tokens_per_s"])]
+        assert f"COMET/Transformer ({name}/transformer) training tokens/s, the models taking turns" in proc.stdout
+        assert f"COMET/Transformer ({name}/transformer) training tokens/s: " in proc.stdout
+
+
+def test_a_bad_model_variant_is_refused_by_the_argument_parser(capsys):
+    bench = _script("bench.py")
+    assert bench.split_entry("comet@conv1d,unfused") == ("comet", ["conv1d", "unfused"])
+    for argv, needle in ((["--models", "comet@fused"], "--models comet@fused: variant 'fused' is unknown"),
+                         (["--models", "comet@"], "--models comet@: an entry is NAME or NAME@VARIANT"),
+                         (["--models", "comet", "comet"], "an entry given twice")):
+        with pytest.raises(SystemExit) as stop:
+            bench.parse_args(argv)
+        assert stop.value.code == 2 and needle in capsys.readouterr().err, argv
+
+
 def test_rounds_default_fits_the_steps_and_a_bad_rounds_stops_before_training(capsys):
     """``bench.py --gpu --steps 4`` trained and timed both models, then stopped in the rounds with
     "--rounds 8 exceeds --steps 4": a flag nobody had given (its GPU default), and no JSON written.
