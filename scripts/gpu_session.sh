@@ -12,7 +12,7 @@
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
 # PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, gcq,
-# tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# gcab, tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; the single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
@@ -25,6 +25,13 @@
 #            gpu_bf16_opcut.json. benchq gave 0.802 and 0.801 before the cuts: at the 0.80 target,
 #            no margin. One session closes this (issue 3's last open speed question), where issue 4's
 #            quality needs three (tpp1-3), so it comes first
+#   gcab     (~5-6 min, estimate: gcq's bench with a third model) gcq gave 0.749 after the operator cuts
+#            against 0.80 before them on another H200 instance, which cannot say whether the cuts
+#            helped. This times both paths side by side in one run: bench.py's bf16 rounds with
+#            --models transformer comet comet@unfused (comet@unfused: every GatedConv fused_gate=False
+#            and ConvUnit cast_once=False, the path before _GatedConv1d and _CastForTwo), the three
+#            models taking turns in 8 rounds, into gpu_bf16_ab.json; read the two lines
+#            "COMET/Transformer (comet/transformer) ..." and "(comet@unfused/transformer) ..."
 #   check    (~3-5 min, estimate) bench/check_compile.py: torch.compile with CUDA graphs
 #            (train.compile_mode reduce-overhead) and bf16 computes the eager loss, gradients and
 #            batch-norm statistics, step by step over repeated batch shapes (comet_bn_length,
@@ -94,7 +101,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|gcab|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -189,7 +196,8 @@ case "$part" in
     # them between calls) are set before a piece starts, so a piece that fails or overruns is not
     # retried forever. Order: benchq (~5 min) and benchpp (~3), issues 3 and 4's eager speed ratios,
     # in the first call (both done on an H200 on 2026-11-27); then gcq (~5), issue 3's ratio after
-    # the operator cuts, with the CUDA tests of the code it times; then tpp1, tpp2, tpp3 (issue 4's
+    # the operator cuts, with the CUDA tests of the code it times (done on an H200 on 2026-11-27);
+    # then gcab (~5-6), the cuts against the path before them side by side; then tpp1, tpp2, tpp3 (issue 4's
     # like-for-like quality, its last open measurement: one seed of Transformer++ and of its
     # baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session since a
     # seed's two runs cannot resume in a later session; then check (~3-5), the CUDA-graph
@@ -219,6 +227,7 @@ case "$part" in
     once benchq 300 || exit 0
     once benchpp 240 || exit 0
     once gcq 330 || exit 0
+    once gcab 330 || exit 0
     for seed in 1 2 3; do
       if pending "tpp$seed"; then
         # one seed a session: its training stops ~55 s before the call's end, for decoding and packing
@@ -254,8 +263,12 @@ case "$part" in
   gcq)  # the CUDA tests of COMET's GPU training path, then (only if they pass) benchq's line again
     python -m pytest -q -p no:cacheprovider tests/test_comet.py -k cuda
     BENCHQ_OUT=gpu_bf16_opcut.json bash "$0" benchq ;;
+  gcab)  # COMET's GPU path after the operator cuts (comet) and before them (comet@unfused), side by side
+    # with the Transformer in one set of rounds: does the ratio move with the cuts on one machine?
+    python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
+      --precision bf16 --no-decode --models transformer comet comet@unfused --rounds 8 --out "$out/gpu_bf16_ab.json" ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/${BENCHQ_OUT:-gpu_bf16_unpadded.json}" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, gcq, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
