@@ -39,6 +39,7 @@ from cometnmt.data.pipeline import Examples, read_split
 from cometnmt.data.vocab import PAD
 from cometnmt.inference import set_cuda_backends
 from cometnmt.models import build_model
+from cometnmt.models.comet import GatedConv
 from cometnmt.training.run import seed_everything, training_examples
 from cometnmt.training.trainer import Trainer
 
@@ -55,12 +56,21 @@ def relative_error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) ->
     return diff / scale if scale > 0 else diff
 
 
-def build(cfg: Config, codec, data, device: torch.device, dropout: bool = False) -> Trainer:
+CONV_PATHS = {"auto": None, "conv1d": True, "im2col": False}  # GatedConv.use_conv1d: None = F.conv1d on CUDA only
+
+
+def build(cfg: Config, codec, data, device: torch.device, dropout: bool = False, conv_path: str = "auto") -> Trainer:
+    """A trainer of ``cfg``; ``conv_path`` forces COMET's gated convolutions onto ``F.conv1d`` (CUDA's
+    path, incl. MultiLayerConv's channels-first training) or im2col (the CPU's), ``auto`` by device."""
+    if conv_path not in CONV_PATHS:
+        raise ValueError(f"conv_path {conv_path!r}: one of {', '.join(CONV_PATHS)}")
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD).to(device)
     for m in model.modules():  # no dropout anywhere (attention probabilities' included: a Dropout module too)
         if isinstance(m, torch.nn.Dropout) and not dropout:
             m.p = 0.0
+        if isinstance(m, GatedConv):
+            m.use_conv1d = CONV_PATHS[conv_path]
     return Trainer(cfg, model, codec, data, Examples([], [], [], []), device)
 
 
@@ -80,7 +90,8 @@ def _backward_from(trainer: Trainer, state: dict, group, n_tokens: int) -> tuple
     return loss, grads
 
 
-def check_dropout(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print, lr: float = 3e-3) -> dict:
+def check_dropout(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print, lr: float = 3e-3,
+                  conv_path: str = "auto") -> dict:
     """Compiled training with dropout on draws its masks from the trainer's per-micro-batch seed:
     the same step taken twice from the same weights gives the same loss and gradients (with CUDA
     graphs: a replay reads the generator's seed and offset, which ``torch.manual_seed`` resets),
@@ -91,7 +102,7 @@ def check_dropout(cfg: Config, device: torch.device, n_groups: int, passes: int,
     codec, data = training_examples(cfg, read_split(cfg.data, "train"))
     cfg = copy.deepcopy(cfg)
     cfg.train.schedule, cfg.train.lr = "constant", lr
-    trainer = build(cfg, codec, data, device, dropout=True)
+    trainer = build(cfg, codec, data, device, dropout=True, conv_path=conv_path)
     groups = trainer.epoch_batches(0)[: n_groups * cfg.train.accum_steps]
     groups = [groups[i : i + cfg.train.accum_steps] for i in range(0, len(groups), cfg.train.accum_steps)]
     worst, ok, steps, start = 0.0, True, 0, time.perf_counter()
@@ -120,7 +131,8 @@ def check_dropout(cfg: Config, device: torch.device, n_groups: int, passes: int,
     return {"ok": ok, "worst": worst, "tolerance": tol, "steps": steps, "seconds": time.perf_counter() - start}
 
 
-def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print, lr: float = 3e-3) -> dict:
+def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=print, lr: float = 3e-3,
+          conv_path: str = "auto") -> dict:
     """Compare an eager and a compiled trainer of ``cfg`` (whose train.compile_mode is used);
     returns {"ok", "worst", "tolerance", "steps", "seconds"}. A compile error propagates. Both
     train at a constant ``lr`` (the presets' warm-up would start near 0 and barely move the
@@ -131,8 +143,8 @@ def check(cfg: Config, device: torch.device, n_groups: int, passes: int, log=pri
     cfg.train.schedule, cfg.train.lr = "constant", lr
     eager_cfg = copy.deepcopy(cfg)
     eager_cfg.train.compile, eager_cfg.train.compile_mode = False, "default"
-    eager = build(eager_cfg, codec, data, device)
-    compiled = build(cfg, codec, data, device)
+    eager = build(eager_cfg, codec, data, device, conv_path=conv_path)
+    compiled = build(cfg, codec, data, device, conv_path=conv_path)
     groups = eager.epoch_batches(0)[: n_groups * cfg.train.accum_steps]
     groups = [groups[i : i + cfg.train.accum_steps] for i in range(0, len(groups), cfg.train.accum_steps)]
     e_params, c_params = dict(eager.model.named_parameters()), dict(compiled.model.named_parameters())
@@ -183,6 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("--passes", type=int, default=3, help="times the steps are taken (CUDA graphs replay from the 3rd)")
     p.add_argument("--max-pairs", type=int, default=2000, help="training pairs to read")
     p.add_argument("--lr", type=float, default=3e-3, help="constant learning rate of both trainers")
+    p.add_argument("--conv-path", choices=list(CONV_PATHS), default="auto",
+                   help="COMET's gated convolutions: F.conv1d (CUDA's path), im2col (the CPU's), or auto (by device)")
     p.add_argument("--set", action="append", default=[], help="config override for every config")
     p.add_argument("--dropout", action="store_true",
                    help="instead: with dropout on, compiled training repeats a step exactly from the same weights and "
@@ -197,9 +211,11 @@ def main(argv=None) -> int:
         cfg = load_config(path, [f"data.max_train_pairs={args.max_pairs}", f"train.precision={args.precision}",
                                  "train.compile=true", f"train.compile_mode={args.mode}", "train.progress=false", *args.set])
         what = "with dropout, compiled twice" if args.dropout else "eager against"
-        print(f"{path.name}: {what} compile_mode={args.mode} on {device}, {args.precision}", flush=True)
+        print(f"{path.name}: {what} compile_mode={args.mode} on {device}, {args.precision}, conv path {args.conv_path}",
+              flush=True)
         run = check_dropout if args.dropout else check
-        result = run(cfg, device, args.groups, args.passes, log=lambda line: print(line, flush=True), lr=args.lr)
+        result = run(cfg, device, args.groups, args.passes, log=lambda line: print(line, flush=True), lr=args.lr,
+                     conv_path=args.conv_path)
         verdict = "ok" if result["ok"] else "FAIL"
         print(f"{path.name}: {verdict}: worst relative error {result['worst']:.2e} (tolerance {result['tolerance']:.0e}) "
               f"over {result['steps']} steps, {result['seconds']:.0f} s", flush=True)

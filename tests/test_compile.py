@@ -219,3 +219,22 @@ def test_cuda_graph_shapes_are_counted_once_and_repeat_every_epoch(data_dir, mon
         trainer._expect_graph_per_shape()
     assert f"CUDA graphs: {len(collated)} batch shapes" in caplog.text
     assert inductor_config.triton.cudagraph_dynamic_shape_warn_limit is None
+
+
+@pytest.mark.parametrize("path, expected", [("auto", None), ("conv1d", True), ("im2col", False)])
+def test_check_compile_forces_the_convolution_path(data_dir, monkeypatch, path, expected):
+    """bench/check_compile.py --conv-path puts every gated convolution of both trainers on the
+    chosen path (conv1d: CUDA's, checkable on the CPU; im2col: the CPU's, checkable on CUDA)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import check_compile
+    from cometnmt.data.pipeline import read_split
+    from cometnmt.models.comet import GatedConv
+    from cometnmt.training.run import training_examples
+
+    cfg = tiny_cfg("unused", data_dir, "data.max_train_pairs=50")
+    codec, data = training_examples(cfg, read_split(cfg.data, "train"))
+    trainer = check_compile.build(cfg, codec, data, torch.device("cpu"), conv_path=path)
+    convs = [m for m in trainer.model.modules() if isinstance(m, GatedConv)]
+    assert convs and all(m.use_conv1d is expected for m in convs)
+    x = torch.zeros(2, 5, convs[0].conv.in_channels)
+    assert convs[0].runs_conv1d(x) == (path == "conv1d")
