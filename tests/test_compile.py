@@ -238,3 +238,29 @@ def test_check_compile_forces_the_convolution_path(data_dir, monkeypatch, path, 
     assert convs and all(m.use_conv1d is expected for m in convs)
     x = torch.zeros(2, 5, convs[0].conv.in_channels)
     assert convs[0].runs_conv1d(x) == (path == "conv1d")
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_compiled_bf16_training_is_judged_by_a_float32_reference(data_dir, monkeypatch, corrupt):
+    """bench/check_compile.py in bf16 measures eager bf16 and compiled bf16 against a float32 eager
+    step from the same weights, and fails compiled only when it is much further from it than eager
+    bf16 is. A correct compile (inductor, CPU, COMET on CUDA's F.conv1d path) passes; a compiled
+    model whose gradient of one parameter is scaled by 1.5 (a hook) fails: the check can fail."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import check_compile
+
+    build = check_compile.build
+
+    def corrupted(cfg, *args, **kwargs):
+        trainer = build(cfg, *args, **kwargs)
+        if corrupt and cfg.train.compile:
+            next(trainer.model.parameters()).register_hook(lambda grad: grad * 1.5)
+        return trainer
+
+    monkeypatch.setattr(check_compile, "build", corrupted)
+    lines = []
+    cfg = tiny_cfg("unused", data_dir, "data.max_train_pairs=100", "train.accum_steps=1", "train.compile=true",
+                   "train.precision=bf16")
+    result = check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=1, log=lines.append, conv_path="conv1d")
+    assert result["steps"] == 1 and "against float32" in lines[0], lines
+    assert result["ok"] is not corrupt and (result["worst_margin"] > 1) is corrupt, (result, lines)
