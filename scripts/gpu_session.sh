@@ -12,7 +12,7 @@
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
 # PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, gcq,
-# gcab, tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# gcab, cgbisect, tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; the single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
@@ -38,6 +38,17 @@
 #            transformer_pp_en_de); then, with dropout on, that a replayed step repeats from the same
 #            weights and per-micro-batch seed and another seed changes it (--dropout, comet_bn_length).
 #            Never run on a GPU; on the CPU (default mode) both pass
+#   cgbisect (~5 min, each config bounded by timeout) where check's failure comes from: on its first
+#            GPU run (H200, 2026-11-27) comet_bn_length with reduce-overhead and bf16 failed at every
+#            step (1.43e+03 on encoder.1.ffn.convs.norms.1.weight's gradient, 1.93e+04 at a replay),
+#            while on the CPU (inductor default, CUDA's F.conv1d path forced; 2026-11-27) the k_proj
+#            gradients' 0.2-0.36 from eager bf16 are bf16 rounding (eager bf16 is as far from float32)
+#            and only the gated convolutions' bias gradients failed the float32 judgement, at 0.10 against
+#            eager's 0.019 (2.1 of the allowed), far from 1e3. bf16, --groups 2 --passes 2, judged against a float32 eager
+#            step: transformer.yaml reduce-overhead (the control: CUDA graphs without COMET's
+#            modules), comet_bn_length reduce-overhead --conv-path im2col (CUDA graphs without the
+#            F.conv1d path and its autograd Function), comet_bn_length mode default (the F.conv1d
+#            path without CUDA graphs). In `next` right after gcab, before tpp1
 #   benchcg  (~5-7 min, estimate) only after check passed: bench.py's rounds and
 #            bench_transformer_pp.py with --compile reduce-overhead. The GPU steps are launch-bound
 #            (MFU < 1%) and CUDA graphs replay a whole step's kernels in one launch, so this is the
@@ -101,7 +112,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|gcab|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|gcab|cgbisect|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -200,7 +211,8 @@ case "$part" in
     # then gcab (~5-6), the cuts against the path before them side by side; then tpp1, tpp2, tpp3 (issue 4's
     # like-for-like quality, its last open measurement: one seed of Transformer++ and of its
     # baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session since a
-    # seed's two runs cannot resume in a later session; then check (~3-5), the CUDA-graph
+    # seed's two runs cannot resume in a later session (cgbisect, ~5, right after gcab and before them: it locates
+    # check's failure; with gcab it fills one session's device time); then check (~3-5), the CUDA-graph
     # equivalence; then benchcg if check passed. Each
     # piece is bounded so that the call ends before the 600 s limit of a call (tpp's training stops
     # ~55 s before, for decoding and packing); a piece without the time it needs waits for the next
@@ -228,6 +240,7 @@ case "$part" in
     once benchpp 240 || exit 0
     once gcq 330 || exit 0
     once gcab 330 || exit 0
+    once cgbisect 320 || exit 0  # where check's failure comes from: with gcab, issue 3's GPU questions
     for seed in 1 2 3; do
       if pending "tpp$seed"; then
         # one seed a session: its training stops ~55 s before the call's end, for decoding and packing
@@ -250,6 +263,16 @@ case "$part" in
     # another seed changes it (the trainer's torch.manual_seed reaches the graphs' RNG)
     python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 --groups 2 --passes 3 \
       --dropout --configs configs/multi30k/comet_bn_length.yaml ;;
+  cgbisect)  # check's bf16 failure with CUDA graphs, taken apart (see the top of this file): each config bounded,
+    # every one run whatever the others gave; fails if any failed or ran out of time
+    rc=0
+    cg() { local limit=$1; shift; timeout -k 10 "$limit" python bench/check_compile.py --device cuda --precision bf16 \
+      --groups 2 --passes 2 "$@" || { echo "cgbisect: exit $? ($*)"; rc=1; }; }
+    # COMET first (check's comet_bn_length took 122 s for 6 steps on the H200, mostly compiling), the control last
+    cg 115 --mode reduce-overhead --conv-path im2col --configs configs/multi30k/comet_bn_length.yaml
+    cg 115 --mode default --configs configs/multi30k/comet_bn_length.yaml
+    cg 80 --mode reduce-overhead --configs configs/multi30k/transformer.yaml
+    exit $rc ;;
   benchcg)  # the speed ratios with CUDA graphs: torch.compile mode reduce-overhead replays one graph per
     # batch shape (Multi30k's 2,048-token batches have 141 shapes, all of them in every epoch, so a run
     # records them in epoch 1 and replays them after). Issue 3's ratio in rounds, then issue 4's
@@ -270,5 +293,5 @@ case "$part" in
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/${BENCHQ_OUT:-gpu_bf16_unpadded.json}" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, cgbisect, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
