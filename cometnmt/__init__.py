@@ -12,6 +12,8 @@ Names are imported on first use, so ``import cometnmt`` (and ``cometnmt --versio
 
 __version__ = "0.1.0"
 
+from cometnmt.lazy import lazy_exports
+
 _EXPORTS = {
     "Config": "cometnmt.config",
     "load_config": "cometnmt.config",
@@ -38,15 +40,4 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later look-ups skip this function
-        return value
-    raise AttributeError(f"module 'cometnmt' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+__getattr__, __dir__ = lazy_exports("cometnmt", globals(), _EXPORTS)

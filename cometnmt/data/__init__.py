@@ -4,6 +4,8 @@ The names below are imported on first use (PEP 562), as the package's own export
 one light submodule (``cometnmt.data.corpus``, which the CLI's reproduce/compare options pull in)
 must not import torch (batching) and spaCy (tokenizers), ~6 s of every ``cometnmt --help``."""
 
+from cometnmt.lazy import lazy_exports
+
 _EXPORTS = {
     **dict.fromkeys(["Batch", "collate", "make_batches", "padding_fraction"], "cometnmt.data.batching"),
     **dict.fromkeys(["ParallelCorpus", "read_lines", "read_parallel"], "cometnmt.data.corpus"),
@@ -17,15 +19,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later look-ups skip this function
-        return value
-    raise AttributeError(f"module 'cometnmt.data' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+__getattr__, __dir__ = lazy_exports("cometnmt.data", globals(), _EXPORTS)
