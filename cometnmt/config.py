@@ -650,7 +650,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = (), arch_replaced: bool = Fa
         raise ConfigError(f"{path}: empty; a config sets at least one section (or 'base: other.yaml'); "
                           "configs/reference.yaml lists every key")
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        what = {list: "a list", str: "a single value", int: "a number", float: "a number", bool: "true/false"}.get(
+            type(loaded), type(loaded).__name__)
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...), "
+                          f"got {what}" + (" (a YAML line starting with '- ' makes a list)" if isinstance(loaded, list) else ""))
     data = loaded
     base = data.pop("base", None)
     if base is not None and not isinstance(base, str):

@@ -923,3 +923,15 @@ def test_the_readmes_own_corpus_config_loads_as_it_says(tmp_path: Path) -> None:
     assert [cfg.data.train_src, cfg.data.valid_tgt, cfg.data.test_src] == ["data/corpus.fr", "data/dev.en", "data/test.fr"]
     assert cfg.data.max_train_pairs is None and cfg.data.max_valid_pairs is None
     assert cfg.model.d_model == load_config(REPO / "configs" / "tiny.yaml").model.d_model and cfg.train.save_dir == "runs/fr_en"
+
+
+@pytest.mark.parametrize("text, got", [("- model:\n    arch: comet\n", "got a list (a YAML line starting with '- ' makes a list)"),
+                                       ("comet\n", "got a single value"), ("3\n", "got a number")])
+def test_a_file_that_is_not_a_mapping_says_what_it_is(tmp_path, text, got):
+    """A config whose top level is no mapping said "the top level must be a mapping of sections",
+    not what it found (configorder's walk): a list from a stray '- ' is the usual slip."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: the top level must be a mapping of sections "
+                                          rf"\(model:, data:, train:, \.\.\.\), {re.escape(got)}$"):
+        load_config(path)
