@@ -28,6 +28,7 @@ from typing import BinaryIO, Iterator
 
 from cometnmt.atomic import _fsync_folder, atomic_write, make_folder, output_path, replace_keeping_mode
 from cometnmt.data.corpus import GZIP_MAGIC, decode_lines, gzip_errors, not_nfc_lines, open_bytes, warn_not_nfc_count
+from cometnmt.data.multi30k import sha256_file
 from cometnmt.errors import CometNMTError, DataError
 from cometnmt.interrupts import deferred
 
@@ -116,17 +117,8 @@ def checkpoint_identity(paths) -> list[dict]:
     for path in paths:
         info = os.stat(path)
         out.append({"path": str(Path(path).resolve()), "bytes": info.st_size, "modified_ns": info.st_mtime_ns,
-                    "sha256": _file_sha256(path)})
+                    "sha256": sha256_file(Path(path))})
     return out
-
-
-def _file_sha256(path) -> str:
-    """The SHA-256 of a file's bytes, read 1 MiB at a time."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def checkpoint_differences(recorded: list, now: list) -> list[str]:
