@@ -58,6 +58,13 @@ def init_from_env(device_kind: str, timeout_minutes: float = 30.0) -> DistInfo:
     return info
 
 
+def waited_out(seconds: float, timeout_minutes: float) -> bool:
+    """Whether a collective that failed after ``seconds`` ran out of the process group's timeout
+    (train.distributed_timeout_minutes; 1% early for the clocks' difference), rather than failing
+    for another reason (a rank that died, a port in use): torch's error text does not say which."""
+    return seconds / 60 >= 0.99 * timeout_minutes
+
+
 def _joined_too_late(info: DistInfo, seconds: float, timeout_minutes: float, exc: RuntimeError) -> None:
     """After joining the process group failed with ``exc``, ``seconds`` after it began: if the wait
     lasted the group's timeout (train.distributed_timeout_minutes), raise an error naming the key,
@@ -67,9 +74,9 @@ def _joined_too_late(info: DistInfo, seconds: float, timeout_minutes: float, exc
     timeout after 6000ms, keys: /default_pg/0//cpu//0/1", a rank whose rank 0 never came
     "DistNetworkError: The client socket has timed out after 6000ms while trying to connect to
     (127.0.0.1, 29500)." Another failure (a port in use) is left to ``exc``."""
-    minutes = seconds / 60
-    if minutes < 0.99 * timeout_minutes:
+    if not waited_out(seconds, timeout_minutes):
         return
+    minutes = seconds / 60
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     counted = re.search(r"(\d+)/(\d+) clients joined", text)
     joined = f" ({counted[1]} of {counted[2]} ranks joined)" if counted else ""

@@ -32,7 +32,7 @@ from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CH
                                          LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
                                          weights_misfit)
 from cometnmt.training.distributed import (DistInfo, all_reduce_sum, any_rank, broadcast_object, broadcast_result,
-                                          init_from_env, rank_error, shutdown)
+                                          init_from_env, rank_error, shutdown, waited_out)
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -458,9 +458,9 @@ def _waited_too_long(dist: DistInfo, seconds: float, timeout_minutes: float, exc
     if that is the process group's timeout (train.distributed_timeout_minutes), raise an error
     naming the key (on rank 0: its preparation outlasted it, and the other ranks gave up; on the
     others: they gave up). Another failure (a rank that died) is left to ``exc``."""
-    minutes = seconds / 60
-    if minutes < 0.99 * timeout_minutes:
+    if not waited_out(seconds, timeout_minutes):
         return
+    minutes = seconds / 60
     if dist.is_main:
         what = (f"rank 0 prepared the data (read the splits, built the codec, tagged) in {minutes:.2f} minutes, longer "
                 f"than the {timeout_minutes:g} minutes a rank waits for the others, so they stopped waiting")
