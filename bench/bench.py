@@ -172,7 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "on the CPU; with --compile use it there too, or compilation of new shapes is timed)")
     p.add_argument("--rounds", type=int, default=None,
                    help="after the per-model runs, time the models again taking turns: R rounds, each model running "
-                        "its share of the timed steps in every round (order alternating), and report the median of the "
+                        "its share of the timed steps in every round (the order rotating: ABC, BCA, CAB, then BAC, ACB, CBA; two "
+                        "models AB, BA), and report the median of the "
                         "per-round ratios; a machine whose speed drifts between the models' runs (seen on the GPU "
                         "host: 0.48-1.04 for the same line) slows both alike within a round (default: 8, at most --steps, "
                         "on the CPU too: a ratio is measured side by side; 0 = off)")
@@ -767,8 +768,8 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
                  data_cache: dict, tmp: str) -> dict:
     """Training tokens/s of the models taking turns: each model is built afresh, runs its warm-up
     (and, as in ``bench_training``, the timed batches once untimed where shapes are warmed), then
-    in every round each model runs the next ``steps // rounds`` of its timed batches, the order of
-    the models alternating from round to round (ABC, CBA, ...). Per round, tokens/s of each model
+    in every round each model runs the next ``steps // rounds`` of its timed batches, in the order
+    ``round_order`` gives (ABC, BCA, CAB, BAC, ACB, CBA, ...; two models AB, BA, ...). Per round, tokens/s of each model
     and, in ``over_first``, the ratio of each later model's to the first's; their median is robust
     to a machine whose speed drifts on the scale of a model's whole run. ``flops_ratio`` is that
     median times the ratio of the models' FLOPs per target token on these batches: the achieved
@@ -779,6 +780,7 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
         raise SystemExit(f"--rounds {rounds} exceeds --steps {args.steps}")
     runners = []
     per = {}
+    orders = [round_order(names, r) for r in range(rounds)]
     for name in names:
         cfg, data, model, _ = setup_model(name, args, device, checkpoints, data_cache, str(Path(tmp) / f"{name}-rounds"))
         trainer, groups = training_groups(cfg, model, data, device, args, per_round * rounds)
@@ -786,8 +788,9 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
         warm_up(trainer, groups, device, args)
         runners.append((name, trainer, groups[args.warmup :]))
         per[name] = {"seconds": [], "tokens": [], "flops": sum(count_flops(cfg, data, groups[args.warmup :]))}
-    for r in range(rounds):
-        for name, trainer, groups in (runners if r % 2 == 0 else runners[::-1]):
+    by_name = {runner[0]: runner for runner in runners}
+    for r, order in enumerate(orders):
+        for name, trainer, groups in (by_name[name] for name in order):
             sync(device)
             t0 = time.perf_counter()
             tokens = sum(trainer.train_step(group)[1] for group in groups[r * per_round : (r + 1) * per_round])
@@ -804,8 +807,26 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
     del runners
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"rounds": rounds, "steps_per_round": per_round, "order": f"alternating ({', '.join(names)}; then reversed; ...)",
+    return {"rounds": rounds, "steps_per_round": per_round, "order": orders,
+            "order_rule": "rotations, then reversed rotations (round_order): over 2 x models rounds each model is "
+                          "in each position, and before each other model, equally often",
             "models": per, "over_first": {name: _round_ratios(per, names[0], name) for name in names[1:]}}
+
+
+def round_order(names: list[str], r: int) -> list[str]:
+    """The order of the models in round ``r`` of ``bench_rounds``: the rotations of ``names``, then
+    the rotations of their reverse (ABC, BCA, CAB, BAC, ACB, CBA, then again). Over any ``len(names)``
+    consecutive rounds of one half each model runs once in each position, and over the ``2 x
+    len(names)`` of a cycle each model also runs before each other model as often as after it; two
+    models alternate (AB, BA, AB, ...), as before. Before, three or more models alternated ABC, CBA,
+    so the middle one was always second: a position bias in the per-round ratios (a model run right
+    after another met the GPU in the state that one left)."""
+    n = len(names)
+    k = r % n
+    base = names if (r // n) % 2 == 0 else names[::-1]
+    # the reverse half starts one rotation on (BAC, not CBA), so that two models keep alternating
+    shift = k if (r // n) % 2 == 0 else (k + 1) % n
+    return base[shift:] + base[:shift]
 
 
 def _round_ratios(per: dict, first: str, other: str) -> dict:

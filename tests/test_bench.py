@@ -89,6 +89,58 @@ def test_comet_variants_take_turns_in_the_rounds_each_with_its_ratio(data_dir, t
         assert f"COMET/Transformer ({name}/transformer) training tokens/s: " in proc.stdout
 
 
+def test_rounds_put_each_model_in_each_position_equally_often(monkeypatch):
+    """bench.py's rounds ran three or more models ABC, CBA, ABC, ...: the middle model was always
+    second (gcab's comet, between the Transformer and comet@unfused), a position bias in its
+    per-round ratios. The order now rotates (ABC, BCA, CAB, then BAC, ACB, CBA), so over a cycle
+    each model runs in each position, and before each other model, equally often; two models keep
+    AB, BA, .... bench_rounds runs the models in that order (stand-in trainers record it) and the
+    JSON lists each round's."""
+    import argparse
+
+    import torch
+
+    bench = _script("bench.py")
+    for names in (["a", "b", "c"], ["a", "b", "c", "d"], ["t", "c", "u", "v", "w"]):
+        n = len(names)
+        orders = [bench.round_order(names, r) for r in range(2 * n)]
+        assert all(sorted(o) == sorted(names) for o in orders)
+        for pos in range(n):
+            for half in (orders[:n], orders[n:]):  # every model once in each position per half cycle
+                assert sorted(o[pos] for o in half) == sorted(names), (names, pos)
+        for x in names:  # and before each other model as often as after it over the cycle
+            for y in names:
+                if x != y:
+                    assert sum(o.index(x) < o.index(y) for o in orders) == n, (names, x, y)
+        assert bench.round_order(names, 2 * n + 1) == orders[1]  # then again
+    assert [bench.round_order(["t", "c"], r) for r in range(5)] == [["t", "c"], ["c", "t"]] * 2 + [["t", "c"]]
+    assert [bench.round_order(["a", "b", "c"], r) for r in range(6)] == [list(o) for o in
+                                                                        ("abc", "bca", "cab", "bac", "acb", "cba")]
+
+    ran = []
+
+    class Trainer:
+        _compiled = False
+
+        def __init__(self, name):
+            self.name = name
+
+        def train_step(self, group):
+            ran.append(self.name)
+            return torch.zeros(()), 10
+
+    monkeypatch.setattr(bench, "setup_model", lambda name, *a: (name, None, None, None))
+    monkeypatch.setattr(bench, "training_groups", lambda cfg, model, data, device, args, n: (Trainer(cfg), [[]] * n))
+    monkeypatch.setattr(bench, "warm_up", lambda *a: True)
+    monkeypatch.setattr(bench, "count_flops", lambda cfg, data, groups: [1] * len(groups))
+    args = argparse.Namespace(rounds=6, steps=6, warmup=0, seed=1)
+    names = ["transformer", "comet", "comet@unfused"]
+    turns = bench.bench_rounds(names, args, torch.device("cpu"), {}, {}, "unused")
+    expected = [bench.round_order(names, r) for r in range(6)]
+    assert turns["order"] == expected and ran == [name for order in expected for name in order]
+    assert [o[1] for o in turns["order"]].count("comet") == 2  # second in 2 of 6 rounds, not in all of them
+
+
 def test_a_bad_model_variant_is_refused_by_the_argument_parser(capsys):
     bench = _script("bench.py")
     assert bench.split_entry("comet@conv1d,unfused") == ("comet", ["conv1d", "unfused"])
