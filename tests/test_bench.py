@@ -576,3 +576,108 @@ def test_stress_resume_triggers_on_the_attempts_own_records(tmp_path, trigger):
         f.write(json.dumps({"event": "train", "step": 6 if trigger == "step" else 10, "epoch": 2}) + "\n")
     watcher.join(timeout=10)
     assert [s for s, _ in watcher.sent] == ["INT"]
+
+
+def test_kernel_count_profiles_each_model_on_the_cpu_and_says_no_kernels_were_counted(data_dir, tmp_path):
+    """bench/kernel_count.py on the CPU at tiny size: the GPU session's tool for CUDA kernels a
+    training step must run here too, counting operators, and say that it counted no kernels."""
+    out = tmp_path / "kernels.json"
+    proc = run("kernel_count.py", "--models", "transformer", "comet", "--steps", "2", "--warmup", "1", "--threads", "1",
+               "--rows", "4", *TINY, "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["kernels_counted"] is False and "NOT counted" in result["note"] and "NOT counted" in proc.stdout
+    assert result["precision"] == "bf16" and result["steps"] == 2 and result["reference"] == "transformer"
+    assert list(result["models"]) == ["transformer", "comet"]
+    for name, m in result["models"].items():
+        assert m["batches"] == result["batches"] and len(m["batches"]) == 2  # the same timed batches for both
+        t = m["per_step"]
+        assert t["kernels"] is None and t["kernel_ms"] is None and t["gpu_busy"] is None
+        assert t["operators"] > 0 and t["aten_ops"] > 0 and t["host_ms"] > 0 and t["step_ms"] > 0
+        assert len(m["step_ms_steps"]) == len(m["host_ms_steps"]) == 2
+        assert t["operators"] == pytest.approx(sum(r["calls"] for r in m["by_operator"].values()))
+        assert all(r["kernels"] is None for r in m["by_operator"].values())
+        assert "aten::mm" in m["by_operator"] and "aten::view" not in m["by_operator"]  # views apart
+    comet, transformer = (result["models"][k]["per_step"] for k in ("comet", "transformer"))
+    assert comet["operators"] > transformer["operators"] and comet["aten_ops"] > transformer["aten_ops"]
+    diff = result["differences"]["comet"]
+    assert diff["of"] == "comet - transformer"
+    assert diff["per_step"]["operators"] == pytest.approx(comet["operators"] - transformer["operators"])
+    assert diff["per_step"]["kernels"] is None
+    lines = proc.stdout.splitlines()
+    assert "comet - transformer, by operator (largest differences in calls, a step)" in lines
+    assert any(line.startswith("comet - transformer ") and line.split()[-1].startswith("+") for line in lines)
+
+
+def test_kernel_count_gives_each_kernel_to_the_outermost_operator_that_launched_it():
+    """The CUDA side of kernel_count.py, on stand-in profiler events (no GPU here): a kernel counts
+    for the outermost operator above the one that launched it (convolution_backward, not cuDNN's
+    inner call), autograd's nodes and the profiler's ranges are no operators, a range drawn on the
+    GPU's timeline (gpu_user_annotation) is no kernel, and GPU work the profiler tied to no operator
+    is counted apart."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Kernel
+
+    kc = _script("kernel_count.py")
+    events = []
+
+    def cpu(name, parent=None, kernels=(), us=10.0, annotation=False):
+        e = SimpleNamespace(name=name, device_type=DeviceType.CPU, cpu_parent=parent, cpu_time_total=us,
+                            kernels=[Kernel(k, 0, d) for k, d in kernels], is_user_annotation=annotation,
+                            activity_type="user_annotation" if annotation else "cpu_op")
+        events.append(e)
+        return e
+
+    def gpu(name, us, kind="kernel"):
+        events.append(SimpleNamespace(name=name, device_type=DeviceType.CUDA, time_range=SimpleNamespace(start=0.0, end=us),
+                                      kernels=[], cpu_parent=None, is_user_annotation=kind.lower() == "gpu_user_annotation",
+                                      activity_type=kind))
+
+    node = cpu("ConvolutionBackward0", cpu("autograd::engine::evaluate_function: ConvolutionBackward0"))
+    conv = cpu("aten::convolution_backward", node, kernels=[("reduce_bias", 2.0)], us=50.0)
+    cpu("aten::cudnn_convolution_backward_weight", conv, kernels=[("wgrad", 5.0), ("wgrad_splitk", 1.0)])
+    cpu("aten::view", conv)
+    accumulate = cpu("torch::autograd::AccumulateGrad")
+    cpu("aten::add_", accumulate, kernels=[("add", 1.0)], us=4.0)
+    step = cpu("Optimizer.step#FusedAdam.step", kernels=[("Optimizer.step#FusedAdam.step", 30.0)], annotation=True)
+    cpu("aten::_fused_adam_", step, kernels=[("adam", 8.0), ("adam", 8.0)], us=20.0)
+    cpu("cudaLaunchKernel", conv)
+    cpu("aten::view")  # a top-level view: no operator call counted
+    for name, us in (("reduce_bias", 2.0), ("wgrad", 5.0), ("wgrad_splitk", 1.0), ("add", 1.0), ("adam", 8.0), ("adam", 8.0),
+                     ("Memset (Device)", 0.5)):  # the memset: launched under no operator the profiler saw
+        gpu(name, us, "gpu_memset" if name.startswith("Memset") else "kernel")
+    gpu("Optimizer.step#FusedAdam.step", 30.0, "gpu_user_annotation")
+    gpu("ProfilerStep#1", 40.0, "gpu_user_Annotation")  # as one kineto version spells it
+
+    table = kc.by_operator(events, steps=2, kernels_counted=True)
+    rows, totals = table["by_operator"], table["totals"]
+    assert set(rows) == {"aten::convolution_backward", "aten::add_", "aten::_fused_adam_", kc.OUTSIDE}
+    assert rows["aten::convolution_backward"] == {"calls": 0.5, "kernels": 1.5, "kernel_ms": pytest.approx(0.004),
+                                                  "cpu_ms": pytest.approx(0.025)}
+    assert rows["aten::_fused_adam_"]["kernels"] == 1.0 and rows["aten::add_"]["calls"] == 0.5
+    assert rows[kc.OUTSIDE]["kernels"] == 0.5 and rows[kc.OUTSIDE]["kernel_ms"] == pytest.approx(0.00025)
+    assert totals["kernels"] == 3.5 and totals["memcpy_memset"] == 0.5 and totals["kernels_outside_operators"] == 0.5
+    assert totals["kernel_ms"] == pytest.approx(25.5 / 2 / 1e3) and totals["operators"] == 1.5
+    assert sum(r["kernels"] for r in rows.values()) == totals["kernels"]
+    # the GPU report: kernels, kernel time and GPU busy per model and in the difference
+    def model(name, table):
+        per_step = dict(table["totals"], aten_ops=3.0, host_ms=0.5, step_ms=0.1)
+        per_step["gpu_busy"] = per_step["kernel_ms"] / per_step["step_ms"]
+        return {"preset": name, "per_step": per_step, "by_operator": table["by_operator"]}
+
+    smaller = kc.by_operator([e for e in events if e.name not in ("aten::add_", "add")], steps=2, kernels_counted=True)
+    models = {"transformer": model("transformer", smaller), "comet": model("comet", table)}
+    diff = kc.difference(models["comet"], models["transformer"])
+    assert diff["per_step"]["kernels"] == 0.5 and diff["by_operator"]["aten::add_"]["kernels"] == 0.5
+    report = kc.format_report({"kernels_counted": True, "date": "d", "command": "c", "precision": "bf16", "steps": 2,
+                               "warmup": 1, "machine": {"device": "cuda", "gpu": "H200", "cuda": "13.0", "torch": "2.11"},
+                               "models": models, "differences": {"comet": diff}}, rows=3)
+    assert "NOT counted" not in report and "comet: top operators by kernels a step" in report
+    assert "comet - transformer, by operator (largest differences in kernel time)" in report
+    last = report.splitlines()[-1].split()
+    assert last[:5] == ["comet", "-", "transformer", "+0.5", "+0.00"]  # kernels, kernel ms (+1 us) a step
+    for flagged in (True, False):  # a torch whose events have no activity_type: the annotation flag decides
+        assert kc.is_gpu_work(SimpleNamespace(device_type=DeviceType.CUDA, is_user_annotation=flagged)) is not flagged
+    cpu_only = kc.by_operator([e for e in events if e.device_type == DeviceType.CPU], steps=2, kernels_counted=False)
+    assert cpu_only["totals"]["kernels"] is None and cpu_only["by_operator"]["aten::add_"]["kernels"] is None
