@@ -12,7 +12,7 @@
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
 # PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, gcq,
-# gcab, cgbisect, tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# gcab, kernels, cgbisect, tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; the single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
@@ -32,6 +32,12 @@
 #            and ConvUnit cast_once=False, the path before _GatedConv1d and _CastForTwo), the three
 #            models taking turns in 8 rounds, into gpu_bf16_ab.json; read the two lines
 #            "COMET/Transformer (comet/transformer) ..." and "(comet@unfused/transformer) ..."
+#   kernels  (~1.5-2 min, estimate; bounded by timeout) where COMET's GPU step loses its time:
+#            bench/kernel_count.py, torch.profiler over 20 bf16 Trainer.train_step steps of transformer,
+#            comet and comet@unfused on the same batches: CUDA kernels a step and their GPU time, the
+#            host's dispatch time, by operator, and COMET minus the Transformer, into gpu_kernels.json
+#            (the table in kernels.log). count_ops.py counts operators, and some launch several kernels.
+#            In `next` right after gcab, before cgbisect
 #   check    (~3-5 min, estimate) bench/check_compile.py: torch.compile with CUDA graphs
 #            (train.compile_mode reduce-overhead) and bf16 computes the eager loss, gradients and
 #            batch-norm statistics, step by step over repeated batch shapes (comet_bn_length,
@@ -112,7 +118,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|gcab|cgbisect|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|gcab|kernels|cgbisect|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -208,11 +214,13 @@ case "$part" in
     # retried forever. Order: benchq (~5 min) and benchpp (~3), issues 3 and 4's eager speed ratios,
     # in the first call (both done on an H200 on 2026-11-27); then gcq (~5), issue 3's ratio after
     # the operator cuts, with the CUDA tests of the code it times (done on an H200 on 2026-11-27);
-    # then gcab (~5-6), the cuts against the path before them side by side; then tpp1, tpp2, tpp3 (issue 4's
+    # then gcab (~5-6), the cuts against the path before them side by side; then kernels (~2), the
+    # CUDA kernels and time a step by operator of the same three models; then tpp1, tpp2, tpp3 (issue 4's
     # like-for-like quality, its last open measurement: one seed of Transformer++ and of its
     # baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session since a
-    # seed's two runs cannot resume in a later session (cgbisect, ~5, right after gcab and before them: it locates
-    # check's failure; with gcab it fills one session's device time); then check (~3-5), the CUDA-graph
+    # seed's two runs cannot resume in a later session (cgbisect, ~5, right after gcab and kernels and before them: it locates
+    # check's failure; gcab, kernels and cgbisect fill about one session's device time, so cgbisect
+    # may wait for the next session); then check (~3-5), the CUDA-graph
     # equivalence; then benchcg if check passed. Each
     # piece is bounded so that the call ends before the 600 s limit of a call (tpp's training stops
     # ~55 s before, for decoding and packing); a piece without the time it needs waits for the next
@@ -240,6 +248,7 @@ case "$part" in
     once benchpp 240 || exit 0
     once gcq 330 || exit 0
     once gcab 330 || exit 0
+    once kernels 190 || exit 0  # CUDA kernels and time a step, by operator: what the gcab ratios are made of
     once cgbisect 320 || exit 0  # where check's failure comes from: with gcab, issue 3's GPU questions
     for seed in 1 2 3; do
       if pending "tpp$seed"; then
@@ -290,8 +299,12 @@ case "$part" in
     # with the Transformer in one set of rounds: does the ratio move with the cuts on one machine?
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --models transformer comet comet@unfused --rounds 8 --out "$out/gpu_bf16_ab.json" ;;
+  kernels)  # CUDA kernels, their GPU time and the host's dispatch time per training step, by operator, of
+    # the Transformer, COMET and COMET's path before the operator cuts, on the same batches (bench/kernel_count.py)
+    timeout -k 10 170 python bench/kernel_count.py --gpu --models transformer comet comet@unfused --steps 20 --warmup 5 \
+      --data-cache /tmp/bench_data.json.gz --out "$out/gpu_kernels.json" ;;
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/${BENCHQ_OUT:-gpu_bf16_unpadded.json}" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, cgbisect, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, kernels, cgbisect, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
