@@ -298,7 +298,7 @@ case "$part" in
   gcab)  # COMET's GPU path after the operator cuts (comet) and before them (comet@unfused), side by side
     # with the Transformer in one set of rounds: does the ratio move with the cuts on one machine?
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
-      --precision bf16 --no-decode --models transformer comet comet@unfused --rounds 8 --out "$out/gpu_bf16_ab.json" ;;
+      --precision bf16 --no-decode --models transformer comet comet@unfused --rounds 6 --out "$out/gpu_bf16_ab.json" ;;
   kernels)  # CUDA kernels, their GPU time and the host's dispatch time per training step, by operator, of
     # the Transformer, COMET and COMET's path before the operator cuts, on the same batches (bench/kernel_count.py)
     timeout -k 10 170 python bench/kernel_count.py --gpu --models transformer comet comet@unfused --steps 20 --warmup 5 \
