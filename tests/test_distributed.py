@@ -497,6 +497,110 @@ def test_rank_zero_alone_prepares_the_data_and_the_ranks_share_validation(tmp_pa
     assert "val_bleu" in ddp["trainer"]["history"][0]
 
 
+def _counting_validation_batches(note) -> None:
+    """Make trainer.token_loss ``note(tokens=...)`` each validation batch's target tokens (a loss
+    computed without gradients is validation's; training's takes them), and Trainer.improves, where
+    the stopping rule and best.pt read a validation, ``note(val_loss=...)`` the loss it reads."""
+    from cometnmt.training import trainer as trainer_module
+
+    original_loss, original_improves = trainer_module.token_loss, Trainer.improves
+
+    def token_loss(logits, gold, label_smoothing):
+        if not torch.is_grad_enabled():
+            note(tokens=int((gold != PAD).sum()))
+        return original_loss(logits, gold, label_smoothing)
+
+    def improves(self, m):
+        note(val_loss=m["val_loss"])
+        return original_improves(self, m)
+
+    trainer_module.token_loss, Trainer.improves = token_loss, improves
+
+
+def _validating_rank(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, *extra: str) -> None:
+    """One rank of ``test_the_ranks_share_the_validation_loss``: the CLI's training under torchrun's
+    environment; each validation batch's loss and each validation the stopping rule reads are
+    appended to ``out`` as JSON lines (:func:`_counting_validation_batches`)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+    def note(**record) -> None:
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"rank": rank, **record}) + "\n")
+
+    _counting_validation_batches(note)
+    run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
+
+
+@pytest.mark.parametrize("batch_tokens", [100, 600])  # the 20 validation pairs in several batches; in one
+def test_the_ranks_share_the_validation_loss(tmp_path, data_dir, monkeypatch, batch_tokens):
+    """Two ranks: each computes the validation loss of every other batch one process computes
+    (rank 0 the 1st, 3rd, ...; rank 1 the 2nd, 4th, ...; none where there is one batch), and the
+    loss metrics.jsonl records and every rank's stopping rule reads is one process's. Before, each
+    rank computed the loss of every batch itself."""
+    common = [f"train.batch_tokens={batch_tokens}", "train.max_steps=1"]  # validated at step 1 (valid_mid_epoch)
+    out = tmp_path / "calls.jsonl"
+    torch.multiprocessing.spawn(_validating_rank, nprocs=2, join=True,
+                                args=(2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out),
+                                      "train.accum_steps=1", *common))
+    from cometnmt.training import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "token_loss", trainer_module.token_loss)  # restored after the test
+    monkeypatch.setattr(Trainer, "improves", Trainer.improves)
+    one_calls: list[dict] = []
+    _counting_validation_batches(lambda **record: one_calls.append(record))
+    train_in_process(data_dir, tmp_path / "one", "train.accum_steps=2", *common)
+
+    calls = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    one_batches = [c["tokens"] for c in one_calls if "tokens" in c]
+    assert len(one_batches) == 1 if batch_tokens == 600 else len(one_batches) >= 3  # 600: rank 1 has none
+    for rank in (0, 1):
+        assert [c["tokens"] for c in calls if c["rank"] == rank and "tokens" in c] == one_batches[rank::2], rank
+    one_loss = [c["val_loss"] for c in one_calls if "val_loss" in c]
+    assert len(one_loss) == 1
+    for rank in (0, 1):
+        assert [c["val_loss"] for c in calls if c["rank"] == rank and "val_loss" in c] == pytest.approx(one_loss, rel=1e-6)
+    records = [[r for r in map(json.loads, (tmp_path / run / "metrics.jsonl").read_text(encoding="utf-8").splitlines())
+                if r["event"] == "valid_mid_epoch"] for run in ("ddp", "one")]
+    assert len(records[0]) == len(records[1]) == 1
+    for key in ("val_loss", "val_loss_per_100_tokens"):
+        assert records[0][0][key] == pytest.approx(records[1][0][key], rel=1e-6), key
+
+
+def _rank_one_fails_validating(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
+    """One rank of ``test_a_failure_of_rank_one_while_computing_the_validation_loss_stops_every_rank``:
+    rank 1's loss of a validation batch fails (out of memory, say); each rank writes the error it
+    stopped with to ``out``.RANK, then exits with it (non-zero)."""
+    from cometnmt.training import trainer as trainer_module
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    original = trainer_module.token_loss
+
+    def failing(logits, gold, label_smoothing):
+        if not torch.is_grad_enabled():  # validation's, not training's
+            raise RuntimeError("out of memory on rank 1")
+        return original(logits, gold, label_smoothing)
+
+    if rank == 1:
+        trainer_module.token_loss = failing
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(
+        data_dir, save_dir, "train.max_steps=1", "train.batch_tokens=100")))  # 4 validation batches: 2 a rank
+
+
+def test_a_failure_of_rank_one_while_computing_the_validation_loss_stops_every_rank(tmp_path, data_dir):
+    """Rank 1 fails while it computes its share of the validation loss: it stops with its error, and
+    rank 0, which waits for the ranks' sums, stops at once with rank 1's error, both exiting non-zero
+    (before the ranks shared the loss, a rank that failed there failed alike on every rank)."""
+    out = tmp_path / "error"
+    assert _spawn_until_all_stop(_rank_one_fails_validating,
+                                 (2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == "RuntimeError: out of memory on rank 1"
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == (
+        "RuntimeError: rank 1 failed computing its share of the validation loss: RuntimeError: out of memory on rank 1")
+    assert not (tmp_path / "ddp" / "last.pt").exists()
+
+
 def _failing_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
     """One rank of ``test_a_failure_of_rank_zero_while_preparing_the_data_stops_every_rank``: rank 0's
     preparation fails; each rank writes the error it stopped with to ``out``.RANK."""

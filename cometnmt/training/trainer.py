@@ -891,21 +891,42 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict:
         self.model.eval()
-        d = self.valid_data
-        total, tokens = 0.0, 0
-        for idx in make_batches([len(s) for s in d.src_ids], [len(t) for t in d.tgt_ids],
-                                max_tokens=self.tc.batch_tokens, shuffle=False):
-            batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx).to(self.device)
-            with self.autocast():
-                logits = self.model(batch.src, batch.src_pad_mask, batch.tgt_in)
-            total += float(token_loss(logits, batch.tgt_out, 0.0))
-            tokens += batch.n_tgt_tokens
+        total, tokens = self.validation_loss()
         out = {"val_loss": total / tokens, "val_loss_per_100_tokens": 100.0 * total / tokens}
         if self.tc.valid_bleu:
             out.update(self.validation_bleu())
         if self.tc.attention_plots and self.dist.is_main:
             self._plot_or_warn()
         return out
+
+    def validation_loss(self) -> tuple[float, int]:
+        """The validation set's summed loss (no label smoothing) and its target tokens. Under DDP each
+        rank computes the sums of every world_size-th of the batches one process computes (rank r
+        those r, r + N, ...: the batches are sorted by length, so the shares take alike), and the
+        ranks gather them: every rank adds the same numbers in rank order (Python floats, float64),
+        so all take the same stopping and best.pt decisions on a loss equal to one process's to
+        float tolerance; a rank left without a batch (fewer batches than ranks) sends zeros. Every
+        rank computed the whole set before: N ranks did N times one process's work. A rank whose
+        share fails (out of memory on a long batch) sends its error in the gather and every rank
+        stops at once with it ("rank 1 failed computing its share of the validation loss: ..."),
+        rather than the others failing in their next collective with gloo's "Connection closed by
+        peer". The model is in eval mode: batch norm reads its running statistics, records nothing."""
+        d = self.valid_data
+        batches = make_batches([len(s) for s in d.src_ids], [len(t) for t in d.tgt_ids],
+                               max_tokens=self.tc.batch_tokens, shuffle=False)
+
+        def share() -> tuple[float, int]:  # this rank's batches' summed loss and target tokens
+            total, tokens = 0.0, 0
+            for idx in batches[self.dist.rank :: self.dist.world_size]:
+                batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx).to(self.device)
+                with self.autocast():
+                    logits = self.model(batch.src, batch.src_pad_mask, batch.tgt_in)  # B,T,V
+                total += float(token_loss(logits, batch.tgt_out, 0.0))
+                tokens += batch.n_tgt_tokens
+            return total, tokens
+
+        shares = gather_results(share, self.dist, "computing its share of the validation loss")
+        return sum(total for total, _ in shares), sum(tokens for _, tokens in shares)
 
     def _plot_or_warn(self) -> None:
         """Rank 0's attention plots (:meth:`plot_validation_attention`); one that fails is logged as a
