@@ -842,6 +842,44 @@ def test_a_failure_of_rank_zero_while_writing_metrics_stops_every_rank(tmp_path,
     assert not (tmp_path / "ddp" / "last.pt").exists()
 
 
+def _rank_zero_fails_logging_and_rank_one_is_terminated(rank: int, world: int, port: int, data_dir: str, save_dir: str,
+                                                       out: str) -> None:
+    """One rank of ``test_a_failed_record_told_with_an_interrupt_saves_nothing``: rank 0's write of
+    step 1's record fails as on a full disk (:func:`_rank_zero_fails_logging`), and rank 1 gets a
+    real SIGTERM (raising as under the CLI) inside step 2, the step whose all-reduce tells both."""
+    import signal
+
+    def raise_term(signum, frame):
+        raise _Term
+
+    signal.signal(signal.SIGTERM, raise_term)
+    original = Trainer.train_step
+
+    def terminated_second(self, group):
+        out = original(self, group)
+        if rank == 1 and self.step == 1:  # inside step 2 (self.step counts it after train_step)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    Trainer.train_step = terminated_second
+    _rank_zero_fails_logging(rank, world, port, "train 1", data_dir, save_dir, out, "train.max_steps=3")
+
+
+def test_a_failed_record_told_with_an_interrupt_saves_nothing(tmp_path, data_dir):
+    """Rank 0's record of step 1 fails and its failure rides in step 2's all-reduce, which also
+    carries rank 1's SIGTERM: every rank stops with the failure, and no last.pt holds step 2 (the
+    step trained after the failed record). The stop for the interrupt would have saved it."""
+    out = tmp_path / "error"
+    assert _spawn_until_all_stop(_rank_zero_fails_logging_and_rank_one_is_terminated,
+                                 (2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
+    error = f"OSError: [Errno 28] No space left on device: '{tmp_path / 'ddp' / 'metrics.jsonl'}'"
+    assert (tmp_path / "error.0").read_text(encoding="utf-8") == error
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
+        f"RuntimeError: rank 0 failed writing the record of step 1 to metrics.jsonl: {error}")
+    assert not (tmp_path / "ddp" / "last.pt").exists()
+    assert not (tmp_path / "ddp" / "metrics.jsonl").exists() or not (tmp_path / "ddp" / "metrics.jsonl").read_text()
+
+
 def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str,
                                 out: str) -> None:
     """One rank of ``test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank``:

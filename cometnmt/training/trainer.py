@@ -435,7 +435,17 @@ class Trainer:
         own at every record cost as much as that all-reduce (1.5 ms against 1.2-1.4 ms on gloo,
         two CPU ranks), at each step with train.log_every=1. Else (the loop's last step, an
         interrupt, save_every next) rank 0 sends it at once (:meth:`_write_on_rank_zero`): no stop
-        or checkpoint passes a record that was not written."""
+        or checkpoint passes a record that was not written.
+
+        A carried failure lets every rank train one step more, rank 0 included (its optimizer step
+        and batch-norm statistics applied in memory), and that step leaves nothing behind: the ranks
+        raise in its all-reduce (:meth:`_raise_unlogged`), before its record, its save_every last.pt
+        and the stop an interrupt noted in it would bring (the failure is raised first: the stop
+        would save last.pt, the step's weights beside a missing record); the error passes fit's
+        KeyboardInterrupt handler, the only save left, and ``run.train`` drops the trainer. So
+        metrics.jsonl ends before the failed record (a part of it at most, which a ``--resume``
+        drops as a cut line), last.pt, where there is one, is of a step before it, and the errors
+        name the failed record's step, not the one trained after it."""
         doing = f"writing the record of step {self.step} to {METRICS_FILE}"
         if not (carry and self.dist.enabled):
             self._write_on_rank_zero(lambda: self.log_metrics(record), doing)
@@ -742,7 +752,7 @@ class Trainer:
                                                        self._unlogged_flag()]), self.dist)
                     loss, self.step_extra = sums[0], dict(zip(self.step_extra, sums[1:-2]))
                     stop, unlogged = (flag > 0 for flag in sums[-2:].tolist())  # one host sync
-                    if unlogged:
+                    if unlogged:  # before the stop: this step is saved nowhere (see _log_train_record)
                         self._raise_unlogged()
                     self._unlogged = None
                 self.window_loss += loss
