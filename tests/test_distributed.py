@@ -1012,6 +1012,39 @@ def test_a_rank_that_waits_too_long_for_the_others_to_join_names_the_timeout_key
     assert "check that every rank started and can reach rank 0 at MASTER_ADDR:MASTER_PORT (127.0.0.1:" in said, said
 
 
+def _rank_one_dies_starting(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
+    """One rank of ``test_a_rank_that_dies_before_joining_stops_rank_zero_at_the_timeout``: rank 1's
+    config fails to load (a key its --set misspelt), so it exits before joining the process group;
+    rank 0 trains with train.distributed_timeout_minutes 0.05 (3 seconds). Each rank writes the
+    error it stopped with to ``out``.RANK, then exits with it (non-zero)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    extra = ["train.distributed_timeout_minutes=0.05"] + (["train.no_such_key=1"] if rank == 1 else [])
+    try:
+        cfg = load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, "train.max_steps=1", *extra))
+    except Exception as exc:
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    _train_and_record_the_error(rank, out, cfg)
+
+
+def test_a_rank_that_dies_before_joining_stops_rank_zero_at_the_timeout(tmp_path, data_dir):
+    """A rank that dies while starting (its config fails to load), before it joins the process group:
+    rank 0, in run.train's join, stops after train.distributed_timeout_minutes with an error naming
+    the key and that 1 of 2 ranks joined, and nothing is trained; it does not wait on (gloo's 30
+    minutes, had the key not bounded the join)."""
+    out = tmp_path / "error"
+    assert _spawn_until_all_stop(_rank_one_dies_starting,
+                                 (2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
+    assert (tmp_path / "error.1").read_text(encoding="utf-8").startswith("ConfigError: "), (tmp_path / "error.1").read_text()
+    said = (tmp_path / "error.0").read_text(encoding="utf-8")
+    assert said.startswith("ConfigError: config key 'train.distributed_timeout_minutes': rank 0 of 2 gave up joining "
+                           "the process group after "), said
+    assert "(1 of 2 ranks joined), the 0.05 minutes" in said, said
+    assert not (tmp_path / "ddp" / "last.pt").exists()
+
+
 # every registered architecture but the Transformer of the tests above, at test size
 ARCHITECTURES = {
     "comet": ["model.arch=comet"],  # batch norm of unpadded batches in PyTorch's kernel, else masked
