@@ -172,6 +172,61 @@ def test_cjk_text_in_utf16_without_a_byte_order_mark_is_named_utf16(tmp_path: Pa
         assert "UTF-16" not in str(info.value) and "WINDOWS-1252" not in str(info.value), (text, encoding, str(info.value))
 
 
+def test_utf16_without_a_byte_order_mark_is_refused_by_every_reader_naming_its_byte_order(tmp_path: Path, monkeypatch) -> None:
+    """UTF-16 without a byte order mark of ASCII ("a\\0b\\0") or Cyrillic text (U+0410-U+044F:
+    the bytes 0x10-0x4f beside 0x04) is valid UTF-8: it was read without a word as lines full of
+    NUL characters, trained on and translated. A NUL character never belongs in text: every reader
+    (files, gzip or not, training pairs, standard input, translate's chunks and its interactive
+    lines) refuses it, naming the file and line, the byte order (LE: NUL bytes at odd offsets) and
+    the iconv command. Greek (high bytes, not UTF-8) is named UTF-16 by the UTF-8 error alike."""
+    import io
+    import shutil
+    import subprocess
+    import types
+
+    from cometnmt.data.corpus import decode_lines, read_stdin_lines
+    from cometnmt.streaming import ChunkedInput
+
+    texts = {"ascii": "A dog runs.\nTwo men talk.\n", "cyrillic": "Собака бежит по траве.\nДва мужчины.\n",
+             "greek": "Ένας σκύλος τρέχει.\nΔύο άντρες μιλούν.\n"}
+    for (kind, text), order in [(item, order) for item in texts.items() for order in ("LE", "BE")]:
+        data = text.encode(f"utf-16-{order.lower()}")
+        nul = "not valid UTF-8" if kind == "greek" else "a NUL character"
+        path = tmp_path / f"{kind}.{order}.txt"
+        path.write_bytes(data)
+        with pytest.raises(DataError, match=rf"^{path}:1: {nul}") as info:
+            read_lines(path)
+        assert f"UTF-16{order}" in str(info.value) and str(info.value).endswith(
+            f"convert it with iconv -f UTF-16{order} -t UTF-8 {path} > {path}.utf8"), str(info.value)
+        if shutil.which("iconv"):
+            subprocess.run(f"iconv -f UTF-16{order} -t UTF-8 {path} > {path}.utf8", shell=True, check=True)
+            assert read_lines(f"{path}.utf8") == text.splitlines()
+        zipped = tmp_path / f"{kind}.{order}.gz"
+        zipped.write_bytes(gzip.compress(data))
+        with pytest.raises(DataError, match=rf"^{zipped}:1: {nul}.*UTF-16{order}"):
+            read_lines(zipped)
+        good = tmp_path / "good.txt"
+        good.write_text("Ein Hund läuft.\nZwei Männer reden.\n", encoding="utf-8")
+        with pytest.raises(DataError, match=rf"^{path}:1: {nul}.*UTF-16{order}"):
+            read_parallel(path, good, empty="skip")  # training and evaluation pairs
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
+        with pytest.raises(DataError, match=rf"^<stdin>:1: {nul}.*UTF-16{order}.*iconv -f UTF-16{order} -t UTF-8 FILE"):
+            read_stdin_lines()
+        chunked = ChunkedInput(str(path), 1)  # translate's chunks (a file, or standard input)
+        try:
+            with pytest.raises(DataError, match=rf"^{path}:1: {nul}.*UTF-16{order}"):
+                list(chunked.chunks())
+        finally:
+            chunked.close()
+        first = data[:data.index("\n".encode(f"utf-16-{order.lower()}")) + 2]  # translate --interactive: one line
+        with pytest.raises(DataError, match=rf"^<stdin>:7: {nul}.*UTF-16{order}"):
+            decode_lines(first, "<stdin>", first_line=7)
+    stray = tmp_path / "stray.txt"  # UTF-8 text with one NUL: refused too, its line and column named
+    stray.write_bytes("Ein Hund.\nZwei\0 Männer.\n".encode("utf-8"))
+    with pytest.raises(DataError, match=rf"^{stray}:2: a NUL character \(byte 0x00 at column 5\)"):
+        read_lines(stray)
+
+
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:
     """For a gzip file in another encoding the hint was 'iconv -f WINDOWS-1252 -t UTF-8 FILE.gz >
     FILE.gz.utf8', which fails on the compressed bytes ('illegal input sequence'). It now pipes the

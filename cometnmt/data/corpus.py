@@ -61,14 +61,35 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
     """Build a DataError naming the 1-based line (``data``'s first is ``first_line``) and character
     column of an undecodable byte."""
     pos = exc.start
-    line_start = data.rfind(b"\n", 0, pos) + 1
-    line_no = data.count(b"\n", 0, pos) + first_line
-    column = len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
+    line_no, column = _line_and_column(data, pos, first_line)
     encoding = _other_encoding(data, pos)
     hint = "" if encoding is None else f"; it looks like {encoding}: convert it with {_iconv_command(path, encoding)}"
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
         f"the file must be UTF-8 encoded text{hint}"
+    )
+
+
+def _line_and_column(data: bytes, pos: int, first_line: int = 1) -> tuple[int, int]:
+    """The line (``data``'s first is ``first_line``) and 1-based character column of byte ``pos``."""
+    line_start = data.rfind(b"\n", 0, pos) + 1
+    line_no = data.count(b"\n", 0, pos) + first_line
+    return line_no, len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
+
+
+def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
+    """Build a DataError for ``data`` holding a NUL byte, valid UTF-8 all the same: UTF-16 without a
+    byte order mark, of ASCII ("a\\0b\\0") or of Cyrillic (U+0410-U+044F are the bytes 0x10-0x4f
+    beside 0x04), is valid UTF-8 and was read as lines full of U+0000, which no text holds. It names
+    the line and column of the first, the UTF-16 byte order the bytes from there look like
+    (:func:`_utf16_order`) and the iconv command converting the file."""
+    pos = data.index(b"\0")
+    line_no, column = _line_and_column(data, pos, first_line)
+    start = pos - pos % 2  # from an even offset, as the file's UTF-16 characters start
+    encoding = _utf16_order(data[start:start + 4096])  # never None: the sample starts within two bytes of a NUL
+    return DataError(
+        f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text: the file is "
+        f"probably {encoding} without a byte order mark, read as UTF-8; convert it with {_iconv_command(path, encoding)}"
     )
 
 
@@ -94,7 +115,8 @@ def _iconv_command(path: Path, encoding: str) -> str:
 def _other_encoding(data: bytes, pos: int) -> str | None:
     """The iconv name of the encoding undecodable ``data`` (bad byte at ``pos``) looks like, or
     None: UTF-32 or UTF-16 by their byte order mark, UTF-16BE/LE by NUL bytes every other byte
-    (ASCII text in UTF-16) or by decoding into text (:func:`_utf16_without_bom`), and WINDOWS-1252
+    (ASCII text in UTF-16), by decoding into text (:func:`_utf16_without_bom`) or, failing those, by
+    where its NUL bytes stand (:func:`_utf16_by_nul_offsets`: a NUL byte is no text), and WINDOWS-1252
     (Latin-1 and its superset) by a lone high byte between ASCII bytes ("M\\xe4dchen"), where UTF-8
     puts a high byte before other high bytes (and most high bytes lone, not CJK text)."""
     if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
@@ -102,17 +124,34 @@ def _other_encoding(data: bytes, pos: int) -> str | None:
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "UTF-16"
     sample = data[:4096]
-    even, odd = sample[0::2], sample[1::2]  # ASCII in UTF-16BE: NUL first; in UTF-16LE: NUL second
-    if len(sample) >= 4 and even.count(0) >= 0.9 * len(even) and odd.count(0) <= 0.1 * len(odd):
-        return "UTF-16BE"
-    if len(sample) >= 4 and odd.count(0) >= 0.9 * len(odd) and even.count(0) <= 0.1 * len(even):
-        return "UTF-16LE"
-    utf16 = _utf16_without_bom(sample)
+    utf16 = _utf16_order(sample)
     if utf16 is not None:
         return utf16
     if 0 not in sample and pos + 1 < len(data) and data[pos + 1] < 0x80 and _mostly_lone_high_bytes(sample):
         return "WINDOWS-1252"
     return None
+
+
+def _utf16_order(sample: bytes) -> str | None:
+    """"UTF-16LE" or "UTF-16BE" where ``sample`` (from an even offset) looks like UTF-16 without a
+    byte order mark, None where not: by NUL bytes every other byte (ASCII text), by decoding into
+    text (:func:`_utf16_without_bom`) or, failing those, by where its NUL bytes stand."""
+    even, odd = sample[0::2], sample[1::2]  # ASCII in UTF-16BE: NUL first; in UTF-16LE: NUL second
+    if len(sample) >= 4 and even.count(0) >= 0.9 * len(even) and odd.count(0) <= 0.1 * len(odd):
+        return "UTF-16BE"
+    if len(sample) >= 4 and odd.count(0) >= 0.9 * len(odd) and even.count(0) <= 0.1 * len(even):
+        return "UTF-16LE"
+    return _utf16_without_bom(sample) or _utf16_by_nul_offsets(sample)
+
+
+def _utf16_by_nul_offsets(sample: bytes) -> str | None:
+    """"UTF-16LE" where most of ``sample``'s NUL bytes stand at odd offsets (the high byte of a
+    character below U+0100 comes second), "UTF-16BE" where most stand at even ones, None without
+    NUL bytes: the guess for text the other tests miss (Greek or Cyrillic with a few spaces, say)."""
+    odd, even = sample[1::2].count(0), sample[0::2].count(0)
+    if not odd and not even:
+        return None
+    return "UTF-16LE" if odd >= even else "UTF-16BE"
 
 
 def _mostly_lone_high_bytes(sample: bytes) -> bool:
@@ -188,7 +227,8 @@ def read_lines(path: str | Path) -> list[str]:
 
 def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: bool = True) -> list[str]:
     """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
-    an undecodable byte is a DataError naming ``name``, the line and the column, and the warning
+    an undecodable byte, or a NUL character (UTF-16 read as UTF-8: :func:`_nul_error`), is a
+    DataError naming ``name``, the line and the column, and the warning
     about text not in NFC names its first such line: lines counted from ``first_line`` (a later
     piece of an input read piece by piece, as ``translate --interactive`` reads each line). Byte order marks
     (U+FEFF, as Windows editors write) are not text: those that open a line are dropped, however
@@ -199,6 +239,8 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: 
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _utf8_error(name, data, exc, first_line) from None
+    if "\0" in text:  # UTF-8 encodes nothing else with a 0x00 byte
+        raise _nul_error(name, data, first_line)
     lines = _split_lines(text)
     if "\ufeff" in text:
         lines = drop_byte_order_marks(lines)
