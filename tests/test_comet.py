@@ -4,6 +4,8 @@ keeps an O(kernel) cache."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -621,6 +623,45 @@ def test_a_unit_without_batch_norm_casts_its_input_not_its_maps_under_autocast(k
             want = unit.reduce(joined) if kind == "ffn2" else torch.nn.functional.leaky_relu(unit.reduce(joined), unit.slope)
             whole = unit(x, pad_mask)  # forward: the same maps and combine
         assert torch.equal(y, want) and torch.equal(whole, y)
+
+
+@pytest.mark.parametrize("kind", ["conv", "ffn1", "ffn2"])
+@pytest.mark.parametrize("bounds", [None, [4, 6]])
+def test_a_float64_unit_trains_under_bf16_autocast_in_float64(kind, bounds):
+    """Training batch norm computed its statistics in float32 whatever its input: a float64 unit
+    (model.double()) failed in training, with or without CPU bf16 autocast, with 'mixed dtype (CPU):
+    expect parameter to have scalar type of Float' (F.batch_norm of the float32 maps with float64
+    weights) or, padded, 'mat1 and mat2 must have the same dtype, but got BFloat16 and Double' (the
+    float32 map, cast by autocast, meeting the next convolution's float64 weight). Autocast keeps
+    float64 for F.linear and F.conv1d; the unit now does too: under autocast it gives the same
+    float64 output and gradients as without, on both convolution paths, padded or not, and they
+    agree with the float32 unit."""
+    torch.manual_seed(9)
+    unit = ConvUnit(8, CometConfig(features=[6, 4], dilations=[1, 2], unit=kind, ffn1_hidden=8, ffn2_hidden=16,
+                                   bn_length_bounds=bounds), dropout=0.0)
+    x = torch.randn(3, 7, 8)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+
+    def run(module, x, pad_mask, bf16):
+        x = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = module(x, pad_mask)
+        y.backward(torch.ones_like(y))
+        return [y, x.grad, *(p.grad for p in module.parameters())]
+
+    for use_conv1d, pad_mask in ((False, None), (False, pad), (True, None), (True, pad)):
+        unit64 = copy.deepcopy(unit).double().train()
+        plain, unit32 = copy.deepcopy(unit64), copy.deepcopy(unit).train()
+        for module in (unit64, plain, unit32):
+            for conv in module.convs.convs:
+                conv.use_conv1d = use_conv1d
+        got = run(unit64, x.double(), pad_mask, bf16=True)
+        assert all(t.dtype == torch.float64 for t in got), (use_conv1d, pad_mask is not None)
+        want = run(plain, x.double(), pad_mask, bf16=False)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))  # autocast leaves float64 alone
+        for a, b in zip(got, run(unit32, x, pad_mask, bf16=False)):
+            torch.testing.assert_close(a.float(), b, atol=1e-4, rtol=1e-4)
 
 
 class _Ops(torch.utils._python_dispatch.TorchDispatchMode):

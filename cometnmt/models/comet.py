@@ -140,7 +140,8 @@ class PaddingStatistics(NamedTuple):
 class MaskedBatchNorm(nn.Module):
     """Batch normalisation over the channels of B,L,C inputs whose statistics ignore padding.
 
-    Training: mean and (biased) variance over real positions only, computed in float32; running
+    Training: mean and (biased) variance over real positions only, computed in float32 (float64
+    kept: :func:`_statistics_dtype`); running
     statistics updated with ``momentum`` (unbiased variance, as ``nn.BatchNorm1d``). Eval: running
     statistics (per length with ``length_bounds``: by default the length of each row of x itself,
     the encoder's source; given ``lengths``, those, the decoder's source lengths). Padded outputs are zero; in evaluation
@@ -228,7 +229,7 @@ class MaskedBatchNorm(nn.Module):
         """Training mode on a batch without padding: ``F.batch_norm`` over the B*L positions in
         float32 (one kernel forward and one backward on a GPU, against some 30 operators of the
         masked path), the same statistics and float32 output as the masked path with no padding."""
-        flat = x.float().reshape(-1, x.shape[-1])  # B*L,C
+        flat = _statistics_dtype(x).reshape(-1, x.shape[-1])  # B*L,C
         return self._native(flat, x.shape[1] if lengths is None else self._mean_length(lengths)).view(x.shape)
 
     def train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -340,6 +341,14 @@ class MaskedBatchNorm(nn.Module):
         return mean, var, n
 
 
+def _statistics_dtype(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 for training batch norm's statistics, float64 kept (as autocast keeps it for
+    F.linear and F.conv1d): a float64 model's maps cast to float32 met its float64 weights in
+    F.batch_norm ("mixed dtype (CPU): expect parameter to have scalar type of Float") or, padded,
+    in the next convolution's F.linear ("mat1 and mat2 must have the same dtype")."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def _two_rows(buf: torch.Tensor, first: int, second: int) -> torch.Tensor:
     """Rows ``first`` < ``second`` of buf (R or R,C) as one view 2 or 2,C (no copy: writes reach buf)."""
     step = (second - first) * buf.stride(0)
@@ -352,18 +361,18 @@ class _MaskedBatchNormTrain(torch.autograd.Function):
     Autograd through the masked mean and variance dispatched 58 operators per call (forward and
     backward); this does it in about half, and a GPU step at Multi30k's batch sizes is bound by
     launches. Takes the count n = keep.sum() of real positions (:class:`PaddingStatistics`, shared
-    by the norms of a stack). Returns y (float32, zero at padding) and the float32 mean and biased
-    variance (for the running statistics; no gradient)."""
+    by the norms of a stack). Returns y (float32, or float64 for a float64 x; zero at padding) and
+    the mean and biased variance in its dtype (for the running statistics; no gradient)."""
 
     @staticmethod
     def forward(ctx, x, keep, n, weight, bias, eps: float):
-        xf = x.float()
+        xf = _statistics_dtype(x)
         mean = (xf * keep).sum(dim=(0, 1)) / n  # C
         centred = (xf - mean) * keep  # B,L,C, zero at padding
         var = centred.square().sum(dim=(0, 1)) / n  # C, biased
         rstd = torch.rsqrt(var + eps)
         xhat = centred * rstd  # zero at padding
-        y = torch.addcmul(bias.float(), xhat, weight.float()) * keep
+        y = torch.addcmul(bias.to(xf.dtype), xhat, weight.to(xf.dtype)) * keep
         ctx.save_for_backward(xhat, keep, weight, rstd, n)
         ctx.x_dtype = x.dtype
         ctx.mark_non_differentiable(mean, var)
@@ -373,10 +382,10 @@ class _MaskedBatchNormTrain(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, _dmean, _dvar):
         xhat, keep, weight, rstd, n = ctx.saved_tensors
-        dy = dy.float() * keep  # padded outputs are constant zeros
+        dy = dy.to(xhat.dtype) * keep  # padded outputs are constant zeros
         dbias = dy.sum(dim=(0, 1))
         dweight = (dy * xhat).sum(dim=(0, 1))
-        dx = (dy - dbias / n - xhat * (dweight / n)) * (weight.float() * rstd) * keep
+        dx = (dy - dbias / n - xhat * (dweight / n)) * (weight.to(xhat.dtype) * rstd) * keep
         return dx.to(ctx.x_dtype), None, None, dweight.to(weight.dtype), dbias.to(weight.dtype), None
 
 
