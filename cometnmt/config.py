@@ -53,6 +53,7 @@ class DataConfig:
     test_tgt: Optional[str] = None  # corpus files: the test target file (optional, with test_src)
     max_train_pairs: Optional[int] = None  # first N non-empty training pairs only (smoke runs); null: all
     max_valid_pairs: Optional[int] = None  # first N validation pairs only (validation loss and BLEU, --split valid); null: all
+    tabs_are_text: bool = False  # true reads a side whose every line holds a tab (code, tables) as sentences (a tab is a space to the tokenizers); false refuses it as a tab-separated file of pairs
     tokenizer: Literal["spacy", "sentencepiece"] = "spacy"  # spacy: spaCy's words (min_freq applies); sentencepiece: subwords (sp_*)
     lowercase: bool = False  # lowercase both sides before tokenising (lowercase output; BLEU compares lowercased text)
     min_freq: int = 2  # word vocabularies (spacy): drop rarer tokens

@@ -432,6 +432,29 @@ def test_a_tab_separated_file_named_as_one_side_is_refused(tmp_path: Path) -> No
         assert read_split(cfg, split).src == ["Ein Hund.", "Zwei\tKatzen."]
 
 
+def test_text_whose_every_line_holds_a_tab_goes_through_with_tabs_are_text(tmp_path: Path) -> None:
+    """The refusal of a side whose every line holds a tab (a tab-separated file of pairs) left no way
+    for a corpus whose tabs are text, code or table rows, in every line: it could not be trained on.
+    The error now names data.tabs_are_text, and with it true such sides, and the same file as both
+    sides, are read as sentences, tabs kept."""
+    from cometnmt.config import DataConfig
+    from cometnmt.data.pipeline import read_split
+
+    (tmp_path / "code.src").write_text("if x:\treturn 1\nfor i in a:\tprint(i)\n", encoding="utf-8")
+    (tmp_path / "code.tgt").write_text("wenn x:\tgib 1 zurück\nfür i in a:\tdrucke(i)\n", encoding="utf-8")
+    src, tgt = str(tmp_path / "code.src"), str(tmp_path / "code.tgt")
+    for split in ("train", "valid", "test"):
+        for paths in ((src, tgt), (src, src)):
+            cfg = DataConfig(corpus="files", **{f"{split}_src": paths[0], f"{split}_tgt": paths[1]})
+            with pytest.raises(DataError, match=r"if the tabs are part of the text \(code, table rows\), set "
+                                                r"data.tabs_are_text: true$"):
+                read_split(cfg, split)
+            cfg = DataConfig(corpus="files", tabs_are_text=True, **{f"{split}_src": paths[0], f"{split}_tgt": paths[1]})
+            corpus = read_split(cfg, split)
+            assert corpus.src == ["if x:\treturn 1", "for i in a:\tprint(i)"]
+            assert corpus.tgt == (corpus.src if paths[1] == src else ["wenn x:\tgib 1 zurück", "für i in a:\tdrucke(i)"])
+
+
 def test_the_default_tag_cache_follows_xdg_cache_home_as_the_multi30k_download_does(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: the tags went to ~/.cache/cometnmt/tags whatever XDG_CACHE_HOME said, while the

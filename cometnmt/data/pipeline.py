@@ -116,8 +116,11 @@ def _check_not_one_tsv(corpus: ParallelCorpus, split: str) -> None:
     """A tab-separated file of pairs (JoeyNMT's and Marian's format) named as both sides of a split
     was read as two copies of its lines: the run trained a model to copy "source<TAB>target" lines,
     without a word. Sides holding the same lines, each with a tab, are refused, and so is one side
-    whose every line holds a tab; the same file without tabs (a copy task) is read as before."""
-    cut = f"give one file per language, line-aligned (cut -f1 FILE > {split}.SRC; cut -f2 FILE > {split}.TGT)"
+    whose every line holds a tab; the same file without tabs (a copy task) is read as before. Text
+    whose tabs are its own (code, table rows) in every line goes through with ``data.tabs_are_text``
+    (:func:`read_split` does not call this then), which the errors name."""
+    cut = (f"give one file per language, line-aligned (cut -f1 FILE > {split}.SRC; cut -f2 FILE > {split}.TGT); "
+           "if the tabs are part of the text (code, table rows), set data.tabs_are_text: true")
     if corpus.src and corpus.src == corpus.tgt and all("\t" in line for line in corpus.src):
         raise DataError(
             f"config keys 'data.{split}_src' and 'data.{split}_tgt': {corpus.src_path} and {corpus.tgt_path} hold the "
@@ -142,7 +145,8 @@ def read_split(cfg, split: str) -> ParallelCorpus:
     key = {"train": "max_train_pairs", "valid": "max_valid_pairs"}.get(split)
     limit = getattr(cfg, key) if key else None
     corpus = read_parallel(src, tgt, empty="skip" if split == "train" else "error", max_pairs=limit)
-    _check_not_one_tsv(corpus, split)
+    if not cfg.tabs_are_text:
+        _check_not_one_tsv(corpus, split)
     if corpus.not_read:
         level = logging.WARNING if cfg.corpus == "files" else logging.INFO
         log.log(level, "%s / %s: the first %d %s pairs only (data.%s=%d); %d line pairs after them left unread",
