@@ -635,6 +635,21 @@ def test_sentencepiece_reads_every_whitespace_as_a_space_as_spacy_does(train_pai
     assert lower.tokenize("A\tDog") == lower.tokenize("a dog")
 
 
+def test_sentencepiece_keeps_runs_of_spaces_and_spacy_does_not() -> None:
+    """README's *Whitespace*: SentencePiece is trained with remove_extra_whitespaces off (its own
+    default collapses a run of spaces into one piece and trims both ends), so a run of spaces, and
+    spaces at either end, come back from detokenize as written; spaCy's words come back with single
+    spaces. A tab is a space to both."""
+    texts = ["Ein Hund läuft.", "Zwei  Katzen  schlafen.", " Ein Mann. "] * 20 + ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ äöüß."]
+    tok = SentencePieceTokenizer.train(texts, 60)
+    for text in ("Zwei  Katzen  schlafen.", " Ein Mann. ", "Ein   Hund."):
+        assert tok.detokenize(tok.tokenize(text)) == text
+    assert tok.tokenize("Ein   Hund.").count("\u2581") >= 2  # the run: one word-start mark a space
+    assert tok.detokenize(tok.tokenize("Ein\tHund.")) == "Ein Hund."
+    spacy_tok = SpacyTokenizer("de")
+    assert spacy_tok.detokenize(spacy_tok.tokenize("Zwei  Katzen\tschlafen. ")) == "Zwei Katzen schlafen."
+
+
 # --- batching ------------------------------------------------------------------------------------
 
 
