@@ -21,7 +21,7 @@ from tqdm import tqdm
 from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
                              length_penalty_problem, positions_key, temperature_problem, to_dict)
 from cometnmt.data.batching import collate
-from cometnmt.data.corpus import drop_byte_order_marks, read_lines, warn_not_nfc
+from cometnmt.data.corpus import drop_byte_order_marks, nul_note, read_lines, warn_not_nfc
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
@@ -303,7 +303,8 @@ def read_from_files() -> Iterator[None]:
 
 def _check_sentences(texts: list, name: str = "sentences") -> list[str]:
     """Each item one sentence: a string, without a newline, encodable as UTF-8 (no lone
-    surrogates, which JSON and Python strings can carry). A carriage return inside a sentence is
+    surrogates, which JSON and Python strings can carry), without a NUL character (UTF-16 text
+    decoded as UTF-8, :func:`~cometnmt.data.corpus.nul_note`). A carriage return inside a sentence is
     text, as in training (files are split on newlines only; spaCy and SentencePiece take it as a space,
     as any whitespace character; a SentencePiece model trained before they did keeps it as a character,
     <unk> where its training text had none).
@@ -321,6 +322,8 @@ def _check_sentences(texts: list, name: str = "sentences") -> list[str]:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise DataError(f"sentence {i + 1}: not valid Unicode (a lone surrogate at column {exc.start + 1})") from None
+        if note := nul_note(text):  # UTF-16 decoded as UTF-8: the file readers refuse it too
+            raise DataError(f"sentence {i + 1} {note}")
     if not _READ_FROM_FILES.get():
         warn_not_nfc(texts, name, unit="sentence")
     return drop_byte_order_marks(texts)

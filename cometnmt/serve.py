@@ -65,6 +65,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
+from cometnmt.data.corpus import nul_note
 from cometnmt.errors import CometNMTError, ConfigError, setting
 from cometnmt.inference import Translator, checkpoint_list, read_from_files
 
@@ -204,6 +205,15 @@ def _check_strings(value: object, field: str) -> None:
             raise RequestError(HTTPStatus.BAD_REQUEST, f'"{field}"[{i}] must be a string, got {_json_type(item)}')
 
 
+def _utf16_hint(raw: bytes) -> str:
+    """For a body holding NUL bytes (JSON in UTF-16, as .NET's and PowerShell's strings are: 'not
+    valid JSON: Expecting property name enclosed in double quotes' without a BOM, 'not valid UTF-8
+    (byte 0)' with one): what it is and what to send instead."""
+    if b"\0" not in raw:
+        return ""
+    return "; it holds NUL bytes, as UTF-16 text does: send the JSON in UTF-8 (RFC 8259 8.1)"
+
+
 def _form_hint(raw: bytes) -> str:
     """For a body that is not JSON but an HTML form's fields (``text=Ein+Hund.``, as ``curl -d
     text=...`` or Python requests' ``data={...}`` send): how to send JSON instead."""
@@ -246,7 +256,8 @@ def _check_content_type(values: list[str]) -> None:
 
 def _check_text(text: str, where: str, max_chars: int) -> None:
     """One sentence of a request, named as the request has it (``where``: ``"texts"[2]``, 0-based as
-    JSON counts): no newline, UTF-8 (no lone surrogate, which JSON's \\ud800 can carry), and at most
+    JSON counts): no newline, UTF-8 (no lone surrogate, which JSON's \\ud800 can carry), no NUL
+    character (``\\u0000``: UTF-16 text decoded as UTF-8, as the Translator refuses it), and at most
     ``max_chars`` characters. The Translator's own checks said "sentence 3", counting from 1 and
     naming no field. The length is checked here, before the model's lock: only the Transformer
     family has a position limit, and one sentence as long as the body allows held an RNN's lock for
@@ -262,6 +273,8 @@ def _check_text(text: str, where: str, max_chars: int) -> None:
     except UnicodeEncodeError as exc:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} is not valid Unicode (a lone surrogate at "
                                                    f"column {exc.start + 1})") from None
+    if note := nul_note(text):  # "\u0000" in the JSON: UTF-16 text decoded as UTF-8 by the client
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"{where} {note}")
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -788,9 +801,11 @@ class _Handler(BaseHTTPRequestHandler):
                 # RFC 8259 8.1 allows: it was 'not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)'
                 body = json.loads(raw.decode("utf-8").removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as exc:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid UTF-8 (byte {exc.start})") from None
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid UTF-8 (byte {exc.start})"
+                                                           f"{_utf16_hint(raw)}") from None
             except json.JSONDecodeError as exc:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}{_form_hint(raw)}") from None
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}{_form_hint(raw)}"
+                                                           f"{_utf16_hint(raw)}") from None
             except RecursionError:
                 raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None
             except ValueError:  # an integer longer than Python reads (sys.get_int_max_str_digits()): not a

@@ -712,6 +712,21 @@ def test_translator_checks_each_sentence(translator):
     assert translator([]) == [] and translator(s for s in ["Ein Hund."]) == [translator("Ein Hund.")]
 
 
+def test_translator_refuses_a_nul_character_as_the_file_readers_do(translator):
+    """A UTF-16 file without a byte order mark read with open(path, encoding="utf-8") gives strings
+    full of NUL characters ("A\\x00 \\x00d\\x00..."), which the Translator translated without a word
+    while the file readers refuse them. Each method now refuses a sentence holding one, naming it,
+    the column and the likely cause."""
+    utf16 = "A dog runs.".encode("utf-16-le").decode("utf-8")  # read as UTF-8: valid, NULs between the letters
+    needle = r"holds a NUL character \(U\+0000\) at column 2, which never belongs in text: UTF-16 decoded as UTF-8\?"
+    with pytest.raises(cometnmt.DataError, match=rf"^sentence 2 {needle}"):
+        translator(["Ein Hund.", utf16])
+    with pytest.raises(cometnmt.DataError, match=rf"^sentence 1 {needle}"):
+        translator.log_prob(["Ein Hund."], [utf16])
+    with pytest.raises(cometnmt.DataError, match=rf"^sentence 1 {needle}"):
+        translator.attention([utf16])
+
+
 def test_api_arguments_python_callers_pass(run_dir, tmp_path, data_dir):
     import torch
 

@@ -145,6 +145,14 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"text": "a", "beam": 1000000}, None, 400, "beam=1000000: more than this server's limit of 64"),
     ({"text": "a", "beam": 4, "nbest": 65}, None, 400, "nbest=65: more than this server's limit of 64"),
     (None, b'{"text": "\\ud800"}', 400, '"text" is not valid Unicode (a lone surrogate at column 1)'),
+    # UTF-16 decoded as UTF-8 by the client ("\\u0000" in the JSON), or the body itself in UTF-16 (.NET,
+    # PowerShell): translated as NUL characters, or 'not valid JSON: Expecting property name ...' alone
+    (None, b'{"texts": ["a", "b\\u0000c"]}', 400, '"texts"[1] holds a NUL character (U+0000) at column 2, which never '
+                                                   'belongs in text: UTF-16 decoded as UTF-8?'),
+    (None, '{"text": "Ein Hund."}'.encode("utf-16-le"), 400, "not valid JSON: Expecting property name enclosed in double "
+                                                             "quotes: line 1 column 2 (char 1); it holds NUL bytes, as "
+                                                             "UTF-16 text does: send the JSON in UTF-8"),
+    (None, '{"text": "Ein Hund."}'.encode("utf-16"), 400, "not valid UTF-8 (byte 0); it holds NUL bytes, as UTF-16"),
     # a sentence of a list is named as "texts"[i], counted from 0, whichever check refuses it: the
     # Translator's own said "sentence 2" and "input line 3", counting from 1
     (None, b'{"texts": ["a", "b\\ud800"]}', 400, '"texts"[1] is not valid Unicode (a lone surrogate at column 2)'),

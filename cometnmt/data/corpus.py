@@ -93,6 +93,18 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
     )
 
 
+def nul_note(text: str) -> str:
+    """"" for ``text`` without a NUL character (U+0000); else what an error naming a sentence given
+    as a string (the Translator's, a served request's) says of the first: where it is and what it
+    most likely means, UTF-16 decoded as UTF-8, as :func:`decode_lines` refuses it in a file."""
+    pos = text.find("\0")
+    if pos < 0:
+        return ""
+    return (f"holds a NUL character (U+0000) at column {pos + 1}, which never belongs in text: UTF-16 decoded as "
+            "UTF-8? (decode it as UTF-16, e.g. open(path, encoding='utf-16-le'), or convert the file with "
+            "iconv -f UTF-16LE -t UTF-8)")
+
+
 def _iconv_command(path: Path, encoding: str) -> str:
     """The shell command converting ``path`` from ``encoding`` to UTF-8 beside it (FILE for standard
     input): a gzip file through gzip -dc and back into gzip, as iconv alone converted the compressed
