@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cometnmt.data.corpus import nul_note
 from cometnmt.data import (
     BOS,
     EOS,
@@ -223,8 +224,11 @@ def test_utf16_without_a_byte_order_mark_is_refused_by_every_reader_naming_its_b
             decode_lines(first, "<stdin>", first_line=7)
     stray = tmp_path / "stray.txt"  # UTF-8 text with one NUL: refused too, its line and column named
     stray.write_bytes("Ein Hund.\nZwei\0 Männer.\n".encode("utf-8"))
-    with pytest.raises(DataError, match=rf"^{stray}:2: a NUL character \(byte 0x00 at column 5\)"):
+    with pytest.raises(DataError, match=rf"^{stray}:2: a NUL character \(byte 0x00 at column 5\)") as caught:
         read_lines(stray)
+    assert "stray byte in UTF-8 text" in str(caught.value) and "tr -d" in str(caught.value)  # not "probably UTF-16"
+    assert "probably" not in str(caught.value)
+    assert "a stray byte" in nul_note("Zwei\0 Männer.") and "a stray byte" not in nul_note("a\0b\0c\0")
 
 
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:

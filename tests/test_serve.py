@@ -148,7 +148,9 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     # UTF-16 decoded as UTF-8 by the client ("\\u0000" in the JSON), or the body itself in UTF-16 (.NET,
     # PowerShell): translated as NUL characters, or 'not valid JSON: Expecting property name ...' alone
     (None, b'{"texts": ["a", "b\\u0000c"]}', 400, '"texts"[1] holds a NUL character (U+0000) at column 2, which never '
-                                                   'belongs in text: UTF-16 decoded as UTF-8?'),
+                                                   'belongs in text: a stray byte, or UTF-16 decoded as UTF-8'),
+    (None, b'{"texts": ["a", "b\\u0000c\\u0000"]}', 400, '"texts"[1] holds a NUL character (U+0000) at column 2, '
+                                                         'which never belongs in text: UTF-16 decoded as UTF-8?'),
     (None, '{"text": "Ein Hund."}'.encode("utf-16-le"), 400, "not valid JSON: Expecting property name enclosed in double "
                                                              "quotes: line 1 column 2 (char 1); it holds NUL bytes, as "
                                                              "UTF-16 text does: send the JSON in UTF-8"),

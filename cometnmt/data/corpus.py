@@ -81,28 +81,47 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
     """Build a DataError for ``data`` holding a NUL byte, valid UTF-8 all the same: UTF-16 without a
     byte order mark, of ASCII ("a\\0b\\0") or of Cyrillic (U+0410-U+044F are the bytes 0x10-0x4f
     beside 0x04), is valid UTF-8 and was read as lines full of U+0000, which no text holds. It names
-    the line and column of the first, the UTF-16 byte order the bytes from there look like
-    (:func:`_utf16_order`) and the iconv command converting the file."""
+    the line and column of the first and, where the bytes from there look like UTF-16
+    (:func:`_looks_like_utf16`), the byte order (:func:`_utf16_order`) and the iconv command
+    converting the file; a stray NUL in UTF-8 text is named as that, with a command removing it."""
     pos = data.index(b"\0")
     line_no, column = _line_and_column(data, pos, first_line)
+    where = f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text"
     start = pos - pos % 2  # from an even offset, as the file's UTF-16 characters start
-    encoding = _utf16_order(data[start:start + 4096])  # never None: the sample starts within two bytes of a NUL
-    return DataError(
-        f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text: the file is "
-        f"probably {encoding} without a byte order mark, read as UTF-8; convert it with {_iconv_command(path, encoding)}"
-    )
+    sample = data[start:start + 4096]
+    encoding = _utf16_order(sample)  # never None: the sample starts within two bytes of a NUL
+    if not _looks_like_utf16(sample):
+        target = "FILE" if str(path).startswith("<") else shlex.quote(str(path))
+        return DataError(f"{where}: one NUL byte alone is a stray byte in UTF-8 text (remove it, e.g. tr -d '\\000' "
+                         f"< {target} > {target}.clean) or, if the file is {encoding} without a byte order mark "
+                         f"(check with: file {target}), convert it with {_iconv_command(path, encoding)}")
+    return DataError(f"{where}: the file is probably {encoding} without a byte order mark, read as UTF-8; "
+                     f"convert it with {_iconv_command(path, encoding)}")
+
+
+def _looks_like_utf16(sample: bytes | str) -> bool:
+    """Whether ``sample`` (from a NUL byte or character on) holds NUL bytes as UTF-16 text does: its
+    line breaks carry one (b"\\n\\0" in UTF-16LE, b"\\0\\n" in UTF-16BE), and of Latin, Greek or
+    Cyrillic text every space does, so a sentence of three words has two; a single NUL and no such
+    line break may be a stray byte in UTF-8 text as well."""
+    nul, newline = ("\0", "\n") if isinstance(sample, str) else (b"\0", b"\n")
+    return nul + newline in sample or newline + nul in sample or sample.count(nul) >= 2
 
 
 def nul_note(text: str) -> str:
     """"" for ``text`` without a NUL character (U+0000); else what an error naming a sentence given
     as a string (the Translator's, a served request's) says of the first: where it is and what it
-    most likely means, UTF-16 decoded as UTF-8, as :func:`decode_lines` refuses it in a file."""
+    most likely means, UTF-16 decoded as UTF-8 where NULs are as common as UTF-16 makes them
+    (:func:`_looks_like_utf16`), as :func:`decode_lines` refuses it in a file."""
     pos = text.find("\0")
     if pos < 0:
         return ""
-    return (f"holds a NUL character (U+0000) at column {pos + 1}, which never belongs in text: UTF-16 decoded as "
-            "UTF-8? (decode it as UTF-16, e.g. open(path, encoding='utf-16-le'), or convert the file with "
-            "iconv -f UTF-16LE -t UTF-8)")
+    where = f"holds a NUL character (U+0000) at column {pos + 1}, which never belongs in text"
+    if not _looks_like_utf16(text):
+        return (f"{where}: a stray byte, or UTF-16 decoded as UTF-8 (remove it, or decode the text as UTF-16, "
+                "e.g. open(path, encoding='utf-16-le'))")
+    return (f"{where}: UTF-16 decoded as UTF-8? (decode it as UTF-16, e.g. open(path, encoding='utf-16-le'), "
+            "or convert the file with iconv -f UTF-16LE -t UTF-8)")
 
 
 def _iconv_command(path: Path, encoding: str) -> str:
