@@ -549,7 +549,8 @@ def cmd_serve(args) -> int:
     server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
                          max_sentences=args.max_sentences, max_beam=args.max_beam, max_chars=args.max_chars,
-                         nfc_warning_interval=args.nfc_warning_interval, flags=True,
+                         nfc_warning_interval=args.nfc_warning_interval, max_batch_sentences=args.max_batch_sentences,
+                         batch_wait_ms=args.batch_wait_ms, flags=True,
                          **_search_args(args))
     host, port = server.server_address[:2]
     print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
@@ -727,6 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nfc-warning-interval", dest="nfc_warning_interval", type=float, default=60.0, metavar="SECONDS",
                    help="log a warning of request text not in Unicode NFC at most once per SECONDS, counting the "
                         "requests in between (default 60; 0 warns of every such request)")
+    p.add_argument("--max-batch-sentences", dest="max_batch_sentences", type=int, default=64, metavar="N",
+                   help="dynamic batching: concurrent /translate requests of the same search are decoded together, "
+                        "a batch closing at N sentences (a larger request is a batch alone) or --batch-wait-ms after "
+                        "its first request (default 64; 1: off, each request decoded alone)")
+    p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=float, default=5.0, metavar="MS",
+                   help="the longest a batch waits for more requests after its first (default 5; 0: no batching)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_serve)
 

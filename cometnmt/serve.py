@@ -41,13 +41,16 @@ Requests are
 handled in threads, the model one request at a time (a first-come, first-served lock,
 :class:`FifoLock`), so a long batch delays the next request rather than racing it, and requests
 get the model in the order they asked for it; one whose client has closed its connection by then is
-not decoded (:meth:`TranslationServer.client_gone`). Sentences not in Unicode NFC are translated as they
+not decoded (:meth:`TranslationServer.client_gone`). Concurrent /translate requests of the same search
+are decoded together (dynamic batching, :class:`RequestBatcher`: ``--max-batch-sentences``,
+``--batch-wait-ms``), each answered with its own translations. Sentences not in Unicode NFC are translated as they
 are, with a warning in the log at most once a minute (``--nfc-warning-interval``), counting those in between
 (:class:`NfcWarnings`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import email.errors
 import io
 import json
@@ -73,6 +76,7 @@ log = logging.getLogger(__name__)
 
 _SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed", "replace_unk")
 _POST = {"/translate": "translate", "/logprob": "log_prob"}  # route -> TranslationServer method
+_GONE = "the client closed its connection while the request waited for the model; not decoded"
 _EXAMPLE = {"/translate": '{"text": "Ein Hund."}', "/logprob": '{"source": "Ein Hund.", "target": "A dog."}'}  # route -> a body
 
 
@@ -333,6 +337,119 @@ def _request_pairs(body: dict, max_sentences: int, max_chars: int) -> tuple[list
     return pairs["source"], pairs["target"], single
 
 
+class _Pending:
+    """One /translate request waiting in a :class:`RequestBatcher`: its sentences, its search
+    (``decode``, already checked) and the handler whose client asked; the decoding worker sets
+    ``results`` (n-best lists, one per sentence) or ``error``, then ``done``."""
+
+    def __init__(self, texts: list[str], decode, key: tuple, handler: "_Handler | None", arrived: float) -> None:
+        self.texts, self.decode, self.key, self.handler, self.arrived = texts, decode, key, handler, arrived
+        self.results: list | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def finish(self, results: list | None = None, error: BaseException | None = None) -> None:
+        if not self.done.is_set():  # the first outcome stands (a request failed by stop() is not answered twice)
+            self.results, self.error = results, error
+            self.done.set()
+
+
+class RequestBatcher:
+    """Dynamic batching: concurrent /translate requests are gathered into one decode call by one
+    worker thread, as production NMT servers do. Behind a lock, N clients sending one sentence
+    each cost N searches one after another; a search of N sentences costs little more than one.
+
+    A batch opens with the oldest waiting request and takes, in arrival order, the waiting
+    requests whose search is the same (``key``: beam, nbest, length penalty...; requests of other
+    searches wait for a later batch, never mixed in); it closes when it holds ``max_sentences``
+    sentences (a request is never split: one larger than that is a batch alone) or ``wait``
+    seconds after its first request arrived, whichever comes first. A request that arrives while
+    the model is busy therefore waits no longer than it did behind the lock. ``decode(batch)``
+    answers each request of a batch (:meth:`_Pending.finish`). :meth:`close` stops waiting for
+    batches to fill (a stopping server drains what is queued); :meth:`stop` fails what is still
+    queued with 503 and refuses new requests, so no client waits for a worker that is gone."""
+
+    def __init__(self, decode, max_sentences: int, wait: float, clock=time.monotonic) -> None:
+        self._decode, self.max_sentences, self.wait, self._clock = decode, max_sentences, wait, clock
+        self._queue: list[_Pending] = []  # arrival order
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = self._stopped = False
+
+    def queued(self) -> int:
+        """How many requests wait for a batch (not those being decoded)."""
+        with self._cond:
+            return len(self._queue)
+
+    def submit(self, pending: _Pending) -> None:
+        with self._cond:
+            if self._stopped:
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the server is stopping and did not decode this "
+                                                                   "request; send it again", {"Retry-After": "5"})
+            self._queue.append(pending)
+            if self._thread is None:  # started with the first request: a server never asked starts no thread
+                self._thread = threading.Thread(target=self._run, name="cometnmt-batcher", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Decode what is queued without waiting for batches to fill (the server is stopping)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Fail the requests still queued (503, send again) and refuse new ones; a batch being
+        decoded is answered when it is done (the worker is not interrupted inside the model)."""
+        with self._cond:
+            self._closing = self._stopped = True
+            left, self._queue = self._queue, []
+            self._cond.notify_all()
+        for pending in left:
+            pending.finish(error=RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the server stopped before this request "
+                                                                              "was decoded; send it again",
+                                              {"Retry-After": "5"}))
+
+    def _run(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self._decode(batch)
+            except CometNMTError as exc:  # a request decoded alone that the model refused: its own error
+                for pending in batch:
+                    pending.finish(error=exc)
+            except BaseException as exc:  # a bug: every request of the batch gets a 500, the worker lives on
+                log.exception("decoding a batch of %d requests failed", len(batch))
+                for pending in batch:
+                    pending.finish(error=exc)
+
+    def _next_batch(self) -> list[_Pending] | None:
+        with self._cond:
+            while not self._queue and not self._stopped:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            first = self._queue[0]
+            while not self._closing and self._fill(first) < self.max_sentences:
+                left = first.arrived + self.wait - self._clock()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, size, rest = [], 0, []
+            for pending in self._queue:
+                fits = pending is first or size + len(pending.texts) <= self.max_sentences
+                if pending.key == first.key and fits and size < self.max_sentences:
+                    batch.append(pending)
+                    size += len(pending.texts)
+                else:
+                    rest.append(pending)
+            self._queue = rest
+            return batch
+
+    def _fill(self, first: _Pending) -> int:
+        """The sentences waiting that a batch opened by ``first`` could take."""
+        return sum(len(p.texts) for p in self._queue if p.key == first.key)
+
+
 class TranslationServer(ThreadingHTTPServer):
     """A :class:`ThreadingHTTPServer` that translates with one :class:`Translator`."""
 
@@ -340,7 +457,8 @@ class TranslationServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], translator: Translator | None, checkpoint: str | list[str], *,
                  max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64,
-                 max_chars: int = 10000, nfc_warning_interval: float = 60.0) -> None:
+                 max_chars: int = 10000, nfc_warning_interval: float = 60.0, max_batch_sentences: int = 64,
+                 batch_wait: float = 0.005) -> None:
         if ":" in address[0]:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
         # before binding: when the bind fails (port in use, unknown host) socketserver calls
@@ -356,6 +474,9 @@ class TranslationServer(ThreadingHTTPServer):
         self.max_chars = max_chars
         self.lock = FifoLock()  # the model's, first come first served
         self.nfc_warnings = NfcWarnings(nfc_warning_interval)  # text not in NFC, warned of at most once an interval
+        # concurrent /translate requests decoded together; None (batch_wait 0 or one sentence a batch): one at a time
+        self.batcher = None if batch_wait <= 0 or max_batch_sentences <= 1 else \
+            RequestBatcher(self._decode_batch, max_batch_sentences, batch_wait)
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:
@@ -426,6 +547,8 @@ class TranslationServer(ThreadingHTTPServer):
             if not self.closing:
                 self.closing = True
                 self._wake[1].send(b"\0")
+        if self.batcher is not None:  # requests queued are decoded now, without waiting for their batch to fill
+            self.batcher.close()
         super().server_close()
         self.nfc_warnings.flush()
         deadline = time.monotonic() + wait
@@ -433,6 +556,8 @@ class TranslationServer(ThreadingHTTPServer):
             running = list(self._handlers)
         for thread in running:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if self.batcher is not None:  # those still queued after the wait get 503 (send again), not a wait without end
+            self.batcher.stop()
         with self._handlers_lock:
             self._close_wake_when_done()  # else the last handler to end closes it
 
@@ -459,14 +584,13 @@ class TranslationServer(ThreadingHTTPServer):
         refused = sum(handler is not None and handler.refuse(retry_after) for _, handler in running)
         return refused, len(running) - refused
 
-    def client_gone(self) -> bool:
-        """Whether the client of the calling request thread has closed (or reset) its connection: it
+    def client_gone(self, handler: _Handler | None = None) -> bool:
+        """Whether the client of the calling request thread (or of ``handler``) has closed (or reset) its connection: it
         reads as ended, with no pipelined request ahead of the end. A client that gave up while its
         request waited for the model (its timeout, then a retry) still had the request decoded, for
         nobody, delaying the requests behind it; a client that half-closes (shuts down its sending
         side) and still waits for the answer is taken as gone too, as nginx takes it."""
-        with self._handlers_lock:
-            handler = self._handlers.get(threading.current_thread())
+        handler = handler or self._current_handler()
         if handler is None or not _has_bytes(handler.connection):
             return False
         try:
@@ -474,18 +598,23 @@ class TranslationServer(ThreadingHTTPServer):
         except OSError:  # reset
             return True
 
-    def _gone(self) -> None:
+    def _current_handler(self) -> _Handler | None:
+        with self._handlers_lock:
+            return self._handlers.get(threading.current_thread())
+
+    def _gone(self, handler: _Handler | None = None) -> None:
         """Called with the model's lock held, before decoding: a client gone by then is not answered."""
-        if self.client_gone():
-            raise ConnectionAbortedError("the client closed its connection while the request waited for the model; "
-                                         "not decoded")
+        if self.client_gone(handler):
+            raise ConnectionAbortedError(_GONE)
 
     def health(self) -> dict:
         cfg = self.translator.cfg
         arch = "ensemble" if isinstance(self.checkpoint, list) else cfg.model.arch
         return {"status": "ok", "arch": arch, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
                 "checkpoint": self.checkpoint, "decode": to_dict(cfg.decode), "max_sentences": self.max_sentences,
-                "max_beam": self.max_beam, "max_chars": self.max_chars}
+                "max_beam": self.max_beam, "max_chars": self.max_chars,
+                "batching": None if self.batcher is None else {"max_batch_sentences": self.batcher.max_sentences,
+                                                               "batch_wait_ms": self.batcher.wait * 1000}}
 
     def translate(self, body: object) -> dict:
         if not isinstance(body, dict):
@@ -498,9 +627,12 @@ class TranslationServer(ThreadingHTTPServer):
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"{key}={value}: more than this server's limit of {self.max_beam}")
         self.nfc_warnings.check("/translate", {"texts": texts}, single)
         try:
-            with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
-                self._gone()
-                results = self.translator.translate(texts, **settings)
+            if self.batcher is not None:
+                results = self._translate_batched(texts, settings)
+            else:
+                with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
+                    self._gone()
+                    results = self.translator.translate(texts, **settings)
         except CometNMTError as exc:  # a bad setting or sentence, or one longer than the model's positions
             raise RequestError(HTTPStatus.BAD_REQUEST, _name_field(str(exc), {"input": "texts"}, single)) from None
         # one shape per request option, as translate writes columns for an explicit --nbest 1: a client
@@ -508,6 +640,52 @@ class TranslationServer(ThreadingHTTPServer):
         nbest = "nbest" in settings or self.translator.cfg.decode.nbest > 1
         out = [[{"text": h.text, "score": _score(h.score)} for h in hyps] if nbest else hyps[0].text for hyps in results]
         return {"translation": out[0]} if single else {"translations": out}
+
+    def _translate_batched(self, texts: list[str], settings: dict) -> list:
+        """``texts`` translated in a batch with other requests of the same search (:class:`RequestBatcher`).
+        The search is checked here, so a bad setting fails its request alone, before it is queued;
+        sampling requests are decoded alone: a sentence's random stream is keyed by its place in
+        the call, so in a batch with others its samples would not be those it gets alone."""
+        decode = self.translator._decode(None, **settings)
+        if not texts:
+            return []
+        key = (object(),) if decode.method == "sample" else dataclasses.astuple(decode)
+        pending = _Pending(texts, decode, key, self._current_handler(), time.monotonic())
+        self.batcher.submit(pending)
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.results
+
+    def _decode_batch(self, batch: list[_Pending]) -> None:
+        """The batcher's worker: one search over the sentences of ``batch`` (requests of one search),
+        each request answered with its own. A sentence the model refuses (longer than its positions)
+        fails the whole call, so then each request is decoded alone and only its own fails. A
+        request whose client has gone is not decoded."""
+        with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
+            live = []
+            for pending in batch:
+                if self.client_gone(pending.handler):
+                    pending.finish(error=ConnectionAbortedError(_GONE))
+                else:
+                    live.append(pending)
+            if not live:
+                return
+            try:
+                results = self.translator.translate([text for p in live for text in p.texts], live[0].decode)
+            except CometNMTError:
+                if len(live) == 1:
+                    raise
+                for pending in live:  # one request's bad sentence must not fail the others
+                    try:
+                        pending.finish(self.translator.translate(pending.texts, pending.decode))
+                    except CometNMTError as exc:
+                        pending.finish(error=exc)
+                return
+        start = 0
+        for pending in live:
+            pending.finish(results[start : start + len(pending.texts)])
+            start += len(pending.texts)
 
     def log_prob(self, body: object) -> dict:
         """Forced decoding (:meth:`Translator.log_prob`): each target's log-probability given its source."""
@@ -886,7 +1064,8 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8080, device: str = "auto", *,
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
-                max_beam: int = 64, max_chars: int = 10000, nfc_warning_interval: float = 60.0, flags: bool = False,
+                max_beam: int = 64, max_chars: int = 10000, nfc_warning_interval: float = 60.0,
+                max_batch_sentences: int = 64, batch_wait_ms: float = 5.0, flags: bool = False,
                 sampling: bool | None = None, topk: int | None = None,
                 topp: float | None = None, temperature: float | None = None, seed: int | None = None,
                 replace_unk: bool | None = None) -> TranslationServer:
@@ -897,6 +1076,9 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     request. ``max_sentences``, ``max_chars`` (per sentence), ``max_body_bytes`` and ``max_beam`` (also
     ``nbest``) bound what one request may ask for. ``nfc_warning_interval``: the seconds between two
     warnings of request text not in Unicode NFC (:class:`NfcWarnings`; 0: one per such request).
+    ``max_batch_sentences`` and ``batch_wait_ms``: dynamic batching (:class:`RequestBatcher`), a
+    batch closes at that many sentences or that many milliseconds after its first request (0, or
+    one sentence: off, each request decoded alone).
     Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
@@ -907,12 +1089,19 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
         raise ConfigError(f"{setting('nfc_warning_interval', interval, flags)}: must be a number of seconds, 0 or more "
                           "(0: a warning for every request holding text not in Unicode NFC)")
+    if isinstance(max_batch_sentences, bool) or not isinstance(max_batch_sentences, int) or max_batch_sentences < 1:
+        raise ConfigError(f"{setting('max_batch_sentences', max_batch_sentences, flags)}: must be at least 1 (1: no "
+                          "batching of concurrent requests)")
+    if isinstance(batch_wait_ms, bool) or not isinstance(batch_wait_ms, (int, float)) or not 0 <= batch_wait_ms < math.inf:
+        raise ConfigError(f"{setting('batch_wait_ms', batch_wait_ms, flags)}: must be a number of milliseconds, 0 or more "
+                          "(0: no batching of concurrent requests)")
     paths = [str(c) for c in checkpoint_list(checkpoint)]
     try:  # bind first: a port in use is reported at once, not after loading the model (connections wait in
         # the listen queue until serve_forever)
         server = TranslationServer((host, port), None, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
                                    max_body_bytes=max_body_bytes, max_beam=max_beam, max_chars=max_chars,
-                                   nfc_warning_interval=nfc_warning_interval)
+                                   nfc_warning_interval=nfc_warning_interval, max_batch_sentences=max_batch_sentences,
+                                   batch_wait=batch_wait_ms / 1000)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:

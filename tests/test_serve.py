@@ -1373,3 +1373,132 @@ def test_model_lock_is_first_come_first_served():
         thread.join(5)
     assert order == ["waiter0", "waiter1", "waiter2", "waiter3", "holder again"]
     assert lock.waiting() == 0
+
+
+@contextlib.contextmanager
+def batching_server(checkpoint, **options):
+    """A server whose batches close only when full (a minute's wait), its Translator's calls
+    recorded as (sentences, search method, beam size)."""
+    srv = make_server(str(checkpoint), port=0, device="cpu", batch_wait_ms=60000, **options)
+    calls, translate = [], srv.translator.translate
+
+    def recording(texts, decode_cfg=None, *args, **kwargs):
+        calls.append((len(texts), decode_cfg.method, decode_cfg.beam_size))
+        return translate(texts, decode_cfg, *args, **kwargs)
+
+    srv.translator.translate = recording
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv, calls
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def ask_together(srv, bodies: list[dict]) -> list[tuple[int, dict]]:
+    """Send ``bodies`` to /translate at once, from one thread each; their answers in that order."""
+    answers: list = [None] * len(bodies)
+    threads = [threading.Thread(target=lambda i=i, b=b: answers.__setitem__(i, call(srv, "/translate", b)))
+               for i, b in enumerate(bodies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return answers
+
+
+BATCH_SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee auf einer großen Wiese.", "Ein Kind.",
+                   "Eine Frau in einem roten Kleid sitzt auf einer Bank und liest ein Buch.", "", "Leute stehen."]
+
+
+@pytest.mark.parametrize("settings, per_request", [({}, 1), ({"beam": 3, "nbest": 2}, 2)])
+def test_concurrent_requests_are_decoded_in_one_batch_as_each_alone(checkpoint, settings, per_request):
+    """Dynamic batching: concurrent requests of one search are decoded in one call (sentences of
+    different lengths, so padded), and each gets what it gets alone, in its own order."""
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    groups = [BATCH_SENTENCES[i : i + per_request] for i in range(0, len(BATCH_SENTENCES), per_request)]
+    with batching_server(checkpoint, max_batch_sentences=len(BATCH_SENTENCES)) as (srv, calls):
+        answers = ask_together(srv, [{"texts": group, **settings} for group in groups])
+    assert len(calls) == 1 and calls[0][0] == len(BATCH_SENTENCES), calls  # one batch of every request's sentences
+    for group, (status, out) in zip(groups, answers):
+        alone = translator.translate(group, beam=settings.get("beam"), nbest=settings.get("nbest"))
+        assert status == 200, out
+        if "nbest" in settings:
+            assert [[h["text"] for h in hyps] for hyps in out["translations"]] == [[h.text for h in hyps] for hyps in alone]
+            assert [[h["score"] for h in hyps] for hyps in out["translations"]] == \
+                [pytest.approx([h.score for h in hyps], abs=1e-4) for hyps in alone]
+        else:
+            assert out == {"translations": [hyps[0].text for hyps in alone]}
+
+
+def test_requests_of_different_searches_are_not_batched_together(checkpoint):
+    with batching_server(checkpoint, max_batch_sentences=3) as (srv, calls):
+        bodies = [{"text": s} for s in BATCH_SENTENCES[:3]] + [{"text": s, "beam": 2} for s in BATCH_SENTENCES[3:]]
+        answers = ask_together(srv, bodies)
+    assert [status for status, _ in answers] == [200] * 6, answers
+    assert sorted(calls) == [(3, "beam", 2), (3, "greedy", 5)], calls  # two batches, each of one search
+
+
+def test_a_bad_request_in_a_batch_fails_alone(checkpoint):
+    """A sentence longer than the model's positions fails the Translator's whole call: the batch's
+    requests are then decoded one by one, and only the bad one gets its 400."""
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    too_long = "a " * 1100  # 1,100 tokens: past the tiny model's 1,024 positions, within --max-chars
+    with batching_server(checkpoint, max_batch_sentences=3) as (srv, calls):
+        answers = ask_together(srv, [{"text": "Ein Hund."}, {"text": too_long}, {"text": "Zwei Katzen."}])
+    assert answers[0] == (200, {"translation": translator("Ein Hund.")})
+    assert answers[2] == (200, {"translation": translator("Zwei Katzen.")})
+    assert answers[1][0] == 400 and answers[1][1]["error"].startswith('"text": 1100 source tokens'), answers[1]
+    assert calls[0] == (3, "greedy", 5) and sorted(calls[1:]) == [(1, "greedy", 5)] * 3, calls
+
+
+def test_closing_drains_queued_requests_and_fails_those_left_after_the_wait(checkpoint):
+    """A stopping server decodes the requests queued without waiting for their batch to fill (a
+    minute here); a request still queued after server_close's wait (the model busy) gets 503 and
+    Retry-After at once, not a wait without end, and new requests are refused so."""
+    with batching_server(checkpoint, max_batch_sentences=8) as (srv, calls):
+        answers = []
+        client = threading.Thread(target=lambda: answers.append(call(srv, "/translate", {"text": "Ein Hund."})))
+        client.start()
+        while not srv.batcher.queued():
+            threading.Event().wait(0.01)
+        srv.shutdown()
+        srv.server_close(wait=60)  # drained: decoded at once, not after the batch's minute
+        client.join(60)
+        assert answers and answers[0][0] == 200, answers
+    with batching_server(checkpoint, max_batch_sentences=2) as (srv, calls):
+        answers = {}
+        with srv.lock:  # the model busy: the worker holds the first request's (full) batch, waiting for the model
+            first = threading.Thread(target=lambda: answers.__setitem__("first", call(srv, "/translate",
+                                                                                     {"texts": ["Ein Hund.", "Ein Mann."]})))
+            first.start()
+            while srv.lock.waiting() < 2:  # this thread's and the worker's
+                threading.Event().wait(0.01)
+            second = threading.Thread(target=lambda: answers.__setitem__("second", call(srv, "/translate", {"text": "Eine Katze."})))
+            second.start()
+            while not srv.batcher.queued():
+                threading.Event().wait(0.01)
+            srv.shutdown()
+            srv.server_close(wait=0.5)
+            second.join(60)
+            assert answers["second"] == (503, {"error": "the server stopped before this request was decoded; send it again"})
+        first.join(60)
+        assert answers["first"][0] == 200  # the batch being decoded is answered
+        with pytest.raises(cometnmt.serve.RequestError, match="the server is stopping"):
+            srv.translate({"text": "Ein Hund."})
+
+
+def test_batching_options_are_checked_and_shown_in_health(checkpoint, server):
+    from cometnmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--batch-wait-ms -1: must be a number of milliseconds, 0 or more"):
+        make_server(str(checkpoint), port=0, batch_wait_ms=-1, flags=True)
+    with pytest.raises(ConfigError, match=r"max_batch_sentences=0: must be at least 1 \(1: no batching"):
+        make_server(str(checkpoint), port=0, max_batch_sentences=0)
+    assert call(server, "/health")[1]["batching"] == {"max_batch_sentences": 64, "batch_wait_ms": 5.0}  # the defaults
+    off = make_server(str(checkpoint), port=0, device="cpu", batch_wait_ms=0)
+    try:
+        assert off.batcher is None and off.health()["batching"] is None
+    finally:
+        off.server_close()
