@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 _SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "temperature", "seed", "replace_unk")
 _POST = {"/translate": "translate", "/logprob": "log_prob"}  # route -> TranslationServer method
 _GONE = "the client closed its connection while the request waited for the model; not decoded"
-_EXAMPLE = {"/translate": '{"text": "Ein Hund."}', "/logprob": '{"source": "Ein Hund.", "target": "A dog."}'}  # route -> a body
+# language -> a sentence for the example bodies of error messages (Multi30k's languages); another gets a neutral one
+_EXAMPLE_SENTENCES = {"de": "Ein Hund.", "en": "A dog.", "fr": "Un chien.", "cs": "Pes."}
 
 
 class FifoLock:
@@ -218,13 +219,14 @@ def _utf16_hint(raw: bytes) -> str:
     return "; it holds NUL bytes, as UTF-16 text does: send the JSON in UTF-8 (RFC 8259 8.1)"
 
 
-def _form_hint(raw: bytes) -> str:
+def _form_hint(raw: bytes, example: str) -> str:
     """For a body that is not JSON but an HTML form's fields (``text=Ein+Hund.``, as ``curl -d
-    text=...`` or Python requests' ``data={...}`` send): how to send JSON instead."""
+    text=...`` or Python requests' ``data={...}`` send): how to send JSON instead (``example``, a
+    body of the endpoint: :meth:`TranslationServer.example`)."""
     if not re.match(rb"[A-Za-z_][\w.-]*=", raw):
         return ""
     return ('; it looks form-encoded (name=value): send a JSON object, e.g. curl -H "Content-Type: application/json" '
-            """-d '{"text": "Ein Hund."}', or requests.post(url, json={"text": "Ein Hund."})""")
+            f"-d '{example}', or requests.post(url, json={example})")
 
 
 _JSON_CHARSETS = ("utf-8", "utf8", "us-ascii")  # JSON is UTF-8 (RFC 8259 8.1); ASCII is a part of it
@@ -607,6 +609,17 @@ class TranslationServer(ThreadingHTTPServer):
         if self.client_gone(handler):
             raise ConnectionAbortedError(_GONE)
 
+    def example(self, route: str) -> str:
+        """A JSON body for ``route`` (/translate or /logprob) in the model's languages, for error
+        messages: they showed German ({"text": "Ein Hund."}) whatever the model translates from. A
+        language without an example sentence gets a neutral one."""
+        data = self.translator.cfg.data if self.translator is not None else None
+        src = _EXAMPLE_SENTENCES.get(data.src_lang if data else "", "Your sentence.")
+        if route == "/logprob":
+            tgt = _EXAMPLE_SENTENCES.get(data.tgt_lang if data else "", "Its translation.")
+            return json.dumps({"source": src, "target": tgt}, ensure_ascii=False)
+        return json.dumps({"text": src}, ensure_ascii=False)
+
     def health(self) -> dict:
         cfg = self.translator.cfg
         arch = "ensemble" if isinstance(self.checkpoint, list) else cfg.model.arch
@@ -973,7 +986,7 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._read_body()
             if not raw.strip(b" \t\r\n"):  # was 'not valid JSON: Expecting value: line 1 column 1 (char 0)'
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is empty; send a JSON object, e.g. "
-                                                           f"{_EXAMPLE[self._route()]}")
+                                                           f"{self.server.example(self._route())}")
             try:
                 # a byte order mark before the JSON (Notepad's UTF-8, curl --data-binary @file of it) is dropped, as
                 # RFC 8259 8.1 allows: it was 'not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)'
@@ -982,7 +995,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid UTF-8 (byte {exc.start})"
                                                            f"{_utf16_hint(raw)}") from None
             except json.JSONDecodeError as exc:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}{_form_hint(raw)}"
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}"
+                                                           f"{_form_hint(raw, self.server.example(self._route()))}"
                                                            f"{_utf16_hint(raw)}") from None
             except RecursionError:
                 raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None

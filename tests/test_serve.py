@@ -1502,3 +1502,17 @@ def test_batching_options_are_checked_and_shown_in_health(checkpoint, server):
         assert off.batcher is None and off.health()["batching"] is None
     finally:
         off.server_close()
+@pytest.mark.parametrize("src_lang, tgt_lang, translate, logprob", [
+    ("en", "fr", '{"text": "A dog."}', '{"source": "A dog.", "target": "Un chien."}'),
+    ("ja", "de", '{"text": "Your sentence."}', '{"source": "Your sentence.", "target": "Ein Hund."}'),
+])
+def test_example_bodies_in_errors_are_in_the_models_languages(server, monkeypatch, src_lang, tgt_lang, translate, logprob):
+    """The empty-body and form-encoded hints showed {"text": "Ein Hund."} whatever the model
+    translates from: now a sentence of its source language (a neutral one for a language without one)."""
+    monkeypatch.setattr(server.translator.cfg.data, "src_lang", src_lang)
+    monkeypatch.setattr(server.translator.cfg.data, "tgt_lang", tgt_lang)
+    status, out = call(server, "/translate", raw=b"text=Hello")
+    assert status == 400 and f"-d '{translate}', or requests.post(url, json={translate})" in out["error"], out
+    assert "Ein Hund" not in out["error"].replace(translate, "")
+    assert call(server, "/translate", raw=b"") == (400, {"error": f"the body is empty; send a JSON object, e.g. {translate}"})
+    assert call(server, "/logprob", raw=b"") == (400, {"error": f"the body is empty; send a JSON object, e.g. {logprob}"})
