@@ -22,7 +22,7 @@ A setting given as ``null`` keeps the server's default (the checkpoint's search,
 command's ``--beam`` and friends); ``beam`` and ``nbest`` are capped (``--max-beam``, default 64),
 since a beam's (or the samples') memory grows with its width. With a seed (the request's or the
 server's) the same request gets the same samples. Bad requests get status 400 (411 without a
-Content-Length, 413 for too many sentences (``--max-sentences``, default 1000), a sentence of too many
+Content-Length, saying which JSON body the endpoint wants, 413 for too many sentences (``--max-sentences``, default 1000), a sentence of too many
 characters (``--max-chars``, default 10,000: the RNN has no position limit, and one long sentence held
 the model for hours) or too large a body (1 MiB), 415 for a compressed one (``Content-Encoding``) or one whose ``Content-Type`` is not
 ``application/json`` (a ``+json`` type and a UTF-8 charset are taken; a body without the header is read as JSON), 408 for a body that stops
@@ -78,6 +78,8 @@ _SETTINGS = ("beam", "nbest", "length_penalty", "sampling", "topk", "topp", "tem
 _POST = {"/translate": "translate", "/logprob": "log_prob"}  # route -> TranslationServer method
 _GONE = "the client closed its connection while the request waited for the model; not decoded"
 # language -> a sentence for the example bodies of error messages (Multi30k's languages); another gets a neutral one
+_FIELDS = {"/translate": '"text": a sentence, or "texts": a list of them',  # route -> what its body holds
+           "/logprob": '"source" and "target", or "sources" and "targets"'}
 _EXAMPLE_SENTENCES = {"de": "Ein Hund.", "en": "A dog.", "fr": "Un chien.", "cs": "Pes."}
 
 
@@ -937,9 +939,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length header, not chunked")
         length = self._length  # one, and digits only: parse_request answered 400 otherwise
-        if length is None:
+        if length is None:  # curl -X POST without -d, say: said only "send a Content-Length header"
             self.close_connection = True
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send a Content-Length header")
+            fields = _FIELDS[self._route()]
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, f"POST {self._route()} needs a JSON body ({fields}), e.g. "
+                                                           f"{self.server.example(self._route())}, sent with a "
+                                                           "Content-Length header; this request has neither")
         if length > self.server.max_body_bytes:
             self.close_connection = True
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,

@@ -1516,3 +1516,16 @@ def test_example_bodies_in_errors_are_in_the_models_languages(server, monkeypatc
     assert "Ein Hund" not in out["error"].replace(translate, "")
     assert call(server, "/translate", raw=b"") == (400, {"error": f"the body is empty; send a JSON object, e.g. {translate}"})
     assert call(server, "/logprob", raw=b"") == (400, {"error": f"the body is empty; send a JSON object, e.g. {logprob}"})
+
+
+@pytest.mark.parametrize("path, needle", [
+    ("/translate", 'POST /translate needs a JSON body ("text": a sentence, or "texts": a list of them), e.g. '
+                   '{"text": "Ein Hund."}, sent with a Content-Length header; this request has neither'),
+    ("/logprob", 'POST /logprob needs a JSON body ("source" and "target", or "sources" and "targets"), e.g. '
+                 '{"source": "Ein Hund.", "target": "A dog."}, sent with a Content-Length header; this request has neither'),
+])
+def test_a_post_without_a_body_says_what_to_send(server, path, needle):
+    """curl -X POST without -d sends no body and no Content-Length: the answer, 411 Length Required,
+    said only "send a Content-Length header", not that the endpoint wants a JSON body and which."""
+    status, connection, out = answer_then_close(server, f"POST {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert (status, connection, out) == (411, "close", {"error": needle})
