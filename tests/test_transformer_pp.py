@@ -483,3 +483,32 @@ def test_conv_attention_is_eqs_1_to_5_written_out(kernel_size, dilation):
             torch.testing.assert_close(enc[b, :n], reference(x[b, :n], causal=False), atol=1e-5, rtol=1e-5)
         for b in range(2):
             torch.testing.assert_close(dec[b], reference(x[b], causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_the_tag_losses_of_training_are_not_kept_by_a_model_put_to_inference():
+    """forward keeps the tag losses on the module for the trainer (extra_losses): the last training
+    step's stayed there, autograd nodes and all, while the model went on translating (a Translator
+    of the trained model; serve shares one between its threads). eval() now drops them, and
+    inference (encode, decode, search) stores none."""
+    import gc
+    import weakref
+
+    cfg = from_dict(ModelConfig, {"arch": "transformer_pp", "d_model": 16, "n_heads": 2, "enc_layers": 3, "dec_layers": 1,
+                                  "d_ff": 16, "transformer_pp": {"tasks": ["pos"]}}, "model")
+    model = build_model(cfg, 11, 11, PAD)
+    src = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    tags = {"pos": torch.tensor([[1, 2, 3], [4, 5, IGNORE]])}
+    model.train()(src, src.eq(PAD), src, tags=tags).sum().backward()
+    loss = model.extra_losses()["pos"][0]
+    assert loss.grad_fn is not None
+    held = weakref.ref(loss)
+    del loss
+    gc.collect()
+    assert held() is not None  # kept by the module after the step
+    model.eval()
+    gc.collect()
+    assert held() is None and model.extra_losses() == {}
+    with torch.no_grad():
+        greedy_search(model, src, src.eq(PAD), BOS, EOS, 1.0, 2)
+        model.decode(src, model.encode(src, src.eq(PAD)))
+    assert model.extra_losses() == {} and model._extra == {}

@@ -370,6 +370,14 @@ class TransformerPP(Transformer):
     def extra_losses(self) -> dict[str, tuple[torch.Tensor, float]]:
         return dict(self._extra)
 
+    def train(self, mode: bool = True) -> "TransformerPP":
+        """Also drop the tag losses of the last forward (``eval()`` calls this too): the last training
+        step's stayed on the module, with their autograd nodes, for as long as the model lived (a
+        Translator made of the trained model, serve's shared one). Inference never stores any: search,
+        forced decoding and attention call ``encode``/``decode``/``step``, not ``forward``."""
+        self._extra = {}
+        return super().train(mode)
+
 
 def check_config(cfg) -> None:
     """Cross-field checks of model.transformer_pp against the shared sizes; ConfigError naming keys."""
