@@ -264,3 +264,93 @@ def test_compiled_bf16_training_is_judged_by_a_float32_reference(data_dir, monke
     result = check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=1, log=lines.append, conv_path="conv1d")
     assert result["steps"] == 1 and "against float32" in lines[0], lines
     assert result["ok"] is not corrupt and (result["worst_margin"] > 1) is corrupt, (result, lines)
+
+
+def test_check_compile_takes_suspected_causes_out(data_dir, monkeypatch):
+    """bench/check_compile.py --without CAUSE ... (scripts/gpu_session.sh cgbisect2 runs each on CUDA,
+    where compiled COMET's gradients failed with CUDA graphs) works as a code path: torch.compile
+    faked (the compiled trainer runs eagerly), tiny COMET on CUDA's F.conv1d path with padded
+    batches, every cause taken out at once. The check still passes; no custom autograd Function
+    runs (without the switch both the gated convolution's and the masked batch norm's do); the
+    compiled model's running statistics stay as copied in while eager's move; the compiled
+    gradients come through a clone hook and its backward through the synchronising wrapper; the
+    compiler settings are in force during the compiled step and restored after the check."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import check_compile
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from cometnmt.models import comet
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
+    applied = []
+    for function in (comet._GatedConv1d, comet._MaskedBatchNormTrain):
+        original = function.apply
+        monkeypatch.setattr(function, "apply", lambda *args, original=original, name=function.__name__:
+                            applied.append(name) or original(*args))
+    trainers, settings = [], []
+    build = check_compile.build
+
+    def kept(cfg, *args, **kwargs):
+        trainer = build(cfg, *args, **kwargs)
+        trainers.append(trainer)
+        if cfg.train.compile:
+            trainer.model.register_forward_pre_hook(lambda *_: settings.append(
+                (inductor_config.triton.cudagraph_trees, inductor_config.allow_buffer_reuse, inductor_config.inplace_buffers,
+                 functorch_config.donated_buffer, dynamo_config.automatic_dynamic_shapes)))
+        return trainer
+
+    monkeypatch.setattr(check_compile, "build", kept)
+    cfg = tiny_cfg("unused", data_dir, "train.accum_steps=1", "train.compile=true")
+    before = (comet._MaskedBatchNormTrain, inductor_config.triton.cudagraph_trees)
+    result = check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=1, log=lambda line: None, conv_path="conv1d")
+    assert result["ok"] and {"_GatedConv1d", "_MaskedBatchNormTrain"} <= set(applied), (result, applied)
+    applied.clear()
+    trainers.clear()
+    settings.clear()
+    result = check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=1, log=lambda line: None,
+                                 conv_path="conv1d", without=list(check_compile.CAUSES))
+    assert result["ok"] and result["steps"] == 1 and applied == [], (result, applied)
+    eager, compiled = trainers[:2]
+    e_norm, c_norm = (next(m for m in t.model.modules() if isinstance(m, comet.MaskedBatchNorm)) for t in (eager, compiled))
+    assert not torch.equal(e_norm.running_mean, torch.zeros_like(e_norm.running_mean))  # eager moved them
+    assert torch.equal(c_norm.running_mean, torch.zeros_like(c_norm.running_mean))  # compiled kept the copy
+    assert all(m.fused_gate is False for t in trainers for m in t.model.modules() if isinstance(m, comet.GatedConv))
+    assert all(p._backward_hooks for p in compiled.model.parameters())
+    assert compiled.backward.__name__ == "run"  # check_compile._synced
+    assert settings and set(settings) == {(False, False, False, False, False)}, settings
+    assert (comet._MaskedBatchNormTrain, inductor_config.triton.cudagraph_trees) == before
+    with pytest.raises(ValueError, match="--without nothing: one of functions"):
+        check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=1, log=lambda line: None, without=["nothing"])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_failing_check_says_what_the_bad_gradient_looks_like(data_dir, monkeypatch, precision):
+    """A failing step's line of bench/check_compile.py ends with the judged tensor's norm compiled
+    and eager (and float32 in bf16), its non-finite values, the loss's error and the count of
+    failing gradients and buffers, so that one GPU log tells a misrouted gradient (norm about 0)
+    from garbage (orders of magnitude off). torch.compile faked; the compiled model's first
+    parameter's gradient is scaled by 1000 (a hook)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import check_compile
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
+    build, names = check_compile.build, []
+
+    def corrupted(cfg, *args, **kwargs):
+        trainer = build(cfg, *args, **kwargs)
+        if cfg.train.compile:
+            name, param = next(iter(trainer.model.named_parameters()))
+            param.register_hook(lambda grad: grad * 1000)
+            names.append(name)
+        return trainer
+
+    monkeypatch.setattr(check_compile, "build", corrupted)
+    lines = []
+    cfg = tiny_cfg("unused", data_dir, "data.max_train_pairs=100", "train.accum_steps=1", "train.compile=true",
+                   f"train.precision={precision}")
+    result = check_compile.check(cfg, torch.device("cpu"), n_groups=1, passes=1, log=lines.append)
+    assert not result["ok"] and lines[0].endswith("FAIL"), lines
+    assert f"grad {names[0]} norm compiled " in lines[0] and ", eager " in lines[0], lines
+    assert (", float32 " in lines[0]) is (precision == "bf16"), lines
+    assert "non-finite 0; loss error 0.0e+00; 1 gradients and 0 buffers fail" in lines[0], lines
