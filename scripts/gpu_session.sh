@@ -12,7 +12,7 @@
 #   source scripts/gpu_env.sh && export COMETNMT_COMMIT=<sha> && bash scripts/gpu_session.sh PART
 # (gpu_bundle.sh also builds Transformer++'s spaCy tag cache into .gpu/cache; gpu_env.sh uses it)
 # PART (`next` runs the first piece that scripts/gpu_done.txt does not list: benchq, benchpp, gcq,
-# gcab, kernels, cgbisect, tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
+# gcab, kernels, cgbisect2, cgbisect, tpp1-3, check, benchcg), described below (ran on 2026-11-23: bnlen -> reports/comet_bn_length; tpp with the old
 # baselines -> reports/transformer_pp_en_de; the single bench lines -> bench/results/gpu_h100):
 #   benchq   first (~5 min): the one bf16 line, now with the models taking turns in rounds
 #            (bench.py --rounds, default 8 on the GPU). One model after the other, the same line gave
@@ -54,7 +54,16 @@
 #            step: transformer.yaml reduce-overhead (the control: CUDA graphs without COMET's
 #            modules), comet_bn_length reduce-overhead --conv-path im2col (CUDA graphs without the
 #            F.conv1d path and its autograd Function), comet_bn_length mode default (the F.conv1d
-#            path without CUDA graphs). In `next` right after gcab, before tpp1
+#            path without CUDA graphs). In `next` after cgbisect2, before tpp1
+#   cgbisect2 (~5 min, each run bounded, the piece by CGB2_SECONDS, default 300) check's failure taken
+#            apart by suspected cause (bench/check_compile.py --without; bench/README.md's check_compile
+#            section lists them with their evidence): comet_bn_length, reduce-overhead, bf16, one batch
+#            shape (CGB2_GROUPS=2: two) taken 3 times (CUDA graphs' warm-up, recording, replay; one compilation). First as it is,
+#            with TORCH_LOGS=perf_hints (were CUDA graphs skipped, and why), then every cause out at once,
+#            then one at a time: autograd Functions, batch-norm statistics in the graph, gradients in the
+#            graphs' pool with synchronised streams, cudagraph trees, inductor's buffer reuse. Each
+#            check's last line says ok or FAIL; a failing step's line says what the bad gradient looks
+#            like (its norm against eager's, non-finite values, the loss's error). In `next` right after cgbisect
 #   benchcg  (~5-7 min, estimate) only after check passed: bench.py's rounds and
 #            bench_transformer_pp.py with --compile reduce-overhead. The GPU steps are launch-bound
 #            (MFU < 1%) and CUDA graphs replay a whole step's kernels in one launch, so this is the
@@ -118,7 +127,7 @@
 # DEADLINE (seconds, default 480) bounds the training of a part; runs not finished by then are
 # reported as missing and must be rerun in a later call.
 set -euo pipefail
-part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|gcab|kernels|cgbisect|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
+part=${1:?usage: bash scripts/gpu_session.sh next|bench|benchq|gcq|gcab|kernels|cgbisect2|cgbisect|check|benchcg|cgrun|benchpp|tpp|tcbn|gridtime|bnlen|grid|paper}
 deadline=${DEADLINE:-480}
 out=${OUT:?set OUT to the folder whose files come back}
 export COMETNMT_COMMIT=${COMETNMT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -218,9 +227,10 @@ case "$part" in
     # CUDA kernels and time a step by operator of the same three models; then tpp1, tpp2, tpp3 (issue 4's
     # like-for-like quality, its last open measurement: one seed of Transformer++ and of its
     # baseline side by side, ~5-7 min, estimate from 6 runs in 13.4 min), one a session since a
-    # seed's two runs cannot resume in a later session (cgbisect, ~5, right after gcab and kernels and before them: it locates
-    # check's failure; gcab, kernels and cgbisect fill about one session's device time, so cgbisect
-    # may wait for the next session); then check (~3-5), the CUDA-graph
+    # seed's two runs cannot resume in a later session (cgbisect2, ~5, right after gcab and kernels and
+    # before them: which suspected cause check's failure goes away without; cgbisect, ~5, after it: the
+    # same failure by configuration; gcab and kernels fill most of one session's device time, so the
+    # two may wait for the next session); then check (~3-5), the CUDA-graph
     # equivalence; then benchcg if check passed. Each
     # piece is bounded so that the call ends before the 600 s limit of a call (tpp's training stops
     # ~55 s before, for decoding and packing); a piece without the time it needs waits for the next
@@ -249,7 +259,8 @@ case "$part" in
     once gcq 330 || exit 0
     once gcab 330 || exit 0
     once kernels 190 || exit 0  # CUDA kernels and time a step, by operator: what the gcab ratios are made of
-    once cgbisect 320 || exit 0  # where check's failure comes from: with gcab, issue 3's GPU questions
+    once cgbisect2 320 || exit 0  # which suspected cause check's failure goes away without
+    once cgbisect 320 || exit 0  # where check's failure comes from, by configuration
     for seed in 1 2 3; do
       if pending "tpp$seed"; then
         # one seed a session: its training stops ~55 s before the call's end, for decoding and packing
@@ -282,6 +293,29 @@ case "$part" in
     cg 115 --mode default --configs configs/multi30k/comet_bn_length.yaml
     cg 80 --mode reduce-overhead --configs configs/multi30k/transformer.yaml
     exit $rc ;;
+  cgbisect2)  # check's failure taken apart by suspected cause (see the top of this file): every run bounded by
+    # its own limit and by what is left of CGB2_SECONDS; every one run whatever the others gave; fails if any
+    # failed, ran out of time or had no time left
+    rc=0
+    budget=$((SECONDS + ${CGB2_SECONDS:-300}))
+    cg2() {
+      local limit=$1; shift
+      local left=$((budget - SECONDS))
+      if [ "$left" -lt 30 ]; then echo "cgbisect2: not run, no time left (--without $*)"; rc=1; return; fi
+      [ "$left" -lt "$limit" ] && limit=$left
+      echo "cgbisect2: --without ${*:-nothing} (limit ${limit} s)"
+      timeout -k 10 "$limit" python bench/check_compile.py --device cuda --mode reduce-overhead --precision bf16 \
+        --groups "${CGB2_GROUPS:-1}" --passes 3 --configs configs/multi30k/comet_bn_length.yaml ${*:+--without "$@"} \
+        || { echo "cgbisect2: exit $? (--without ${*:-nothing})"; rc=1; }
+    }
+    TORCH_LOGS=perf_hints cg2 90  # as check ran it: does it fail at the first step already?
+    cg2 75 functions bn-stats grad-pool streams buffer-reuse  # all at once: passes if the cause is among them
+    cg2 70 functions  # COMET's autograd Functions (torch 2.11's dynamo, pytorch/pytorch#180642)
+    cg2 70 bn-stats  # running-statistic updates (buffer mutations) inside the graph
+    cg2 45 grad-pool streams  # runtime only, the same graphs (inductor's cache): gradients in the pool, streams
+    cg2 70 trees  # the older CUDA-graph wrapper
+    cg2 70 buffer-reuse  # inductor's buffer reuse and donated buffers
+    exit $rc ;;
   benchcg)  # the speed ratios with CUDA graphs: torch.compile mode reduce-overhead replays one graph per
     # batch shape (Multi30k's 2,048-token batches have 141 shapes, all of them in every epoch, so a run
     # records them in epoch 1 and replays them after). Issue 3's ratio in rounds, then issue 4's
@@ -306,5 +340,5 @@ case "$part" in
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/${BENCHQ_OUT:-gpu_bf16_unpadded.json}" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, kernels, cgbisect, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, kernels, cgbisect2, cgbisect, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
