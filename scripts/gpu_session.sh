@@ -59,7 +59,8 @@
 #            apart by suspected cause (bench/check_compile.py --without; bench/README.md's check_compile
 #            section lists them with their evidence): comet_bn_length, reduce-overhead, bf16, one batch
 #            shape (CGB2_GROUPS=2: two) taken 3 times (CUDA graphs' warm-up, recording, replay; one compilation). First as it is,
-#            with TORCH_LOGS=perf_hints (were CUDA graphs skipped, and why), then every cause out at once,
+#            with TORCH_LOGS=perf_hints (were CUDA graphs skipped, and why), again with inductor's caches
+#            warm (a pass then: a first-compilation effect such as autotuning), then five causes out at once,
 #            then one at a time: autograd Functions, batch-norm statistics in the graph, gradients in the
 #            graphs' pool with synchronised streams, cudagraph trees, inductor's buffer reuse. Each
 #            check's last line says ok or FAIL; a failing step's line says what the bad gradient looks
@@ -309,6 +310,9 @@ case "$part" in
         || { echo "cgbisect2: exit $? (--without ${*:-nothing})"; rc=1; }
     }
     TORCH_LOGS=perf_hints cg2 90  # as check ran it: does it fail at the first step already?
+    # as it is again, inductor's caches now warm (kernels and their autotuned configs loaded, not tuned
+    # anew): a pass here makes the failure a first-compilation effect, and the later runs' passes mean nothing
+    cg2 50
     cg2 75 functions bn-stats grad-pool streams buffer-reuse  # all at once: passes if the cause is among them
     cg2 70 functions  # COMET's autograd Functions (torch 2.11's dynamo, pytorch/pytorch#180642)
     cg2 70 bn-stats  # running-statistic updates (buffer mutations) inside the graph
