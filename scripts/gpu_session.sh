@@ -37,7 +37,7 @@
 #            comet and comet@unfused on the same batches: CUDA kernels a step and their GPU time, the
 #            host's dispatch time, by operator, and COMET minus the Transformer, into gpu_kernels.json
 #            (the table in kernels.log). count_ops.py counts operators, and some launch several kernels.
-#            In `next` right after gcab, before cgbisect
+#            In `next` right after gcab, before cgbisect2
 #   check    (~3-5 min, estimate) bench/check_compile.py: torch.compile with CUDA graphs
 #            (train.compile_mode reduce-overhead) and bf16 computes the eager loss, gradients and
 #            batch-norm statistics, step by step over repeated batch shapes (comet_bn_length,
@@ -64,7 +64,7 @@
 #            then one at a time: autograd Functions, batch-norm statistics in the graph, gradients in the
 #            graphs' pool with synchronised streams, cudagraph trees, inductor's buffer reuse. Each
 #            check's last line says ok or FAIL; a failing step's line says what the bad gradient looks
-#            like (its norm against eager's, non-finite values, the loss's error). In `next` right after cgbisect
+#            like (its norm against eager's, non-finite values, the loss's error). In `next` after kernels, before cgbisect
 #   benchcg  (~5-7 min, estimate) only after check passed: bench.py's rounds and
 #            bench_transformer_pp.py with --compile reduce-overhead. The GPU steps are launch-bound
 #            (MFU < 1%) and CUDA graphs replay a whole step's kernels in one launch, so this is the
