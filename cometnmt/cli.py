@@ -19,6 +19,7 @@ from pathlib import Path
 from cometnmt.atomic import refuse_overwrite
 from cometnmt.errors import CheckpointError, CometNMTError, DataError
 from cometnmt.interrupts import first_raises
+from cometnmt.training.run_files import LAST_CHECKPOINT
 
 log = logging.getLogger("cometnmt")
 
@@ -51,7 +52,6 @@ def cmd_train(args) -> int:
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
     try:
         from cometnmt.config import load_config
-        from cometnmt.training.checkpoint import LAST_CHECKPOINT
         from cometnmt.training.run import train
 
         cfg = load_config(args.config, args.set)
@@ -638,7 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model from a YAML config")
     p.add_argument("config", help="YAML file, e.g. configs/multi30k/transformer.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4")
-    p.add_argument("--resume", action="store_true", help="continue the run in train.save_dir from last.pt")
+    p.add_argument("--resume", action="store_true", help=f"continue the run in train.save_dir from {LAST_CHECKPOINT}")
     p.add_argument("--init-from", dest="init_from", metavar="CKPT",
                    help="start a new run from a trained checkpoint's weights and vocabularies (fine-tuning; fresh optimizer "
                         "and schedule); the config's model and vocabulary keys must fit the checkpoint")

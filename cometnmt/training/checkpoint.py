@@ -5,7 +5,6 @@ file behind."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +14,11 @@ from cometnmt.atomic import atomic_write
 from cometnmt.config import changed_keys, config_from_dict, to_dict
 from cometnmt.errors import CheckpointError, ConfigError
 
-FORMAT_VERSION = 1
-
 # a run folder's files, as the trainer names them; every reader names them by these constants
-LAST_CHECKPOINT = "last.pt"  # the run's latest state: each epoch's end, train.save_every, max_steps, an interrupt
-BEST_CHECKPOINT = "best.pt"  # the best validation under the stopping rule's measure
-EPOCH_CHECKPOINT = re.compile(r"epoch(\d+)\.pt")  # epoch_checkpoint_name's names (train.keep_checkpoints)
-EPOCH_CHECKPOINT_GLOB = "epoch*.pt"  # a glob finding them (and names the trainer does not write: epoch_avg.pt)
-METRICS_FILE = "metrics.jsonl"  # the run folder's log of train and valid records, one JSON object a line
-CONFIG_FILE = "config.yaml"  # the run's config, written by train() as the run starts
+from cometnmt.training.run_files import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CHECKPOINT, EPOCH_CHECKPOINT_GLOB,  # noqa: F401
+                                         LAST_CHECKPOINT, METRICS_FILE)
+
+FORMAT_VERSION = 1
 
 
 def epoch_checkpoint_name(epoch: int) -> str:
