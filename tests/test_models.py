@@ -412,6 +412,30 @@ def test_an_architecture_of_ones_own_is_put_under_every_property_by_cometnmt_plu
     assert "test_arch_copy.py::test_learns_to_copy[my_arch]" in proc.stdout
 
 
+def test_a_plugin_that_calls_sys_exit_is_the_broken_plugin_line(tmp_path, monkeypatch, capsys):
+    """A $COMETNMT_PLUGINS file calling sys.exit() as it imports ended the CLI with that status and
+    no word of which plugin (load_plugins caught Exception, not SystemExit). It is now the broken
+    plugin's line, exit 2; Ctrl-C in a plugin (KeyboardInterrupt) is still an interrupt."""
+    from cometnmt.cli import main
+    from cometnmt.errors import ConfigError
+    from cometnmt.models import load_plugins
+
+    exits = tmp_path / "exits_arch.py"
+    exits.write_text("import sys\n\nsys.exit(3)\n", encoding="utf-8")
+    monkeypatch.setenv("COMETNMT_PLUGINS", str(exits))
+    line = f"$COMETNMT_PLUGINS: cannot import '{exits}' ({exits}:3): SystemExit: 3"
+    with pytest.raises(ConfigError) as caught:
+        load_plugins()
+    assert str(caught.value) == line
+    assert main(["evaluate", "--hyp", str(exits), "--ref", str(exits)]) == 2
+    assert capsys.readouterr().err.endswith(f"cometnmt: error: {line}\n")
+    interrupted = tmp_path / "interrupted_arch.py"
+    interrupted.write_text("raise KeyboardInterrupt\n", encoding="utf-8")
+    monkeypatch.setenv("COMETNMT_PLUGINS", str(interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        load_plugins()
+
+
 def test_a_plugin_that_does_not_import_is_one_line_in_collection_and_in_the_cli(tmp_path):
     """A $COMETNMT_PLUGINS file that raises on import broke the collection of test_models.py and
     test_arch_copy.py with two tracebacks each (through importlib's frozen frames, then "The above

@@ -167,7 +167,8 @@ def _check_built_model(arch: str, builder: Builder, model: object) -> None:
 def load_plugins() -> None:
     """Import each module ``$COMETNMT_PLUGINS`` names (comma-separated: a module name importable
     from ``sys.path``, or a ``.py`` file), whose import registers architectures in REGISTRY. A
-    module that does not import is a ConfigError naming it and the line that failed."""
+    module that does not import is a ConfigError naming it and the line that failed, one that calls
+    ``sys.exit()`` as it imports (SystemExit) too; Ctrl-C (KeyboardInterrupt) stays an interrupt."""
     for entry in (e.strip() for e in os.environ.get(PLUGINS_ENV, "").split(",")):
         if not entry:
             continue
@@ -176,7 +177,7 @@ def load_plugins() -> None:
                 _import_file(Path(entry).expanduser())
             else:
                 importlib.import_module(entry)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # SystemExit: a plugin's sys.exit() ended the CLI without a word
             frames = [f for f in traceback.extract_tb(exc.__traceback__)  # the plugin's own line, if it failed there
                       if not f.filename.startswith(("<", os.path.dirname(importlib.__file__))) and f.filename != __file__]
             where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
