@@ -687,7 +687,8 @@ def validate(cfg: Config) -> None:
     # the shared Transformer sizes only where the architecture reads them: ConvS2S and the RNN take
     # theirs from their own sections, and a ConvS2S config with model.n_heads: 7 was refused. One
     # registered with uses=(...) reads those it declares; one registered without may read any, so
-    # none may be below 1 (model.d_model: 0 was a ZeroDivisionError from its builder)
+    # none may be below 1 (model.d_model: 0 was a ZeroDivisionError from its builder), and
+    # model.n_heads must divide model.d_model
     reads = model_keys_read(cfg.model.arch)
     sizes = {f"model.{key}": getattr(cfg.model, key) for key in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "max_positions")
              if reads is None or key in reads}
@@ -709,8 +710,9 @@ def validate(cfg: Config) -> None:
     if cfg.train.clip_norm is not None and not (math.isfinite(cfg.train.clip_norm) and cfg.train.clip_norm >= 0):
         raise ConfigError(f"config key 'train.clip_norm': must be a finite number at least 0 (0 or null: no clipping), "
                           f"got {cfg.train.clip_norm}")
-    if reads is not None and {"d_model", "n_heads"} <= reads and cfg.model.d_model % cfg.model.n_heads:
-        raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}")
+    if (reads is None or {"d_model", "n_heads"} <= reads) and cfg.model.d_model % cfg.model.n_heads:
+        raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}"
+                          f"{_may_read_any(cfg.model.arch, reads)}")
     if (reads is None or "dropout" in reads) and not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)"
                           f"{_may_read_any(cfg.model.arch, reads)}")

@@ -606,7 +606,8 @@ def test_the_shared_sizes_an_architecture_of_ones_own_reads_are_checked(dwconv, 
     architecture of one's own reached its builder ("ZeroDivisionError: 0.0 cannot be raised to a
     negative power" from the embeddings), and model.attention_dropout was refused for dwconv, whose
     builder (build_transformer's) reads it. Registered without uses=, its builder may read any
-    shared key: every size must be at least 1 and model.dropout in [0, 1), the error saying why;
+    shared key: every size must be at least 1, model.dropout in [0, 1) and model.n_heads must divide
+    model.d_model, the error saying why;
     registered with uses=(...), the keys it names are checked as the Transformer's (d_model divisible
     by n_heads where it reads both) and the others not, nor data.max_len against model.max_positions."""
     from cometnmt.models import REGISTRY, USES, register_architecture
@@ -619,7 +620,12 @@ def test_the_shared_sizes_an_architecture_of_ones_own_reads_are_checked(dwconv, 
                                               r"register_architecture\('dwconv', \.\.\., uses=\.\.\.\) names those it reads\)$"):
             load_config(None, ["model.arch=dwconv", override])
     assert load_config(None, ["model.arch=dwconv", "model.attention_dropout=0.1"]).model.attention_dropout == 0.1
-    assert load_config(None, ["model.arch=dwconv", "model.d_model=30"]).model.d_model == 30  # heads: its builder's to judge
+    # d_model not divisible by n_heads was the builder's to judge (dwconv's, build_transformer's, failed
+    # in its attention): checked for every architecture that may read both
+    with pytest.raises(ConfigError, match=r"^config key 'model.n_heads': 8 does not divide model.d_model=30 \(model.arch "
+                                          r"'dwconv' was registered without uses=\(\.\.\.\), so its builder may read any"):
+        load_config(None, ["model.arch=dwconv", "model.d_model=30"])
+    assert load_config(None, ["model.arch=dwconv", "model.d_model=32"]).model.d_model == 32
 
     build = REGISTRY["transformer"]
     monkeypatch.setitem(REGISTRY, "mine", build)  # removed again after the test
