@@ -195,10 +195,10 @@ def _search_label(decode: dict) -> str:
     return label + (", <unk> replaced" if decode.get("replace_unk") else "")  # reports from before it lack the key
 
 
-def _evaluate_run(args, run: Path, warned: set[str] | None = None) -> dict:
+def _evaluate_run(args, run: Path) -> dict:
     """Decode the validation and test splits with the run's own search; score them; collect the
-    learning curves, training speed and auxiliary losses from its metrics log. ``warned``: this
-    call's languages spaCy cannot tokenise, warned of once (:func:`~cometnmt.data.tokenizers.paper_tokenizer`)."""
+    learning curves, training speed and auxiliary losses from its metrics log. A language spaCy
+    cannot tokenise is warned of once in this call (:func:`run_compare`)."""
     from cometnmt.config import to_dict
     from cometnmt.data.tokenizers import paper_tokenizer
     from cometnmt.evaluation import score_with
@@ -210,7 +210,7 @@ def _evaluate_run(args, run: Path, warned: set[str] | None = None) -> dict:
     # was decoded by a beam of decode.beam_size, and with --beam 1 refused after every run had trained
     decode = decode_config(translator.cfg.decode, beam=args.beam, nbest=1, length_penalty=args.length_penalty)
     data = translator.cfg.data
-    tok = paper_tokenizer(data.tgt_lang, warned=warned)  # None: BLEU and chrF alone (a language spaCy cannot tokenise)
+    tok = paper_tokenizer(data.tgt_lang)  # None: BLEU and chrF alone (a language spaCy cannot tokenise)
     out = {"checkpoint": used, "decode": to_dict(decode), "arch": translator.cfg.model.arch,
            "parameters": sum(p.numel() for p in translator.model.parameters())}
     for split in ("valid", "test"):
@@ -234,9 +234,11 @@ def _evaluate_run(args, run: Path, warned: set[str] | None = None) -> dict:
 def run_compare(args) -> int:
     systems = _systems(args)
     names = [name for name, _ in systems]
-    warned: set[str] = set()  # a language spaCy cannot tokenise: warned of once in this call, not once a run
-    return run_and_report(args, _specs(args, systems), lambda run: _evaluate_run(args, run, warned),
-                          lambda records, missing, seconds: build_report(args, names, records, missing, seconds))
+    from cometnmt.data.tokenizers import warn_once_a_language
+
+    with warn_once_a_language():  # a language spaCy cannot tokenise: warned of once in this call, not once a run
+        return run_and_report(args, _specs(args, systems), lambda run: _evaluate_run(args, run),
+                              lambda records, missing, seconds: build_report(args, names, records, missing, seconds))
 
 
 # -- the report ---------------------------------------------------------------------------------

@@ -516,15 +516,15 @@ def language_code(value: object, name: str, flag: str | None = None) -> str:
     return value.lower()
 
 
-def paper_tokenizers(lang: str, src_lang: str | None, warned: set[str] | None = None) -> tuple:
+def paper_tokenizers(lang: str, src_lang: str | None) -> tuple:
     """The spaCy tokenizers :func:`score_with` takes: the target's, and the source's (for BLEU by
     length) when ``src_lang`` is given and the target's exists; None where spaCy cannot tokenise
-    the language (a warning says so, before any decoding; once a language in ``warned``, as
-    :func:`~cometnmt.data.tokenizers.paper_tokenizer`)."""
+    the language (a warning says so, before any decoding; once a language inside
+    :func:`~cometnmt.data.tokenizers.warn_once_a_language`)."""
     from cometnmt.data.tokenizers import paper_tokenizer
 
-    tgt_tok = paper_tokenizer(lang, warned=warned)
-    return tgt_tok, paper_tokenizer(src_lang, warned=warned) if src_lang is not None and tgt_tok is not None else None
+    tgt_tok = paper_tokenizer(lang)
+    return tgt_tok, paper_tokenizer(src_lang) if src_lang is not None and tgt_tok is not None else None
 
 
 def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str, src_lang: str,

@@ -103,11 +103,11 @@ def _specs(args, rows: list[str]) -> list[RunSpec]:
     return [RunSpec(r, Path(args.config_dir) / ROWS[r].preset, s, run_dir(Path(args.out), r, s)) for r, s in jobs]
 
 
-def _evaluate_run(args, run: Path, warned: set[str] | None = None) -> dict:
+def _evaluate_run(args, run: Path) -> dict:
     """Greedy-decode the validation and test splits with the run's best checkpoint; scored as
     compare scores (:func:`~cometnmt.evaluation.score_with`): where spaCy cannot tokenise a language
     (Japanese without SudachiPy, Korean without mecab-ko), BLEU and chrF without the paper's metric,
-    a warning naming the package (once a language in ``warned``, this call's), and ``not_computed``
+    a warning naming the package (once a language in this call: :func:`run_reproduce`), and ``not_computed``
     saying so."""
     from cometnmt.evaluation import paper_tokenizers, score_with
     from cometnmt.inference import Translator
@@ -118,7 +118,7 @@ def _evaluate_run(args, run: Path, warned: set[str] | None = None) -> dict:
     # (Translator.translate), so a run trained with decode.nbest 3 was beam-decoded, reported as greedy
     dcfg = dataclasses.replace(translator.cfg.decode, method="greedy", nbest=1)
     data = translator.cfg.data
-    tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang, warned)  # None where spaCy lacks the language (warned)
+    tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # None where spaCy lacks the language (warned)
     out = {}
     for split in ("valid", "test"):
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
@@ -176,9 +176,11 @@ def run_reproduce(args) -> int:
     # every preset with the --set overrides (model.arch=transformer_pp, say), before any run starts
     check_run_configs((path, load_config(path, args.set)) for path in paths)
     prev = _previous_report(args, rows)  # read (and checked) before any training, and before OUT/report.json is rewritten
-    warned: set[str] = set()  # the languages spaCy cannot tokenise, warned of once in this call (it was once a run)
-    return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run, warned),
-                          lambda records, missing, seconds: build_report(args, rows, records, missing, seconds, prev, warned))
+    from cometnmt.data.tokenizers import warn_once_a_language
+
+    with warn_once_a_language():  # a language spaCy cannot tokenise: warned of once in this call (it was once a run)
+        return run_and_report(args, _specs(args, rows), lambda run: _evaluate_run(args, run),
+                              lambda records, missing, seconds: build_report(args, rows, records, missing, seconds, prev))
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -248,7 +250,7 @@ def _merge(prev: dict, records: list[dict], missing: list[str], out: Path) -> tu
 
 
 def build_report(args, rows: list[str], records: list[dict], missing: list[str], seconds: float,
-                 prev: Optional[dict] = None, warned: set[str] | None = None) -> dict:
+                 prev: Optional[dict] = None) -> dict:
     out = Path(args.out)
     prev = prev or {}
     records, missing, n_merged = _merge(prev, records, missing, out)
@@ -262,7 +264,7 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
         report["candidate"] = cand
         if prev.get("candidate", "comet") != cand:  # an earlier report's tests of another row do not apply
             prev = {k: v for k, v in prev.items() if k not in ("significance", "examples")}
-        report["significance"] = _significance(args, out, records, prev, cand, warned)
+        report["significance"] = _significance(args, out, records, prev, cand)
         # without the paper's metric (a language spaCy lacks: _not_computed_lines says so), neither
         paired = [r["test"] for pair in _paired_runs(records, cand) for r in pair]
         if all("bleu_by_length" in test for test in paired):
@@ -298,7 +300,7 @@ def _test_corpus(args, out: Path, rec: dict):
     return run_test_split(run_dir(out, rec["row"], rec["seed"]), args.eval_limit)
 
 
-def _significance(args, out: Path, records: list[dict], prev: dict, cand: str, warned: set[str] | None = None) -> list[dict]:
+def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -> list[dict]:
     """Per seed pair, then pooled over the pairs whose hypotheses are here (sentences resampled once
     for all seeds; see :func:`~cometnmt.evaluation.paired_bootstrap_runs`). Pairs whose hypotheses are
     gone (merged runs) take their rows from the earlier report; its pooled rows replace ours when they
@@ -316,7 +318,7 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str, w
             continue
         if kw is None:
             _, refs, cfg = _test_corpus(args, out, comet)
-            tok = paper_tokenizer(cfg.data.tgt_lang, warned=warned)  # None where spaCy lacks the language (warned): BLEU alone
+            tok = paper_tokenizer(cfg.data.tgt_lang)  # None where spaCy lacks the language (warned): BLEU alone
             names = ("paper", "bleu") if tok else ("bleu",)
             kw = {"n_samples": args.bootstrap, "tokenize": tok.tokenize if tok else None,
                   "lowercase": cfg.data.lowercase, "lang": cfg.data.tgt_lang}

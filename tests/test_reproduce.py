@@ -439,3 +439,37 @@ def test_a_call_warns_once_that_spacy_cannot_tokenise_its_target(monkeypatch, tm
         compare.run_compare(argparse.Namespace(beam=None, length_penalty=None, eval_limit=None, device="cpu"))
     said = [r.getMessage() for r in caplog.records if "without the COMET paper's metric" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_paper_tokenizer_warns_once_a_language_inside_a_call_its_threads_included(monkeypatch, caplog):
+    """The languages reproduce and compare had warned of were a set handed down through six
+    functions (``warned=``); a call now opens warn_once_a_language(), which its scoring threads
+    (--jobs) share: one warning a language inside it, every time outside it, and a later call
+    warns again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cometnmt.data import tokenizers
+
+    def no_spacy(lang, lowercase=False):
+        raise tokenizers.UnknownLanguageError(f"spaCy has no tokenizer for language {lang!r}")
+
+    monkeypatch.setattr(tokenizers, "metric_tokenizer", no_spacy)
+
+    def said() -> list[str]:
+        found = [r.getMessage().split("'")[1] for r in caplog.records if "without the COMET paper's metric" in r.getMessage()]
+        caplog.clear()
+        return sorted(found)
+
+    with caplog.at_level("WARNING"):
+        for _ in range(2):  # two calls: each warns once a language
+            with tokenizers.warn_once_a_language():
+                with ThreadPoolExecutor(max_workers=4) as pool:
+                    assert list(pool.map(tokenizers.paper_tokenizer, ["ja", "ko", "ja", "ko", "ja"])) == [None] * 5
+                with tokenizers.warn_once_a_language():  # nested: the outer call's languages
+                    tokenizers.paper_tokenizer("ja")
+                    tokenizers.paper_tokenizer("xx")
+                tokenizers.paper_tokenizer("xx")
+            assert said() == ["ja", "ko", "xx"]
+        tokenizers.paper_tokenizer("ja")  # outside a call: every time
+        tokenizers.paper_tokenizer("ja")
+        assert said() == ["ja", "ja"]

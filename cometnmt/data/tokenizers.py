@@ -6,7 +6,8 @@ import io
 import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Literal, Protocol, runtime_checkable
 
 import sentencepiece as spm
@@ -176,21 +177,42 @@ def metric_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer:
 
 
 _WARNED_LOCK = threading.Lock()  # reproduce and compare score runs in threads (--jobs)
+_warned: set[str] | None = None  # inside warn_once_a_language(): the languages paper_tokenizer has warned of
+_warning_scopes = 0  # how many warn_once_a_language() blocks are open
 
 
-def paper_tokenizer(lang: str, lowercase: bool = False, warned: set[str] | None = None) -> SpacyTokenizer | None:
+@contextmanager
+def warn_once_a_language() -> Iterator[None]:
+    """Inside this block (a call that scores many runs: reproduce, compare, their scoring threads
+    included), :func:`paper_tokenizer` warns once a language, not once a run (and again for the
+    bootstrap test). Blocks nest, an inner one adding to the outer's languages; two calls running
+    at once in one process share them."""
+    global _warned, _warning_scopes
+    with _WARNED_LOCK:
+        _warning_scopes += 1
+        if _warned is None:
+            _warned = set()
+    try:
+        yield
+    finally:
+        with _WARNED_LOCK:
+            _warning_scopes -= 1
+            if not _warning_scopes:
+                _warned = None
+
+
+def paper_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer | None:
     """:func:`metric_tokenizer`, or None, with a warning that names why, where spaCy cannot
     tokenise ``lang`` (Japanese without SudachiPy, a language spaCy lacks): scores are then
-    sacreBLEU's BLEU and chrF without the paper metric. ``warned``: the languages a call that
-    scores many runs (reproduce, compare) has warned of, so that it warns once a language, not
-    once a run (and again for the bootstrap test)."""
+    sacreBLEU's BLEU and chrF without the paper metric. Every call warns, but once a language
+    inside :func:`warn_once_a_language`."""
     try:
         return metric_tokenizer(lang, lowercase=lowercase)
     except DataError as exc:
         with _WARNED_LOCK:
-            first = warned is None or lang not in warned
-            if warned is not None:
-                warned.add(lang)
+            first = _warned is None or lang not in _warned
+            if _warned is not None:
+                _warned.add(lang)
         if first:
             logger.warning("%s: scores are BLEU and chrF without the COMET paper's metric", exc)
         return None
