@@ -251,7 +251,7 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
         if value is None:  # an empty section ("data:" with nothing under it) keeps the defaults
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(f"config key '{key}': expected a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected a mapping of {tp.__name__} fields, got {value!r}", keys=(key,))
         return from_dict(tp, value, key, build)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -266,35 +266,36 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
                 continue
         # the hints of the one type a null-or-X key takes (data.multi30k_dir=2024 had none, README promises it)
         hint = _yaml_hint(value, key) if str in args else _list_hint(value) if any(typing.get_origin(a) is list for a in args) else ""
-        raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{hint}")
+        raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{hint}", keys=(key,))
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise ConfigError(f"config key '{key}': {value!r} is not allowed; expected {_type_name(tp)}{_yaml_hint(value, key, quote=False)}")
+            raise ConfigError(f"config key '{key}': {value!r} is not allowed; expected {_type_name(tp)}{_yaml_hint(value, key, quote=False)}",
+                              keys=(key,))
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{_list_hint(value)}")
+            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{_list_hint(value)}", keys=(key,))
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
         if not isinstance(value, bool):
             # YAML 1.1's yes/no/on/off are text to cometnmt's loader (YAML 1.2, as data.src_lang: no needs)
             hint = "; YAML 1.2 reads only true and false as booleans" if str(value).lower() in YAML11_BOOLEANS else ""
-            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}{hint}")
+            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}{hint}", keys=(key,))
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}", keys=(key,))
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}", keys=(key,))
         return float(value)
     if tp is str:
         if isinstance(value, os.PathLike):  # a pathlib.Path set from Python
             value = os.fspath(value)
         if not isinstance(value, str):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}{_yaml_hint(value, key)}")
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}{_yaml_hint(value, key)}", keys=(key,))
         return value
     raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
 
@@ -319,7 +320,8 @@ def check_arch(arch: str) -> None:
         # cutoff 0.75: typos (transfomer, comte), not a name merely alike (dwconv, of a missing plugin: convs2s)
         close = difflib.get_close_matches(arch, sorted(REGISTRY), n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"config key 'model.arch': {arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}{hint}")
+        raise ConfigError(f"config key 'model.arch': {arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}{hint}",
+                          keys=("model.arch",))
 
 
 def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> Any:
@@ -347,7 +349,7 @@ def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> An
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:  # a registered section's own checks (the package's raise ConfigError)
-        raise ConfigError(f"config key '{prefix}': {type(exc).__name__}: {exc}") from None
+        raise ConfigError(f"config key '{prefix}': {type(exc).__name__}: {exc}", keys=(prefix,)) from None
 
 
 def _section_hint(cls: type, value: Any) -> str:
@@ -559,11 +561,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return config_from_dict(data)
     except ConfigError as exc:  # a value's own rule (train.lr: -1) or a rule across keys, checked once merged
-        named = re.match(r"config keys? '([^']+)'", str(exc))
-        mentioned = re.findall(r"\b(?:name|data|model|train|decode)(?:\.\w+)*", str(exc))  # an override of any: its error
-        if path is None or named is None or any(_overlaps(key, m) for _, key, _ in parsed for m in mentioned):
+        # the keys its message names (exc.keys, the refused one first): an override of any, its error as it is
+        if path is None or not exc.keys or any(_overlaps(key, named) for _, key, _ in parsed for named in exc.keys):
             raise
-        raise ConfigError(_in_file(Path(path).expanduser(), named[1].split("[")[0], exc) or f"{path}: {exc}") from None
+        refused = exc.keys[0].split("[")[0]  # train.betas[1]: the file sets train.betas
+        raise ConfigError(_in_file(Path(path).expanduser(), refused, exc) or f"{path}: {exc}", keys=exc.keys) from None
 
 
 def _overlaps(key: str, dotted: str) -> bool:
@@ -690,52 +692,63 @@ def validate(cfg: Config) -> None:
     # none may be below 1 (model.d_model: 0 was a ZeroDivisionError from its builder), and
     # model.n_heads must divide model.d_model
     reads = model_keys_read(cfg.model.arch)
+    arch_named = ("model.arch",) if reads is None else ()  # _may_read_any's words name it
     sizes = {f"model.{key}": getattr(cfg.model, key) for key in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "max_positions")
              if reads is None or key in reads}
     for key, value in sizes.items():
         if value < 1:
-            raise ConfigError(f"config key '{key}': must be at least 1, got {value}{_may_read_any(cfg.model.arch, reads)}")
+            raise ConfigError(f"config key '{key}': must be at least 1, got {value}{_may_read_any(cfg.model.arch, reads)}",
+                              keys=(key, *arch_named))
     for key in ("max_train_pairs", "max_valid_pairs"):
         value = getattr(cfg.data, key)
         if value is not None and value < 0:
-            raise ConfigError(f"config key 'data.{key}': must be at least 0 (or null for all), got {value}")
+            raise ConfigError(f"config key 'data.{key}': must be at least 0 (or null for all), got {value}",
+                              keys=(f"data.{key}",))
     for key in ("lr", "eps"):
         value = getattr(cfg.train, key)
         if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"config key 'train.{key}': must be a positive finite number, got {value}")
+            raise ConfigError(f"config key 'train.{key}': must be a positive finite number, got {value}", keys=(f"train.{key}",))
     if not (math.isfinite(cfg.train.weight_decay) and cfg.train.weight_decay >= 0):
-        raise ConfigError(f"config key 'train.weight_decay': must be a finite number at least 0, got {cfg.train.weight_decay}")
+        raise ConfigError(f"config key 'train.weight_decay': must be a finite number at least 0, got {cfg.train.weight_decay}",
+                          keys=("train.weight_decay",))
     if not 0.0 <= cfg.train.label_smoothing < 1.0:
-        raise ConfigError(f"config key 'train.label_smoothing': {cfg.train.label_smoothing} must be in [0, 1)")
+        raise ConfigError(f"config key 'train.label_smoothing': {cfg.train.label_smoothing} must be in [0, 1)",
+                          keys=("train.label_smoothing",))
     if cfg.train.clip_norm is not None and not (math.isfinite(cfg.train.clip_norm) and cfg.train.clip_norm >= 0):
         raise ConfigError(f"config key 'train.clip_norm': must be a finite number at least 0 (0 or null: no clipping), "
-                          f"got {cfg.train.clip_norm}")
+                          f"got {cfg.train.clip_norm}", keys=("train.clip_norm",))
     if (reads is None or {"d_model", "n_heads"} <= reads) and cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}"
-                          f"{_may_read_any(cfg.model.arch, reads)}")
+                          f"{_may_read_any(cfg.model.arch, reads)}", keys=("model.n_heads", "model.d_model", *arch_named))
     if (reads is None or "dropout" in reads) and not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)"
-                          f"{_may_read_any(cfg.model.arch, reads)}")
+                          f"{_may_read_any(cfg.model.arch, reads)}", keys=("model.dropout", *arch_named))
     if not 0.0 <= cfg.model.attention_dropout < 1.0:
-        raise ConfigError(f"config key 'model.attention_dropout': {cfg.model.attention_dropout} must be in [0, 1)")
+        raise ConfigError(f"config key 'model.attention_dropout': {cfg.model.attention_dropout} must be in [0, 1)",
+                          keys=("model.attention_dropout",))
     builtin = cfg.model.arch in TIED_ARCHS + OWN_SECTION_ARCHS
     if cfg.model.attention_dropout and (cfg.model.arch not in ("transformer", "comet") if builtin
                                         else reads is not None and "attention_dropout" not in reads):
         hint = ("; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else
                 "" if builtin else f"; register_architecture({cfg.model.arch!r}, ..., uses=...) does not name it")
         raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures"
-                          f"{'' if builtin else ' and those that declare it'}, not {cfg.model.arch!r}{hint}")
+                          f"{'' if builtin else ' and those that declare it'}, not {cfg.model.arch!r}{hint}",
+                          keys=("model.attention_dropout",) + (("model.transformer_pp.attention_dropout",)
+                                                                     if cfg.model.arch == "transformer_pp" else ()))
     if cfg.model.tie_embeddings and cfg.model.arch in OWN_SECTION_ARCHS:  # a registered one of a script's: when built
         raise ConfigError(f"config key 'model.tie_embeddings': applies to the {', '.join(TIED_ARCHS)} architectures, "
-                          f"not {cfg.model.arch!r}")
+                          f"not {cfg.model.arch!r}", keys=("model.tie_embeddings",))
     if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", cfg.train.device):  # whether this machine has it: when training starts
-        raise ConfigError(f"config key 'train.device': {cfg.train.device!r} is not a device; use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"config key 'train.device': {cfg.train.device!r} is not a device; use auto, cpu, cuda or cuda:N",
+                          keys=("train.device",))
     if cfg.train.compile_mode != "default" and not cfg.train.compile:
-        raise ConfigError(f"config key 'train.compile_mode': {cfg.train.compile_mode!r} needs train.compile: true")
+        raise ConfigError(f"config key 'train.compile_mode': {cfg.train.compile_mode!r} needs train.compile: true",
+                          keys=("train.compile_mode", "train.compile"))
     if len(cfg.train.betas) != 2:
-        raise ConfigError(f"config key 'train.betas': expected two numbers, got {cfg.train.betas}")
+        raise ConfigError(f"config key 'train.betas': expected two numbers, got {cfg.train.betas}", keys=("train.betas",))
     if not all(0.0 <= beta < 1.0 for beta in cfg.train.betas):  # nan fails too; was torch's error after the data had loaded
-        raise ConfigError(f"config key 'train.betas': Adam's two decay rates must be in [0, 1), got {cfg.train.betas}")
+        raise ConfigError(f"config key 'train.betas': Adam's two decay rates must be in [0, 1), got {cfg.train.betas}",
+                          keys=("train.betas",))
     positive = {
         "train.batch_tokens": cfg.train.batch_tokens,
         "train.accum_steps": cfg.train.accum_steps,
@@ -747,9 +760,10 @@ def validate(cfg: Config) -> None:
         positive["train.batch_sentences"] = cfg.train.batch_sentences
     for key, value in positive.items():
         if value < 1:
-            raise ConfigError(f"config key '{key}': must be at least 1, got {value}")
+            raise ConfigError(f"config key '{key}': must be at least 1, got {value}", keys=(key,))
     if cfg.train.log_every < 1:
-        raise ConfigError(f"config key 'train.log_every': must be at least 1, got {cfg.train.log_every}")
+        raise ConfigError(f"config key 'train.log_every': must be at least 1, got {cfg.train.log_every}",
+                          keys=("train.log_every",))
     at_least = {"train.loss_rise_epochs": (cfg.train.loss_rise_epochs, 1), "train.patience": (cfg.train.patience, 1),
                 "train.keep_checkpoints": (cfg.train.keep_checkpoints, 0), "train.attention_plots": (cfg.train.attention_plots, 0)}
     optional = {"train.valid_bleu_max_sentences": cfg.train.valid_bleu_max_sentences, "train.save_every": cfg.train.save_every,
@@ -757,47 +771,54 @@ def validate(cfg: Config) -> None:
     at_least.update({key: (value, 1) for key, value in optional.items() if value is not None})
     for key, (value, low) in at_least.items():
         if value < low:
-            raise ConfigError(f"config key '{key}': must be at least {low}{' (or null)' if key in optional else ''}, got {value}")
+            raise ConfigError(f"config key '{key}': must be at least {low}{' (or null)' if key in optional else ''}, got {value}",
+                              keys=(key,))
     if not 0 <= cfg.train.seed < SEED_LIMIT:
-        raise ConfigError(f"config key 'train.seed': must be in [0, 2**63), got {cfg.train.seed}")
+        raise ConfigError(f"config key 'train.seed': must be in [0, 2**63), got {cfg.train.seed}", keys=("train.seed",))
     if cfg.train.schedule == "inverse_sqrt" and cfg.train.warmup_steps < 1:
         raise ConfigError(f"config key 'train.warmup_steps': must be at least 1 with train.schedule=inverse_sqrt "
-                          f"(its learning rate is 0 without warmup), got {cfg.train.warmup_steps}")
+                          f"(its learning rate is 0 without warmup), got {cfg.train.warmup_steps}",
+                          keys=("train.warmup_steps", "train.schedule"))
     if cfg.train.stopping == "bleu_patience" and not cfg.train.valid_bleu:
-        raise ConfigError("config key 'train.stopping': bleu_patience stops on validation BLEU, which needs train.valid_bleu: true")
+        raise ConfigError("config key 'train.stopping': bleu_patience stops on validation BLEU, which needs train.valid_bleu: true",
+                          keys=("train.stopping", "train.valid_bleu"))
     if cfg.data.tokenizer == "sentencepiece" and cfg.data.sp_vocab_size < 5:
         raise ConfigError(f"config key 'data.sp_vocab_size': must be at least 5 (an unknown piece and a few characters), "
-                          f"got {cfg.data.sp_vocab_size}")
+                          f"got {cfg.data.sp_vocab_size}", keys=("data.sp_vocab_size",))
     if cfg.data.corpus == "multi30k":
         from cometnmt.data.multi30k import LANGS, SPLITS
 
         for key in ("train_split", "valid_split", "test_split"):
             if getattr(cfg.data, key) not in SPLITS:
                 raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a Multi30k task-1 split "
-                                  f"this package knows; expected one of {', '.join(SPLITS)} (other files: data.corpus: files)")
+                                  f"this package knows; expected one of {', '.join(SPLITS)} (other files: data.corpus: files)",
+                                  keys=(f"data.{key}", "data.corpus"))
         # as the splits, now rather than when training reads the data: compare and reproduce load every
         # config first, but a language Multi30k lacks stopped only its own runs, after the others trained
         for key in ("src_lang", "tgt_lang"):
             if getattr(cfg.data, key) not in LANGS:
                 raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a language of Multi30k task 1 "
-                                  f"that this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)")
+                                  f"that this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)",
+                                  keys=(f"data.{key}", "data.corpus"))
         if cfg.data.src_lang == cfg.data.tgt_lang:
             raise ConfigError(f"config keys 'data.src_lang' and 'data.tgt_lang': both {cfg.data.src_lang!r}; Multi30k's "
-                              "source and target language must differ")
+                              "source and target language must differ", keys=("data.src_lang", "data.tgt_lang"))
     if cfg.decode.replace_unk and cfg.data.tokenizer != "spacy":
         raise ConfigError(f"config key 'decode.replace_unk': copies source words in place of <unk>, for word "
-                          f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}")
+                          f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}",
+                          keys=("decode.replace_unk", "data.tokenizer"))
     if cfg.data.min_freq < 1:
-        raise ConfigError(f"config key 'data.min_freq': must be at least 1 (1 keeps every word), got {cfg.data.min_freq}")
+        raise ConfigError(f"config key 'data.min_freq': must be at least 1 (1 keeps every word), got {cfg.data.min_freq}",
+                          keys=("data.min_freq",))
     if not 0 < cfg.train.distributed_timeout_minutes < math.inf:  # nan fails too
         raise ConfigError(f"config key 'train.distributed_timeout_minutes': must be a positive finite number of minutes, "
-                          f"got {cfg.train.distributed_timeout_minutes}")
+                          f"got {cfg.train.distributed_timeout_minutes}", keys=("train.distributed_timeout_minutes",))
     if cfg.train.num_threads is not None and cfg.train.num_threads < 1:
         raise ConfigError(f"config key 'train.num_threads': must be at least 1 (or null: torch's default), "
-                          f"got {cfg.train.num_threads}")
+                          f"got {cfg.train.num_threads}", keys=("train.num_threads",))
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
         raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
-                          f"got {cfg.data.max_vocab}")
+                          f"got {cfg.data.max_vocab}", keys=("data.max_vocab",))
     _check_max_len(cfg)
     check_decode(cfg.decode)
     if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
@@ -819,7 +840,8 @@ def _check_max_len(cfg: Config) -> None:
     if cfg.data.max_len + extra > limit:
         raise ConfigError(f"config keys 'data.max_len' and '{positions_key(cfg.model)}': {cfg.data.max_len} tokens "
                           f"(+{extra} for {'<s> </s> around sources' if extra == 2 else 'the target BOS'}) exceed the "
-                          f"model's {limit} positions; lower data.max_len or raise {positions_key(cfg.model)}")
+                          f"model's {limit} positions; lower data.max_len or raise {positions_key(cfg.model)}",
+                          keys=("data.max_len", positions_key(cfg.model)))
 
 
 DATA_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")  # data keys naming files
@@ -832,7 +854,7 @@ def _check_split_files(data: DataConfig) -> None:
     may not be empty: ``--set data.multi30k_dir=`` was taken for null without a word."""
     for key in DATA_PATH_KEYS:
         if isinstance(getattr(data, key), str) and not getattr(data, key).strip():
-            raise ConfigError(f"config key 'data.{key}': empty; give a path, or null for the default")
+            raise ConfigError(f"config key 'data.{key}': empty; give a path, or null for the default", keys=(f"data.{key}",))
     for split in ("train", "valid", "test"):
         src, tgt = getattr(data, f"{split}_src"), getattr(data, f"{split}_tgt")
         keys = f"config keys 'data.{split}_src' and 'data.{split}_tgt'"
@@ -841,9 +863,11 @@ def _check_split_files(data: DataConfig) -> None:
                 ((f"data.{split}_tgt", tgt), f"data.{split}_src")
             unused = "" if data.corpus == "files" else " (data.corpus is 'multi30k', which reads neither: set data.corpus: files to use them)"
             either = "or neither" if split == "test" or data.corpus != "files" else f"(the {split} split is required)"
-            raise ConfigError(f"{keys} go together: {given} is {value!r} but {unset} is null; set both {either}{unused}")
+            raise ConfigError(f"{keys} go together: {given} is {value!r} but {unset} is null; set both {either}{unused}",
+                              keys=(f"data.{split}_src", f"data.{split}_tgt") + (("data.corpus",) if unused else ()))
         if data.corpus == "files" and split != "test" and src is None:
-            raise ConfigError(f"{keys}: required when data.corpus is 'files'")
+            raise ConfigError(f"{keys}: required when data.corpus is 'files'",
+                              keys=(f"data.{split}_src", f"data.{split}_tgt", "data.corpus"))
 
 
 def check_unread_files(data: DataConfig) -> None:
@@ -978,38 +1002,46 @@ def check_decode(decode: DecodeConfig) -> None:
     (whose ``beam_size=0`` was "nbest=1: more hypotheses than the beam keeps (0)")."""
     for key in ("beam_size", "nbest", "batch_sentences"):
         if getattr(decode, key) < 1:
-            raise ConfigError(f"config key 'decode.{key}': must be at least 1, got {getattr(decode, key)}")
+            raise ConfigError(f"config key 'decode.{key}': must be at least 1, got {getattr(decode, key)}",
+                              keys=(f"decode.{key}",))
     _check_sampling(decode)
     _check_search(decode)
     if decode.method != "sample" and decode.nbest > decode.beam_size:
-        raise ConfigError(f"config key 'decode.nbest': {decode.nbest} exceeds decode.beam_size={decode.beam_size}")
+        raise ConfigError(f"config key 'decode.nbest': {decode.nbest} exceeds decode.beam_size={decode.beam_size}",
+                          keys=("decode.nbest", "decode.beam_size"))
 
 
 def _check_search(decode: DecodeConfig) -> None:
     """The length penalty and length bound (checked whatever ``decode.method`` is). A nan or
     negative bound gave one-token outputs without a word; the penalty follows --length-penalty's rule."""
     if (problem := length_penalty_problem(decode.length_penalty)) is not None:
-        raise ConfigError(f"config key 'decode.length_penalty': {problem}, got {decode.length_penalty}")
+        raise ConfigError(f"config key 'decode.length_penalty': {problem}, got {decode.length_penalty}",
+                          keys=("decode.length_penalty",))
     if not (math.isfinite(decode.max_len_a) and decode.max_len_a >= 0):
-        raise ConfigError(f"config key 'decode.max_len_a': must be a finite number at least 0, got {decode.max_len_a}")
+        raise ConfigError(f"config key 'decode.max_len_a': must be a finite number at least 0, got {decode.max_len_a}",
+                          keys=("decode.max_len_a",))
     if decode.max_len_b < 0:
-        raise ConfigError(f"config key 'decode.max_len_b': must be at least 0, got {decode.max_len_b}")
+        raise ConfigError(f"config key 'decode.max_len_b': must be at least 0, got {decode.max_len_b}",
+                          keys=("decode.max_len_b",))
     if decode.max_len_a == 0 and decode.max_len_b < 1:
         raise ConfigError("config key 'decode.max_len_b': must be at least 1 with decode.max_len_a: 0 (the bound on "
-                          "output tokens is max_len_a * source tokens + max_len_b)")
+                          "output tokens is max_len_a * source tokens + max_len_b)",
+                          keys=("decode.max_len_b", "decode.max_len_a"))
 
 
 def _check_sampling(decode: DecodeConfig) -> None:
     """The sampling keys' ranges (checked whatever ``decode.method`` is, as the other keys are)."""
     if decode.sampling_topk < 0:
         raise ConfigError(f"config key 'decode.sampling_topk': must be at least 0 (0: the whole vocabulary), "
-                          f"got {decode.sampling_topk}")
+                          f"got {decode.sampling_topk}", keys=("decode.sampling_topk",))
     if not 0.0 < decode.sampling_topp <= 1.0:
-        raise ConfigError(f"config key 'decode.sampling_topp': {decode.sampling_topp} must be in (0, 1] (1: off)")
+        raise ConfigError(f"config key 'decode.sampling_topp': {decode.sampling_topp} must be in (0, 1] (1: off)",
+                          keys=("decode.sampling_topp",))
     if (problem := temperature_problem(decode.temperature)) is not None:
-        raise ConfigError(f"config key 'decode.temperature': {problem}, got {decode.temperature}")
+        raise ConfigError(f"config key 'decode.temperature': {problem}, got {decode.temperature}", keys=("decode.temperature",))
     if decode.sampling_seed is not None and not 0 <= decode.sampling_seed < SEED_LIMIT:
-        raise ConfigError(f"config key 'decode.sampling_seed': must be in [0, 2**63) (or null), got {decode.sampling_seed}")
+        raise ConfigError(f"config key 'decode.sampling_seed': must be in [0, 2**63) (or null), got {decode.sampling_seed}",
+                          keys=("decode.sampling_seed",))
 
 
 # ---------------------------------------------------------------------------------------------

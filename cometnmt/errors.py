@@ -12,7 +12,14 @@ class CometNMTError(Exception):
 
 
 class ConfigError(CometNMTError):
-    """An unknown config key, a wrong type or a value outside the allowed choices."""
+    """An unknown config key, a wrong type or a value outside the allowed choices. ``keys``: the
+    dotted config keys the message names, the refused one first (``("model.n_heads",
+    "model.d_model")``), so that :func:`cometnmt.config.load_config` can say whether a ``--set``
+    override or a file (and which file of its base chain) gave them; empty where none is."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = tuple(keys)
 
 
 class DataError(CometNMTError):

@@ -723,6 +723,30 @@ def test_a_value_a_rule_refuses_names_the_file_that_set_it(tmp_path):
         load_config(split)
 
 
+def test_whether_an_override_or_a_file_gave_a_refused_value_comes_from_the_error_s_keys(tmp_path):
+    """load_config told an override's error from a file's by regular expressions over the message:
+    any word starting with a section's name counted as a key, so a message's prose ("the model's 8
+    positions", the split list "train, val, ...") made any model.* or train.* override the culprit
+    and the file went unnamed. A ConfigError now carries the keys its message names (the refused one
+    first) and the loader compares the overrides with those."""
+    tiny = REPO / "configs" / "tiny.yaml"
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"base: {tiny}\ndata:\n  train_split: trian\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'data.train_split': 'trian' is not a "
+                                          r"Multi30k task-1 split this package knows; expected one of train, val, "):
+        load_config(path, ["train.lr=0.001"])
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["data.corpus=multi30k"])  # a key the rule names: the override's error, no file
+    assert caught.value.keys == ("data.train_split", "data.corpus") and str(caught.value).startswith("config key ")
+    path.write_text(f"base: {tiny}\nmodel:\n  max_positions: 8\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config keys 'data.max_len' and 'model.max_positions': "
+                                          r"100 tokens .* exceed the model's 8 positions; lower data.max_len or raise "):
+        load_config(path, ["model.d_model=32", "model.n_heads=4"])  # data.max_len, a default: the file loaded
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["model.max_positions=4"])
+    assert caught.value.keys == ("data.max_len", "model.max_positions") and str(caught.value).startswith("config keys ")
+
+
 def test_a_list_written_without_brackets_gets_the_brackets_hint():
     """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
     with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "

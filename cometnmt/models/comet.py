@@ -98,31 +98,39 @@ class CometConfig:
     def __post_init__(self) -> None:
         key = "config key 'model.comet.{}'".format
         if not self.features or any(n < 1 for n in self.features):
-            raise ConfigError(f"{key('features')}: needs at least one layer, each of at least 1 feature map, got {self.features}")
+            raise ConfigError(f"{key('features')}: needs at least one layer, each of at least 1 feature map, got {self.features}",
+                              keys=("model.comet.features",))
         if len(self.dilations) != len(self.features) or any(d < 1 for d in self.dilations):
             raise ConfigError(f"{key('dilations')}: one dilation of at least 1 per layer of model.comet.features "
-                              f"({len(self.features)}), got {self.dilations}")
+                              f"({len(self.features)}), got {self.dilations}",
+                              keys=("model.comet.dilations", "model.comet.features"))
         for name in ("kernel_size", "ffn1_hidden", "ffn2_hidden"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{key(name)}: must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{key(name)}: must be at least 1, got {getattr(self, name)}", keys=(f"model.comet.{name}",))
         if not math.isfinite(self.leaky_slope):  # nan or inf: every unit's output nan, the loss nan from the first step
-            raise ConfigError(f"{key('leaky_slope')}: must be a finite number, got {self.leaky_slope}")
+            raise ConfigError(f"{key('leaky_slope')}: must be a finite number, got {self.leaky_slope}",
+                              keys=("model.comet.leaky_slope",))
         if not self.decoder_batch_norm and self.decoder != "temporal_conv":
             raise ConfigError(f"{key('decoder_batch_norm')}: false only applies to a temporal-convolution decoder "
-                              f"(model.comet.decoder: temporal_conv), got decoder {self.decoder!r}")
+                              f"(model.comet.decoder: temporal_conv), got decoder {self.decoder!r}",
+                              keys=("model.comet.decoder_batch_norm", "model.comet.decoder"))
         for name in ("bn_length_bounds", "decoder_bn_length_bounds"):
             bounds = getattr(self, name)
             if bounds is not None and (not bounds or any(b < 1 for b in bounds) or bounds != sorted(set(bounds))):
-                raise ConfigError(f"{key(name)}: ascending positive source lengths (or null), got {bounds}")
+                raise ConfigError(f"{key(name)}: ascending positive source lengths (or null), got {bounds}",
+                                  keys=(f"model.comet.{name}",))
         if self.bn_length_bounds is not None and not self.batch_norm:
             raise ConfigError(f"{key('bn_length_bounds')}: only applies with batch norm (model.comet.batch_norm true), "
-                              f"got batch_norm {self.batch_norm}")
+                              f"got batch_norm {self.batch_norm}",
+                              keys=("model.comet.bn_length_bounds", "model.comet.batch_norm"))
         if self.decoder_bn_length_bounds is not None and not (
                 self.decoder == "temporal_conv" and self.batch_norm and self.decoder_batch_norm):
             raise ConfigError(f"{key('decoder_bn_length_bounds')}: only applies to a temporal-convolution decoder with "
                               f"batch norm (model.comet.decoder: temporal_conv, batch_norm and decoder_batch_norm true), "
                               f"got decoder {self.decoder!r}, batch_norm {self.batch_norm}, "
-                              f"decoder_batch_norm {self.decoder_batch_norm}")
+                              f"decoder_batch_norm {self.decoder_batch_norm}",
+                              keys=tuple(f"model.comet.{name}" for name in ("decoder_bn_length_bounds", "decoder", "batch_norm",
+                                                                              "decoder_batch_norm")))
 
 
 class PaddingStatistics(NamedTuple):

@@ -59,13 +59,15 @@ class RNNConfig:
     def __post_init__(self) -> None:
         for name in ("embed_dim", "hidden_size", "enc_layers", "dec_layers"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"config key 'model.rnn.{name}': must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"config key 'model.rnn.{name}': must be at least 1, got {getattr(self, name)}",
+                                  keys=(f"model.rnn.{name}",))
         if self.hidden_size % 2:
             raise ConfigError(
-                f"config key 'model.rnn.hidden_size': must be even (each encoder direction has half), got {self.hidden_size}"
+                f"config key 'model.rnn.hidden_size': must be even (each encoder direction has half), got {self.hidden_size}",
+                keys=("model.rnn.hidden_size",)
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"config key 'model.rnn.dropout': {self.dropout} must be in [0, 1)")
+            raise ConfigError(f"config key 'model.rnn.dropout': {self.dropout} must be in [0, 1)", keys=("model.rnn.dropout",))
 
 
 class Encoder(nn.Module):
