@@ -412,6 +412,45 @@ def test_an_architecture_of_ones_own_is_put_under_every_property_by_cometnmt_plu
     assert "test_arch_copy.py::test_learns_to_copy[my_arch]" in proc.stdout
 
 
+def test_a_builder_reading_shared_keys_its_uses_does_not_name_is_warned_of(monkeypatch, caplog):
+    """register_architecture(..., uses=(...)) was trusted: a builder reading model.d_ff that its
+    uses left out trained with a d_ff the loader never checked and train called unused. Building
+    now records the shared keys and package sections the builder reads and warns of those uses
+    does not name; README's declaration for build_transformer is exact, and dataclasses.replace's
+    reads of every field are not the builder's."""
+    import dataclasses
+
+    from cometnmt.config import ModelConfig, from_dict
+    from cometnmt.models import REGISTRY, USES, build_model, register_architecture
+    from cometnmt.models.base import Seq2Seq
+    from cometnmt.models.transformer import build_transformer
+
+    def build_wide(cfg, *sizes):  # reads model.d_model through replace, then the shared keys as build_transformer does
+        return build_transformer(dataclasses.replace(cfg, d_ff=2 * cfg.d_model), *sizes)
+
+    for table in (REGISTRY, USES):
+        monkeypatch.setitem(table, "mine", None)  # removed again after the test
+    readme = ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "dropout", "attention_dropout", "max_positions")
+    cases = ((build_transformer, readme, []), (build_transformer, tuple(k for k in readme if k != "d_ff"), ["model.d_ff"]),
+             (build_wide, readme, []), (build_wide, ("n_heads", "enc_layers"), ["model.d_model", "model.dec_layers",
+                                                                                "model.d_ff", "model.dropout", "model.attention_dropout",
+                                                                                "model.max_positions"]))
+    for builder, uses, undeclared in cases:
+        register_architecture("mine", builder, uses=uses)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="cometnmt.models"):
+            model = build_model(from_dict(ModelConfig, {**SMALL, "arch": "mine"}, "model"), V_SRC, V_TGT, PAD)
+        said = [r.getMessage() for r in caplog.records]
+        if undeclared:
+            assert said == [f"model.arch 'mine': its builder {builder.__module__}.{builder.__qualname__} read "
+                            f"{', '.join(undeclared)}, which register_architecture('mine', ..., uses=...) does not name: the "
+                            f"config loader does not check them and train calls them unused; add them to uses"], said
+        else:
+            assert said == [], said
+        assert isinstance(model, Seq2Seq)
+    assert "__getattribute__" not in vars(ModelConfig)  # the recorder is gone once built
+
+
 def test_a_plugin_that_calls_sys_exit_is_the_broken_plugin_line(tmp_path, monkeypatch, capsys):
     """A $COMETNMT_PLUGINS file calling sys.exit() as it imports ended the CLI with that status and
     no word of which plugin (load_plugins caught Exception, not SystemExit). It is now the broken

@@ -16,8 +16,10 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -31,6 +33,7 @@ from cometnmt.models.transformer import build_transformer
 from cometnmt.models.transformer_pp import build_transformer_pp
 
 Builder = Callable[..., Seq2Seq]
+log = logging.getLogger(__name__)
 
 REGISTRY: dict[str, Builder] = {
     "transformer": build_transformer,
@@ -68,7 +71,8 @@ def register_architecture(name: str, builder: Builder, config: type | None = Non
     (``"comet"`` for a COMET variant) that the builder reads, as the package's architectures are
     known to: the config loader checks those sizes (``model.d_model: 0`` is an error naming the key)
     and ``train`` warns of the others when a config sets them, as it does for ConvS2S's
-    ``model.d_model``. Without it the builder may read any key: none is warned of, and every
+    ``model.d_model``. Building the model checks it: a shared key or section the builder reads that
+    ``uses`` does not name is a warning (:func:`build_model`). Without it the builder may read any key: none is warned of, and every
     shared size is checked."""
     section = "" if config is None else f", config={getattr(config, '__name__', config)!r}"
     what = f"register_architecture({name!r}, ...{section})"
@@ -123,13 +127,49 @@ def build_model(model_cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int
     protocol) is a ConfigError naming the architecture and builder, not a traceback from training."""
     builder = REGISTRY[model_cfg.arch]
     check_builder_signature(model_cfg.arch)
-    model = builder(model_cfg, src_vocab_size, tgt_vocab_size, pad_id)
+    model = _build_checking_uses(model_cfg.arch, builder, model_cfg, src_vocab_size, tgt_vocab_size, pad_id)
     _check_built_model(model_cfg.arch, builder, model)
     if model_cfg.tie_embeddings:
         if type(model).tie_embeddings is Seq2Seq.tie_embeddings:  # a script's architecture (the config loader refuses convs2s, rnn)
             raise ConfigError(f"config key 'model.tie_embeddings': {type(model).__name__}, built by the builder registered as "
                               f"{model_cfg.arch!r}, does not define tie_embeddings() (Seq2Seq.tie_embeddings)")
         model.tie_embeddings()
+    return model
+
+
+_RECORDING = threading.Lock()  # one recorded build at a time: the recorder is ModelConfig's, for the build's length
+
+
+def _build_checking_uses(arch: str, builder: Builder, model_cfg, *sizes: int) -> Seq2Seq:
+    """``builder(model_cfg, *sizes)``. For an architecture registered with ``uses=(...)``, which the
+    config loader trusts (it checks those keys' sizes, and train warns of the others as unused), the
+    shared keys and package sections the builder reads are recorded, ModelConfig's attribute reads
+    in this thread while it runs, and those ``uses`` does not name are a warning. dataclasses'
+    own reads (``dataclasses.replace(model_cfg, d_ff=...)`` reads every field) are not the builder's."""
+    from cometnmt.config import USABLE_MODEL_KEYS, ModelConfig
+
+    if arch not in USES:
+        return builder(model_cfg, *sizes)
+    read: set[str] = set()
+    thread = threading.get_ident()
+
+    def recording(self, name: str):
+        if (name in USABLE_MODEL_KEYS and threading.get_ident() == thread
+                and sys._getframe(1).f_globals.get("__name__") != "dataclasses"):
+            read.add(name)
+        return object.__getattribute__(self, name)
+
+    with _RECORDING:
+        ModelConfig.__getattribute__ = recording
+        try:
+            model = builder(model_cfg, *sizes)
+        finally:
+            del ModelConfig.__getattribute__
+    undeclared = [key for key in USABLE_MODEL_KEYS if key in read and key not in USES[arch]]
+    if undeclared:
+        log.warning("model.arch %r: its builder %s read %s, which register_architecture(%r, ..., uses=...) does not "
+                    "name: the config loader does not check them and train calls them unused; add them to uses",
+                    arch, _builder_name(builder), ", ".join(f"model.{key}" for key in undeclared), arch)
     return model
 
 
