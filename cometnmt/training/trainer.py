@@ -926,14 +926,16 @@ class Trainer:
                                max_tokens=self.tc.batch_tokens, shuffle=False)
 
         def share() -> tuple[float, int]:  # this rank's batches' summed loss and target tokens
-            total, tokens = 0.0, 0
+            # summed on the device in float64, read back once: the same additions as Python floats,
+            # without a host sync a batch that kept the GPU waiting for the next batch's launch
+            total, tokens = torch.zeros((), dtype=torch.float64, device=self.device), 0
             for idx in batches[self.dist.rank :: self.dist.world_size]:
                 batch = collate([d.src_ids[i] for i in idx], [d.tgt_ids[i] for i in idx], idx).to(self.device)
                 with self.autocast():
                     logits = self.model(batch.src, batch.src_pad_mask, batch.tgt_in)  # B,T,V
-                total += float(token_loss(logits, batch.tgt_out, 0.0))
+                total += token_loss(logits, batch.tgt_out, 0.0).double()
                 tokens += batch.n_tgt_tokens
-            return total, tokens
+            return float(total), tokens
 
         shares = gather_results(share, self.dist, "computing its share of the validation loss")
         return sum(total for total, _ in shares), sum(tokens for _, tokens in shares)
