@@ -319,7 +319,7 @@ def build_report(args, names: list[str], records: list[dict], missing: list[str]
 
 
 def _curves(out: Path, names: list[str], records: list[dict]) -> None:
-    from cometnmt.plots import pyplot
+    from cometnmt.plots import pyplot, whole_epochs
 
     plt = pyplot()
 
@@ -338,6 +338,7 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
                              linestyle=["-", "--", ":", "-."][j % 4], label=f"{name} {loss}" if label else None)
     axes[0].set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
     axes[1].set(xlabel="epoch", ylabel=validation_bleu_label(records), title="validation BLEU")
+    whole_epochs(axes[0], axes[1])
     if axes[0].get_legend_handles_labels()[0]:  # a report of no finished run has nothing to label
         axes[0].legend(fontsize=8)
     if has_aux:

@@ -16,6 +16,15 @@ def pyplot():
     return plt
 
 
+def whole_epochs(*axes) -> None:
+    """Ticks at whole epochs only on each axis's x axis: left to matplotlib, the epoch axis of
+    one-epoch runs read 0.96, 0.98, 1.00, 1.02, 1.04, and of two-epoch runs 1.0, 1.2, ... 2.0."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # one epoch: the tick 1 alone
+
+
 def plot_attention(amap, path: Path, title: str) -> None:
     """One pair's attention as a heatmap PNG: source tokens across, target tokens down."""
     plt = pyplot()

@@ -384,7 +384,7 @@ def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> li
 
 
 def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
-    from cometnmt.plots import pyplot
+    from cometnmt.plots import pyplot, whole_epochs
 
     plt = pyplot()
 
@@ -399,6 +399,7 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
                 a2.plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], **kw)
     a1.set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
     a2.set(xlabel="epoch", ylabel=validation_bleu_label(records), title="validation BLEU")
+    whole_epochs(a1, a2)
     if a1.get_legend_handles_labels()[0]:  # a report of no finished run has nothing to label
         a1.legend(fontsize=8)
     fig.tight_layout()

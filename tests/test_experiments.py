@@ -872,3 +872,30 @@ def test_a_run_of_one_epoch_is_drawn_in_the_learning_curves(tmp_path):
             rgb = np.array([int(colour[k:k + 2], 16) / 255 for k in (1, 3, 5)])
             near = [np.abs(right - (alpha * rgb + 1 - alpha)).max(-1) < 0.05 for alpha in (1.0, 0.8)]  # reproduce's alpha 0.8
             assert (near[0] | near[1]).sum() > 20, (name, colour)
+
+
+@pytest.mark.parametrize("epochs", [1, 2, 7])
+def test_learning_curves_tick_whole_epochs(tmp_path, monkeypatch, epochs):
+    """The epoch axes of compare's and reproduce's learning_curves.png read 0.96, 0.98, 1.00, 1.02,
+    1.04 for one-epoch smoke runs (1.0, 1.2, ... 2.0 for two epochs), as if validation ran between
+    epochs. Every tick inside either panel's view is a whole epoch now."""
+    import matplotlib.figure
+
+    from cometnmt import compare, reproduce
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+
+    def records(rows):
+        return [{"row": row, "seed": 1, "history": [{"epoch": e, "val_loss": 4.3 - e / 10 + i, "val_bleu": 0.5 + e + i,
+                                                     "val_bleu_sentences": 30} for e in range(1, epochs + 1)]}
+                for i, row in enumerate(rows)]
+
+    compare._curves(tmp_path, ["a", "b"], records(["a", "b"]))
+    reproduce._learning_curves(tmp_path, ["comet", "transformer"], records(["comet", "transformer"]))
+    assert len(drawn) == 2
+    for fig in drawn:
+        for ax in fig.axes:
+            lo, hi = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+            assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
