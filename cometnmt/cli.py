@@ -751,11 +751,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# what a command takes by position, which other toolkits' habits give as an option (`--config`):
+# argparse said only "unrecognized arguments: --config", or that `config` was missing
+_POSITIONAL_AS_OPTION = {"train": ("config", ("--config",)),
+                         "compare": ("configs", ("--config", "--configs")),
+                         **{cmd: ("checkpoint", ("--checkpoint", "--checkpoints", "--model"))
+                            for cmd in ("translate", "logprob", "attention", "serve")}}
+
+
+def _positional_as_option(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Exit 2 with the command line to type where a command's positional argument was given as
+    an option (``cometnmt train --config X.yaml``): the same line without the option name."""
+    cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)  # the subcommand (after -v)
+    if cmd is None or argv[cmd] not in _POSITIONAL_AS_OPTION:
+        return
+    what, names = _POSITIONAL_AS_OPTION[argv[cmd]]
+    fixed, given = list(argv[:cmd + 1]), None
+    for arg in argv[cmd + 1:]:
+        name, eq, value = arg.partition("=")
+        if name in names:
+            given = name
+            if eq:
+                fixed.append(value)
+        else:
+            fixed.append(arg)
+    if given is not None:
+        parser.exit(2, f"cometnmt {argv[cmd]}: error: {given}: there is no such option; {argv[cmd]} takes its "
+                       f"{what} by position: {shlex.join(['cometnmt', *fixed])}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. SIGTERM is Ctrl-C for every command (exit 143, not 130): train saves
     last.pt, serve stops cleanly, and any command's half-written output file is removed
     (``atomic_write``) rather than left as a temporary file, as a process killed outright would."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _positional_as_option(parser, sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not args.verbose:  # torch's own INFO lines (FakeTensor cache stats at exit, say) are not ours to show

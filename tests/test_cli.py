@@ -974,3 +974,31 @@ def test_the_help_imports_neither_torch_nor_spacy():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "0 cometnmt.data.batching True"  # the names still there, on first use
+
+
+@pytest.mark.parametrize("argv, fixed", [
+    (["train", "--config", "configs/tiny.yaml", "--set", "train.lr=1e-3"], "cometnmt train configs/tiny.yaml --set train.lr=1e-3"),
+    (["-v", "train", "--config=configs/tiny.yaml"], "cometnmt -v train configs/tiny.yaml"),
+    (["translate", "--checkpoint", "runs/x/best.pt", "-i", "src.de"], "cometnmt translate runs/x/best.pt -i src.de"),
+    (["attention", "--model", "best.pt", "-i", "src.de", "--out", "att"], "cometnmt attention best.pt -i src.de --out att"),
+    (["compare", "--configs", "a.yaml", "b.yaml", "--seeds", "1"], "cometnmt compare a.yaml b.yaml --seeds 1"),
+])
+def test_a_positional_argument_given_as_an_option_gets_the_command_to_type(capsys, argv, fixed):
+    """`cometnmt train --config X.yaml` (other toolkits' habit) said only 'unrecognized arguments:
+    --config', and `--config=X.yaml` that the argument config was required; `translate --checkpoint
+    CKPT` the same. The error now names the option and prints the command line without it."""
+    from cometnmt import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "there is no such option" in err and "by position: " + fixed in err, err
+
+
+def test_evaluate_keeps_its_checkpoint_option(capsys, tmp_path):
+    """evaluate's --checkpoint is an option (it scores --hyp/--ref without one): not refused as above."""
+    from cometnmt import cli
+
+    assert cli.main(["evaluate", "--checkpoint", str(tmp_path / "none.pt")]) == 2
+    assert "checkpoint not found" in capsys.readouterr().err
