@@ -219,7 +219,7 @@ def _evaluate_run(args, run: Path) -> dict:
         out[f"{split}_decode_seconds"] = time.perf_counter() - start
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
         out[split] = score_with(done.hyps, done.refs, tok, None, lang=data.tgt_lang, src_lang=data.src_lang,
-                                lowercase=data.lowercase)
+                                lowercase=data.lowercase, what=f"{run.parent.name} {run.name}, {split}")
     events = metrics(run)
     train = [e for e in events if e.get("event") == "train"]
     out["history"] = [e for e in events if e.get("event") == "valid"]

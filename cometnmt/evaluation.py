@@ -415,6 +415,7 @@ def evaluate(
     lowercase: bool = False,
     not_computed: str | None = None,
     lang: str | None = None,
+    what: str = "",
 ) -> dict:
     """Score a test set: sacreBLEU BLEU/chrF, the COMET paper's metric and, given sources, Fig. 4.
 
@@ -431,6 +432,8 @@ def evaluate(
     :param lowercase: score lowercased text (a model trained with ``data.lowercase``); the
         signatures and the paper metric's label say so.
     :param lang: the references' language, for BLEU's tokeniser (:func:`corpus_scores`).
+    :param what: what was scored, opening the log line ("comet seed1, valid: BLEU ..."), for
+        callers that score many runs and splits in a row (reproduce, compare).
     :return: :func:`corpus_scores` plus ``paper_bleu``, ``paper_bleu_label``, ``n_sentences``
         and, with ``src``, ``bleu_by_length``.
     :raises DataError: on misaligned inputs, an empty set or a blank reference.
@@ -446,7 +449,7 @@ def evaluate(
     if not_computed:
         result["not_computed"] = not_computed
     if tokenize is None:
-        logger.info("BLEU %.2f, chrF %.2f on %d sentences", result["bleu"], result["chrf"], len(refs))
+        logger.info("%sBLEU %.2f, chrF %.2f on %d sentences", what and what + ": ", result["bleu"], result["chrf"], len(refs))
         return result
     tokenize = _lowercased(tokenize) if lowercase else tokenize
     hyps_tokens = [tokenize(h) for h in hyps]
@@ -462,7 +465,7 @@ def evaluate(
         src_tok = src_tokenize or tokenize
         lengths = [len(src_tok(s)) for s in src]
         result["bleu_by_length"] = bleu_by_length(lengths, hyps_tokens, refs_tokens)
-    logger.info("BLEU %.2f, chrF %.2f, paper BLEU %.2f on %d sentences",
+    logger.info("%sBLEU %.2f, chrF %.2f, paper BLEU %.2f on %d sentences", what and what + ": ",
                 result["bleu"], result["chrf"], result["paper_bleu"], len(refs))
     return result
 
@@ -528,10 +531,12 @@ def paper_tokenizers(lang: str, src_lang: str | None) -> tuple:
 
 
 def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str, src_lang: str,
-               src: list[str] | None = None, per_sentence: bool = False, lowercase: bool = False) -> dict:
+               src: list[str] | None = None, per_sentence: bool = False, lowercase: bool = False,
+               what: str = "") -> dict:
     """:func:`score` with spaCy tokenizers already built (:func:`paper_tokenizers`), either None where
     spaCy cannot tokenise the language: without the target's, BLEU and chrF alone; without the
-    source's, no BLEU by length (lengths in another language's tokens would be wrong)."""
+    source's, no BLEU by length (lengths in another language's tokens would be wrong). ``what``
+    opens the log line (:func:`evaluate`)."""
     why = None
     if tgt_tok is None:
         why = (f"the COMET paper's metric{' and BLEU by length' if src is not None else ''}: "
@@ -543,7 +548,7 @@ def score_with(hyps: list[str], refs: list[str], tgt_tok, src_tok, *, lang: str,
         src = None
     result = evaluate(hyps, refs, tokenize=tgt_tok.tokenize if tgt_tok else None, src=src,
                       src_tokenize=src_tok.tokenize if src_tok else None, per_sentence=per_sentence,
-                      lowercase=lowercase, not_computed=why, lang=lang)
+                      lowercase=lowercase, not_computed=why, lang=lang, what=what)
     return {**result, "lang": lang, **({"src_lang": src_lang} if src is not None else {})}
 
 

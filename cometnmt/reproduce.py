@@ -124,7 +124,8 @@ def _evaluate_run(args, run: Path) -> dict:
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
         out[split] = score_with(done.hyps, done.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang,
-                                src=done.src, per_sentence=True, lowercase=data.lowercase)
+                                src=done.src, per_sentence=True, lowercase=data.lowercase,
+                                what=f"{run.parent.name} {run.name}, {split}")  # the log line says which run
     history = [r for r in metrics(run) if r.get("event") == "valid"]
     out["epochs"] = history[-1]["epoch"] if history else 0  # the last validated epoch (not a count: an old resume bug lost one record)
     out["history"] = history

@@ -473,3 +473,30 @@ def test_paper_tokenizer_warns_once_a_language_inside_a_call_its_threads_include
         tokenizers.paper_tokenizer("ja")  # outside a call: every time
         tokenizers.paper_tokenizer("ja")
         assert said() == ["ja", "ja"]
+
+
+def test_the_score_log_lines_name_the_run_and_split(monkeypatch, tmp_path, caplog):
+    """reproduce and compare score each run's validation and test translations in turn, and each
+    logged 'BLEU 0.06, chrF 8.82, paper BLEU 0.74 on 40 sentences' alone: with two rows of two seeds,
+    eight such lines, and nothing saying which run or split each was. They open with both now."""
+    import argparse
+    import types
+
+    import torch
+
+    from cometnmt import compare, reproduce
+
+    translator = _fake_run_into(monkeypatch, "en", ["A dog runs.", "They play."], ["A dog runs.", "They play in the park."])
+    translator.cfg.model = types.SimpleNamespace(arch="comet")
+    translator.model = torch.nn.Linear(1, 1)
+    monkeypatch.setattr(compare, "_checkpoint", lambda args, run: (run / "best.pt", ["best.pt"]))
+    args = argparse.Namespace(device="cpu", eval_limit=None, beam=None, length_penalty=None)
+    for evaluate, run in ((reproduce._evaluate_run, tmp_path / "runs" / "comet" / "seed2"),
+                          (compare._evaluate_run, tmp_path / "cmp" / "runs" / "mine" / "seed1")):
+        run.mkdir(parents=True)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="cometnmt.evaluation"):
+            evaluate(args, run)
+        scored = [r.getMessage() for r in caplog.records if "BLEU" in r.getMessage()]
+        assert [line.split(": BLEU")[0] for line in scored] == [f"{run.parent.name} {run.name}, {split}"
+                                                                for split in ("valid", "test")], scored
