@@ -80,7 +80,9 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
         :func:`~cometnmt.evaluation.write_json`. Neither may be the split's source or reference
         file nor a checkpoint (refused before anything is translated).
     :return: (scores, with the ``checkpoints``, ``split``, ``limit`` and ``decode`` settings that
-        made them; the sources, references and hypotheses).
+        made them, the split's ``source_file`` and ``reference_file`` and the latter's
+        ``reference_lines``, more than ``n_sentences`` where fewer were scored; the sources,
+        references and hypotheses).
     """
     limit = check_split(split, limit)  # before the checkpoint loads
     from cometnmt.evaluation import paper_tokenizers, score_with
@@ -102,7 +104,7 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     result = score_with(out.hyps, out.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang, src=out.src,
                         lowercase=data.lowercase)
     paths = [str(Path(p).resolve()) for p in checkpoint_list(checkpoint)]
-    result.update(checkpoints=paths, split=split, limit=limit, decode=to_dict(decode))  # what was scored
+    result.update(checkpoints=paths, split=split, limit=limit, decode=to_dict(decode), **_scored_files(translator, split))
     if hyp_out is not None:
         from cometnmt.data.corpus import write_text_file
 
@@ -112,6 +114,16 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
 
         write_json(result, json_out)
     return result, out
+
+
+def _scored_files(translator: Translator, split: str) -> dict:
+    """The split's files and the reference file's line count, so that sacreBLEU itself can score
+    ``hyp_out`` against them (``head -n`` where fewer were scored: ``limit``, ``data.max_valid_pairs``)."""
+    from cometnmt.data.corpus import read_lines
+
+    src_file, ref_file = translator.split_files(split)
+    return {"source_file": str(Path(src_file).resolve()), "reference_file": str(Path(ref_file).resolve()),
+            "reference_lines": len(read_lines(ref_file))}
 
 
 def _name(keyword: str, flags: bool, flag: str | None = None) -> str:

@@ -565,6 +565,10 @@ def format_table(result: dict) -> str:
           if "paper_bleu" in result else []),
         ("sentences", str(result["n_sentences"]), ""),
         *([("not computed", "", result["not_computed"])] if result.get("not_computed") else []),
+        # evaluate --checkpoint's split: the files a reader scores --hyp-out against with sacreBLEU itself
+        *((name, "", result[key] + _first_lines(result)) for name, key in (("source", "source_file"),
+                                                                          ("reference", "reference_file"))
+          if key in result),
     ]
     name_w = max(len(r[0]) for r in rows)
     score_w = max(len(r[1]) for r in rows)
@@ -578,6 +582,15 @@ def format_table(result: dict) -> str:
             lines += [f"{'length':>6}  {'count':>5}  {'BLEU':>6}"]
             lines += [f"{r['length']:>6}  {r['count']:>5}  {r['paper_bleu']:>6.2f}" for r in by_length]
     return "\n".join(lines)
+
+
+def _first_lines(result: dict) -> str:
+    """' (the first N of its M lines)' where evaluate --checkpoint scored fewer sentences than the
+    split's files hold (--limit, data.max_valid_pairs; training's split skips empty pairs too)."""
+    n, lines = result["n_sentences"], result.get("reference_lines", result["n_sentences"])
+    if n == lines:
+        return ""
+    return f" ({n} of its {lines} lines)" if result.get("split") == "train" else f" (the first {n} of its {lines} lines)"
 
 
 def write_json(result: dict, path: str | Path) -> None:

@@ -115,6 +115,29 @@ def test_evaluate_checkpoint_on_split(trained, cli, tmp_path):
     assert result["bleu_by_length"] is not None
 
 
+def test_evaluate_checkpoint_names_the_files_sacrebleu_scores_alike(trained, cli, tmp_path):
+    """evaluate --checkpoint printed its scores but not the split's files, so a reader checking them
+    with sacreBLEU itself had to find the reference (in $COMETNMT_MULTI30K_DIR or the cache), and
+    learned only from a failed or different score that tiny.yaml's data.max_valid_pairs had scored
+    the first 40 of its lines. The table and the JSON name both files and how many lines were
+    scored; sacreBLEU on --hyp-out and that many reference lines gives the same BLEU and chrF."""
+    from cometnmt.data.corpus import read_lines
+
+    hyp, out = tmp_path / "valid.hyp", tmp_path / "valid.json"
+    proc = cli("evaluate", "--checkpoint", str(trained / "best.pt"), "--split", "valid", "--hyp-out", str(hyp),
+               "--json", str(out))
+    result = json.loads(out.read_text())
+    n, refs = result["n_sentences"], read_lines(result["reference_file"])
+    assert result["reference_file"].endswith("val.en.gz") and result["source_file"].endswith("val.de.gz")
+    assert result["reference_lines"] == len(refs) > n == 40
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith(("source ", "reference "))}
+    assert rows["reference"].split(maxsplit=1)[1] == f"{result['reference_file']} (the first 40 of its {len(refs)} lines)"
+    assert rows["source"].split(maxsplit=1)[1].startswith(result["source_file"])
+    hyps = read_lines(hyp)
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs[:n]]).score, abs=1e-9)
+    assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs[:n]]).score, abs=1e-9)
+
+
 def test_replace_unk_through_translate_and_evaluate(trained, cli, tmp_path):
     """--replace-unk: translate writes the API's copies (no <unk> left), evaluate --checkpoint records
     it with its scores, and evaluate without --checkpoint refuses it rather than ignore it."""
