@@ -366,6 +366,7 @@ class Translator:
     def __init__(self, model: Seq2Seq, codec: TextCodec, cfg: Config, device: torch.device) -> None:
         self.model, self.codec, self.cfg, self.device = model.to(device).eval(), codec, cfg, device
         self.workdir: str | None = None  # the folder the model was trained in (its data paths' anchor)
+        self.checkpoints: list[str] = []  # what from_checkpoint loaded, for the repr
         self._lock = threading.RLock()  # one call at a time (the class docstring); re-entered by calls within a call
         if device.type == "cpu":
             keep_freed_memory()  # as in training: the per-step logits are re-allocated at every step
@@ -400,7 +401,21 @@ class Translator:
         model = models[0] if len(models) == 1 else Ensemble(models)
         translator = cls(model, codec, config_from_dict(first["config"]), resolve_device(device))
         translator.workdir = first.get("workdir")  # None for checkpoints written before it was recorded
+        translator.checkpoints = [str(p) for p in paths]
         return translator
+
+    def __repr__(self) -> str:
+        """What a notebook shows for ``translator``: the model, languages, default search, device and
+        checkpoint (the object's address alone said none of it)."""
+        data, decode = self.cfg.data, self.cfg.decode
+        model = (f"ensemble of {len(self.model.members)}" if isinstance(self.model, Ensemble)
+                 else repr(self.cfg.model.arch))
+        search = {"beam": f"beam search of {decode.beam_size}", "sample": "sampling"}.get(decode.method, f"{decode.method} search")
+        params = sum(p.numel() for p in self.model.parameters()) / 1e6
+        where = {0: "", 1: f", checkpoint={self.checkpoints[0]!r}"}.get(len(self.checkpoints),
+                                                                          f", checkpoints={self.checkpoints!r}")
+        return (f"Translator({model}, {data.src_lang}->{data.tgt_lang}, {params:.2f}M parameters, "
+                f"{search}, device={str(self.device)!r}{where})")
 
     def _batches(self, ids: list[list[int]], size: int) -> Iterator[list[int]]:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))

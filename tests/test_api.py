@@ -35,9 +35,10 @@ def test_readme_example_runs_as_written(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("2 ") and lines[0].endswith("runs/api_demo")  # epochs, best, save_dir
-    assert lines[2].startswith("[") and lines[2].count("'") >= 4  # a list of two translations
-    assert "<unk>" not in lines[3]  # replace_unk
-    scores = [float(line.split()[0]) for line in lines[4:7]]
+    assert lines[1].startswith("Translator('transformer', de->en, ") and "checkpoint='runs/api_demo/best.pt'" in lines[1]
+    assert lines[3].startswith("[") and lines[3].count("'") >= 4  # a list of two translations
+    assert "<unk>" not in lines[4]  # replace_unk
+    scores = [float(line.split()[0]) for line in lines[5:8]]
     assert scores == sorted(scores, reverse=True)  # three hypotheses, best first
     run = tmp_path / "runs" / "api_demo"
     assert {"best.pt", "last.pt", "epoch001.pt", "epoch002.pt", "avg.pt", "train.log"} <= {p.name for p in run.iterdir()}
@@ -299,6 +300,18 @@ def test_a_beam_narrower_than_the_default_nbest_names_what_was_given():
         decode_config(DecodeConfig(method="sample", nbest=8, beam_size=2), sampling=False, flags=False)
     with pytest.raises(cometnmt.ConfigError, match=r"^--nbest 5: more hypotheses than the beam keeps \(2\)"):
         decode_config(DecodeConfig(nbest=3), beam=2, nbest=5, flags=True)  # a given --nbest is still the one named
+
+
+def test_a_translator_shows_what_it_is(run_dir, translator):
+    """A notebook showing `translator` printed <cometnmt.inference.Translator object at 0x...>:
+    now the model, languages, size, default search, device and checkpoint(s)."""
+    params = sum(p.numel() for p in translator.model.parameters()) / 1e6
+    assert repr(translator) == (f"Translator('transformer', de->en, {params:.2f}M parameters, greedy search, "
+                                f"device='cpu', checkpoint={str(run_dir / 'best.pt')!r})")
+    ensemble = cometnmt.Translator.from_checkpoint([run_dir / "best.pt", run_dir / "last.pt"], device="cpu")
+    ensemble.cfg.decode.method, ensemble.cfg.decode.beam_size = "beam", 4
+    assert repr(ensemble) == (f"Translator(ensemble of 2, de->en, {2 * params:.2f}M parameters, beam search of 4, "
+                              f"device='cpu', checkpoints={[str(run_dir / n) for n in ('best.pt', 'last.pt')]!r})")
 
 
 def test_evaluate_checkpoint_and_score(run_dir, translator):
