@@ -144,6 +144,21 @@ def _checkpoint_label(records: list[dict]) -> str:
     return "best-validation-loss checkpoint"
 
 
+def _row_hint(name: str) -> str:
+    """' (comet?)' for a --rows entry that is a row's name or paper label written otherwise ('COMET',
+    'FFN-1', 'dropout = 0.3'), ' (ffn1 or ffn2?)' for one near two, else ''."""
+    import difflib
+    import re
+
+    def key(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    exact = [row for row, r in ROWS.items() if key(name) in (key(row), key(r.label.split(" (")[0]))]
+    close = exact or difflib.get_close_matches(key(name), [key(row) for row in ROWS], n=2, cutoff=0.6)
+    rows = {key(row): row for row in ROWS}
+    return f" ({' or '.join(rows.get(c, c) for c in close)}?)" if close else ""
+
+
 def _config_rows_hint(args, unknown: list[str]) -> str:
     """Where a --rows entry is a config file (a researcher's own architecture, say): reproduce
     writes the paper's Table 1 beside the paper's scores, which such a config has none of; compare
@@ -162,7 +177,8 @@ def run_reproduce(args) -> int:
     rows = list(r for r in ROWS if ROWS[r].in_paper) if args.rows == ["all"] else args.rows
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
-        raise CometNMTError(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(ROWS)} or 'all'"
+        raise CometNMTError(f"unknown row(s) {', '.join(r + _row_hint(r) for r in unknown)}; choose from: "
+                            f"{', '.join(ROWS)} or 'all'"
                             f"{_config_rows_hint(args, unknown)}")
     cand = args.candidate
     if cand is not None and (cand not in rows or cand == "transformer"):

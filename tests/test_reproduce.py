@@ -500,3 +500,18 @@ def test_the_score_log_lines_name_the_run_and_split(monkeypatch, tmp_path, caplo
         scored = [r.getMessage() for r in caplog.records if "BLEU" in r.getMessage()]
         assert [line.split(": BLEU")[0] for line in scored] == [f"{run.parent.name} {run.name}, {split}"
                                                                 for split in ("valid", "test")], scored
+
+
+def test_a_row_written_as_the_paper_writes_it_gets_its_name(capsys, tmp_path):
+    """--rows COMET, 'FFN-1' or 'dropout = 0.3' (Table 1's labels, as a reader of the paper types
+    them) were refused with the list of fifteen names alone, the reader left to match them up. Each
+    unknown row now names the row it most likely means (two where it is near both), none where none is near."""
+    from cometnmt import cli
+
+    rows = ["COMET", "Transformer", "FFN-1", "dropout = 0.3", "d_ff = 1024", "Temporal Convolutions", "ffn", "transfomer", "xyz"]
+    assert cli.main(["reproduce", "--rows", *rows, "--seeds", "1", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert ("unknown row(s) COMET (comet?), Transformer (transformer?), FFN-1 (ffn1?), dropout = 0.3 (dropout03?), "
+            "d_ff = 1024 (dff1024?), Temporal Convolutions (temporal_conv?), ffn (ffn2 or ffn1?), transfomer (transformer?), "
+            "xyz; choose from: comet,") in err, err
+    assert not (tmp_path / "r").exists()
