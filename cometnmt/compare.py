@@ -390,9 +390,12 @@ def _markdown(report: dict) -> str:
     lines += best_behind_lines(report["runs"], lambda r: r["row"])
     lines += ["", "Training tokens/s is the median over the run's log windows (target tokens). Runs trained side by "
               "side (`--jobs` > 1) share the machine: compare speeds with `bench/`, not this column.", "",
-              "## Every run", "", "| system | seed | epochs | dev BLEU | test BLEU | test chrF |", "|---|---|---|---|---|---|"]
+              "## Every run", "", "| system | seed | epochs | dev BLEU | test BLEU | test chrF |"
+              + (" dev (paper) | test (paper) |" if paper else ""), "|---|---|---|---|---|---|" + ("---|---|" if paper else "")]
     for r in sorted(report["runs"], key=lambda r: (r["seed"], names.index(r["row"]) if r["row"] in names else 0)):
-        lines.append(f"| {r['row']} | {r['seed']} | {r['epochs']} | {r['valid']['bleu']:.2f} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} |")
+        lines.append(f"| {r['row']} | {r['seed']} | {r['epochs']} | {r['valid']['bleu']:.2f} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} |"
+                     + ("".join(f" {r[split]['paper_bleu']:.2f} |" if "paper_bleu" in r[split] else " – |"
+                                for split in ("valid", "test")) if paper else ""))
     if report["significance"]:
         lines += ["", "## Paired bootstrap (test; bleu = sacreBLEU BLEU, paper = the COMET paper's metric)", "",
                   "p = fraction of bootstrap samples in which the second system scores at least as high as the first "

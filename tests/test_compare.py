@@ -247,3 +247,30 @@ def test_a_config_of_several_hypotheses_is_scored_on_its_best_as_evaluate_does(m
             compare._evaluate_run(args, tmp_path)
         decode = caught.value.args[0]
         assert (decode.method, decode.nbest) == (method, 1)
+
+
+def test_every_run_lists_the_papers_metric_when_asked_for(tmp_path):
+    """With --metrics bleu paper the summary table gave each system's dev and test paper metric, but
+    'Every run' kept BLEU and chrF alone, so a seed's paper-metric scores were in report.json only.
+    Its rows carry both columns now ('–' for a run scored without it); without --metrics paper, not."""
+    import argparse
+
+    from cometnmt import compare
+    from cometnmt.experiments import provenance
+
+    def run(name, seed, paper):
+        split = {"bleu": 30.0 + seed, "chrf": 55.0, "n_sentences": 3, **({"paper_bleu": 35.0 + seed} if paper else {})}
+        return {"row": name, "seed": seed, "epochs": 4, "valid": dict(split), "test": dict(split), "arch": "transformer",
+                "parameters": 1e6, "decode": {"method": "greedy"}, "checkpoint": ["best.pt"], "train_tokens_per_s": 100.0,
+                "history": [], "command": f"cometnmt train {name}.yaml"}
+
+    runs = [run("a", 1, True), run("b", 1, True), run("a", 2, True), run("b", 2, False)]
+    args = argparse.Namespace(out=str(tmp_path), device="cpu", set=[], eval_limit=None)
+    for metrics, header, row in ((["bleu", "paper"], "| test chrF | dev (paper) | test (paper) |", "| b | 2 | 4 | 32.00 | 32.00 | 55.00 | – | – |"),
+                                 (["bleu"], "| test chrF |", "| b | 2 | 4 | 32.00 | 32.00 | 55.00 |")):
+        report = {"provenance": provenance(args, 1.0, runs, []), "systems": ["a", "b"], "metrics": metrics,
+                  "table": compare.summarise(["a", "b"], runs), "significance": [], "aux_losses": {}, "runs": runs}
+        every = compare._markdown(report).split("## Every run", 1)[1].split("\n## ", 1)[0].strip().splitlines()
+        assert every[0].endswith(header) and every[1].count("|") == every[0].count("|")
+        assert "| a | 1 | 4 | 31.00 | 31.00 | 55.00 |" + (" 36.00 | 36.00 |" if "paper" in metrics else "") in every
+        assert every[-1] == row
