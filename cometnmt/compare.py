@@ -100,7 +100,10 @@ def _systems(args) -> list[tuple[str, Path]]:
     for name in names:
         if names.count(name) > 1:
             same = [str(p) for n, p in systems if n == name]
-            raise CometNMTError(f"configs {', '.join(same)} share the name '{name}'; runs are kept by name, so give each its own")
+            stem = Path(same[-1]).stem
+            how = f": a line such as 'name: {stem}' in {same[-1]}" if stem != name else " (config key 'name')"
+            raise CometNMTError(f"configs {', '.join(same)} share the name '{name}' (a config without a 'name' key takes "
+                                f"its base: file's); runs are kept by name, in OUT/runs/NAME, so give each its own{how}")
     return systems
 
 

@@ -274,3 +274,19 @@ def test_every_run_lists_the_papers_metric_when_asked_for(tmp_path):
         assert every[0].endswith(header) and every[1].count("|") == every[0].count("|")
         assert "| a | 1 | 4 | 31.00 | 31.00 | 55.00 |" + (" 36.00 | 36.00 |" if "paper" in metrics else "") in every
         assert every[-1] == row
+
+
+def test_configs_sharing_a_name_are_told_how_to_name_them(capsys, tmp_path):
+    """Two variants of one preset (`base: .../tiny.yaml` and a changed key, no name of their own)
+    were refused with "share the name 'tiny'; runs are kept by name, so give each its own", which
+    named neither the key nor where the name came from. It names both and the line to add."""
+    from cometnmt import cli
+    from conftest import REPO
+
+    for lr in ("1e-3", "3e-3"):
+        (tmp_path / f"lr{lr}.yaml").write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\ntrain:\n  lr: {lr}\n")
+    a, b = str(tmp_path / "lr1e-3.yaml"), str(tmp_path / "lr3e-3.yaml")
+    assert cli.main(["compare", a, b, "--seeds", "1", "--out", str(tmp_path / "out")]) == 2
+    assert (f"configs {a}, {b} share the name 'tiny' (a config without a 'name' key takes its base: file's); runs are "
+            f"kept by name, in OUT/runs/NAME, so give each its own: a line such as 'name: lr3e-3' in {b}"
+            ) in capsys.readouterr().err
