@@ -285,7 +285,7 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
         # without the paper's metric (a language spaCy lacks: _not_computed_lines says so), neither
         paired = [r["test"] for pair in _paired_runs(records, cand) for r in pair]
         if all("bleu_by_length" in test for test in paired):
-            report["figure4"] = _figure4(out, records, cand)
+            report["figure4"] = _figure4(out, records, cand, args.eval_limit)
         if all("sentence_bleu" in test for test in paired):
             report["examples"] = _examples(args, out, records, prev, cand)
     _learning_curves(out, rows, records)
@@ -354,8 +354,10 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     return results
 
 
-def _figure4(out: Path, records: list[dict], cand: str) -> list[dict]:
-    """Mean (over seed pairs) paper BLEU difference candidate (COMET) - Transformer per source length."""
+def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = None) -> list[dict]:
+    """Mean (over seed pairs) paper BLEU difference candidate (COMET) - Transformer per source length;
+    the title says how many test sentences were decoded under ``--eval-limit`` (``limit``)."""
+    from cometnmt.evaluation import BY_LENGTH_MIN_COUNT
     from cometnmt.plots import pyplot
 
     plt = pyplot()
@@ -373,7 +375,9 @@ def _figure4(out: Path, records: list[dict], cand: str) -> list[dict]:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("source sentence length (spaCy tokens)")
     ax.set_ylabel(f"BLEU difference ({short_label(cand)} − Transformer)")
-    ax.set_title("Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences")
+    n = max((c["test"].get("n_sentences", 0) for c, _ in _paired_runs(records, cand)), default=0)
+    first = f"\nthe first {n} test sentences only (--eval-limit {limit})" if limit is not None else ""
+    ax.set_title(f"Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ {BY_LENGTH_MIN_COUNT} sentences{first}")
     fig.tight_layout()
     fig.savefig(out / "figure4_bleu_by_length.png", dpi=120)
     plt.close(fig)

@@ -515,3 +515,22 @@ def test_a_row_written_as_the_paper_writes_it_gets_its_name(capsys, tmp_path):
             "d_ff = 1024 (dff1024?), Temporal Convolutions (temporal_conv?), ffn (ffn2 or ffn1?), transfomer (transformer?), "
             "xyz; choose from: comet,") in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_figure_4_says_when_it_plots_a_few_test_sentences(monkeypatch, tmp_path):
+    """report.md says a --eval-limit run decoded the first N sentences, but figure4_bleu_by_length.png,
+    a file one may show alone, was titled 'test_2016_flickr' as if on all 1,000 (a smoke run of 40
+    sentences has a bar or two of 3-5 sentences each). Its title says so now, and is as before without."""
+    import matplotlib.figure
+
+    from cometnmt import reproduce
+
+    titles = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: titles.append(fig.axes[0].get_title()))
+    by_length = [{"length": 8, "count": 3, "paper_bleu": 5.0}]
+    records = [{"row": row, "seed": 1, "test": {"n_sentences": 40, "bleu_by_length": by_length}} for row in ("comet", "transformer")]
+    reproduce._figure4(tmp_path, records, "comet", 40)
+    reproduce._figure4(tmp_path, records, "comet")
+    assert titles == ["Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences\n"
+                      "the first 40 test sentences only (--eval-limit 40)",
+                      "Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences"]
