@@ -124,6 +124,10 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     commits = _call_commits(run)
     earlier = run / "train_seconds_before.txt"  # time spent in the calls the deadline cut short
     before = float(earlier.read_text()) if earlier.exists() else 0.0
+    # the bar counts finished runs only, and the training's own log goes to stdout.log: say which run
+    # trains now, and where to watch it (a paper-size run is minutes to hours with no other sign)
+    log.info("%s seed %d: %s; its log: %s", spec.name, spec.seed, "resuming" if "--resume" in cmd else "training",
+             run / "stdout.log")
     with open(run / "stdout.log", "a", encoding="utf-8") as logf:
         logf.write(f"$ {_shown_command(cmd)}\n")
         logf.flush()

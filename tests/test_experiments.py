@@ -899,3 +899,31 @@ def test_learning_curves_tick_whole_epochs(tmp_path, monkeypatch, epochs):
             lo, hi = ax.get_xlim()
             ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
             assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+
+
+def test_each_run_says_when_it_starts_training_and_where_its_log_is(tmp_path, monkeypatch, caplog):
+    """reproduce and compare train each run in a process whose output goes to its stdout.log, and
+    their bar counts finished runs: the README's smoke run showed 'runs: 0/4' for minutes, nothing
+    saying which run was training nor where its log was. One line says both as each run starts."""
+    run = tmp_path / "comet" / "seed2"
+
+    class FakeProcess:
+        def __init__(self, cmd, **kwargs):
+            pass
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")  # not asked of git through the fake Popen
+    import platform
+
+    platform.processor()  # asks `uname -p` through subprocess.Popen once a process, cached: not the fake's to answer
+    monkeypatch.setattr(experiments.subprocess, "Popen", FakeProcess)
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 2, run)
+    with caplog.at_level("INFO", logger="cometnmt.experiments"):
+        experiments.train_run(spec, overrides=[], device="cpu", stop_at=None, evaluate=lambda r: {})
+        (run / "done.json").unlink()
+        (run / "last.pt").write_bytes(b"")  # an interrupted run: resumed
+        experiments.train_run(spec, overrides=[], device="cpu", stop_at=None, evaluate=lambda r: {})
+    assert [r.getMessage() for r in caplog.records] == [f"comet seed 2: training; its log: {run / 'stdout.log'}",
+                                                        f"comet seed 2: resuming; its log: {run / 'stdout.log'}"]
