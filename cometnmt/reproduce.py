@@ -492,9 +492,9 @@ def _markdown(args, report: dict) -> str:
         seed = report["examples"][0].get("seed")
         lines += ["## Table 2-style examples (test sentences where the models differ most)", "",
                   ("" if seed is None else f"Seed {seed}'s runs; ") + "sentence BLEU is the paper's metric of one sentence; "
-                  "#N is line N + 1 of the test set.", ""]
+                  "test lines are counted from 1, as an editor and `sed -n 24p` count them.", ""]
         for ex in report["examples"]:
-            lines += [f"**#{ex['index']}** (sentence BLEU: {name} {ex['comet_bleu']:.1f}, Transformer {ex['transformer_bleu']:.1f})", "",
+            lines += [f"**Test line {ex['index'] + 1}** (sentence BLEU: {name} {ex['comet_bleu']:.1f}, Transformer {ex['transformer_bleu']:.1f})", "",
                       f"- Source: {ex['source']}", f"- Reference: {ex['reference']}",
                       f"- Transformer: {ex['transformer']}", f"- {name}: {ex['comet']}", ""]
     return "\n".join(lines) + "\n"

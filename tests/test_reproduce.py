@@ -128,6 +128,21 @@ def test_the_examples_say_which_seed_they_come_from(monkeypatch):
     assert "Seed 2's runs; sentence BLEU is the paper's metric" in reproduce._markdown(args, report)
 
 
+def test_the_examples_name_their_test_line_as_an_editor_counts(monkeypatch):
+    """Each example was headed '**#23**', its 0-based index, with a note that '#N is line N + 1 of
+    the test set': a reader looking the sentence up in test_2016_flickr.de (an editor, sed -n 24p)
+    found the one before it unless they read the note. The heading is the 1-based line now."""
+    reproduce, args, out, records = _example_runs(monkeypatch, [50.0, 10.0, 30.0, 0.0], [10.0, 50.0, 30.0, 20.0])
+    examples = reproduce._examples(args, out, records, {}, "comet")
+    report = {"provenance": {"commit": "x", "run_commits": [], "command": "c", "hardware": "h", "torch": "t", "date": "d",
+                             "wall_seconds": 0.0, "train_hours": 0.0, "overrides": [], "missing_runs": [], "eval_limit": None},
+              "table": [], "runs": [], "examples": examples}
+    text = reproduce._markdown(args, report)
+    for ex in examples:
+        assert f"**Test line {ex['index'] + 1}** (sentence BLEU: COMET" in text and f"- Source: src {ex['index']}" in text
+    assert "**#" not in text and "line N + 1" not in text
+
+
 def test_the_table_lists_seeds_in_order_whatever_order_the_runs_came_in():
     """Runs merged from an earlier report (--merge-report) came after the new ones, and the table
     listed seeds as [3, 1, 2]."""
