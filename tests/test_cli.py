@@ -255,6 +255,21 @@ def test_missing_and_corrupt_checkpoint(cli, tmp_path):
     assert "notes.pt: not a checkpoint; a PyTorch checkpoint is a zip archive, this file begins with b'epoc'" in err
 
 
+def test_a_config_given_as_the_checkpoint_says_which_file_to_give(capsys, monkeypatch):
+    """`cometnmt translate configs/tiny.yaml` (the config where its trained checkpoint belongs) said
+    only that the file is no zip archive and begins with b'# Se'; it now says it is a config and
+    that the checkpoint `cometnmt train` of it writes is what to give."""
+    from cometnmt import cli
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    assert cli.main(["translate", "configs/tiny.yaml", "-i", "/dev/null"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "cometnmt: error: configs/tiny.yaml: not a checkpoint; a PyTorch checkpoint is a zip archive, this file begins "
+        "with b'# Se'; it is a YAML config: give the checkpoint that `cometnmt train configs/tiny.yaml` writes, best.pt "
+        "in its train.save_dir")
+
+
 def test_truncated_checkpoint(trained, cli, tmp_path):
     data = (trained / "best.pt").read_bytes()
     cut = tmp_path / "cut.pt"

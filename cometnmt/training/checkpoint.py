@@ -47,7 +47,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         head = f.read(4)
     if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive, or a legacy pickle
         shown = "is empty" if not head else f"begins with {head!r}"
-        raise CheckpointError(f"{path}: not a checkpoint; a PyTorch checkpoint is a zip archive, this file {shown}")
+        # a config where a checkpoint belongs (`translate configs/tiny.yaml`): say which file to give
+        config = (f"; it is a YAML config: give the checkpoint that `cometnmt train {path}` writes, "
+                  f"{BEST_CHECKPOINT} in its train.save_dir") if path.suffix in (".yaml", ".yml") else ""
+        raise CheckpointError(f"{path}: not a checkpoint; a PyTorch checkpoint is a zip archive, this file {shown}{config}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and head.startswith(b"PK"))
     except Exception as exc:  # torch raises several types for truncated/garbled files
