@@ -967,8 +967,10 @@ def _compiled_note(t: dict) -> str:
     return f", compiled ({t['compile_mode']})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def start_run(args: argparse.Namespace) -> tuple[torch.device, dict]:
+    """A bench script's start (this one's and kernel_count.py's): logging, --threads, the device of
+    --gpu (CUDA's backends set as `cometnmt train` sets them), and the result's header: date, the
+    command and the machine."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -977,10 +979,15 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if args.gpu else "cpu")
     if device.type == "cuda":  # as `cometnmt train` sets them (training/run.py)
         set_cuda_backends()
+    return device, {"date": _dt.datetime.now().isoformat(timespec="seconds"),
+                    "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+                    "machine": machine_info(device)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device, res = start_run(args)
     checkpoints = assign_checkpoints(args.checkpoint, args.models)
-    res = {"date": _dt.datetime.now().isoformat(timespec="seconds"),
-           "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-           "machine": machine_info(device)}
     log.info("matmul throughput ...")
     res["matmul_start"] = measure_matmul(device, args.precision or "fp32")
     data_cache: dict = {}
@@ -1001,9 +1008,13 @@ def main(argv: list[str] | None = None) -> int:
         res["over_transformer"] = {name: _over_transformer(by, name, turns) for name in comets}
         res["comet_over_transformer"] = res["over_transformer"]["comet" if "comet" in comets else comets[0]]
     res["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    report = format_report(res)
+    return finish_run(res, format_report(res), args.out or REPO / "bench" / "results" / ("gpu.json" if args.gpu else "cpu.json"))
+
+
+def finish_run(res: dict, report: str, out: Path) -> int:
+    """A bench script's end (this one's and kernel_count.py's): the printed ``report`` kept in the
+    result, the result written to ``out`` as JSON, the report and the file's name printed."""
     res["report"] = report
-    out = args.out or REPO / "bench" / "results" / ("gpu.json" if args.gpu else "cpu.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     print(report)

@@ -31,10 +31,7 @@ no kernels are counted (``kernels_counted: false``; the kernel columns are empty
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import logging
-import shlex
 import statistics
 import sys
 import tempfile
@@ -46,12 +43,11 @@ from torch.autograd import DeviceType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import (  # noqa: E402
-    _VIEW_OPS, REPO, OpCounter, StepTimer, check_entries, check_step_counts, machine_info, setup_model, split_entry, sync,
+    _VIEW_OPS, REPO, OpCounter, StepTimer, check_entries, check_step_counts, finish_run, setup_model, split_entry, start_run, sync,
     training_groups, warm_up,
 )
 
 from cometnmt.data.batching import collate  # noqa: E402
-from cometnmt.inference import set_cuda_backends  # noqa: E402
 
 log = logging.getLogger("kernel_count")
 OUTSIDE = "(outside any operator)"  # kernels the profiler linked to no operator
@@ -317,19 +313,10 @@ def format_report(res: dict, rows: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.gpu and not torch.cuda.is_available():
-        raise SystemExit("--gpu: CUDA is not available")
-    device = torch.device("cuda" if args.gpu else "cpu")
-    if device.type == "cuda":  # as `cometnmt train` sets them (training/run.py)
-        set_cuda_backends()
+    device, res = start_run(args)
     counted = device.type == "cuda"
-    res = {"date": _dt.datetime.now().isoformat(timespec="seconds"),
-           "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-           "machine": machine_info(device), "kernels_counted": counted, "note": None if counted else NO_KERNELS,
-           "precision": args.precision, "steps": args.steps, "warmup": args.warmup, "models": {}}
+    res.update({"kernels_counted": counted, "note": None if counted else NO_KERNELS,
+                "precision": args.precision, "steps": args.steps, "warmup": args.warmup, "models": {}})
     data_cache: dict = {}
     batches = None
     with tempfile.TemporaryDirectory(prefix="cometnmt-kernels-") as tmp:
@@ -340,14 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     res["reference"] = reference
     res["differences"] = {name: difference(r, res["models"][reference])
                           for name, r in res["models"].items() if name != reference}
-    report = format_report(res, args.rows)
-    res["report"] = report
-    out = args.out or REPO / "bench" / "results" / ("kernels_gpu.json" if counted else "kernels_cpu.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
-    print(report)
-    print(f"\nresults: {out}")
-    return 0
+    return finish_run(res, format_report(res, args.rows),
+                      args.out or REPO / "bench" / "results" / ("kernels_gpu.json" if counted else "kernels_cpu.json"))
 
 
 if __name__ == "__main__":
