@@ -231,6 +231,36 @@ def test_utf16_without_a_byte_order_mark_is_refused_by_every_reader_naming_its_b
     assert "a stray byte" in nul_note("Zwei\0 Männer.") and "a stray byte" not in nul_note("a\0b\0c\0")
 
 
+def test_utf32_without_a_byte_order_mark_is_named_utf32_not_utf16(tmp_path: Path) -> None:
+    """UTF-32 without a byte order mark ("A\\0\\0\\0": NUL bytes at UTF-16LE's odd offsets as well)
+    was named UTF-16LE, and the iconv command given turned it into text with a NUL after every
+    letter. Three NULs of every four bytes (two, the high ones, for Cyrillic or Greek) are UTF-32:
+    the error names UTF-32LE or UTF-32BE and its iconv command converts the file."""
+    import shutil
+    import subprocess
+
+    from cometnmt.data.corpus import decode_lines
+
+    texts = {"ascii": "A dog runs.\nTwo men talk.\n", "cyrillic": "Собака бежит по траве.\nДва мужчины.\n",
+             "greek": "Ένας σκύλος τρέχει.\nΔύο άντρες μιλούν.\n"}  # Greek: not valid UTF-8 (byte 0x88), that error
+    for (kind, text), order in [(item, order) for item in texts.items() for order in ("LE", "BE")]:
+        path = tmp_path / f"{kind}.{order}.txt"
+        path.write_bytes(text.encode(f"utf-32-{order.lower()}"))
+        with pytest.raises(DataError, match=rf"^{path}:1: ") as info:
+            read_lines(path)
+        assert "UTF-16" not in str(info.value), str(info.value)
+        assert f"convert it with iconv -f UTF-32{order} -t UTF-8 {path} > {path}.utf8" in str(info.value), str(info.value)
+        if shutil.which("iconv"):
+            subprocess.run(f"iconv -f UTF-32{order} -t UTF-8 {path} > {path}.utf8", shell=True, check=True)
+            assert read_lines(f"{path}.utf8") == text.splitlines()
+    for data, order in ((b"A\0\0\0", "LE"), (b"\0\0\0A", "BE")):  # one character
+        with pytest.raises(DataError, match=rf"UTF-32{order} without a byte order mark"):
+            decode_lines(data, "<stdin>")
+    for text in ("A dog runs.\n", "Собака.\n"):  # UTF-16 stays UTF-16
+        with pytest.raises(DataError, match=r"UTF-16LE without a byte order mark"):
+            decode_lines(text.encode("utf-16-le"), "<stdin>")
+
+
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:
     """For a gzip file in another encoding the hint was 'iconv -f WINDOWS-1252 -t UTF-8 FILE.gz >
     FILE.gz.utf8', which fails on the compressed bytes ('illegal input sequence'). It now pipes the

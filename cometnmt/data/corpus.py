@@ -83,13 +83,16 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
     beside 0x04), is valid UTF-8 and was read as lines full of U+0000, which no text holds. It names
     the line and column of the first and, where the bytes from there look like UTF-16
     (:func:`_looks_like_utf16`), the byte order (:func:`_utf16_order`) and the iconv command
-    converting the file; a stray NUL in UTF-8 text is named as that, with a command removing it."""
+    converting the file; a stray NUL in UTF-8 text is named as that, with a command removing it.
+    The byte order is judged from an offset a multiple of four, where the file's UTF-32 characters
+    start (and UTF-16's)."""
     pos = data.index(b"\0")
     line_no, column = _line_and_column(data, pos, first_line)
     where = f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text"
     start = pos - pos % 2  # from an even offset, as the file's UTF-16 characters start
     sample = data[start:start + 4096]
-    encoding = _utf16_order(sample)  # never None: the sample starts within two bytes of a NUL
+    aligned = pos - pos % 4
+    encoding = _utf16_order(data[aligned:aligned + 4096])  # never None: the sample starts within three bytes of a NUL
     if not _looks_like_utf16(sample):
         target = "FILE" if str(path).startswith("<") else shlex.quote(str(path))
         return DataError(f"{where}: one NUL byte alone is a stray byte in UTF-8 text (remove it, e.g. tr -d '\\000' "
@@ -145,9 +148,10 @@ def _iconv_command(path: Path, encoding: str) -> str:
 
 def _other_encoding(data: bytes, pos: int) -> str | None:
     """The iconv name of the encoding undecodable ``data`` (bad byte at ``pos``) looks like, or
-    None: UTF-32 or UTF-16 by their byte order mark, UTF-16BE/LE by NUL bytes every other byte
-    (ASCII text in UTF-16), by decoding into text (:func:`_utf16_without_bom`) or, failing those, by
-    where its NUL bytes stand (:func:`_utf16_by_nul_offsets`: a NUL byte is no text), and WINDOWS-1252
+    None: UTF-32 or UTF-16 by their byte order mark, UTF-32LE/BE by NUL bytes three of every four
+    (:func:`_utf32_order`), UTF-16BE/LE by NUL bytes every other byte (ASCII text in UTF-16), by
+    decoding into text (:func:`_utf16_without_bom`) or, failing those, by where its NUL bytes
+    stand (:func:`_utf16_by_nul_offsets`: a NUL byte is no text), and WINDOWS-1252
     (Latin-1 and its superset) by a lone high byte between ASCII bytes ("M\\xe4dchen"), where UTF-8
     puts a high byte before other high bytes (and most high bytes lone, not CJK text)."""
     if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
@@ -166,13 +170,36 @@ def _other_encoding(data: bytes, pos: int) -> str | None:
 def _utf16_order(sample: bytes) -> str | None:
     """"UTF-16LE" or "UTF-16BE" where ``sample`` (from an even offset) looks like UTF-16 without a
     byte order mark, None where not: by NUL bytes every other byte (ASCII text), by decoding into
-    text (:func:`_utf16_without_bom`) or, failing those, by where its NUL bytes stand."""
+    text (:func:`_utf16_without_bom`) or, failing those, by where its NUL bytes stand. UTF-32 without
+    one ("A\\0\\0\\0": NULs in UTF-16's places too) is told first: "UTF-32LE" or "UTF-32BE" where
+    ``sample`` (from an offset a multiple of four) looks like it (:func:`_utf32_order`)."""
+    utf32 = _utf32_order(sample)
+    if utf32 is not None:
+        return utf32
     even, odd = sample[0::2], sample[1::2]  # ASCII in UTF-16BE: NUL first; in UTF-16LE: NUL second
     if len(sample) >= 4 and even.count(0) >= 0.9 * len(even) and odd.count(0) <= 0.1 * len(odd):
         return "UTF-16BE"
     if len(sample) >= 4 and odd.count(0) >= 0.9 * len(odd) and even.count(0) <= 0.1 * len(even):
         return "UTF-16LE"
     return _utf16_without_bom(sample) or _utf16_by_nul_offsets(sample)
+
+
+def _utf32_order(sample: bytes) -> str | None:
+    """"UTF-32LE" or "UTF-32BE" where at least 90% of ``sample``'s 4-byte characters (from its
+    start) hold NUL in their two high bytes and at most 10% in their two low ones, None where not:
+    of every four bytes of ASCII text three are NUL ("A\\0\\0\\0" little-endian, "\\0\\0\\0A" big),
+    of any text below U+10000 (Cyrillic, Greek, CJK) two, the high ones. UTF-16 never has two NULs
+    as one character (U+0000, no text), so it is not taken for UTF-32."""
+    chars = [sample[i:i + 4] for i in range(0, len(sample) - 3, 4)]
+    if not chars:
+        return None
+    low_first = sum(c[2:] == b"\0\0" for c in chars)  # little-endian: the low bytes first, NULs last
+    high_first = sum(c[:2] == b"\0\0" for c in chars)
+    if low_first >= 0.9 * len(chars) and high_first <= 0.1 * len(chars):
+        return "UTF-32LE"
+    if high_first >= 0.9 * len(chars) and low_first <= 0.1 * len(chars):
+        return "UTF-32BE"
+    return None
 
 
 def _utf16_by_nul_offsets(sample: bytes) -> str | None:
