@@ -219,9 +219,9 @@ def test_utf16_without_a_byte_order_mark_is_refused_by_every_reader_naming_its_b
                 list(chunked.chunks())
         finally:
             chunked.close()
-        first = data[:data.index("\n".encode(f"utf-16-{order.lower()}")) + 2]  # translate --interactive: one line
-        with pytest.raises(DataError, match=rf"^<stdin>:7: {nul}.*UTF-16{order}"):
-            decode_lines(first, "<stdin>", first_line=7)
+        first = io.BytesIO(data).readline()  # translate --interactive: its first line (later ones: the test below)
+        with pytest.raises(DataError, match=rf"^<stdin>:1: {nul}.*UTF-16{order}"):
+            decode_lines(first, "<stdin>", first_line=1)
     stray = tmp_path / "stray.txt"  # UTF-8 text with one NUL: refused too, its line and column named
     stray.write_bytes("Ein Hund.\nZwei\0 Männer.\n".encode("utf-8"))
     with pytest.raises(DataError, match=rf"^{stray}:2: a NUL character \(byte 0x00 at column 5\)") as caught:
@@ -259,6 +259,32 @@ def test_utf32_without_a_byte_order_mark_is_named_utf32_not_utf16(tmp_path: Path
     for text in ("A dog runs.\n", "Собака.\n"):  # UTF-16 stays UTF-16
         with pytest.raises(DataError, match=r"UTF-16LE without a byte order mark"):
             decode_lines(text.encode("utf-16-le"), "<stdin>")
+
+
+def test_translate_interactive_names_the_byte_order_of_every_line_not_the_first_alone() -> None:
+    """translate --interactive reads a line at a time, up to b"\\n": of UTF-16LE text without a byte
+    order mark each line after the first starts with the NUL left by the line break before it
+    (b"\\n\\0" splits as b"\\n" | b"\\0Two..."), so its NULs stood at even offsets and lines 2, 3...
+    were named UTF-16BE (line 1 UTF-16LE), with an iconv command that garbles the file; UTF-32LE's
+    leave three NULs. A later piece (first_line > 1) is judged past them: every line is named
+    LE; big-endian lines that do not open with such a NUL (Cyrillic, Greek) stay BE."""
+    import io
+
+    from cometnmt.data.corpus import decode_lines
+
+    texts = {"ascii": "A dog runs.\n\nTwo men talk.\n", "cyrillic": "Собака бежит по траве.\nДва мужчины.\n",
+             "greek": "Ένας σκύλος τρέχει.\nΔύο άντρες μιλούν.\n"}  # Greek: not valid UTF-8 (byte 0x88), that error
+    for kind, text in texts.items():
+        for encoding in ("UTF-16LE", "UTF-32LE", "UTF-16BE", "UTF-32BE"):
+            if kind == "ascii" and encoding.endswith("BE"):
+                continue  # b"\0T\0w\0o\0\n" is line 2 of both orders: taken as LE, which Windows writes
+            pieces = io.BytesIO(text.encode(encoding)).readlines()  # as translate --interactive reads them
+            assert len(pieces) >= 3 if encoding.endswith("LE") else len(pieces) >= 2  # LE: a last piece of NULs
+            for number, piece in enumerate(pieces, 1):
+                with pytest.raises(DataError, match=rf"^<stdin>:{number}: ") as info:
+                    decode_lines(piece, "<stdin>", first_line=number)
+                assert f"iconv -f {encoding} -t UTF-8 FILE" in str(info.value), (kind, encoding, number, piece,
+                                                                               str(info.value))
 
 
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:

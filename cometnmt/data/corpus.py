@@ -62,7 +62,7 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
     column of an undecodable byte."""
     pos = exc.start
     line_no, column = _line_and_column(data, pos, first_line)
-    encoding = _other_encoding(data, pos)
+    encoding = _other_encoding(data, pos, first_line)
     hint = "" if encoding is None else f"; it looks like {encoding}: convert it with {_iconv_command(path, encoding)}"
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
@@ -84,15 +84,15 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
     the line and column of the first and, where the bytes from there look like UTF-16
     (:func:`_looks_like_utf16`), the byte order (:func:`_utf16_order`) and the iconv command
     converting the file; a stray NUL in UTF-8 text is named as that, with a command removing it.
-    The byte order is judged from an offset a multiple of four, where the file's UTF-32 characters
-    start (and UTF-16's)."""
+    The byte order is judged from a character's start: an offset a multiple of four (UTF-32's and
+    UTF-16's characters start there in a file) or, in a later piece of an input (``first_line`` > 1),
+    past the rest of the line break before it (:func:`_line_break_rest`)."""
     pos = data.index(b"\0")
     line_no, column = _line_and_column(data, pos, first_line)
     where = f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text"
     start = pos - pos % 2  # from an even offset, as the file's UTF-16 characters start
     sample = data[start:start + 4096]
-    aligned = pos - pos % 4
-    encoding = _utf16_order(data[aligned:aligned + 4096])  # never None: the sample starts within three bytes of a NUL
+    encoding = _byte_order(data, pos - pos % 4, first_line)
     if not _looks_like_utf16(sample):
         target = "FILE" if str(path).startswith("<") else shlex.quote(str(path))
         return DataError(f"{where}: one NUL byte alone is a stray byte in UTF-8 text (remove it, e.g. tr -d '\\000' "
@@ -100,6 +100,31 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
                          f"(check with: file {target}), convert it with {_iconv_command(path, encoding)}")
     return DataError(f"{where}: the file is probably {encoding} without a byte order mark, read as UTF-8; "
                      f"convert it with {_iconv_command(path, encoding)}")
+
+
+def _line_break_rest(data: bytes, first_line: int) -> int:
+    """How many of ``data``'s first bytes are the rest of the line break before it: in a later
+    piece of an input split after each b"\\n" (``first_line`` > 1: ``translate --interactive``'s
+    lines, ``translate``'s chunks) one NUL byte left by UTF-16LE's b"\\n\\0" or three by UTF-32LE's
+    b"\\n\\0\\0\\0"; 0 otherwise (the first piece, or no such NULs). Read from its first byte such
+    a piece of UTF-16LE looked like UTF-16BE. Big-endian text whose line opens with a character
+    below U+0100 starts with such NULs too, in the very same bytes (b"\\0T\\0w\\0o\\0\\n" is either):
+    those are taken as little-endian, the order Windows writes."""
+    if first_line <= 1:
+        return 0
+    lead = len(data) - len(data.lstrip(b"\0"))
+    return lead if lead in (1, 3) else 0
+
+
+def _byte_order(data: bytes, start: int, first_line: int = 1) -> str:
+    """The UTF-16 or UTF-32 byte order (:func:`_utf16_order`) of ``data`` (holding a NUL byte) read
+    from ``start`` or, in a piece that opens with the rest of a line break (:func:`_line_break_rest`),
+    from past it: the little-endian order that left it when the rest tells nothing (a piece of the
+    NULs alone, an empty line)."""
+    rest = _line_break_rest(data, first_line)
+    if rest:
+        return _utf16_order(data[rest:rest + 4096]) or ("UTF-16LE" if rest == 1 else "UTF-32LE")
+    return _utf16_order(data[start:start + 4096]) or "UTF-16LE"  # None only without a NUL byte from start
 
 
 def _looks_like_utf16(sample: bytes | str) -> bool:
@@ -146,19 +171,22 @@ def _iconv_command(path: Path, encoding: str) -> str:
     return f"gzip -dc {quoted} | iconv -f {encoding} -t UTF-8 | gzip > {shlex.quote(f'{out}.utf8.gz')}"
 
 
-def _other_encoding(data: bytes, pos: int) -> str | None:
+def _other_encoding(data: bytes, pos: int, first_line: int = 1) -> str | None:
     """The iconv name of the encoding undecodable ``data`` (bad byte at ``pos``) looks like, or
     None: UTF-32 or UTF-16 by their byte order mark, UTF-32LE/BE by NUL bytes three of every four
     (:func:`_utf32_order`), UTF-16BE/LE by NUL bytes every other byte (ASCII text in UTF-16), by
     decoding into text (:func:`_utf16_without_bom`) or, failing those, by where its NUL bytes
     stand (:func:`_utf16_by_nul_offsets`: a NUL byte is no text), and WINDOWS-1252
     (Latin-1 and its superset) by a lone high byte between ASCII bytes ("M\\xe4dchen"), where UTF-8
-    puts a high byte before other high bytes (and most high bytes lone, not CJK text)."""
+    puts a high byte before other high bytes (and most high bytes lone, not CJK text). A later
+    piece of an input (``first_line`` > 1) is judged past the rest of the line break before it
+    (:func:`_line_break_rest`)."""
     if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
         return "UTF-32"
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "UTF-16"
-    sample = data[:4096]
+    rest = _line_break_rest(data, first_line)
+    sample = data[rest:rest + 4096]
     utf16 = _utf16_order(sample)
     if utf16 is not None:
         return utf16
