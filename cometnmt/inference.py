@@ -350,6 +350,7 @@ class Translator:
         translator(["Zwei Hunde.", "Ein Kind lacht."], beam=5)     # a list -> a list
         translator.translate(["Zwei Hunde."], beam=5, nbest=3)[0]  # n-best Translation objects
         translator.translate(["Zwei Hunde."], sampling=True, topk=10, nbest=4, seed=1)[0]  # 4 samples
+        translator.search_config(beam=5, nbest=3)  # the DecodeConfig such a call runs, checked; nothing translated
 
     Search settings not given come from the checkpoint's ``decode`` config (``self.cfg.decode``).
 
@@ -421,6 +422,27 @@ class Translator:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for start in range(0, len(order), size):
             yield order[start : start + size]
+
+    def search_config(self, decode_cfg: DecodeConfig | None = None, *, beam: int | None = None,
+                      nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,
+                      sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
+                      temperature: float | None = None, seed: int | None = None,
+                      replace_unk: bool | None = None) -> DecodeConfig:
+        """The search a :meth:`translate` call given these settings runs, checked and normalised as
+        that call checks them, without translating anything: ``decode_cfg`` (default the
+        checkpoint's ``decode`` config) with the settings given replaced (:meth:`translate`'s
+        keywords; None keeps the config's), greedy search of ``nbest`` above 1 made a beam search,
+        ``sampling`` made ``method`` "sample". ``translate(texts, translator.search_config(**settings))``
+        translates as ``translate(texts, **settings)``: a caller that queues work for later
+        (``cometnmt serve``'s batches) checks a request's settings at once and keys batches on the
+        result. ``self.cfg`` is not changed.
+
+        :raises ConfigError: a bad setting, named as its keyword (``beam=0: must be at least 1``), or
+            ``replace_unk`` for a model whose vocabularies are not words (SentencePiece).
+        """
+        return self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size,
+                            sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
+                            replace_unk=replace_unk)
 
     def _decode(self, decode_cfg: DecodeConfig | None, flags: bool = False, *, beam: int | None = None,
                 nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,

@@ -661,7 +661,7 @@ class TranslationServer(ThreadingHTTPServer):
         The search is checked here, so a bad setting fails its request alone, before it is queued;
         sampling requests are decoded alone: a sentence's random stream is keyed by its place in
         the call, so in a batch with others its samples would not be those it gets alone."""
-        decode = self.translator._decode(None, **settings)
+        decode = self.translator.search_config(**settings)
         if not texts:
             return []
         key = (object(),) if decode.method == "sample" else dataclasses.astuple(decode)

@@ -250,6 +250,39 @@ def test_sampling_false_leaves_a_sampling_config_for_greedy_search():
         method="sample", nbest=6, sampling_topp=0.5, sampling_seed=2)
 
 
+def test_search_config_gives_the_checked_search_a_call_runs_without_translating():
+    """cometnmt serve checked a request's search settings before queueing it through the private
+    Translator._decode. Translator.search_config is that check, public: the DecodeConfig a
+    translate call given the same keywords runs (normalised: greedy search of nbest 3 is a beam
+    search), errors named as keywords, the translator's own config untouched. No model is run."""
+    import types
+
+    import torch
+
+    from cometnmt.config import Config, DecodeConfig
+    from cometnmt.inference import Translator
+
+    words = types.SimpleNamespace(kind="spacy")
+    translator = Translator(torch.nn.Linear(1, 1), types.SimpleNamespace(src_tok=words, tgt_tok=words), Config(),
+                            torch.device("cpu"))
+    assert translator.search_config() == translator.cfg.decode == DecodeConfig()
+    assert translator.search_config(nbest=3) == DecodeConfig(method="beam", nbest=3)  # greedy with 3 hypotheses: a beam
+    assert translator.search_config(beam=4, length_penalty=0.6, batch_size=8, replace_unk=True) == DecodeConfig(
+        method="beam", beam_size=4, length_penalty=0.6, batch_sentences=8, replace_unk=True)
+    assert translator.search_config(sampling=True, nbest=2, topk=5, seed=7) == DecodeConfig(
+        method="sample", nbest=2, sampling_topk=5, sampling_seed=7)
+    assert translator.search_config(DecodeConfig(method="beam", beam_size=3), nbest=2) == DecodeConfig(
+        method="beam", beam_size=3, nbest=2)  # a given config, its settings replaced
+    assert translator.cfg.decode == DecodeConfig()  # per call, not kept
+    with pytest.raises(cometnmt.ConfigError, match=r"^beam=0: must be at least 1"):
+        translator.search_config(beam=0)
+    with pytest.raises(cometnmt.ConfigError, match=r"^topk=5: .*sampling"):
+        translator.search_config(topk=5)
+    translator.codec.tgt_tok = types.SimpleNamespace(kind="sentencepiece")
+    with pytest.raises(cometnmt.ConfigError, match=r"^decode.replace_unk: copies source words"):
+        translator.search_config(replace_unk=True)
+
+
 def test_greedy_search_of_several_hypotheses_is_a_beam_search_everywhere(run_dir, monkeypatch):
     """decode.method greedy with decode.nbest above 1 is a beam search of decode.beam_size
     (documented; translate and serve run one), but Translator.translate_ids took the config as it
