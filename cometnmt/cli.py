@@ -550,7 +550,7 @@ def cmd_serve(args) -> int:
                          length_penalty=args.length_penalty, batch_size=args.batch_sentences,
                          max_sentences=args.max_sentences, max_beam=args.max_beam, max_chars=args.max_chars,
                          nfc_warning_interval=args.nfc_warning_interval, max_batch_sentences=args.max_batch_sentences,
-                         batch_wait_ms=args.batch_wait_ms, flags=True,
+                         batch_wait_ms=args.batch_wait_ms, max_batch_chars=args.max_batch_chars, flags=True,
                          **_search_args(args))
     host, port = server.server_address[:2]
     print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
@@ -732,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dynamic batching: concurrent /translate requests of the same search are decoded together, "
                         "a batch closing at N sentences (a larger request is a batch alone) or --batch-wait-ms after "
                         "its first request (default 64; 1: off, each request decoded alone)")
+    p.add_argument("--max-batch-chars", dest="max_batch_chars", type=int, default=20000, metavar="N",
+                   help="a batch also closes at N characters of source text, so that 64 long sentences are not "
+                        "decoded at once (a larger request is a batch alone; default 20000, about 64 sentences of "
+                        "300 characters; 0: off, batches bounded by --max-batch-sentences alone)")
     p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=float, default=5.0, metavar="MS",
                    help="the longest a batch waits for more requests after its first (default 5; 0: no batching)")
     _add_decode_args(p)

@@ -43,8 +43,9 @@ handled in threads, the model one request at a time (a first-come, first-served 
 get the model in the order they asked for it; one whose client has closed its connection by then is
 not decoded (:meth:`TranslationServer.client_gone`). Concurrent /translate requests of the same search
 are decoded together (dynamic batching, :class:`RequestBatcher`: ``--max-batch-sentences``,
-``--batch-wait-ms``), each answered with its own translations. Sentences not in Unicode NFC are translated as they
-are, with a warning in the log at most once a minute (``--nfc-warning-interval``), counting those in between
+``--max-batch-chars``, ``--batch-wait-ms``), each answered with its own translations. Sentences not in
+Unicode NFC are translated as they are, with a warning in the log at most once a minute
+(``--nfc-warning-interval``), counting those in between
 (:class:`NfcWarnings`).
 """
 
@@ -342,12 +343,14 @@ def _request_pairs(body: dict, max_sentences: int, max_chars: int) -> tuple[list
 
 
 class _Pending:
-    """One /translate request waiting in a :class:`RequestBatcher`: its sentences, its search
-    (``decode``, already checked) and the handler whose client asked; the decoding worker sets
-    ``results`` (n-best lists, one per sentence) or ``error``, then ``done``."""
+    """One /translate request waiting in a :class:`RequestBatcher`: its sentences, their characters
+    (``chars``, counted here, on the request's thread), its search (``decode``, already checked)
+    and the handler whose client asked; the decoding worker sets ``results`` (n-best lists, one per
+    sentence) or ``error``, then ``done``."""
 
     def __init__(self, texts: list[str], decode, key: tuple, handler: "_Handler | None", arrived: float) -> None:
         self.texts, self.decode, self.key, self.handler, self.arrived = texts, decode, key, handler, arrived
+        self.chars = sum(len(text) for text in texts)
         self.results: list | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -366,15 +369,20 @@ class RequestBatcher:
     A batch opens with the oldest waiting request and takes, in arrival order, the waiting
     requests whose search is the same (``key``: beam, nbest, length penalty...; requests of other
     searches wait for a later batch, never mixed in); it closes when it holds ``max_sentences``
-    sentences (a request is never split: one larger than that is a batch alone) or ``wait``
-    seconds after its first request arrived, whichever comes first. A request that arrives while
-    the model is busy therefore waits no longer than it did behind the lock. ``decode(batch)``
+    sentences or, with ``max_chars`` above 0, that many characters (the search's memory grows with
+    its sentences' length: 64 sentences of 10,000 characters are no batch of 64 short ones; a
+    request is never split: one larger than either is a batch alone), or ``wait`` seconds after
+    its first request arrived, whichever comes first. Characters, counted on the request's thread
+    (:class:`_Pending`), stand for source tokens: the worker calls no tokenizer to weigh a batch.
+    A request that arrives while the model is busy therefore waits no longer than it did behind
+    the lock. ``decode(batch)``
     answers each request of a batch (:meth:`_Pending.finish`). :meth:`close` stops waiting for
     batches to fill (a stopping server drains what is queued); :meth:`stop` fails what is still
     queued with 503 and refuses new requests, so no client waits for a worker that is gone."""
 
-    def __init__(self, decode, max_sentences: int, wait: float, clock=time.monotonic) -> None:
+    def __init__(self, decode, max_sentences: int, wait: float, clock=time.monotonic, max_chars: int = 0) -> None:
         self._decode, self.max_sentences, self.wait, self._clock = decode, max_sentences, wait, clock
+        self.max_chars = max_chars  # 0: no character budget
         self._queue: list[_Pending] = []  # arrival order
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -433,25 +441,34 @@ class RequestBatcher:
             if not self._queue:
                 return None
             first = self._queue[0]
-            while not self._closing and self._fill(first) < self.max_sentences:
+            while not self._closing and not self._full(*self._fill(first)):
                 left = first.arrived + self.wait - self._clock()
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch, size, rest = [], 0, []
+            batch, size, chars, rest = [], 0, 0, []
             for pending in self._queue:
-                fits = pending is first or size + len(pending.texts) <= self.max_sentences
-                if pending.key == first.key and fits and size < self.max_sentences:
+                fits = pending is first or not self._over(size + len(pending.texts), chars + pending.chars)
+                if pending.key == first.key and fits and not self._full(size, chars):
                     batch.append(pending)
-                    size += len(pending.texts)
+                    size, chars = size + len(pending.texts), chars + pending.chars
                 else:
                     rest.append(pending)
             self._queue = rest
             return batch
 
-    def _fill(self, first: _Pending) -> int:
-        """The sentences waiting that a batch opened by ``first`` could take."""
-        return sum(len(p.texts) for p in self._queue if p.key == first.key)
+    def _fill(self, first: _Pending) -> tuple[int, int]:
+        """The sentences and characters waiting that a batch opened by ``first`` could take."""
+        same = [p for p in self._queue if p.key == first.key]
+        return sum(len(p.texts) for p in same), sum(p.chars for p in same)
+
+    def _full(self, sentences: int, chars: int) -> bool:
+        """Whether a batch of ``sentences`` holding ``chars`` characters takes no more requests."""
+        return sentences >= self.max_sentences or 0 < self.max_chars <= chars
+
+    def _over(self, sentences: int, chars: int) -> bool:
+        """Whether a batch of ``sentences`` holding ``chars`` characters is past a limit."""
+        return sentences > self.max_sentences or 0 < self.max_chars < chars
 
 
 class TranslationServer(ThreadingHTTPServer):
@@ -462,7 +479,7 @@ class TranslationServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], translator: Translator | None, checkpoint: str | list[str], *,
                  max_sentences: int = 1000, max_body_bytes: int = 1 << 20, max_beam: int = 64,
                  max_chars: int = 10000, nfc_warning_interval: float = 60.0, max_batch_sentences: int = 64,
-                 batch_wait: float = 0.005) -> None:
+                 batch_wait: float = 0.005, max_batch_chars: int = 20000) -> None:
         if ":" in address[0]:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
         # before binding: when the bind fails (port in use, unknown host) socketserver calls
@@ -480,7 +497,7 @@ class TranslationServer(ThreadingHTTPServer):
         self.nfc_warnings = NfcWarnings(nfc_warning_interval)  # text not in NFC, warned of at most once an interval
         # concurrent /translate requests decoded together; None (batch_wait 0 or one sentence a batch): one at a time
         self.batcher = None if batch_wait <= 0 or max_batch_sentences <= 1 else \
-            RequestBatcher(self._decode_batch, max_batch_sentences, batch_wait)
+            RequestBatcher(self._decode_batch, max_batch_sentences, batch_wait, max_chars=max_batch_chars)
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:
@@ -629,6 +646,7 @@ class TranslationServer(ThreadingHTTPServer):
                 "checkpoint": self.checkpoint, "decode": to_dict(cfg.decode), "max_sentences": self.max_sentences,
                 "max_beam": self.max_beam, "max_chars": self.max_chars,
                 "batching": None if self.batcher is None else {"max_batch_sentences": self.batcher.max_sentences,
+                                                               "max_batch_chars": self.batcher.max_chars,
                                                                "batch_wait_ms": self.batcher.wait * 1000}}
 
     def translate(self, body: object) -> dict:
@@ -1084,7 +1102,8 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
                 beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                 batch_size: int | None = None, max_sentences: int = 1000, max_body_bytes: int = 1 << 20,
                 max_beam: int = 64, max_chars: int = 10000, nfc_warning_interval: float = 60.0,
-                max_batch_sentences: int = 64, batch_wait_ms: float = 5.0, flags: bool = False,
+                max_batch_sentences: int = 64, batch_wait_ms: float = 5.0, max_batch_chars: int = 20000,
+                flags: bool = False,
                 sampling: bool | None = None, topk: int | None = None,
                 topp: float | None = None, temperature: float | None = None, seed: int | None = None,
                 replace_unk: bool | None = None) -> TranslationServer:
@@ -1095,9 +1114,10 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     request. ``max_sentences``, ``max_chars`` (per sentence), ``max_body_bytes`` and ``max_beam`` (also
     ``nbest``) bound what one request may ask for. ``nfc_warning_interval``: the seconds between two
     warnings of request text not in Unicode NFC (:class:`NfcWarnings`; 0: one per such request).
-    ``max_batch_sentences`` and ``batch_wait_ms``: dynamic batching (:class:`RequestBatcher`), a
-    batch closes at that many sentences or that many milliseconds after its first request (0, or
-    one sentence: off, each request decoded alone).
+    ``max_batch_sentences``, ``max_batch_chars`` and ``batch_wait_ms``: dynamic batching
+    (:class:`RequestBatcher`), a batch closes at that many sentences, that many characters (0: no
+    character budget) or that many milliseconds after its first request (0, or one sentence: off,
+    each request decoded alone).
     Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
@@ -1111,6 +1131,9 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     if isinstance(max_batch_sentences, bool) or not isinstance(max_batch_sentences, int) or max_batch_sentences < 1:
         raise ConfigError(f"{setting('max_batch_sentences', max_batch_sentences, flags)}: must be at least 1 (1: no "
                           "batching of concurrent requests)")
+    if isinstance(max_batch_chars, bool) or not isinstance(max_batch_chars, int) or max_batch_chars < 0:
+        raise ConfigError(f"{setting('max_batch_chars', max_batch_chars, flags)}: must be a number of characters, 0 or "
+                          "more (0: no character budget, batches bounded by their sentences alone)")
     if isinstance(batch_wait_ms, bool) or not isinstance(batch_wait_ms, (int, float)) or not 0 <= batch_wait_ms < math.inf:
         raise ConfigError(f"{setting('batch_wait_ms', batch_wait_ms, flags)}: must be a number of milliseconds, 0 or more "
                           "(0: no batching of concurrent requests)")
@@ -1120,7 +1143,7 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
         server = TranslationServer((host, port), None, paths[0] if len(paths) == 1 else paths, max_sentences=max_sentences,
                                    max_body_bytes=max_body_bytes, max_beam=max_beam, max_chars=max_chars,
                                    nfc_warning_interval=nfc_warning_interval, max_batch_sentences=max_batch_sentences,
-                                   batch_wait=batch_wait_ms / 1000)
+                                   batch_wait=batch_wait_ms / 1000, max_batch_chars=max_batch_chars)
     except OSError as exc:
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:

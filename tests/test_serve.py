@@ -1489,6 +1489,55 @@ def test_closing_drains_queued_requests_and_fails_those_left_after_the_wait(chec
             srv.translate({"text": "Ein Hund."})
 
 
+def test_a_batch_closes_at_its_character_budget(checkpoint):
+    """Batches were bounded by their sentences alone: 64 requests of one 10,000-character sentence
+    each (--max-chars) were one batch, one search over 640,000 characters. With --max-batch-chars
+    a batch closes once its sentences hold that many characters: it takes no request past the
+    budget (a request larger than it is a batch alone), and stops waiting for more once the
+    waiting requests reach it. Characters are counted on the request's thread, not the worker's."""
+    import time
+
+    from cometnmt.errors import ConfigError
+    from cometnmt.serve import RequestBatcher, _Pending
+
+    batches = []
+
+    def decode(batch):
+        batches.append([p.texts[0][0] for p in batch])
+        for pending in batch:
+            pending.finish([])
+
+    def request(letter: str, chars: int) -> _Pending:
+        return _Pending([letter * chars], None, ("greedy",), None, time.monotonic())
+
+    batcher = RequestBatcher(decode, max_sentences=64, wait=60.0, max_chars=100)  # a minute: only the budget closes it
+    a, b, c, d = request("a", 40), request("b", 40), request("c", 40), request("d", 150)
+    assert c.chars == 40
+    for pending in (a, b, c):
+        batcher.submit(pending)
+    assert a.done.wait(30) and b.done.wait(1)
+    batcher.submit(d)  # c and d reach the budget: c's batch closes, d (150 > 100) is a batch alone
+    assert c.done.wait(30) and d.done.wait(30)
+    assert batches == [["a", "b"], ["c"], ["d"]], batches  # c would have taken the batch past 100
+    batcher.stop()  # its worker ends
+    off, batches[:] = RequestBatcher(decode, max_sentences=64, wait=60.0, max_chars=0), []  # 0: no budget
+    for pending in (request("a", 40), request("b", 40), request("c", 150)):
+        off.submit(pending)
+    off.close()  # decode what is queued
+    deadline = time.monotonic() + 30
+    while not batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batches == [["a", "b", "c"]], batches
+    off.stop()
+    with pytest.raises(ConfigError, match=r"^--max-batch-chars -1: must be a number of characters, 0 or more"):
+        make_server(str(checkpoint), port=0, max_batch_chars=-1, flags=True)
+    srv = make_server(str(checkpoint), port=0, device="cpu", max_batch_chars=500)
+    try:
+        assert srv.batcher.max_chars == 500 and srv.health()["batching"]["max_batch_chars"] == 500
+    finally:
+        srv.server_close()
+
+
 def test_batching_options_are_checked_and_shown_in_health(checkpoint, server):
     from cometnmt.errors import ConfigError
 
@@ -1496,7 +1545,8 @@ def test_batching_options_are_checked_and_shown_in_health(checkpoint, server):
         make_server(str(checkpoint), port=0, batch_wait_ms=-1, flags=True)
     with pytest.raises(ConfigError, match=r"max_batch_sentences=0: must be at least 1 \(1: no batching"):
         make_server(str(checkpoint), port=0, max_batch_sentences=0)
-    assert call(server, "/health")[1]["batching"] == {"max_batch_sentences": 64, "batch_wait_ms": 5.0}  # the defaults
+    assert call(server, "/health")[1]["batching"] == {"max_batch_sentences": 64, "max_batch_chars": 20000,
+                                                      "batch_wait_ms": 5.0}  # the defaults
     off = make_server(str(checkpoint), port=0, device="cpu", batch_wait_ms=0)
     try:
         assert off.batcher is None and off.health()["batching"] is None
