@@ -37,7 +37,7 @@ def plot_attention(amap, path: Path, title: str) -> None:
     ax.set_xlabel("source")
     ax.set_ylabel("target")
     ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.colorbar(image, ax=ax, fraction=0.04).set_label("attention weight")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

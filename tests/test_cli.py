@@ -1040,3 +1040,18 @@ def test_evaluate_keeps_its_checkpoint_option(capsys, tmp_path):
 
     assert cli.main(["evaluate", "--checkpoint", str(tmp_path / "none.pt")]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
+
+
+def test_the_attention_heatmaps_colour_bar_says_what_it_measures(monkeypatch, tmp_path):
+    """The heatmap's colour bar ran 0 to 1 under no label, the reader left to guess it was the
+    attention weight (and not, say, a probability of the target token)."""
+    import matplotlib.figure
+
+    from cometnmt.inference import AttentionMap
+    from cometnmt.plots import plot_attention
+
+    labels = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: labels.append([ax.get_ylabel() for ax in fig.axes]))
+    plot_attention(AttentionMap(["a", "b"], ["x", "</s>"], [[0.3, 0.7], [0.9, 0.1]], 0), tmp_path / "a.png", "t")
+    assert labels == [["target", "attention weight"]]
