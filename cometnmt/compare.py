@@ -341,6 +341,7 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
                              linestyle=["-", "--", ":", "-."][j % 4], label=f"{name} {loss}" if label else None)
     axes[0].set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
     axes[1].set(xlabel="epoch", ylabel=validation_bleu_label(records), title="validation BLEU")
+    axes[1].set_ylim(bottom=0)  # BLEU is never below 0: runs of BLEU 0 throughout drew an axis from -0.05
     whole_epochs(axes[0], axes[1])
     if axes[0].get_legend_handles_labels()[0]:  # a report of no finished run has nothing to label
         axes[0].legend(fontsize=8)

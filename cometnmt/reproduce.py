@@ -420,6 +420,7 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
                 a2.plot([h["epoch"] for h in hist], [h["val_bleu"] for h in hist], **kw)
     a1.set(xlabel="epoch", ylabel="validation loss (nats / token)", title="validation loss")
     a2.set(xlabel="epoch", ylabel=validation_bleu_label(records), title="validation BLEU")
+    a2.set_ylim(bottom=0)  # BLEU is never below 0: runs of BLEU 0 throughout drew an axis from -0.05
     whole_epochs(a1, a2)
     if a1.get_legend_handles_labels()[0]:  # a report of no finished run has nothing to label
         a1.legend(fontsize=8)

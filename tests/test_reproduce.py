@@ -549,3 +549,20 @@ def test_figure_4_says_when_it_plots_a_few_test_sentences(monkeypatch, tmp_path)
     assert titles == ["Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences\n"
                       "the first 40 test sentences only (--eval-limit 40)",
                       "Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences"]
+
+
+def test_the_validation_bleu_axis_does_not_go_below_zero(monkeypatch, tmp_path):
+    """Runs whose validation BLEU was 0 at every epoch (a tiny smoke run) drew reproduce's and
+    compare's BLEU axis from -0.05 to 0.05, negative BLEU on the axis. It starts at 0 now."""
+    import matplotlib.figure
+
+    from cometnmt import compare, reproduce
+
+    bottoms = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: bottoms.append(fig.axes[1].get_ylim()[0]))
+    history = [{"epoch": e, "val_loss": 5.0 - e, "val_bleu": 0.0} for e in (1, 2, 3)]
+    records = [{"row": row, "seed": 1, "history": history} for row in ("comet", "transformer")]
+    reproduce._learning_curves(tmp_path, ["comet", "transformer"], records)
+    compare._curves(tmp_path, ["comet", "transformer"], records)
+    assert bottoms == [0.0, 0.0]
