@@ -288,10 +288,12 @@ def significance(args, out: Path, names: list[str], records: list[dict]) -> list
             kw = {"n_samples": args.bootstrap, "metric": metric, "tokenize": tokenize, "lowercase": lowercase,
                   "lang": cfg.data.tgt_lang}
             for s, a, b in zip(seeds, runs_a, runs_b):
-                results.append({"a_system": names[0], "b_system": other, "seeds": [s], **paired_bootstrap(a, b, refs, **kw)})
+                results.append({"a_system": names[0], "b_system": other, "seeds": [s],
+                                **paired_bootstrap(a, b, refs, names=(f"{names[0]} seed {s}", f"{other} seed {s}"), **kw)})
             if len(seeds) > 1:
                 results.append({"a_system": names[0], "b_system": other, "seeds": seeds,
-                                **paired_bootstrap_runs(runs_a, runs_b, refs, **kw)})
+                                **paired_bootstrap_runs(runs_a, runs_b, refs, names=tuple(
+                                    f"{n} seeds {', '.join(map(str, seeds))}" for n in (names[0], other)), **kw)})
     return results
 
 

@@ -275,6 +275,7 @@ def paired_bootstrap(
     tokenize: Tokenizer | None = None,
     lowercase: bool = False,
     lang: str | None = None,
+    names: tuple[str, str] = ("A", "B"),
 ) -> dict:
     """Paired bootstrap resampling (Koehn, 2004) of system A against system B.
 
@@ -291,11 +292,12 @@ def paired_bootstrap(
     :param tokenize: target tokeniser, required for ``metric="paper"``.
     :param lowercase: compare lowercased text, as :func:`corpus_scores`.
     :param lang: the references' language, for BLEU's tokeniser, as :func:`corpus_scores`.
+    :param names: what the log line (and an error) calls systems A and B, e.g. ``("COMET seed 2", "Transformer seed 2")``.
     :return: ``{"metric", "label", "a", "b", "delta", "a_mean", "a_ci95", "b_mean", "b_ci95",
         "p_value", "n_samples", "runs"}``, where ``p_value`` is the fraction of samples in which B
         scores at least as high as A (one-sided test of "A is better"; ties count for B).
     """
-    return paired_bootstrap_runs([hyps_a], [hyps_b], refs, n_samples, seed, metric, tokenize, lowercase, lang)
+    return paired_bootstrap_runs([hyps_a], [hyps_b], refs, n_samples, seed, metric, tokenize, lowercase, lang, names)
 
 
 def paired_bootstrap_runs(
@@ -308,6 +310,7 @@ def paired_bootstrap_runs(
     tokenize: Tokenizer | None = None,
     lowercase: bool = False,
     lang: str | None = None,
+    names: tuple[str, str] = ("A", "B"),
 ) -> dict:
     """:func:`paired_bootstrap` over several runs per system (seeds), all on the same references.
 
@@ -319,7 +322,7 @@ def paired_bootstrap_runs(
     if isinstance(refs, str) or any(isinstance(run, str) for run in (runs_a, runs_b, *runs_a, *runs_b)):
         # a string is a sequence of characters: three strings of one length were scored as that many one-character sentences
         raise TypeError("paired_bootstrap takes lists of sentences (one string per line), not one string")
-    for name, runs in (("A", runs_a), ("B", runs_b)):
+    for name, runs in zip(names, (runs_a, runs_b)):
         if not runs:
             raise DataError(f"paired_bootstrap: system {name} has no runs")
         for k, hyps in enumerate(runs):
@@ -356,8 +359,9 @@ def paired_bootstrap_runs(
         raise ValueError(f'metric must be "bleu" or "paper", got {metric!r}')
 
     p_value = float(np.mean(samples_b >= samples_a))
-    logger.info("paired bootstrap (%s, %d + %d runs, %d samples): A=%.2f B=%.2f p%s", metric, len(runs_a), len(runs_b),
-                n_samples, full_a, full_b, f" < {1 / n_samples:g}" if p_value == 0 else f"={p_value:.4f}")  # as fmt_p
+    # the systems by name: a report's log of several seeds and metrics said "A=... B=..." line after line
+    logger.info("paired bootstrap (%s, %d + %d runs, %d samples): %s %.2f vs %s %.2f, p%s", metric, len(runs_a), len(runs_b),
+                n_samples, names[0], full_a, names[1], full_b, f" < {1 / n_samples:g}" if p_value == 0 else f"={p_value:.4f}")  # as fmt_p
     return {
         "metric": metric,
         "label": label,

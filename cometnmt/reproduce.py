@@ -340,7 +340,8 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
             kw = {"n_samples": args.bootstrap, "tokenize": tok.tokenize if tok else None,
                   "lowercase": cfg.data.lowercase, "lang": cfg.data.tgt_lang}
         for metric in names:
-            results.append({"seed": comet["seed"], **paired_bootstrap(c_h, t_h, refs, metric=metric, **kw)})
+            results.append({"seed": comet["seed"], **paired_bootstrap(
+                c_h, t_h, refs, metric=metric, names=(f"{short_label(cand)} seed {comet['seed']}", f"Transformer seed {trans['seed']}"), **kw)})
         seeds.append(comet["seed"])
         runs_c.append(c_h)
         runs_t.append(t_h)
@@ -348,7 +349,9 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
     pooled = [s for s in earlier if s["seed"] == "pooled" and s.get("seeds") == all_seeds]
     if len(seeds) > 1 and (seeds == all_seeds or not pooled):
         for metric in names:
-            results.append({"seed": "pooled", "seeds": seeds, **paired_bootstrap_runs(runs_c, runs_t, refs, metric=metric, **kw)})
+            pooled_names = tuple(f"{label} seeds {', '.join(map(str, seeds))}" for label in (short_label(cand), "Transformer"))
+            results.append({"seed": "pooled", "seeds": seeds, **paired_bootstrap_runs(runs_c, runs_t, refs, metric=metric,
+                                                                                     names=pooled_names, **kw)})
     else:
         results += pooled
     return results

@@ -566,3 +566,28 @@ def test_the_validation_bleu_axis_does_not_go_below_zero(monkeypatch, tmp_path):
     reproduce._learning_curves(tmp_path, ["comet", "transformer"], records)
     compare._curves(tmp_path, ["comet", "transformer"], records)
     assert bottoms == [0.0, 0.0]
+
+
+def test_the_bootstrap_log_lines_name_the_systems_and_seeds(monkeypatch, caplog):
+    """reproduce's log had, per seed and metric, 'paired bootstrap (bleu, 1 + 1 runs, 50 samples):
+    A=31.20 B=30.85 p=0.2400', leaving the reader to know which system was A and which seed a line
+    was. Each line names the systems with their seed(s) now; paired_bootstrap called without names
+    still says A and B."""
+    import types
+
+    import cometnmt.data.tokenizers
+    from cometnmt.evaluation import paired_bootstrap
+
+    reproduce, args, out, records = _example_runs(monkeypatch, [50.0, 10.0, 30.0, 0.0], [10.0, 50.0, 30.0, 20.0])
+    records += [dict(r, seed=3) for r in records]
+    cfg = types.SimpleNamespace(data=types.SimpleNamespace(tgt_lang="de", lowercase=False))
+    monkeypatch.setattr(reproduce, "_test_corpus", lambda args, out, rec: (None, [f"a ref number {i}" for i in range(4)], cfg))
+    monkeypatch.setattr(cometnmt.data.tokenizers, "paper_tokenizer", lambda lang: None)  # BLEU alone, no spaCy
+    args.bootstrap = 20
+    with caplog.at_level("INFO", logger="cometnmt.evaluation"):
+        reproduce._significance(args, out, records, {}, "comet")
+        paired_bootstrap(["a b"], ["a c"], ["a b"], n_samples=5)
+    lines = [r.getMessage().split(": ", 1)[1] for r in caplog.records if "paired bootstrap" in r.getMessage()]
+    assert [line.split(", p")[0].split(" vs ")[1].rsplit(" ", 1)[0] for line in lines] == \
+        ["Transformer seed 2", "Transformer seed 3", "Transformer seeds 2, 3", "B"], lines
+    assert [line.split(" vs ")[0].rsplit(" ", 1)[0] for line in lines] == ["COMET seed 2", "COMET seed 3", "COMET seeds 2, 3", "A"]
