@@ -182,7 +182,8 @@ def run_reproduce(args) -> int:
                             f"{_config_rows_hint(args, unknown)}")
     cand = args.candidate
     if cand is not None and (cand not in rows or cand == "transformer"):
-        raise CometNMTError(f"--candidate {cand}: must be one of --rows ({', '.join(rows)}) other than transformer, "
+        hint = "" if cand in ROWS else _row_hint(cand)  # 'COMET', as the paper writes it: ' (comet?)'
+        raise CometNMTError(f"--candidate {cand}{hint}: must be one of --rows ({', '.join(rows)}) other than transformer, "
                             "which it is tested against")
     missing = [ROWS[r].preset for r in rows if not (Path(args.config_dir) / ROWS[r].preset).exists()]
     if missing:

@@ -591,3 +591,15 @@ def test_the_bootstrap_log_lines_name_the_systems_and_seeds(monkeypatch, caplog)
     assert [line.split(", p")[0].split(" vs ")[1].rsplit(" ", 1)[0] for line in lines] == \
         ["Transformer seed 2", "Transformer seed 3", "Transformer seeds 2, 3", "B"], lines
     assert [line.split(" vs ")[0].rsplit(" ", 1)[0] for line in lines] == ["COMET seed 2", "COMET seed 3", "COMET seeds 2, 3", "A"]
+
+
+def test_a_candidate_written_as_the_paper_writes_it_gets_its_name(capsys, tmp_path):
+    """--rows COMET got '(comet?)', but --candidate COMET (or 'comet bn length') was refused with
+    the rows alone, the reader left to see that only the case differed. It gets the same suggestion."""
+    from cometnmt import cli
+
+    for cand, hint in (("COMET", "comet"), ("comet bn length", "comet_bn_length")):
+        assert cli.main(["reproduce", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(tmp_path / "r"),
+                         "--candidate", cand]) == 2
+        assert f"--candidate {cand} ({hint}?): must be one of --rows (comet, transformer)" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
