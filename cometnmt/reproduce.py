@@ -460,9 +460,12 @@ def _markdown(args, report: dict) -> str:
         lines.append(f"- {p['merged_runs']} of the runs were taken from the earlier report `{p['merged_from']}` "
                      "(their folders were gone); where COMET's and the Transformer's hypotheses were gone too, "
                      "the bootstrap rows and examples are that report's")
-    lines += ["", f"Metric 'paper' = {PAPER_BLEU_LABEL}; BLEU and chrF = sacreBLEU on detokenised text "
+    # "paper's" is the paper's score, "paper metric" its metric on our runs (headers once said "paper dev" and "ours dev (paper)")
+    lines += ["", f"Paper's dev and test: the scores the COMET paper reports. Paper metric (the bootstrap's 'paper') = {PAPER_BLEU_LABEL}; "
+              "BLEU and chrF = sacreBLEU on detokenised text "
               f"(signatures in report.json); scores {case_note(report['runs'], lambda r: short_label(r['row']) if r['row'] in ROWS else r['row'])}. Greedy decoding, " + _checkpoint_label(report["runs"]) + ". Mean ± sample sd (n − 1) over seeds; one seed has no ±.", ""]
-    lines.append("| model | seeds | epochs | paper dev | ours dev (paper) | ours dev BLEU | paper test | ours test (paper) | ours test BLEU | ours test chrF |")
+    lines.append("| model | seeds | epochs | paper's dev | ours dev, paper metric | ours dev BLEU | paper's test | ours test, paper metric "
+                 "| ours test BLEU | ours test chrF |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for e in report["table"]:
         pd = "–" if e["paper_dev"] is None else f"{e['paper_dev']:.2f}"

@@ -603,3 +603,26 @@ def test_a_candidate_written_as_the_paper_writes_it_gets_its_name(capsys, tmp_pa
                          "--candidate", cand]) == 2
         assert f"--candidate {cand} ({hint}?): must be one of --rows (comet, transformer)" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_table_headers_tell_the_papers_scores_from_its_metric():
+    """report.md's Table 1 was headed 'paper dev | ours dev (paper) | ... | paper test | ours test
+    (paper)': 'paper' meant the paper's score in one column and the paper's metric in the next. The
+    paper's scores are 'paper's dev/test' now, ours on its metric 'ours dev/test, paper metric', and
+    the note above the table says which is which."""
+    import argparse
+
+    from cometnmt import reproduce
+
+    split = {"paper_bleu": 38.0, "bleu": 34.0, "chrf": 55.0}
+    table = reproduce.summarise(["comet"], [{"row": "comet", "seed": 1, "valid": split, "test": split, "epochs": 10}])
+    report = {"provenance": {"commit": "x", "run_commits": [], "command": "c", "hardware": "h", "torch": "t", "date": "d",
+                             "wall_seconds": 0.0, "train_hours": 0.0, "overrides": [], "missing_runs": [], "eval_limit": None},
+              "table": table, "runs": []}
+    text = reproduce._markdown(argparse.Namespace(), report)
+    header = next(line for line in text.splitlines() if line.startswith("| model |"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert cells[3:8] == ["paper's dev", "ours dev, paper metric", "ours dev BLEU", "paper's test", "ours test, paper metric"]
+    assert not any(c in ("paper dev", "paper test") or "(paper)" in c for c in cells)
+    assert "Paper's dev and test: the scores the COMET paper reports. Paper metric" in text
+    assert "| COMET | 1 | 10.00 | 38.65 | 38.00 | 34.00 | 38.69 | 38.00 |" in text  # the paper's, then ours
