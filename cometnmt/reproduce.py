@@ -377,6 +377,15 @@ def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = N
     ax.bar([r["length"] for r in rows], [r["diff"] for r in rows],
            color=["tab:blue" if r["diff"] >= 0 else "tab:red" for r in rows])
     ax.axhline(0, color="black", linewidth=0.8)
+    # a length of equal scores drew a bar of height 0, nothing, as a length left out (too few sentences) does
+    equal = _figure4_equal(rows)
+    if equal:
+        ax.plot(equal, [0.0] * len(equal), "o", color="black", markersize=5, label="equal scores (difference 0.00)")
+    gaps = _figure4_gaps(rows)
+    if gaps:  # an invisible handle: the legend's line names them
+        ax.plot([], [], " ", label=f"not plotted, fewer than {BY_LENGTH_MIN_COUNT} sentences: {_ranges(gaps)}")
+    if equal or gaps:
+        ax.legend(fontsize=8)
     ax.set_xlabel("source sentence length (spaCy tokens)")
     ax.set_ylabel(f"BLEU difference ({short_label(cand)} − Transformer)")
     n = max((c["test"].get("n_sentences", 0) for c, _ in _paired_runs(records, cand)), default=0)
@@ -386,6 +395,29 @@ def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = N
     fig.savefig(out / "figure4_bleu_by_length.png", dpi=120)
     plt.close(fig)
     return rows
+
+
+def _figure4_equal(rows: list[dict]) -> list[int]:
+    """Figure 4's lengths where both models score the same (to 2 decimals): their bars have no height."""
+    return [r["length"] for r in rows if abs(r["diff"]) < 0.005]
+
+
+def _figure4_gaps(rows: list[dict]) -> list[int]:
+    """Lengths between Figure 4's shortest and longest without a bar: fewer than BY_LENGTH_MIN_COUNT
+    test sentences of that length (or none)."""
+    plotted = {r["length"] for r in rows}
+    return [L for L in range(min(plotted), max(plotted) + 1) if L not in plotted] if plotted else []
+
+
+def _ranges(lengths: list[int]) -> str:
+    """'5, 19, 21–23' for [5, 19, 21, 22, 23]."""
+    runs: list[list[int]] = []
+    for L in lengths:
+        if runs and L == runs[-1][-1] + 1:
+            runs[-1].append(L)
+        else:
+            runs.append([L])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
 
 
 def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> list[dict]:
@@ -450,6 +482,18 @@ def _not_computed_lines(runs: list[dict]) -> list[str]:
         for (why, tok), names in found.items()]
 
 
+def _figure4_caption(rows: list[dict], min_count: int) -> list[str]:
+    """report.md's lines under Figure 4 telling a length of equal scores (a dot at 0) from one not
+    plotted (no bar either); none where there is neither."""
+    equal, gaps = _figure4_equal(rows), _figure4_gaps(rows)
+    if not (equal or gaps):  # an empty figure too (said above)
+        return []
+    lo, hi = rows[0]["length"], rows[-1]["length"]
+    text = [f"Lengths {lo}–{hi} are plotted but for {_ranges(gaps)}: fewer than {min_count} test sentences." if gaps else "",
+            f"A dot at 0 marks equal scores: {_ranges(equal)}." if equal else ""]
+    return ["", " ".join(t for t in text if t)]
+
+
 def _markdown(args, report: dict) -> str:
     from cometnmt.evaluation import BY_LENGTH_MIN_COUNT, PAPER_BLEU_LABEL
 
@@ -495,6 +539,7 @@ def _markdown(args, report: dict) -> str:
                   "![figure 4](figure4_bleu_by_length.png)" if report["figure4"] else
                   f"None to plot: no source length has {BY_LENGTH_MIN_COUNT} or more test sentences decoded by both "
                   f"{name} and the Transformer of a seed"]
+        lines += _figure4_caption(report["figure4"], BY_LENGTH_MIN_COUNT)
     lines += ["", "## Learning curves", "", "![learning curves](learning_curves.png)", ""]
     if report.get("examples"):
         seed = report["examples"][0].get("seed")

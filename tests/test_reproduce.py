@@ -626,3 +626,39 @@ def test_the_table_headers_tell_the_papers_scores_from_its_metric():
     assert not any(c in ("paper dev", "paper test") or "(paper)" in c for c in cells)
     assert "Paper's dev and test: the scores the COMET paper reports. Paper metric" in text
     assert "| COMET | 1 | 10.00 | 38.65 | 38.00 | 34.00 | 38.69 | 38.00 |" in text  # the paper's, then ours
+
+
+def test_figure_4_tells_equal_scores_from_lengths_left_out(monkeypatch, tmp_path):
+    """A length where COMET and the Transformer scored the same drew a bar of height 0, nothing, as a
+    length dropped for having fewer than 3 sentences does: the reader could not tell a tie from a
+    gap. A tie is a dot at 0 now, and the legend and report.md name the lengths left out."""
+    import argparse
+
+    import matplotlib.figure
+
+    from cometnmt import reproduce
+    from cometnmt.experiments import provenance
+
+    drawn = []
+
+    def savefig(fig, *a, **k):
+        ax = fig.axes[0]
+        dots = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "o"]
+        drawn.append((dots, [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    comet = [{"length": L, "count": 3, "paper_bleu": b} for L, b in ((6, 30.0), (7, 20.0), (9, 25.0), (12, 10.0))]
+    trans = [{"length": L, "count": 3, "paper_bleu": b} for L, b in ((6, 28.0), (7, 20.0), (9, 26.0), (12, 10.0))]
+    records = [{"row": row, "seed": 1, "test": {"n_sentences": 40, "bleu_by_length": by}}
+               for row, by in (("comet", comet), ("transformer", trans))]
+    rows = reproduce._figure4(tmp_path, records, "comet")
+    assert drawn == [([([7, 12], [0.0, 0.0])], ["equal scores (difference 0.00)",
+                                                 "not plotted, fewer than 3 sentences: 8, 10–11"])]
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=None, out=".")
+    report = {"provenance": provenance(args, 1.0, [], []), "table": [], "runs": [], "figure4": rows}
+    assert ("![figure 4](figure4_bleu_by_length.png)\n\nLengths 6–12 are plotted but for 8, 10–11: fewer than 3 test "
+            "sentences. A dot at 0 marks equal scores: 7, 12.\n") in reproduce._markdown(args, report)
+    drawn.clear()  # neither: no dot, no legend, no caption
+    rows = reproduce._figure4(tmp_path, [dict(r, test={"bleu_by_length": r["test"]["bleu_by_length"][:1]}) for r in records],
+                              "comet")
+    assert drawn == [([], [])] and "Lengths" not in reproduce._markdown(args, dict(report, figure4=rows))
