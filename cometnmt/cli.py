@@ -472,7 +472,8 @@ def cmd_evaluate(args) -> int:
     # each mode's options are refused in the other, rather than silently ignored
     file_options = {"--hyp": args.hyp, "--ref": args.ref, "--src": args.src, "--lang": args.lang,
                     "--src-lang": args.src_lang}
-    checkpoint_options = {"--split": args.split, "--hyp-out": args.hyp_out, "--beam": args.beam, "--nbest": args.nbest,
+    checkpoint_options = {"--split": args.split, "--limit": args.limit, "--hyp-out": args.hyp_out, "--beam": args.beam,
+                          "--nbest": args.nbest,
                           "--length-penalty": args.length_penalty, "--batch-size": args.batch_sentences,
                           **{f"--{key.replace('_', '-')}": value for key, value in _search_args(args).items()}}
     given = [option for option, value in (file_options if args.checkpoint else checkpoint_options).items()
@@ -491,7 +492,9 @@ def cmd_evaluate(args) -> int:
             raise CometNMTError("--lowercase: with --checkpoint the model's data.lowercase decides")
         if args.nbest is not None and args.nbest != 1:
             raise CometNMTError(f"--nbest {args.nbest}: evaluate scores the best hypothesis only")
-        result, _ = evaluate_checkpoint(args.checkpoint, args.split or "test", beam=args.beam,
+        if args.limit is not None and args.limit < 1:  # before the checkpoint loads
+            raise CometNMTError(f"--limit {args.limit}: a number of sentences, at least 1")
+        result, _ = evaluate_checkpoint(args.checkpoint, args.split or "test", beam=args.beam, limit=args.limit,
                                         length_penalty=args.length_penalty, batch_size=args.batch_sentences,
                                         device=args.device, progress=True, flags=True, hyp_out=args.hyp_out,
                                         json_out=args.json, **_search_args(args))  # it writes both
@@ -701,6 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src-lang", dest="src_lang", help="with --hyp/--ref/--src: source language (default de)")
     p.add_argument("--checkpoint", nargs="+", help="translate a data split with this checkpoint (several: an ensemble), then score it")
     p.add_argument("--split", choices=["train", "valid", "test"], help="with --checkpoint (default test)")
+    p.add_argument("--limit", type=int, metavar="N",
+                   help="with --checkpoint: translate and score only the first N sentences of the split (smoke runs; "
+                        "the table and --json say how many of its lines)")
     p.add_argument("--hyp-out", dest="hyp_out", help="with --checkpoint: also write the translations here")
     p.add_argument("--lowercase", action="store_true",
                    help="score lowercased text (with --checkpoint: follows the model's data.lowercase)")

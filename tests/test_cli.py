@@ -1055,3 +1055,22 @@ def test_the_attention_heatmaps_colour_bar_says_what_it_measures(monkeypatch, tm
                         lambda fig, *a, **k: labels.append([ax.get_ylabel() for ax in fig.axes]))
     plot_attention(AttentionMap(["a", "b"], ["x", "</s>"], [[0.3, 0.7], [0.9, 0.1]], 0), tmp_path / "a.png", "t")
     assert labels == [["target", "attention weight"]]
+
+
+def test_evaluate_checkpoint_limit_scores_the_first_lines_of_the_split(trained, cli, tmp_path, capsys):
+    """The API's evaluate_checkpoint(limit=N) had no command-line form: a smoke check of a trained
+    model with `cometnmt evaluate --checkpoint` decoded the whole split. --limit N scores its first N
+    sentences, said in the table; it is refused without --checkpoint, and below 1."""
+    from cometnmt import cli as cli_module
+    from cometnmt.data.corpus import read_lines
+
+    hyp, out = tmp_path / "valid.hyp", tmp_path / "valid.json"
+    proc = cli("evaluate", "--checkpoint", str(trained / "best.pt"), "--split", "valid", "--limit", "7",
+               "--hyp-out", str(hyp), "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["n_sentences"] == 7 == len(read_lines(hyp)) and result["limit"] == 7
+    assert f"(the first 7 of its {result['reference_lines']} lines)" in proc.stdout
+    assert cli_module.main(["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--limit", "3"]) == 2
+    assert "--limit: only with --checkpoint" in capsys.readouterr().err
+    assert cli_module.main(["evaluate", "--checkpoint", str(trained / "best.pt"), "--limit", "0"]) == 2
+    assert "--limit 0: a number of sentences, at least 1" in capsys.readouterr().err
