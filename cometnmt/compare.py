@@ -382,7 +382,7 @@ def _markdown(report: dict) -> str:
               + (f"; paper = {PAPER_BLEU_LABEL}" if paper else "") + ". Each run is "
               "decoded with its config's search on the checkpoint shown. Mean ± sample sd (n − 1) over seeds; one seed has no ±.", "",
               "| system | architecture | parameters | seeds | epochs | checkpoint | search | dev BLEU | test BLEU | test chrF | "
-              + ("dev (paper) | test (paper) | " if paper else "") + "train tokens/s |",
+              + ("dev, paper metric | test, paper metric | " if paper else "") + "train tokens/s |",
               "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if paper else "") + "---|"]
     for e in report["table"]:
         ckpt = _checkpoint_label(e)
@@ -397,7 +397,7 @@ def _markdown(report: dict) -> str:
     lines += ["", "Training tokens/s is the median over the run's log windows (target tokens). Runs trained side by "
               "side (`--jobs` > 1) share the machine: compare speeds with `bench/`, not this column.", "",
               "## Every run", "", "| system | seed | epochs | dev BLEU | test BLEU | test chrF |"
-              + (" dev (paper) | test (paper) |" if paper else ""), "|---|---|---|---|---|---|" + ("---|---|" if paper else "")]
+              + (" dev, paper metric | test, paper metric |" if paper else ""), "|---|---|---|---|---|---|" + ("---|---|" if paper else "")]
     for r in sorted(report["runs"], key=lambda r: (r["seed"], names.index(r["row"]) if r["row"] in names else 0)):
         lines.append(f"| {r['row']} | {r['seed']} | {r['epochs']} | {r['valid']['bleu']:.2f} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} |"
                      + ("".join(f" {r[split]['paper_bleu']:.2f} |" if "paper_bleu" in r[split] else " – |"

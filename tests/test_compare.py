@@ -60,7 +60,7 @@ def test_compare_transformer_pp_with_its_baseline(cli, tmp_path):
         (m, seeds) for m in ("bleu", "paper") for seeds in ([1], [2], [1, 2])]
     assert [s for s in again["significance"] if s["metric"] == "bleu"] == sig
     assert all(e["test_paper_bleu"][0] is not None for e in again["table"])
-    assert "dev (paper) | test (paper)" in (out / "report.md").read_text()
+    assert "dev, paper metric | test, paper metric" in (out / "report.md").read_text()
 
 
 def test_compare_rejects_bad_invocations(cli, tmp_path):
@@ -266,7 +266,7 @@ def test_every_run_lists_the_papers_metric_when_asked_for(tmp_path):
 
     runs = [run("a", 1, True), run("b", 1, True), run("a", 2, True), run("b", 2, False)]
     args = argparse.Namespace(out=str(tmp_path), device="cpu", set=[], eval_limit=None)
-    for metrics, header, row in ((["bleu", "paper"], "| test chrF | dev (paper) | test (paper) |", "| b | 2 | 4 | 32.00 | 32.00 | 55.00 | – | – |"),
+    for metrics, header, row in ((["bleu", "paper"], "| test chrF | dev, paper metric | test, paper metric |", "| b | 2 | 4 | 32.00 | 32.00 | 55.00 | – | – |"),
                                  (["bleu"], "| test chrF |", "| b | 2 | 4 | 32.00 | 32.00 | 55.00 |")):
         report = {"provenance": provenance(args, 1.0, runs, []), "systems": ["a", "b"], "metrics": metrics,
                   "table": compare.summarise(["a", "b"], runs), "significance": [], "aux_losses": {}, "runs": runs}
