@@ -381,6 +381,9 @@ def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = N
     equal = _figure4_equal(rows)
     if equal:
         ax.plot(equal, [0.0] * len(equal), "o", color="black", markersize=5, label="equal scores (difference 0.00)")
+    low, high = ax.get_ylim()  # bars of one sign end the axis at 0, cutting the dots there in half: room both sides
+    room = 0.05 * (high - low)
+    ax.set_ylim(min(low, -room), max(high, room))
     gaps = _figure4_gaps(rows)
     if gaps:  # an invisible handle: the legend's line names them
         ax.plot([], [], " ", label=f"not plotted, fewer than {BY_LENGTH_MIN_COUNT} sentences: {_ranges(gaps)}")

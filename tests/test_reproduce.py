@@ -639,12 +639,14 @@ def test_figure_4_tells_equal_scores_from_lengths_left_out(monkeypatch, tmp_path
     from cometnmt import reproduce
     from cometnmt.experiments import provenance
 
-    drawn = []
+    drawn, limits = [], []
 
     def savefig(fig, *a, **k):
         ax = fig.axes[0]
         dots = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "o"]
         drawn.append((dots, [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []))
+        low, high = ax.get_ylim()
+        limits.append(low < 0 < high)  # 0 inside the axis: a dot there is drawn whole, whatever the bars' sign
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     comet = [{"length": L, "count": 3, "paper_bleu": b} for L, b in ((6, 30.0), (7, 20.0), (9, 25.0), (12, 10.0))]
@@ -662,3 +664,4 @@ def test_figure_4_tells_equal_scores_from_lengths_left_out(monkeypatch, tmp_path
     rows = reproduce._figure4(tmp_path, [dict(r, test={"bleu_by_length": r["test"]["bleu_by_length"][:1]}) for r in records],
                               "comet")
     assert drawn == [([], [])] and "Lengths" not in reproduce._markdown(args, dict(report, figure4=rows))
+    assert limits == [True, True]
