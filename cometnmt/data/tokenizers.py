@@ -177,7 +177,7 @@ def metric_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer:
 
 
 _WARNED_LOCK = threading.Lock()  # reproduce and compare score runs in threads (--jobs)
-_warned: set[str] | None = None  # inside warn_once_a_language(): the languages paper_tokenizer has warned of
+_warned: set[str] = set()  # the languages paper_tokenizer has warned of inside the open warn_once_a_language() blocks
 _warning_scopes = 0  # how many warn_once_a_language() blocks are open
 
 
@@ -187,18 +187,16 @@ def warn_once_a_language() -> Iterator[None]:
     included), :func:`paper_tokenizer` warns once a language, not once a run (and again for the
     bootstrap test). Blocks nest, an inner one adding to the outer's languages; two calls running
     at once in one process share them."""
-    global _warned, _warning_scopes
+    global _warning_scopes
     with _WARNED_LOCK:
         _warning_scopes += 1
-        if _warned is None:
-            _warned = set()
     try:
         yield
     finally:
         with _WARNED_LOCK:
             _warning_scopes -= 1
             if not _warning_scopes:
-                _warned = None
+                _warned.clear()
 
 
 def paper_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer | None:
@@ -210,8 +208,8 @@ def paper_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer | None
         return metric_tokenizer(lang, lowercase=lowercase)
     except DataError as exc:
         with _WARNED_LOCK:
-            first = _warned is None or lang not in _warned
-            if _warned is not None:
+            first = not _warning_scopes or lang not in _warned
+            if _warning_scopes:
                 _warned.add(lang)
         if first:
             logger.warning("%s: scores are BLEU and chrF without the COMET paper's metric", exc)
