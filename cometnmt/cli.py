@@ -1,4 +1,4 @@
-"""Command line: ``cometnmt train | translate | logprob | attention | evaluate | average | serve | reproduce | compare``.
+"""Command line: ``cometnmt train | translate | logprob | attention | evaluate | average | serve | reproduce | compare | render``.
 
 Thin by design: parse arguments, load the config or checkpoint, call the library. Any
 :class:`~cometnmt.errors.CometNMTError` becomes a one-line message on stderr and exit code 2.
@@ -602,6 +602,13 @@ def cmd_compare(args) -> int:
     return _runs_interruptibly(run_compare, args)
 
 
+def cmd_render(args) -> int:
+    from cometnmt.render import render_report
+
+    print(f"report written to {render_report(Path(args.report_json), Path(args.out) if args.out else None)}")
+    return 0
+
+
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int, help="beam size (1 = greedy); default: the checkpoint's decode config")
     p.add_argument("--nbest", type=int, help="hypotheses per sentence (beam search; above 1 on a checkpoint of greedy search, "
@@ -758,6 +765,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare_arguments(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("render", help="rewrite a reproduce or compare report's report.md and figures from its report.json "
+                                      "(no training, decoding or scoring)")
+    p.add_argument("report_json", metavar="REPORT_JSON", help="the report.json of a reproduce or compare report folder")
+    p.add_argument("--out", help="folder for report.md and the figures (report.json is copied there); default: "
+                                 "REPORT_JSON's folder, whose report.json is left as it is")
+    p.set_defaults(func=cmd_render)
     return parser
 
 

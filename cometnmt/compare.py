@@ -355,6 +355,13 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
     plt.close(fig)
 
 
+def render(out: Path, report: dict) -> str:
+    """The learning curves drawn into ``out`` and report.md's text returned, from ``report`` alone (a
+    report.json, as `cometnmt render` reads it): what :func:`build_report` draws and writes."""
+    _curves(out, report["systems"], report["runs"])
+    return _markdown(report)
+
+
 def _checkpoint_label(entry: dict) -> str:
     """The checkpoint(s) a system's runs were decoded with, by seed where they differ (runs that
     stopped at other epochs average other epoch checkpoints)."""

@@ -657,12 +657,18 @@ def provenance(args, seconds: float, records: list[dict], missing: list[str]) ->
 
 
 def provenance_lines(p: dict) -> list[str]:
-    """The Markdown header lines of :func:`provenance`."""
-    lines = [f"- commit (report): `{p['commit']}`; commits the runs were trained at: "
-             f"{', '.join(f'`{c}`' for c in p['run_commits']) or 'not recorded'}",
-             f"- command: `{p['command']}`", f"- hardware of the runs: {p['hardware']}, torch {p['torch']}",
-             f"- date: {p['date']}; wall time of this call {p['wall_seconds'] / 60:.1f} min; "
-             f"training time of all runs {p['train_hours']:.2f} h", f"- overrides for every run: {p['overrides'] or 'none'}"]
+    """The Markdown header lines of :func:`provenance`; first, for a report.md that `cometnmt render`
+    rewrote from report.json (``rendered``: :func:`cometnmt.render.render_report`), when, from which
+    file and by which code, the lines after it being the original call's."""
+    r = p.get("rendered")
+    lines = [f"- **re-rendered** on {r['date']} from `{r['from']}` by `{r['command']}` at commit `{r['commit']}`: "
+             "no training, decoding or scoring, every number is that file's; wording and layout are this commit's, "
+             "the commit, command, hardware and date below the original call's"] if r else []
+    lines += [f"- commit (report): `{p['commit']}`; commits the runs were trained at: "
+              f"{', '.join(f'`{c}`' for c in p['run_commits']) or 'not recorded'}",
+              f"- command: `{p['command']}`", f"- hardware of the runs: {p['hardware']}, torch {p['torch']}",
+              f"- date: {p['date']}; wall time of this call {p['wall_seconds'] / 60:.1f} min; "
+              f"training time of all runs {p['train_hours']:.2f} h", f"- overrides for every run: {p['overrides'] or 'none'}"]
     if p.get("runs_without_overrides"):
         lines.append("- **trained without some of these overrides (their own commands are below): "
                      + "; ".join(f"{run}: {', '.join(o)}" for run, o in p["runs_without_overrides"].items()) + "**")

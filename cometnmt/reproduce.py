@@ -361,11 +361,6 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
 def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = None) -> list[dict]:
     """Mean (over seed pairs) paper BLEU difference candidate (COMET) - Transformer per source length;
     the title says how many test sentences were decoded under ``--eval-limit`` (``limit``)."""
-    from cometnmt.evaluation import BY_LENGTH_MIN_COUNT
-    from cometnmt.plots import pyplot
-
-    plt = pyplot()
-
     diffs: dict[int, list[float]] = {}
     for comet, trans in _paired_runs(records, cand):
         t = {r["length"]: r["paper_bleu"] for r in trans["test"]["bleu_by_length"]}
@@ -373,6 +368,17 @@ def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = N
             if r["length"] in t:
                 diffs.setdefault(r["length"], []).append(r["paper_bleu"] - t[r["length"]])
     rows = [{"length": L, "diff": statistics.fmean(v), "pairs": len(v)} for L, v in sorted(diffs.items())]
+    _draw_figure4(out, rows, records, cand, limit)
+    return rows
+
+
+def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, limit: Optional[int]) -> None:
+    """figure4_bleu_by_length.png of :func:`_figure4`'s ``rows``: by the run or, from report.json's
+    ``figure4``, by `cometnmt render`."""
+    from cometnmt.evaluation import BY_LENGTH_MIN_COUNT
+    from cometnmt.plots import pyplot
+
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.bar([r["length"] for r in rows], [r["diff"] for r in rows],
            color=["tab:blue" if r["diff"] >= 0 else "tab:red" for r in rows])
@@ -397,7 +403,6 @@ def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = N
     fig.tight_layout()
     fig.savefig(out / "figure4_bleu_by_length.png", dpi=120)
     plt.close(fig)
-    return rows
 
 
 def _figure4_equal(rows: list[dict]) -> list[int]:
@@ -495,6 +500,17 @@ def _figure4_caption(rows: list[dict], min_count: int) -> list[str]:
     text = [f"Lengths {lo}–{hi} are plotted but for {_ranges(gaps)}: fewer than {min_count} test sentences." if gaps else "",
             f"A dot at 0 marks equal scores: {_ranges(equal)}." if equal else ""]
     return ["", " ".join(t for t in text if t)]
+
+
+def render(out: Path, report: dict) -> str:
+    """Figure 4 (where the report has one) and the learning curves drawn into ``out``, and report.md's
+    text returned, from ``report`` alone (a report.json, as `cometnmt render` reads it): what
+    :func:`build_report` draws and writes from the same data."""
+    if "figure4" in report:
+        _draw_figure4(out, report["figure4"], report["runs"], report.get("candidate", "comet"),
+                      report["provenance"].get("eval_limit"))
+    _learning_curves(out, [e["row"] for e in report["table"]], report["runs"])
+    return _markdown(None, report)
 
 
 def _markdown(args, report: dict) -> str:

@@ -1,0 +1,108 @@
+"""`cometnmt render`: a report folder's report.md and figures rewritten from its report.json alone
+(committed reports keep report.json, not their runs): the same report.md as the run wrote, but for
+a line saying it was re-rendered, from which file and by which commit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from conftest import REPO
+from test_reproduce import TINY
+
+RENDERED = "- **re-rendered** on "
+
+
+def _without_rendered_line(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith(RENDERED))
+
+
+def _check_rendered(cli, tmp_path, out):
+    """Render ``out``'s report.json into another folder and in place; both give the run's report.md
+    but for one line, which names the file and keeps the run's provenance lines."""
+    written = (out / "report.md").read_text()
+    report_json = (out / "report.json").read_bytes()
+    for pic in out.glob("*.png"):
+        pic.unlink()
+    shutil.rmtree(out / "runs")  # nothing but report.json is read: no run folder, checkpoint or hypothesis
+
+    other = tmp_path / "rendered"
+    proc = cli("render", str(out / "report.json"), "--out", str(other))
+    assert str(other / "report.md") in proc.stdout
+    text = (other / "report.md").read_text()
+    assert _without_rendered_line(text) == _without_rendered_line(written) and text != written
+    line = next(line for line in text.splitlines() if line.startswith(RENDERED))
+    assert f"from `{out / 'report.json'}`" in line and "at commit `" in line and "every number is that file's" in line
+    assert text.splitlines().index(line) < text.splitlines().index(written.splitlines()[2])  # above the run's own lines
+    assert (other / "report.json").read_bytes() == report_json
+    cli("render", str(out / "report.json"))  # in place: report.json is left as it is
+    assert _without_rendered_line((out / "report.md").read_text()) == _without_rendered_line(written)
+    assert (out / "report.json").read_bytes() == report_json
+    return other
+
+
+def test_render_gives_the_report_the_run_wrote(cli, tmp_path):
+    out = tmp_path / "report"
+    cli("reproduce", "--rows", "comet", "transformer", "--seeds", "1", "--jobs", "2", "--out", str(out), *TINY)
+    other = _check_rendered(cli, tmp_path, out)
+    for name in ("figure4_bleu_by_length.png", "learning_curves.png"):
+        assert (other / name).stat().st_size > 0 and (out / name).stat().st_size > 0, name
+
+    # compare's report too (it names its systems): two tiny configs, one trained run each
+    base = tmp_path / "a.yaml"
+    base.write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\nname: a\n")
+    (tmp_path / "b.yaml").write_text(f"base: {base}\nname: b\nmodel: {{d_ff: 32}}\n")
+    cmp = tmp_path / "cmp"
+    shutil.rmtree(tmp_path / "rendered")
+    cli("compare", str(base), str(tmp_path / "b.yaml"), "--seeds", "1", "--out", str(cmp), "--metrics", "bleu", "paper",
+        "--set", "data.max_train_pairs=200", "--set", "data.max_valid_pairs=20", "--set", "train.max_epochs=1",
+        "--set", "train.num_threads=1", "--eval-limit", "20", "--bootstrap", "20")
+    other = _check_rendered(cli, tmp_path, cmp)
+    assert (other / "learning_curves.png").stat().st_size > 0
+
+
+def test_render_refuses_what_is_not_a_report(cli, tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"runs": []}))
+    proc = cli("render", str(bad), check=False)
+    assert proc.returncode == 2 and f"{bad}: not a cometnmt reproduce or compare report.json" in proc.stderr
+    proc = cli("render", str(tmp_path / "none.json"), check=False)
+    assert proc.returncode == 2 and "none.json: no such file" in proc.stderr
+
+
+def test_an_older_report_json_is_shown_as_todays_code_writes_it():
+    """report.json of older code: a one-seed row's sd written as 0.0 (shown '± 0.00', a spread one
+    seed has not), the runs trained without some overrides not kept, examples without their seed.
+    Each is derived from the file's own numbers; where the examples' scores fit no seed, none is named."""
+    from cometnmt.render import _as_written_today
+
+    split = {"sentence_bleu": [10.0, 50.0, 30.0]}
+    runs = [{"row": "comet", "seed": 2, "command": "python -m cometnmt train comet.yaml --set train.seed=2", "test": split},
+            {"row": "transformer", "seed": 2, "command": "python -m cometnmt train t.yaml --set train.lr=1", "test":
+             {"sentence_bleu": [20.0, 40.0, 30.0]}}]
+    report = {"provenance": {"overrides": ["train.lr=1"]}, "runs": runs,
+              "table": [{"row": "comet", "seeds": [2], "test_bleu": [30.0, 0.0], "epochs": [3, 0.0], "label": "COMET"},
+                        {"row": "transformer", "seeds": [1, 2], "test_bleu": [30.0, 1.0]}],
+              "examples": [{"index": 1, "comet_bleu": 50.0, "transformer_bleu": 40.0}]}
+    shown = _as_written_today(report, reproduce=True)
+    assert shown["provenance"]["runs_without_overrides"] == {"comet seed 2": ["train.lr=1"]}
+    assert shown["table"][0] == {"row": "comet", "seeds": [2], "test_bleu": [30.0, None], "epochs": [3, None], "label": "COMET"}
+    assert shown["table"][1]["test_bleu"] == [30.0, 1.0]  # two seeds: their sd is kept
+    assert shown["examples"][0]["seed"] == 2
+    assert "runs_without_overrides" not in report["provenance"] and "seed" not in report["examples"][0]  # a copy
+    report["examples"][0]["transformer_bleu"] = 41.0  # no seed's scores: no seed named
+    assert "seed" not in _as_written_today(report, reproduce=True)["examples"][0]
+
+
+def test_an_older_compare_report_names_each_seeds_checkpoints():
+    """compare's report.json of older code kept the first seed's checkpoint per row, not each seed's
+    (report.md was written from the runs): rendered, a row of runs averaging other epochs named the
+    first seed's epochs alone. They come from the runs' records now."""
+    from cometnmt.compare import _checkpoint_label
+    from cometnmt.render import _as_written_today
+
+    runs = [{"row": "a", "seed": s, "checkpoint": [f"epoch00{e}.pt" for e in ends]} for s, ends in ((2, (2, 3)), (1, (3, 4)))]
+    report = {"provenance": {}, "runs": runs, "systems": ["a"],
+              "table": [{"system": "a", "seeds": [1, 2], "checkpoint": runs[1]["checkpoint"]}]}
+    entry = _as_written_today(report, reproduce=False)["table"][0]
+    assert _checkpoint_label(entry) == "seed 1: average of 2 (epoch003.pt … epoch004.pt); seed 2: average of 2 (epoch002.pt … epoch003.pt)"
