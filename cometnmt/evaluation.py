@@ -469,6 +469,8 @@ def evaluate(
         src_tok = src_tokenize or tokenize
         lengths = [len(src_tok(s)) for s in src]
         result["bleu_by_length"] = bleu_by_length(lengths, hyps_tokens, refs_tokens)
+        # the lengths it leaves out, so that reproduce's Figure 4 names those outside its plotted range too
+        result["lengths_too_few"] = sorted(L for L, n in Counter(lengths).items() if n < BY_LENGTH_MIN_COUNT)
     logger.info("%sBLEU %.2f, chrF %.2f, paper BLEU %.2f on %d sentences", what and what + ": ",
                 result["bleu"], result["chrf"], result["paper_bleu"], len(refs))
     return result

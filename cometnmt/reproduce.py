@@ -287,6 +287,9 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
         paired = [r["test"] for pair in _paired_runs(records, cand) for r in pair]
         if all("bleu_by_length" in test for test in paired):
             report["figure4"] = _figure4(out, records, cand, args.eval_limit)
+            left_out = _figure4_left_out(records, cand)
+            if left_out is not None:  # runs scored before it was recorded: Figure 4 names the gaps in its range only
+                report["figure4_left_out"] = left_out
         if all("sentence_bleu" in test for test in paired):
             report["examples"] = _examples(args, out, records, prev, cand)
     _learning_curves(out, rows, records)
@@ -368,13 +371,23 @@ def _figure4(out: Path, records: list[dict], cand: str, limit: Optional[int] = N
             if r["length"] in t:
                 diffs.setdefault(r["length"], []).append(r["paper_bleu"] - t[r["length"]])
     rows = [{"length": L, "diff": statistics.fmean(v), "pairs": len(v)} for L, v in sorted(diffs.items())]
-    _draw_figure4(out, rows, records, cand, limit)
+    _draw_figure4(out, rows, records, cand, limit, _figure4_left_out(records, cand))
     return rows
 
 
-def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, limit: Optional[int]) -> None:
-    """figure4_bleu_by_length.png of :func:`_figure4`'s ``rows``: by the run or, from report.json's
-    ``figure4``, by `cometnmt render`."""
+def _figure4_left_out(records: list[dict], cand: str) -> Optional[list[int]]:
+    """The test's source lengths with fewer than BY_LENGTH_MIN_COUNT sentences (no bar in Figure 4),
+    as the paired runs' scores recorded them (``lengths_too_few``); None where a run predates it."""
+    tests = [r["test"] for pair in _paired_runs(records, cand) for r in pair]
+    if not tests or any("lengths_too_few" not in t for t in tests):
+        return None
+    return sorted({L for t in tests for L in t["lengths_too_few"]})
+
+
+def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, limit: Optional[int],
+                  left_out: Optional[list[int]] = None) -> None:
+    """figure4_bleu_by_length.png of :func:`_figure4`'s ``rows`` (and the lengths ``left_out`` for too
+    few sentences): by the run or, from report.json's ``figure4``, by `cometnmt render`."""
     from cometnmt.evaluation import BY_LENGTH_MIN_COUNT
     from cometnmt.plots import pyplot
 
@@ -386,14 +399,17 @@ def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, l
     # a length of equal scores drew a bar of height 0, nothing, as a length left out (too few sentences) does
     equal = _figure4_equal(rows)
     if equal:
-        ax.plot(equal, [0.0] * len(equal), "o", color="black", markersize=5, label="equal scores (difference 0.00)")
+        ax.plot(equal, [0.0] * len(equal), "o", color="black", markersize=5, label=f"equal scores ({_EQUAL_RULE})")
     low, high = ax.get_ylim()  # bars of one sign end the axis at 0, cutting the dots there in half: room both sides
     room = 0.05 * (high - low)
     ax.set_ylim(min(low, -room), max(high, room))
-    gaps = _figure4_gaps(rows)
-    if gaps:  # an invisible handle: the legend's line names them
-        ax.plot([], [], " ", label=f"not plotted, fewer than {BY_LENGTH_MIN_COUNT} sentences: {_ranges(gaps)}")
-    if equal or gaps:
+    gaps = _figure4_gaps(rows, left_out)
+    # runs scored before lengths_too_few was recorded: the lengths outside the plotted range are not known
+    unknown = f"those outside {rows[0]['length']}–{rows[-1]['length']} not recorded" if left_out is None and rows else ""
+    if gaps or unknown:  # an invisible handle: the legend's line names them
+        named = "; ".join(t for t in (_ranges(gaps), unknown) if t)
+        ax.plot([], [], " ", label=f"not plotted, fewer than {BY_LENGTH_MIN_COUNT} sentences: {named}")
+    if equal or gaps or unknown:
         ax.legend(fontsize=8)
     ax.set_xlabel("source sentence length (spaCy tokens)")
     ax.set_ylabel(f"BLEU difference ({short_label(cand)} − Transformer)")
@@ -405,16 +421,25 @@ def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, l
     plt.close(fig)
 
 
+# Figure 4's differences are equal scores where they print as 0 to the decimals of every score in
+# report.md: |difference| < 0.005, a bar too short to see, drawn as a dot at 0 (legend and caption say so)
+FIGURE4_DECIMALS = 2
+_EQUAL_RULE = f"|difference| < {0.5 * 10 ** -FIGURE4_DECIMALS:g}, {0:.{FIGURE4_DECIMALS}f} to {FIGURE4_DECIMALS} decimals"
+
+
 def _figure4_equal(rows: list[dict]) -> list[int]:
-    """Figure 4's lengths where both models score the same (to 2 decimals): their bars have no height."""
-    return [r["length"] for r in rows if abs(r["diff"]) < 0.005]
+    """Figure 4's lengths where both models score the same to FIGURE4_DECIMALS decimals: their bars
+    have no height to see."""
+    return [r["length"] for r in rows if abs(r["diff"]) < 0.5 * 10 ** -FIGURE4_DECIMALS]
 
 
-def _figure4_gaps(rows: list[dict]) -> list[int]:
-    """Lengths between Figure 4's shortest and longest without a bar: fewer than BY_LENGTH_MIN_COUNT
-    test sentences of that length (or none)."""
+def _figure4_gaps(rows: list[dict], left_out: Optional[list[int]] = None) -> list[int]:
+    """Lengths without a bar: between Figure 4's shortest and longest plotted (fewer than
+    BY_LENGTH_MIN_COUNT test sentences of that length, or none), and those ``left_out`` for too few
+    sentences outside that range (shorter or longer; known for runs that recorded them)."""
     plotted = {r["length"] for r in rows}
-    return [L for L in range(min(plotted), max(plotted) + 1) if L not in plotted] if plotted else []
+    inside = [L for L in range(min(plotted), max(plotted) + 1) if L not in plotted] if plotted else []
+    return sorted(set(inside) | set(left_out or []))
 
 
 def _ranges(lengths: list[int]) -> str:
@@ -490,16 +515,25 @@ def _not_computed_lines(runs: list[dict]) -> list[str]:
         for (why, tok), names in found.items()]
 
 
-def _figure4_caption(rows: list[dict], min_count: int) -> list[str]:
+def _figure4_caption(rows: list[dict], min_count: int, left_out: Optional[list[int]] = None) -> list[str]:
     """report.md's lines under Figure 4 telling a length of equal scores (a dot at 0) from one not
-    plotted (no bar either); none where there is neither."""
-    equal, gaps = _figure4_equal(rows), _figure4_gaps(rows)
-    if not (equal or gaps):  # an empty figure too (said above)
+    plotted (no bar either), inside the plotted range and outside it (``left_out``; a report whose
+    runs did not record them says so); none where there is neither, or no bar at all (said above)."""
+    if not rows:
         return []
+    equal, gaps = _figure4_equal(rows), _figure4_gaps(rows, left_out)
     lo, hi = rows[0]["length"], rows[-1]["length"]
-    text = [f"Lengths {lo}–{hi} are plotted but for {_ranges(gaps)}: fewer than {min_count} test sentences." if gaps else "",
-            f"A dot at 0 marks equal scores: {_ranges(equal)}." if equal else ""]
-    return ["", " ".join(t for t in text if t)]
+    span, plotted = (f"{lo}–{hi}", f"Lengths {lo}–{hi} are plotted") if lo < hi else (f"{lo}", f"Length {lo} alone is plotted")
+    inside, outside = [L for L in gaps if lo <= L <= hi], [L for L in gaps if not lo <= L <= hi]
+    beyond = f"{_ranges(outside)} outside that range" if outside else ""
+    text = [f"{plotted} but for {_ranges(inside)}: fewer than {min_count} test sentences"
+            + (f", as for {beyond}." if beyond else ".") if inside else
+            f"{plotted}; {beyond} have fewer than {min_count} test sentences." if beyond else "",
+            "" if left_out is not None else f"Lengths outside {span} with fewer than {min_count} test sentences are "
+            "not plotted and not named here (the runs' scores predate their record).",
+            f"A dot at 0 marks equal scores ({_EQUAL_RULE}): {_ranges(equal)}." if equal else ""]
+    text = [t for t in text if t]
+    return ["", " ".join(text)] if text else []
 
 
 def render(out: Path, report: dict) -> str:
@@ -508,7 +542,7 @@ def render(out: Path, report: dict) -> str:
     :func:`build_report` draws and writes from the same data."""
     if "figure4" in report:
         _draw_figure4(out, report["figure4"], report["runs"], report.get("candidate", "comet"),
-                      report["provenance"].get("eval_limit"))
+                      report["provenance"].get("eval_limit"), report.get("figure4_left_out"))
     _learning_curves(out, [e["row"] for e in report["table"]], report["runs"])
     return _markdown(None, report)
 
@@ -558,7 +592,7 @@ def _markdown(args, report: dict) -> str:
                   "![figure 4](figure4_bleu_by_length.png)" if report["figure4"] else
                   f"None to plot: no source length has {BY_LENGTH_MIN_COUNT} or more test sentences decoded by both "
                   f"{name} and the Transformer of a seed"]
-        lines += _figure4_caption(report["figure4"], BY_LENGTH_MIN_COUNT)
+        lines += _figure4_caption(report["figure4"], BY_LENGTH_MIN_COUNT, report.get("figure4_left_out"))
     lines += ["", "## Learning curves", "", "![learning curves](learning_curves.png)", ""]
     if report.get("examples"):
         seed = report["examples"][0].get("seed")

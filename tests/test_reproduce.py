@@ -247,7 +247,7 @@ def test_an_empty_figure_4_is_said(monkeypatch):
     text = reproduce._markdown(args, report)
     assert "## Figure 4: BLEU difference by source length\n\nNone to plot: no source length has 3 or more" in text
     assert "| -1.00 | 0.500 |\n\n## Figure 4" in text
-    report["figure4"] = [{"length": 7, "diff": 1.0, "pairs": 1}]
+    report.update(figure4=[{"length": 7, "diff": 1.0, "pairs": 1}], figure4_left_out=[])
     assert "## Figure 4: BLEU difference by source length\n\n![figure 4](figure4_bleu_by_length.png)\n\n## Learning curves" \
         in reproduce._markdown(args, report)
     del report["figure4"], report["significance"]  # no Transformer among the rows
@@ -651,17 +651,63 @@ def test_figure_4_tells_equal_scores_from_lengths_left_out(monkeypatch, tmp_path
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     comet = [{"length": L, "count": 3, "paper_bleu": b} for L, b in ((6, 30.0), (7, 20.0), (9, 25.0), (12, 10.0))]
     trans = [{"length": L, "count": 3, "paper_bleu": b} for L, b in ((6, 28.0), (7, 20.0), (9, 26.0), (12, 10.0))]
-    records = [{"row": row, "seed": 1, "test": {"n_sentences": 40, "bleu_by_length": by}}
+    records = [{"row": row, "seed": 1, "test": {"n_sentences": 40, "bleu_by_length": by, "lengths_too_few": []}}
                for row, by in (("comet", comet), ("transformer", trans))]
     rows = reproduce._figure4(tmp_path, records, "comet")
-    assert drawn == [([([7, 12], [0.0, 0.0])], ["equal scores (difference 0.00)",
+    assert drawn == [([([7, 12], [0.0, 0.0])], ["equal scores (|difference| < 0.005, 0.00 to 2 decimals)",
                                                  "not plotted, fewer than 3 sentences: 8, 10–11"])]
     args = argparse.Namespace(device="cpu", set=[], eval_limit=None, out=".")
-    report = {"provenance": provenance(args, 1.0, [], []), "table": [], "runs": [], "figure4": rows}
+    report = {"provenance": provenance(args, 1.0, [], []), "table": [], "runs": [], "figure4": rows, "figure4_left_out": []}
     assert ("![figure 4](figure4_bleu_by_length.png)\n\nLengths 6–12 are plotted but for 8, 10–11: fewer than 3 test "
-            "sentences. A dot at 0 marks equal scores: 7, 12.\n") in reproduce._markdown(args, report)
+            "sentences. A dot at 0 marks equal scores (|difference| < 0.005, 0.00 to 2 decimals): 7, 12.\n") \
+        in reproduce._markdown(args, report)
     drawn.clear()  # neither: no dot, no legend, no caption
-    rows = reproduce._figure4(tmp_path, [dict(r, test={"bleu_by_length": r["test"]["bleu_by_length"][:1]}) for r in records],
-                              "comet")
+    rows = reproduce._figure4(tmp_path, [dict(r, test={"bleu_by_length": r["test"]["bleu_by_length"][:1], "lengths_too_few": []})
+                                         for r in records], "comet")
     assert drawn == [([], [])] and "Lengths" not in reproduce._markdown(args, dict(report, figure4=rows))
     assert limits == [True, True]
+
+
+def test_figure_4_names_the_lengths_left_out_outside_its_range(monkeypatch, tmp_path):
+    """Figure 4 named the lengths without a bar between its shortest and longest plotted, but not the
+    shorter or longer ones with fewer than 3 test sentences (a reader could not tell 'none that short'
+    from 'too few to plot'). The scores record those lengths now (lengths_too_few), and the legend,
+    report.json (figure4_left_out) and report.md name them; a report of runs scored before says it
+    cannot. Equal scores are those that print as 0.00, |difference| < 0.005, as the legend says."""
+    import argparse
+
+    import matplotlib.figure
+
+    from cometnmt import reproduce
+    from cometnmt.evaluation import evaluate
+    from cometnmt.experiments import provenance
+
+    def words(line):
+        return line.split()
+
+    src = ["a b", "a b c", "a b c", "a b c", "a b c d e f g h"]
+    scored = evaluate(["x y", "x y z", "x y z", "x z z", "w"], ["x y", "x y z", "x y w", "x y z", "v"], tokenize=words, src=src)
+    assert scored["lengths_too_few"] == [2, 8] and [r["length"] for r in scored["bleu_by_length"]] == [3]
+
+    legends = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: legends.append(
+        [t.get_text() for t in fig.axes[0].get_legend().get_texts()] if fig.axes[0].get_legend() else []))
+    by = {"comet": [(6, 30.0), (7, 20.004), (9, 25.0)], "transformer": [(6, 28.0), (7, 20.0), (9, 26.0)]}
+    records = [{"row": row, "seed": 1, "test": {"bleu_by_length": [{"length": L, "count": 3, "paper_bleu": b} for L, b in by[row]],
+                                               "lengths_too_few": [2, 3, 8, 14, 20]}} for row in by]
+    rows = reproduce._figure4(tmp_path, records, "comet")
+    assert legends == [["equal scores (|difference| < 0.005, 0.00 to 2 decimals)",
+                        "not plotted, fewer than 3 sentences: 2–3, 8, 14, 20"]]
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=None, out=".")
+    report = {"provenance": provenance(args, 1.0, [], []), "table": [], "runs": [], "figure4": rows,
+              "figure4_left_out": reproduce._figure4_left_out(records, "comet")}
+    text = reproduce._markdown(args, report)
+    assert ("Lengths 6–9 are plotted but for 8: fewer than 3 test sentences, as for 2–3, 14, 20 outside that range. "
+            "A dot at 0 marks equal scores (|difference| < 0.005, 0.00 to 2 decimals): 7.") in text
+    del report["figure4_left_out"]  # runs scored before lengths_too_few was recorded: said, not guessed
+    assert ("Lengths 6–9 are plotted but for 8: fewer than 3 test sentences. Lengths outside 6–9 with fewer than 3 test "
+            "sentences are not plotted and not named here") in reproduce._markdown(args, report)
+    older = [dict(r, test={"bleu_by_length": r["test"]["bleu_by_length"]}) for r in records]
+    assert reproduce._figure4_left_out(older, "comet") is None
+    reproduce._figure4(tmp_path, older, "comet")
+    assert legends[-1][1] == "not plotted, fewer than 3 sentences: 8; those outside 6–9 not recorded"
