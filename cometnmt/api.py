@@ -145,7 +145,8 @@ def last_epoch_checkpoints(run_dir: str | Path, last: int, *, flags: bool = Fals
     found = epoch_checkpoints(run_dir)
     if len(found) < last:
         raise CheckpointError(f"{setting('last', last, flags)}: only {len(found)} epoch checkpoints in {run_dir} "
-                              "(train.keep_checkpoints sets how many a run keeps)")
+                              "(a run keeps the last train.keep_checkpoints, 0 by default: set it when training, "
+                              f"e.g. train.keep_checkpoints={last}, or average checkpoints named one by one)")
     return found[-last:]
 
 

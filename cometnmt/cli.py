@@ -533,6 +533,9 @@ def cmd_average(args) -> int:
         raise CometNMTError("--dir and --last go together: --dir RUN_FOLDER --last N averages its last N epoch checkpoints")
     if args.last is not None:
         paths += last_epoch_checkpoints(args.dir, args.last, flags=True)
+    if not paths:
+        raise CometNMTError("no checkpoints to average: name them (cometnmt average A.pt B.pt -o avg.pt), or give "
+                            "--dir RUN_FOLDER --last N for a run's last N epoch checkpoints")
     average_checkpoints(paths, args.output, flags=True)
     print(f"averaged {len(paths)} checkpoint{'s' * (len(paths) != 1)} into {args.output}")
     return 0

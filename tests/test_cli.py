@@ -376,6 +376,20 @@ def test_outputs_that_cannot_be_written(trained, cli, tmp_path):
     assert f"{tmp_path}: is a directory" in err and "Traceback" not in err
 
 
+def test_average_without_checkpoints_says_how_to_give_them(cli, tmp_path):
+    """`cometnmt average -o avg.pt` alone said only "no checkpoints to average", and --last N on a run
+    that kept no epoch checkpoints (train.keep_checkpoints' default, 0) did not say how to keep them:
+    each now says what to do (found walking the README with one's own corpus)."""
+    err = _err(cli("average", "-o", str(tmp_path / "avg.pt"), check=False))
+    assert "cometnmt average A.pt B.pt -o avg.pt" in err and "--dir RUN_FOLDER --last N" in err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.pt").write_bytes(b"")
+    err = _err(cli("average", "--dir", str(tmp_path / "run"), "--last", "3", "-o", str(tmp_path / "avg.pt"), check=False))
+    assert "--last 3: only 0 epoch checkpoints" in err and "0 by default" in err
+    assert "train.keep_checkpoints=3" in err and "Traceback" not in err
+    assert not (tmp_path / "avg.pt").exists()
+
+
 def test_average_refuses_checkpoints_of_different_runs(trained, cli, tmp_path):
     from cometnmt.training.checkpoint import load_checkpoint, save_checkpoint
 
