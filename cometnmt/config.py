@@ -639,7 +639,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = (), arch_replaced: bool = Fa
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder, expected a YAML config file" + (f" (the base of {seen[-1]})" if seen else ""))
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}" + (f" (the base of {seen[-1]})" if seen else ""))
+        # a relative base is read from the child's folder, not the current one: say which folder that was
+        raise ConfigError(f"config file not found: {path}" + (
+            f" (the base of {seen[-1]}): a relative base: is taken from that file's folder, {seen[-1].parent}, "
+            "not the current one; give the path from there, or an absolute one" if seen else ""))
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
     try:

@@ -955,6 +955,20 @@ def test_the_readmes_own_corpus_config_loads_as_it_says(tmp_path: Path) -> None:
     assert cfg.model.d_model == load_config(REPO / "configs" / "tiny.yaml").model.d_model and cfg.train.save_dir == "runs/fr_en"
 
 
+def test_a_missing_base_says_which_folder_it_is_taken_from(tmp_path: Path, monkeypatch) -> None:
+    """README's own-corpus config saved beside one's data (not at the repository root) and trained
+    from there said only 'config file not found: configs/tiny.yaml (the base of .../mine.yaml)',
+    as if from the current folder; the error now says a base is taken from the config's own folder."""
+    (tmp_path / "configs").mkdir()
+    child = tmp_path / "mine.yaml"
+    child.write_text("base: configs/tiny.yaml\nname: mine\n", encoding="utf-8")
+    monkeypatch.chdir(REPO)  # configs/tiny.yaml exists here, not beside mine.yaml
+    with pytest.raises(ConfigError, match=rf"^config file not found: .*configs/tiny.yaml \(the base of {re.escape(str(child))}\): "
+                                          rf"a relative base: is taken from that file's folder, {re.escape(str(tmp_path))}, "
+                                          r"not the current one; give the path from there, or an absolute one$"):
+        load_config(child)
+
+
 @pytest.mark.parametrize("text, got", [("- model:\n    arch: comet\n", "got a list (a YAML line starting with '- ' makes a list)"),
                                        ("comet\n", "got a single value"), ("3\n", "got a number")])
 def test_a_file_that_is_not_a_mapping_says_what_it_is(tmp_path, text, got):
