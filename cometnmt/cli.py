@@ -517,6 +517,9 @@ def cmd_evaluate(args) -> int:
         if args.lang is None:
             log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules, and BLEU sacreBLEU's "
                      "tokeniser for English (13a): give --lang for another target language")
+        if args.src and args.src_lang is None:  # BLEU by length counted a French source's words as German
+            log.info("BLEU by source length counts --src's words with spaCy's German rules: give --src-lang for "
+                     "another source language")
         result = score(hyps, refs, lang=lang, src=src, src_lang=src_lang, lowercase=args.lowercase)
         if args.json:
             write_json(result, args.json)

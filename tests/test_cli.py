@@ -376,6 +376,17 @@ def test_outputs_that_cannot_be_written(trained, cli, tmp_path):
     assert f"{tmp_path}: is a directory" in err and "Traceback" not in err
 
 
+def test_evaluate_says_which_language_counts_the_source_words(cli, tmp_path):
+    """evaluate --hyp --ref --src tokenised the source with spaCy's German rules for BLEU by length
+    unless --src-lang said otherwise, and said so nowhere (a French source was counted as German,
+    found walking the README with one's own corpus); it is now logged, as --lang's default is."""
+    for name, text in (("h", "A dog runs.\n"), ("r", "A dog runs.\n"), ("s", "Un chien court.\n")):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    args = ["evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), "--src", str(tmp_path / "s")]
+    assert "German rules: give --src-lang for another source language" in cli(*args).stderr
+    assert "--src-lang" not in cli(*args, "--src-lang", "fr").stderr
+
+
 def test_average_without_checkpoints_says_how_to_give_them(cli, tmp_path):
     """`cometnmt average -o avg.pt` alone said only "no checkpoints to average", and --last N on a run
     that kept no epoch checkpoints (train.keep_checkpoints' default, 0) did not say how to keep them:
