@@ -652,7 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model from a YAML config")
-    p.add_argument("config", help="YAML file, e.g. configs/multi30k/transformer.yaml")
+    p.add_argument("config", help="YAML file, e.g. configs/multi30k/transformer.yaml; every key with its default and "
+                                  "meaning: configs/reference.yaml; for your own parallel text (data.corpus: files, "
+                                  "data.train_src, ...) see README, 'Your own parallel text'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4")
     p.add_argument("--resume", action="store_true", help=f"continue the run in train.save_dir from {LAST_CHECKPOINT}")
     p.add_argument("--init-from", dest="init_from", metavar="CKPT",

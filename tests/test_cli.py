@@ -44,6 +44,21 @@ def test_every_option_of_every_command_says_what_it_is():
     assert not bare
 
 
+def test_train_help_points_to_the_keys_and_the_own_corpus_config():
+    """train --help named one preset and nothing else: where the keys are listed, or how to train
+    on one's own files (data.corpus: files), was in the README alone (a practitioner's walk)."""
+    text = " ".join(_help_of("train").split())  # argparse wraps lines
+    assert "configs/reference.yaml" in text and "data.corpus: files" in text and "Your own parallel text" in text
+
+
+def _help_of(command: str) -> str:
+    import argparse
+
+    from cometnmt.cli import build_parser
+
+    return next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command].format_help()
+
+
 def test_train_writes_run_folder(trained):
     for name in ("best.pt", "last.pt", "metrics.jsonl", "config.yaml", "train.log"):
         assert (trained / name).exists(), name
