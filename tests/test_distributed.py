@@ -532,13 +532,26 @@ def _validating_rank(rank: int, world: int, port: int, data_dir: str, save_dir: 
     run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, *extra)))
 
 
-@pytest.mark.parametrize("batch_tokens", [100, 600])  # the 20 validation pairs in several batches; in one
-def test_the_ranks_share_the_validation_loss(tmp_path, data_dir, monkeypatch, batch_tokens):
+# the 20 validation pairs in several batches (100), in one (600); every other architecture in several
+@pytest.mark.parametrize("arch, batch_tokens", [("transformer", 100), ("transformer", 600),
+                                                ("comet_temporal_conv_bn_length_tied", 100),
+                                                ("transformer_pp", 100), ("convs2s", 100)])
+def test_the_ranks_share_the_validation_loss(tmp_path, data_dir, monkeypatch, arch, batch_tokens):
     """Two ranks: each computes the validation loss of every other batch one process computes
     (rank 0 the 1st, 3rd, ...; rank 1 the 2nd, 4th, ...; none where there is one batch), and the
     loss metrics.jsonl records and every rank's stopping rule reads is one process's. Before, each
-    rank computed the loss of every batch itself."""
+    rank computed the loss of every batch itself. Every kind of model: COMET's batch norms validate
+    in eval mode on their running statistics (per source length here), which after the step are the
+    same on both ranks as in one process (distributed.SyncedRunningStatistics); Transformer++'s
+    validation loss is the translation's alone (its tag losses are training's); ConvS2S."""
     common = [f"train.batch_tokens={batch_tokens}", "train.max_steps=1"]  # validated at step 1 (valid_mid_epoch)
+    if arch != "transformer":
+        common += ARCHITECTURES[arch]
+    if arch == "transformer_pp":
+        from test_transformer_pp import english_pipeline_or_skip
+
+        english_pipeline_or_skip()
+        common.append(f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}")  # atomic writes: shared safely
     out = tmp_path / "calls.jsonl"
     torch.multiprocessing.spawn(_validating_rank, nprocs=2, join=True,
                                 args=(2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out),
