@@ -14,6 +14,7 @@ import shlex
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 from cometnmt.atomic import refuse_overwrite
@@ -30,6 +31,17 @@ class _Terminated(KeyboardInterrupt):
 
 def _sigterm(signum, frame):  # pragma: no cover - exercised by an interrupted run
     raise _Terminated
+
+
+def _say_failure(exc: KeyboardInterrupt) -> None:
+    """An interrupt that came during a failure (``interrupts.deferred`` raises it from the failure):
+    report the failure first, as it would have been reported alone (the toolkit's errors as one line,
+    others with their traceback); the interrupt's exit status wins (130, 143)."""
+    cause = exc.__cause__
+    if isinstance(cause, CometNMTError):
+        print(f"cometnmt: error: {cause}", file=sys.stderr)
+    elif isinstance(cause, Exception):
+        traceback.print_exception(cause)
 
 
 def _resume_command(command: list[str], accum_steps: int) -> str:
@@ -57,6 +69,7 @@ def cmd_train(args) -> int:
         cfg = load_config(args.config, args.set)
         summary = train(cfg, resume=args.resume, init_from=args.init_from)
     except KeyboardInterrupt as exc:
+        _say_failure(exc)
         if not main_rank:  # under torchrun rank 0 says how to resume; the others would repeat it
             pass
         elif cfg is None:  # importing torch and the config's check take seconds; nothing is written yet
@@ -840,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"cometnmt: error: {exc}", file=sys.stderr)
                 code = 2
             except KeyboardInterrupt as exc:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
+                _say_failure(exc)
                 print(f"cometnmt {args.command}: interrupted", file=sys.stderr)
                 code = 143 if isinstance(exc, _Terminated) else 130
     finally:

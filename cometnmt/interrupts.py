@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import traceback
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -28,10 +29,28 @@ def deferred(redeliver: bool = True) -> Iterator[list[int]]:
     that `reproduce` sends its trainings after the terminal's SIGINT) must not abort it.
 
     Nested blocks note into the outer one. Yields the list of signals noted. Outside the main
-    thread, where Python delivers no signal, it does nothing."""
+    thread, where Python delivers no signal, it does nothing.
+
+    A block that raises delivers its signal too (it was dropped: a SIGTERM during a failed
+    checkpoint write showed only as the failure, and a caller that handles the failure, such as
+    the attention plots' warning, went on as if it never came). The failure stays the one
+    reported, the signal's exit wins: where the handler before notes it (an outer block), the
+    failure goes on and the outer block delivers the signal when it ends; where it raises
+    (KeyboardInterrupt, the CLI's SIGTERM), that is raised *from* the failure, so it passes every
+    ``except Exception`` and the process stops as asked, its traceback (and the CLI's message,
+    ``cometnmt.cli``) naming the failure; ``Trainer.fit`` saves no last.pt for such an interrupt,
+    as it saves none for the failure alone. Under DDP fit's own block (``redeliver=False``) takes
+    a step's signal, and the ranks stop together with the failure. Where the handler is SIGTERM's default (no CLI), the
+    failure's traceback is printed before the process ends. Nothing written is lost: the block ran
+    to its failure, and the writes it holds are atomic (the old file stays)."""
     noted: list[int] = []
-    with _handled_by(lambda signum, frame: noted.append(signum)) as previous:
-        yield noted
+    try:
+        with _handled_by(lambda signum, frame: noted.append(signum)) as previous:
+            yield noted
+    except BaseException as failure:
+        if noted and redeliver:
+            _deliver_after(failure, noted[0], previous[noted[0]])
+        raise
     if noted and redeliver:
         _deliver(noted[0], previous[noted[0]])
 
@@ -133,6 +152,19 @@ def raise_noted(noted: list[int]) -> None:
     delivering it) to the handler now in place, as it would have been delivered when it came."""
     if noted:
         _deliver(noted[0], signal.getsignal(noted[0]))
+
+
+def _deliver_after(failure: BaseException, signum: int, handler) -> None:
+    """Deliver ``signum`` to ``handler`` after a :func:`deferred` block raised ``failure``: what the
+    handler raises is raised from the failure; one that only notes it lets the failure go on."""
+    if handler == signal.SIG_DFL:
+        traceback.print_exception(failure)  # the process ends at once: say why it was failing
+    try:
+        _deliver(signum, handler)
+    except BaseException as interrupt:
+        if interrupt is failure:
+            raise
+        raise interrupt from failure
 
 
 def _deliver(signum: int, handler) -> None:

@@ -754,6 +754,80 @@ def test_deferred_delivers_the_first_signal_after_the_block_and_nests():
     assert noted == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is before
 
 
+def test_deferred_delivers_its_signal_when_the_block_raises_from_the_failure():
+    """A deferred block that raises delivers the signal it noted (it was dropped: the failure went
+    on alone, and a caller handling it went on as if no signal came): the handler's interrupt is
+    raised from the failure, which stays its cause; a nested block hands it to the outer one, which
+    delivers it as it ends, the failure still going through it; redeliver=False drops it."""
+    from cometnmt.interrupts import deferred
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with deferred():
+            signal.raise_signal(signal.SIGINT)
+            raise OSError(28, "No space left on device")
+    assert isinstance(raised.value.__cause__, OSError) and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt) as raised:
+        try:
+            with deferred():
+                with deferred() as inner:
+                    signal.raise_signal(signal.SIGINT)
+                    raise OSError(28, "No space left on device")
+        except OSError:  # the outer block is not where the interrupt stops: the caller's handler of the failure
+            pytest.fail("the failure passed without its interrupt")
+    assert inner == [signal.SIGINT] and isinstance(raised.value.__cause__, OSError)
+    with pytest.raises(OSError):
+        with deferred(redeliver=False) as noted:
+            signal.raise_signal(signal.SIGINT)
+            raise OSError(28, "No space left on device")
+    assert noted == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_interrupt_during_a_failed_checkpoint_write_stops_the_run_saving_nothing(tmp_path, data_dir, monkeypatch):
+    """Ctrl-C while save_every's last.pt write fails (a full disk): the run stops with a
+    KeyboardInterrupt raised from the OSError (it stopped with the OSError alone, the interrupt
+    lost), and fit saves no last.pt for it, as for the failure alone; the records written stay."""
+    from cometnmt.training import trainer as trainer_module
+
+    original = trainer_module.save_checkpoint
+    calls = []
+
+    def failing(state, path):
+        calls.append(path.name)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGINT)  # noted by save's deferred block
+            raise OSError(28, "No space left on device", str(path))
+        return original(state, path)
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", failing)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.save_every=2", "train.log_every=1"))
+    assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.errno == 28
+    assert calls == ["last.pt"] and not (tmp_path / "last.pt").exists()
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines())]
+    assert steps == [1, 2]
+
+
+def test_the_cli_reports_the_failure_an_interrupt_came_during(tmp_path, monkeypatch, capsys):
+    """`cometnmt train` stopped by an interrupt raised from a failure (interrupts.deferred) prints
+    the failure as it would alone, then the interrupt's line; the exit is the interrupt's (130)."""
+    from cometnmt import cli
+    from cometnmt.errors import CheckpointError
+    from cometnmt.training import run
+
+    def train(cfg, **kwargs):
+        try:
+            raise CheckpointError(f"{tmp_path / 'last.pt'}: cannot write")
+        except CheckpointError as exc:
+            raise KeyboardInterrupt from exc
+
+    monkeypatch.setattr(run, "train", train)
+    assert cli.main(["train", "configs/tiny.yaml", "--set", f"train.save_dir={tmp_path}"]) == 130
+    err = capsys.readouterr().err
+    assert f"cometnmt: error: {tmp_path / 'last.pt'}: cannot write\n" in err
+    assert err.index("cannot write") < err.index("interrupted"), err
+
+
 def test_noted_until_taken_hands_its_signals_to_the_handlers_nested_in_it():
     """cometnmt.interrupts.noted_until_taken (the DDP set-up's, handed to Trainer.fit): signals are
     noted until take(), which returns them, ignored ones with them; handlers installed inside it

@@ -658,7 +658,12 @@ class Trainer:
                     log.warning("rank %d: another rank was interrupted; every rank stops at step %d",
                                 self.dist.rank, self.step)
                     raise KeyboardInterrupt
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
+                if isinstance(exc.__cause__, Exception):  # it came during a failure (interrupts.deferred): the
+                    # run stops, saving nothing, as for the failure alone (a last.pt past the failed record or write)
+                    log.warning("interrupted at step %d during a failure (%s); nothing saved", self.step,
+                                type(exc.__cause__).__name__)
+                    raise
                 log.warning("interrupted at step %d; %s %s", self.step, "saving" if self.dist.is_main else
                             f"rank {self.dist.rank} stops, rank 0 saves", self.save_dir / LAST_CHECKPOINT)
                 self._save_interrupted(later)
