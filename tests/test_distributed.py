@@ -138,6 +138,15 @@ def test_two_ranks_equal_one_process_and_resume_in_one(tmp_path, data_dir):
     one = train_in_process(data_dir, one_dir, "train.accum_steps=2", f"train.max_steps={MORE_STEPS}", DROPOUT, resume=True)
     assert resumed["step"] == one["step"] == MORE_STEPS
     assert_same_weights(resumed["model"], one["model"])
+    # and as one process that was never stopped: 2 ranks -> 1 process -> on equals the uninterrupted run,
+    # its losses step by step too (the run stopped at max_steps validated there: that changes nothing)
+    straight = train_in_process(data_dir, tmp_path / "straight", "train.accum_steps=2", f"train.max_steps={MORE_STEPS}",
+                                DROPOUT)
+    assert_same_weights(resumed["model"], straight["model"])
+    for a, b in zip(resumed["optimizer"]["state"].values(), straight["optimizer"]["state"].values()):
+        torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"], rtol=1e-4, atol=1e-12)
+    assert train_losses(ddp_dir) == pytest.approx(train_losses(tmp_path / "straight"), rel=1e-5)
+    assert len(train_losses(ddp_dir)) == MORE_STEPS
 
 
 def test_a_short_last_step_and_a_resume_at_another_world_size(tmp_path, data_dir, monkeypatch):
