@@ -200,7 +200,14 @@ class SyncedRunningStatistics:
     hundred floats a micro-batch) and each rank replays them all, rank 0's micro-batches first as
     they come first in the step, so the running statistics, per-length buckets and their counts
     included, equal a single process's (``tests/test_distributed.py``). Records stay on the device:
-    no host sync. In a single process (or a model without such modules) it does nothing."""
+    no host sync. In a single process (or a model without such modules) it does nothing.
+
+    The batch statistics a training forward normalises with are its micro-batch's own, on each rank
+    as in one process accumulating the step's micro-batches: not those of the step's global batch
+    (every rank's micro-batches together). ``torch.nn.SyncBatchNorm`` would take those, and is
+    deliberately not offered: a step would then depend on the number of ranks, so two ranks would
+    no longer train as one process does, nor would a run resume exactly at another world size
+    (``trainer``'s module docstring); and it does not know COMET's masked, per-length statistics."""
 
     def __init__(self, model: torch.nn.Module, info: DistInfo) -> None:
         self.info = info
