@@ -46,11 +46,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn_until_all_stop(worker, args: tuple, seconds: float = 120) -> list[int]:
+def _spawn_until_all_stop(worker, args: tuple, seconds: float = 300) -> list[int]:
     """Two ranks of ``worker(rank, *args)``, each waited for on its own (torch's ``context.join()``
     kills the others when one fails), for at most ``seconds`` together: starting two interpreters
-    with torch takes seconds, while a rank waiting for a peer that left would wait for the process
-    group's timeout (30 minutes), so one still running then fails the test. Their exit codes."""
+    with torch takes seconds (over a minute on a loaded 2-core machine: 120 s was once too few),
+    while a rank waiting for a peer that left would wait for the process group's timeout
+    (30 minutes), so one still running then fails the test. Their exit codes."""
     import time
 
     context = torch.multiprocessing.spawn(worker, nprocs=2, join=False, args=args)
