@@ -88,9 +88,9 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     from cometnmt.evaluation import paper_tokenizers, score_with
 
     translator = Translator.from_checkpoint(checkpoint, device)
-    decode = translator._decode(None, beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1, flags=flags,
-                                sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                                replace_unk=replace_unk)
+    decode = translator.search_config(beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1,
+                                      sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
+                                      replace_unk=replace_unk, flags=flags)
     data = translator.cfg.data
     tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # what spaCy cannot tokenise: said now, not after decoding
     if hyp_out is not None or json_out is not None:

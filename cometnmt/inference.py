@@ -427,7 +427,7 @@ class Translator:
                       nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,
                       sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
                       temperature: float | None = None, seed: int | None = None,
-                      replace_unk: bool | None = None) -> DecodeConfig:
+                      replace_unk: bool | None = None, flags: bool = False) -> DecodeConfig:
         """The search a :meth:`translate` call given these settings runs, checked and normalised as
         that call checks them, without translating anything: ``decode_cfg`` (default the
         checkpoint's ``decode`` config) with the settings given replaced (:meth:`translate`'s
@@ -437,12 +437,14 @@ class Translator:
         (``cometnmt serve``'s batches) checks a request's settings at once and keys batches on the
         result. ``self.cfg`` is not changed.
 
+        :param flags: name bad settings as command-line flags (``--beam 0``, ``--replace-unk``) rather
+            than keywords, for a command that passes its options on (``cometnmt serve``, ``evaluate``).
         :raises ConfigError: a bad setting, named as its keyword (``beam=0: must be at least 1``), or
             ``replace_unk`` for a model whose vocabularies are not words (SentencePiece).
         """
-        return self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size,
-                            sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                            replace_unk=replace_unk)
+        return self._decode(decode_cfg, flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
+                            batch_size=batch_size, sampling=sampling, topk=topk, topp=topp, temperature=temperature,
+                            seed=seed, replace_unk=replace_unk)
 
     def _decode(self, decode_cfg: DecodeConfig | None, flags: bool = False, *, beam: int | None = None,
                 nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,

@@ -1148,9 +1148,10 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
         raise CometNMTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:
         translator = Translator.from_checkpoint(checkpoint, device)
-        translator.cfg.decode = translator._decode(None, flags=flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
-                                                   batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
-                                                   temperature=temperature, seed=seed, replace_unk=replace_unk)
+        translator.cfg.decode = translator.search_config(beam=beam, nbest=nbest, length_penalty=length_penalty,
+                                                         batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
+                                                         temperature=temperature, seed=seed, replace_unk=replace_unk,
+                                                         flags=flags)
     except BaseException:
         server.server_close()
         raise

@@ -283,6 +283,35 @@ def test_search_config_gives_the_checked_search_a_call_runs_without_translating(
         translator.search_config(replace_unk=True)
 
 
+def test_search_config_names_bad_settings_as_flags_for_the_commands():
+    """cometnmt serve (make_server) and evaluate_checkpoint called the private Translator._decode(...,
+    flags=True) to get errors named as the command's options. search_config(flags=True) is that,
+    public: the same messages, named as flags; no module but inference.py calls a translator's _decode."""
+    import pathlib
+    import re
+    import types
+
+    import torch
+
+    from cometnmt.config import Config
+    from cometnmt.inference import Translator
+
+    words = types.SimpleNamespace(kind="spacy")
+    translator = Translator(torch.nn.Linear(1, 1), types.SimpleNamespace(src_tok=words, tgt_tok=words), Config(),
+                            torch.device("cpu"))
+    with pytest.raises(cometnmt.ConfigError, match=r"^--beam 0: must be at least 1"):
+        translator.search_config(beam=0, flags=True)
+    with pytest.raises(cometnmt.ConfigError, match=r"^--topk 5: .*sampling.*--sampling"):
+        translator.search_config(topk=5, flags=True)
+    translator.codec.tgt_tok = types.SimpleNamespace(kind="sentencepiece")
+    with pytest.raises(cometnmt.ConfigError, match=r"^--replace-unk: copies source words"):
+        translator.search_config(replace_unk=True, flags=True)
+    package = pathlib.Path(cometnmt.__file__).parent
+    callers = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if path.name != "inference.py" and re.search(r"translator\._decode\(", path.read_text(encoding="utf-8"))]
+    assert callers == []
+
+
 def test_greedy_search_of_several_hypotheses_is_a_beam_search_everywhere(run_dir, monkeypatch):
     """decode.method greedy with decode.nbest above 1 is a beam search of decode.beam_size
     (documented; translate and serve run one), but Translator.translate_ids took the config as it
@@ -1094,7 +1123,7 @@ def test_replace_unk_is_for_word_vocabularies(translator, tmp_path, data_dir):
     with pytest.raises(cometnmt.ConfigError, match=r"^decode.replace_unk: .* tokenizer is sentencepiece and spacy"):
         pieces.translate(["Ein Hund."], replace_unk=True)
     with pytest.raises(cometnmt.ConfigError, match=r"^--replace-unk: copies source words"):  # as the commands name it
-        pieces._decode(None, flags=True, replace_unk=True)
+        pieces.search_config(flags=True, replace_unk=True)
 
 
 def test_a_failed_run_says_why_in_its_train_log(tmp_path, data_dir, monkeypatch):
