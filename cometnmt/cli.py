@@ -767,9 +767,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "a batch closing at N sentences (a larger request is a batch alone) or --batch-wait-ms after "
                         "its first request (default 64; 1: off, each request decoded alone)")
     p.add_argument("--max-batch-chars", dest="max_batch_chars", type=int, default=20000, metavar="N",
-                   help="a batch also closes at N characters of source text, so that 64 long sentences are not "
-                        "decoded at once (a larger request is a batch alone; default 20000, about 64 sentences of "
-                        "300 characters; 0: off, batches bounded by --max-batch-sentences alone)")
+                   help="a batch also closes when its padded size reaches N characters: its sentences x the "
+                        "characters of its longest, as the model pads each sentence to the longest, so that 64 long "
+                        "sentences, or one long sentence and 63 short ones, are not decoded at once (a larger request "
+                        "is a batch alone; default 20000, 64 sentences of up to 312 characters; 0: off, batches "
+                        "bounded by --max-batch-sentences alone)")
     p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=float, default=5.0, metavar="MS",
                    help="the longest a batch waits for more requests after its first (default 5; 0: no batching)")
     _add_decode_args(p)

@@ -43,10 +43,10 @@ handled in threads, the model one request at a time (a first-come, first-served 
 get the model in the order they asked for it; one whose client has closed its connection by then is
 not decoded (:meth:`TranslationServer.client_gone`). Concurrent /translate requests of the same search
 are decoded together (dynamic batching, :class:`RequestBatcher`: ``--max-batch-sentences``,
-``--max-batch-chars``, ``--batch-wait-ms``), each answered with its own translations. Sentences not in
-Unicode NFC are translated as they are, with a warning in the log at most once a minute
-(``--nfc-warning-interval``), counting those in between
-(:class:`NfcWarnings`).
+``--max-batch-chars``, the padded size: sentences x the longest's characters, ``--batch-wait-ms``),
+each answered with its own translations. Sentences not in Unicode NFC are translated as they are,
+with a warning in the log at most once a minute (``--nfc-warning-interval``), counting those in
+between (:class:`NfcWarnings`).
 """
 
 from __future__ import annotations
@@ -343,14 +343,14 @@ def _request_pairs(body: dict, max_sentences: int, max_chars: int) -> tuple[list
 
 
 class _Pending:
-    """One /translate request waiting in a :class:`RequestBatcher`: its sentences, their characters
-    (``chars``, counted here, on the request's thread), its search (``decode``, already checked)
-    and the handler whose client asked; the decoding worker sets ``results`` (n-best lists, one per
-    sentence) or ``error``, then ``done``."""
+    """One /translate request waiting in a :class:`RequestBatcher`: its sentences, the characters
+    of its longest (``longest``, counted here, on the request's thread), its search (``decode``,
+    already checked) and the handler whose client asked; the decoding worker sets ``results``
+    (n-best lists, one per sentence) or ``error``, then ``done``."""
 
     def __init__(self, texts: list[str], decode, key: tuple, handler: "_Handler | None", arrived: float) -> None:
         self.texts, self.decode, self.key, self.handler, self.arrived = texts, decode, key, handler, arrived
-        self.chars = sum(len(text) for text in texts)
+        self.longest = max(map(len, texts), default=0)
         self.results: list | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -369,11 +369,14 @@ class RequestBatcher:
     A batch opens with the oldest waiting request and takes, in arrival order, the waiting
     requests whose search is the same (``key``: beam, nbest, length penalty...; requests of other
     searches wait for a later batch, never mixed in); it closes when it holds ``max_sentences``
-    sentences or, with ``max_chars`` above 0, that many characters (the search's memory grows with
-    its sentences' length: 64 sentences of 10,000 characters are no batch of 64 short ones; a
-    request is never split: one larger than either is a batch alone), or ``wait`` seconds after
-    its first request arrived, whichever comes first. Characters, counted on the request's thread
-    (:class:`_Pending`), stand for source tokens: the worker calls no tokenizer to weigh a batch.
+    sentences or, with ``max_chars`` above 0, when its padded size reaches ``max_chars``
+    characters: its sentences times the characters of its longest, as the model pads every
+    sentence to the longest (the search's memory grows with it: 64 sentences of 10,000 characters
+    are no batch of 64 short ones, nor is one long sentence with 63 short ones, which summed
+    characters took as small); a request is never split: one larger than either is a batch
+    alone), or ``wait`` seconds after its first request arrived, whichever comes first.
+    Characters, counted on the request's thread (:class:`_Pending`), stand for source tokens: the
+    worker calls no tokenizer to weigh a batch.
     A request that arrives while the model is busy therefore waits no longer than it did behind
     the lock. ``decode(batch)``
     answers each request of a batch (:meth:`_Pending.finish`). :meth:`close` stops waiting for
@@ -446,29 +449,30 @@ class RequestBatcher:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch, size, chars, rest = [], 0, 0, []
+            batch, size, longest, rest = [], 0, 0, []
             for pending in self._queue:
-                fits = pending is first or not self._over(size + len(pending.texts), chars + pending.chars)
-                if pending.key == first.key and fits and not self._full(size, chars):
+                grown = size + len(pending.texts), max(longest, pending.longest)
+                fits = pending is first or not self._over(*grown)
+                if pending.key == first.key and fits and not self._full(size, longest):
                     batch.append(pending)
-                    size, chars = size + len(pending.texts), chars + pending.chars
+                    size, longest = grown
                 else:
                     rest.append(pending)
             self._queue = rest
             return batch
 
     def _fill(self, first: _Pending) -> tuple[int, int]:
-        """The sentences and characters waiting that a batch opened by ``first`` could take."""
+        """The sentences waiting that a batch opened by ``first`` could take, and their longest's characters."""
         same = [p for p in self._queue if p.key == first.key]
-        return sum(len(p.texts) for p in same), sum(p.chars for p in same)
+        return sum(len(p.texts) for p in same), max(p.longest for p in same)
 
-    def _full(self, sentences: int, chars: int) -> bool:
-        """Whether a batch of ``sentences`` holding ``chars`` characters takes no more requests."""
-        return sentences >= self.max_sentences or 0 < self.max_chars <= chars
+    def _full(self, sentences: int, longest: int) -> bool:
+        """Whether a batch of ``sentences``, the longest of ``longest`` characters, takes no more requests."""
+        return sentences >= self.max_sentences or 0 < self.max_chars <= sentences * longest
 
-    def _over(self, sentences: int, chars: int) -> bool:
-        """Whether a batch of ``sentences`` holding ``chars`` characters is past a limit."""
-        return sentences > self.max_sentences or 0 < self.max_chars < chars
+    def _over(self, sentences: int, longest: int) -> bool:
+        """Whether a batch of ``sentences``, the longest of ``longest`` characters, is past a limit."""
+        return sentences > self.max_sentences or 0 < self.max_chars < sentences * longest
 
 
 class TranslationServer(ThreadingHTTPServer):
@@ -1115,8 +1119,8 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     ``nbest``) bound what one request may ask for. ``nfc_warning_interval``: the seconds between two
     warnings of request text not in Unicode NFC (:class:`NfcWarnings`; 0: one per such request).
     ``max_batch_sentences``, ``max_batch_chars`` and ``batch_wait_ms``: dynamic batching
-    (:class:`RequestBatcher`), a batch closes at that many sentences, that many characters (0: no
-    character budget) or that many milliseconds after its first request (0, or one sentence: off,
+    (:class:`RequestBatcher`), a batch closes at that many sentences, that many padded characters
+    (its sentences x the characters of its longest, as the model pads them; 0: no character budget) or that many milliseconds after its first request (0, or one sentence: off,
     each request decoded alone).
     Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:

@@ -1512,7 +1512,7 @@ def test_a_batch_closes_at_its_character_budget(checkpoint):
 
     batcher = RequestBatcher(decode, max_sentences=64, wait=60.0, max_chars=100)  # a minute: only the budget closes it
     a, b, c, d = request("a", 40), request("b", 40), request("c", 40), request("d", 150)
-    assert c.chars == 40
+    assert c.longest == 40
     for pending in (a, b, c):
         batcher.submit(pending)
     assert a.done.wait(30) and b.done.wait(1)
@@ -1537,6 +1537,36 @@ def test_a_batch_closes_at_its_character_budget(checkpoint):
     finally:
         srv.server_close()
 
+
+def test_a_batch_is_bounded_by_its_padded_size():
+    """--max-batch-chars counted a batch's summed characters, but the model pads every sentence to
+    the longest: one sentence of 1,000 characters with 49 of 10 was 1,490 characters, within a
+    budget of 2,000, and decoded as 50 x 1,000 = 50,000. The budget now bounds sentences x the
+    longest's characters: the long request takes one short one (2 x 1,000), the other short ones
+    make a batch of their own (48 x 10)."""
+    import time
+
+    from cometnmt.serve import RequestBatcher, _Pending
+
+    batches = []
+
+    def decode(batch):
+        batches.append([len(p.texts[0]) for p in batch])
+        for pending in batch:
+            pending.finish([])
+
+    batcher = RequestBatcher(decode, max_sentences=64, wait=60.0, max_chars=2000)
+    long = _Pending(["a" * 1000], None, ("greedy",), None, time.monotonic())
+    short = [_Pending(["c" * 10], None, ("greedy",), None, time.monotonic()) for _ in range(49)]
+    with batcher._cond:  # queued together, before the worker looks
+        batcher._queue.extend([long, *short])
+    batcher.close()  # decode what is queued, without waiting a minute for more
+    batcher.submit(_Pending(["b" * 10], None, ("other",), None, time.monotonic()))  # starts the worker
+    assert all(p.done.wait(30) for p in (long, *short)), batches
+    batcher.stop()
+    assert batches[0] == [1000, 10], batches  # padded 2,000: full
+    assert [len(b) for b in batches[1:]] == [48, 1] and max(map(max, batches[1:])) == 10, batches
+    assert all(len(b) * max(b) <= 2000 for b in batches), batches
 
 def test_batching_options_are_checked_and_shown_in_health(checkpoint, server):
     from cometnmt.errors import ConfigError
