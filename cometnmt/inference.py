@@ -524,6 +524,23 @@ class Translator:
                             f"model's {limit} positions ({positions_key(self.cfg.model)}){more}; split or shorten it")
 
     @_one_call_at_a_time
+    def check_sources(self, texts: Sequence[str]) -> None:
+        """Refuse, as :meth:`translate` would, sentences it would refuse, without decoding them: one
+        that is not a string, holds a newline, a lone surrogate or a NUL character, or has more
+        tokens than the model's positions (``input line 3: 1100 source tokens, more than the
+        model's 1024 positions ...``). A caller that decodes several callers' sentences in one call
+        (``cometnmt serve``'s batches) checks each caller's first, so that one bad sentence does not
+        fail, and cost a second decode of, the others. A sentence that passes may still fail on
+        something unforeseen (out of memory).
+
+        :raises DataError: the first refused sentence, counted from 1 as :meth:`translate` counts it.
+        """
+        if isinstance(texts, str):
+            raise TypeError("Translator.check_sources takes a list of sentences")
+        texts = _check_sentences(_sentence_list(texts, "texts", "Translator.check_sources"), "Translator.check_sources texts")
+        self._check_positions(self._ids(texts, self.codec.src_tok, self.codec.encode_src), "input", "source", 0)
+
+    @_one_call_at_a_time
     def log_prob_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]], batch_size: int | None = None,
                      progress: bool = False) -> list[float]:
         """Forced decoding of already-indexed pairs: each target's log-probability (its tokens and

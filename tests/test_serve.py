@@ -1441,8 +1441,10 @@ def test_requests_of_different_searches_are_not_batched_together(checkpoint):
 
 
 def test_a_bad_request_in_a_batch_fails_alone(checkpoint):
-    """A sentence longer than the model's positions fails the Translator's whole call: the batch's
-    requests are then decoded one by one, and only the bad one gets its 400."""
+    """A sentence longer than the model's positions failed the Translator's whole call: the
+    batch's requests were then decoded one by one, the good ones a second time (4 calls, 5
+    sentences decoded for 2). Each request of a batch is now checked before the search: the bad
+    one gets its 400 alone and the good ones are decoded once, in one call."""
     translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
     too_long = "a " * 1100  # 1,100 tokens: past the tiny model's 1,024 positions, within --max-chars
     with batching_server(checkpoint, max_batch_sentences=3) as (srv, calls):
@@ -1450,7 +1452,36 @@ def test_a_bad_request_in_a_batch_fails_alone(checkpoint):
     assert answers[0] == (200, {"translation": translator("Ein Hund.")})
     assert answers[2] == (200, {"translation": translator("Zwei Katzen.")})
     assert answers[1][0] == 400 and answers[1][1]["error"].startswith('"text": 1100 source tokens'), answers[1]
-    assert calls[0] == (3, "greedy", 5) and sorted(calls[1:]) == [(1, "greedy", 5)] * 3, calls
+    assert calls == [(2, "greedy", 5)], calls  # the good requests, decoded once together; the bad one never
+
+
+def test_a_refusal_not_foreseen_still_fails_its_request_alone(checkpoint, monkeypatch):
+    """The fallback for a refusal the checks before the search miss: the failed batch is decoded
+    request by request, and only the bad request gets its 400."""
+    too_long = "a " * 1100
+    with batching_server(checkpoint, max_batch_sentences=2) as (srv, calls):
+        monkeypatch.setattr(srv.translator, "check_sources", lambda texts: None)  # checks nothing
+        answers = ask_together(srv, [{"text": "Ein Hund."}, {"text": too_long}])
+    assert answers[0][0] == 200 and answers[1][0] == 400, answers
+    assert calls[0] == (2, "greedy", 5) and sorted(calls[1:]) == [(1, "greedy", 5)] * 2, calls
+
+
+def test_check_sources_refuses_what_translate_refuses_without_decoding(checkpoint, monkeypatch):
+    """Translator.check_sources: translate's refusals of its input (the same errors), no search run."""
+    from cometnmt import inference
+    from cometnmt.errors import DataError
+
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    calls = []
+    monkeypatch.setattr(inference, "search", lambda *args, **kwargs: calls.append(args))
+    translator.check_sources(["Ein Hund.", ""])  # a blank sentence is translated (blank): not refused
+    for texts, needle in ([["Ein Hund.", "a " * 1100], r"^input line 2: 1100 source tokens, more than the model's"],
+                          [["Ein\nHund."], r"^sentence 1 holds a newline"], [["Ein\0Hund."], r"^sentence 1 "]):
+        with pytest.raises(DataError, match=needle):
+            translator.check_sources(texts)
+        with pytest.raises(DataError, match=needle):
+            translator.translate(texts)
+    assert calls == []
 
 
 def test_closing_drains_queued_requests_and_fails_those_left_after_the_wait(checkpoint):
