@@ -1376,10 +1376,12 @@ def test_model_lock_is_first_come_first_served():
 
 
 @contextlib.contextmanager
-def batching_server(checkpoint, **options):
+def batching_server(checkpoint, translator=None, **options):
     """A server whose batches close only when full (a minute's wait), its Translator's calls
-    recorded as (sentences, search method, beam size)."""
+    recorded as (sentences, search method, beam size); ``translator``: in place of the checkpoint's."""
     srv = make_server(str(checkpoint), port=0, device="cpu", batch_wait_ms=60000, **options)
+    if translator is not None:
+        srv.translator = translator
     calls, translate = [], srv.translator.translate
 
     def recording(texts, decode_cfg=None, *args, **kwargs):
@@ -1394,6 +1396,7 @@ def batching_server(checkpoint, **options):
     finally:
         srv.shutdown()
         srv.server_close()
+        del srv.translator.translate  # the recording: a translator given is the caller's again
 
 
 def ask_together(srv, bodies: list[dict]) -> list[tuple[int, dict]]:
@@ -1431,6 +1434,52 @@ def test_concurrent_requests_are_decoded_in_one_batch_as_each_alone(checkpoint, 
         else:
             assert out == {"translations": [hyps[0].text for hyps in alone]}
 
+
+UNTRAINED = {  # architecture -> the sizes of a tiny one (test_arch_cli's for ConvS2S and the RNN)
+    "comet": ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.comet.bn_length_bounds=[8,12]"],
+    "convs2s": ["model.convs2s.embed_dim=32", "model.convs2s.enc_layers=[[32,3,2]]", "model.convs2s.dec_layers=[[32,3,2]]",
+                "model.convs2s.out_embed_dim=32"],
+    "rnn": ["model.rnn.cell=lstm", "model.rnn.embed_dim=32", "model.rnn.hidden_size=32", "model.rnn.attention=additive"],
+}
+
+
+@pytest.mark.parametrize("arch", sorted(UNTRAINED))
+def test_batched_requests_get_what_they_get_alone_for_every_architecture(checkpoint, arch):
+    """"Batched as alone" was tested for the Transformer only. COMET (its batch norm in eval mode,
+    running statistics made random here so that they matter), ConvS2S and the RNN, untrained and
+    tiny with the checkpoint's vocabularies: concurrent requests of greedy and of beam search,
+    sentences of different lengths (so padded), each get in one batch the translations and scores
+    they get decoded alone."""
+    import torch
+
+    from cometnmt.config import load_config
+    from cometnmt.data.vocab import PAD
+    from cometnmt.models import build_model
+    from conftest import REPO as repo
+
+    trained = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    cfg = load_config(repo / "configs" / "tiny.yaml", [f"model.arch={arch}", "model.dropout=0.0", *UNTRAINED[arch]])
+    trained.cfg.model = cfg.model
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(trained.codec.src_vocab), len(trained.codec.tgt_vocab), PAD)
+    norms = [m for m in model.modules() if hasattr(m, "running_mean")]  # COMET's MaskedBatchNorm
+    assert bool(norms) == (arch == "comet")
+    with torch.no_grad():
+        for norm in norms:  # statistics of their own: eval mode must use them, not the batch's
+            norm.running_mean.normal_(0, 0.5)
+            norm.running_var.uniform_(0.5, 2.0)
+    translator = cometnmt.Translator(model, trained.codec, trained.cfg, torch.device("cpu"))
+    for settings in ({"nbest": 1}, {"beam": 3, "nbest": 2}):
+        with batching_server(checkpoint, translator, max_batch_sentences=len(BATCH_SENTENCES)) as (srv, calls):
+            answers = ask_together(srv, [{"text": text, **settings} for text in BATCH_SENTENCES])
+        assert len(calls) == 1 and calls[0][0] == len(BATCH_SENTENCES), calls  # one batch
+        for text, (status, out) in zip(BATCH_SENTENCES, answers):
+            alone = translator.translate([text], beam=settings.get("beam"), nbest=settings["nbest"])[0]
+            assert status == 200, out
+            assert [h["text"] for h in out["translation"]] == [h.text for h in alone], (text, settings)
+            assert [h["score"] for h in out["translation"]] == pytest.approx([h.score for h in alone], abs=1e-4)
+        lengths = {len(h["text"].split()) for _, out in answers for h in out["translation"]}
+        assert len(lengths) > 1, lengths  # outputs of different lengths: not every search ended at once
 
 def test_requests_of_different_searches_are_not_batched_together(checkpoint):
     with batching_server(checkpoint, max_batch_sentences=3) as (srv, calls):
