@@ -25,7 +25,8 @@ server's) the same request gets the same samples. Bad requests get status 400 (4
 Content-Length, saying which JSON body the endpoint wants, 413 for too many sentences (``--max-sentences``, default 1000), a sentence of too many
 characters (``--max-chars``, default 10,000: the RNN has no position limit, and one long sentence held
 the model for hours) or too large a body (1 MiB), 415 for a compressed one (``Content-Encoding``) or one whose ``Content-Type`` is not
-``application/json`` (a ``+json`` type and a UTF-8 charset are taken; a body without the header is read as JSON), 408 for a body that stops
+``application/json`` (a ``+json`` type and a UTF-8 charset are taken; a body without the header is taken if it is
+JSON, and answered 415 saying to send Content-Type: application/json if it is not), 408 for a body that stops
 short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
 from http.server itself) and ``{"error": "..."}`` naming the field (one sentence of a list as
 ``"texts"[2]``, counted from 0 as JSON indexes it; a key given twice in one JSON object is refused, naming it, not resolved to its
@@ -1034,12 +1035,10 @@ class _Handler(BaseHTTPRequestHandler):
                 # RFC 8259 8.1 allows: it was 'not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)'
                 body = json.loads(raw.decode("utf-8").removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as exc:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid UTF-8 (byte {exc.start})"
-                                                           f"{_utf16_hint(raw)}") from None
+                raise self._not_json(f"the body is not valid UTF-8 (byte {exc.start}){_utf16_hint(raw)}") from None
             except json.JSONDecodeError as exc:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {exc}"
-                                                           f"{_form_hint(raw, self.server.example(self._route()))}"
-                                                           f"{_utf16_hint(raw)}") from None
+                raise self._not_json(f"the body is not valid JSON: {exc}{_form_hint(raw, self.server.example(self._route()))}"
+                                     f"{_utf16_hint(raw)}") from None
             except RecursionError:
                 raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None
             except ValueError:  # an integer longer than Python reads (sys.get_int_max_str_digits()): not a
@@ -1055,6 +1054,16 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("POST %s failed", self.path)
             self.close_connection = True
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error; see the server's log"})
+
+    def _not_json(self, problem: str) -> RequestError:
+        """A body that is no JSON: 400 if its Content-Type said JSON; sent without one (which is read
+        as JSON, as http.client and raw sockets send none), 415 saying which type to send: it was a
+        400 'not valid JSON', as if the server read any type and the body were badly written."""
+        if self.headers.get_all("Content-Type"):
+            return RequestError(HTTPStatus.BAD_REQUEST, problem)
+        return RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"{problem}; the request has no Content-Type: this "
+                                                               "server reads JSON, send it with Content-Type: "
+                                                               "application/json", {"Accept-Post": "application/json"})
 
     def refuse(self, retry_after: int) -> bool:
         """Called by the stopping server from another thread (TranslationServer.refuse_running):

@@ -223,7 +223,7 @@ def test_a_body_that_is_not_said_to_be_json_is_415_naming_its_type(server, conte
         finally:
             connection.close()
         if status == 200 and body.startswith(b"text="):  # read as JSON: not JSON, with the form hint
-            assert got == 400 and "it looks form-encoded" in out["error"], out
+            assert got == (415 if content_type is None else 400) and "it looks form-encoded" in out["error"], out
             continue
         assert got == status, out
         if needle:
@@ -231,6 +231,30 @@ def test_a_body_that_is_not_said_to_be_json_is_415_naming_its_type(server, conte
             assert response.getheader("Accept-Encoding") is None  # that one is for a Content-Encoding refused
     assert call(server, "/health")[0] == 200
 
+
+def test_a_body_without_content_type_is_taken_if_json_else_415_naming_the_type(server):
+    """A body sent without a Content-Type was read as JSON, and one that was no JSON got 400 'not
+    valid JSON', as if any type were read. It is still taken when it is JSON (http.client and raw
+    sockets send no header); otherwise 415 names the Content-Type to send, with Accept-Post, after
+    what was wrong with it. A body that says it is JSON and is not stays a 400."""
+    def post(body: bytes, headers: dict) -> tuple[int, dict, str | None]:
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=60)
+        try:
+            connection.request("POST", "/translate", body=body, headers=headers)
+            response = connection.getresponse()
+            return response.status, json.loads(response.read()), response.getheader("Accept-Post")
+        finally:
+            connection.close()
+
+    assert post(b'{"text": ""}', {})[:2] == (200, {"translation": ""})
+    sent_as = "; the request has no Content-Type: this server reads JSON, send it with Content-Type: application/json"
+    for body, problem in ((b"Ein Hund.", "the body is not valid JSON: Expecting value"),
+                          (b"\xff\xfe{", "the body is not valid UTF-8 (byte 0)")):
+        status, out, accept = post(body, {})
+        assert (status, accept) == (415, "application/json") and out["error"].startswith(problem), out
+        assert out["error"].endswith(sent_as), out
+        status, out, accept = post(body, {"Content-Type": "application/json"})
+        assert status == 400 and accept is None and out["error"].startswith(problem) and sent_as not in out["error"]
 
 def test_the_readmes_curl_and_requests_examples_are_answered(server):
     """README's examples as sent: curl -H "Content-Type: application/json" -d '...' and
