@@ -565,15 +565,22 @@ def cmd_serve(args) -> int:
     not work cut short (train and translate exit 130/143: their work is unfinished; systemd counts
     143 as a failure). Left to SIGTERM's default, the process died at once (143, no message) with
     answers half sent, bypassing the close that keeps a response thread from aborting the process.
-    While the model is still loading, either signal is an interruption: 130 (Ctrl-C) or 143."""
-    from cometnmt.serve import make_server
+    While the imports run and the model is still loading, either signal is an interruption, said in one line
+    ("stopped (SIGTERM) while starting, before serving"; ``python -m cometnmt`` says it for a SIGTERM during
+    its own imports too): 130 (Ctrl-C) or 143."""
+    try:
+        from cometnmt.serve import make_server
 
-    server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
-                         length_penalty=args.length_penalty, batch_size=args.batch_sentences,
-                         max_sentences=args.max_sentences, max_beam=args.max_beam, max_chars=args.max_chars,
-                         nfc_warning_interval=args.nfc_warning_interval, max_batch_sentences=args.max_batch_sentences,
-                         batch_wait_ms=args.batch_wait_ms, max_batch_chars=args.max_batch_chars, flags=True,
-                         **_search_args(args))
+        server = make_server(args.checkpoint, args.host, args.port, args.device, beam=args.beam, nbest=args.nbest,
+                             length_penalty=args.length_penalty, batch_size=args.batch_sentences,
+                             max_sentences=args.max_sentences, max_beam=args.max_beam, max_chars=args.max_chars,
+                             nfc_warning_interval=args.nfc_warning_interval, max_batch_sentences=args.max_batch_sentences,
+                             batch_wait_ms=args.batch_wait_ms, max_batch_chars=args.max_batch_chars, flags=True,
+                             **_search_args(args))
+    except KeyboardInterrupt as exc:  # said "interrupted", which did not tell a stop before serving from one after
+        how = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C"
+        print(f"cometnmt serve: stopped ({how}) while starting, before serving", file=sys.stderr, flush=True)
+        return 143 if isinstance(exc, _Terminated) else 130
     host, port = server.server_address[:2]
     print(f"serving {' + '.join(args.checkpoint)} on http://{host}:{port} (POST /translate, POST /logprob, GET /health); "
           "Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)

@@ -742,6 +742,28 @@ def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
         assert "cometnmt serve: stopped (SIGTERM)" in rest and "Traceback" not in rest, rest
 
 
+@pytest.mark.parametrize("module", ["cometnmt.cli", "cometnmt.serve"])
+def test_sigterm_while_starting_says_it_stopped_before_serving(module, tmp_path):
+    """SIGTERM while `python -m cometnmt serve` imported cometnmt.cli (before main handles the
+    signal) killed it without a word (exit -15); while it imported cometnmt.serve and loaded the
+    model it said "cometnmt serve: interrupted", alike for a stop before serving and after. Both now
+    say, in one line, that it stopped before serving, and exit 143. The signal is sent by the
+    process itself as it imports ``module`` (an import hook), so the moment is certain."""
+    import signal
+
+    script = ("import os, runpy, signal, sys\n"
+              "class Hook:\n"
+              "    @staticmethod\n"
+              "    def find_spec(name, path=None, target=None):\n"
+              f"        if name == {module!r}:\n"
+              "            os.kill(os.getpid(), signal.SIGTERM)\n"
+              "sys.meta_path.insert(0, Hook)\n"
+              f"sys.argv = ['cometnmt', 'serve', {str(tmp_path / 'best.pt')!r}, '--port', '0']\n"
+              "runpy.run_module('cometnmt', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (143, "cometnmt serve: stopped (SIGTERM) while starting, before serving\n"), \
+        (proc.returncode, -signal.SIGTERM, proc.stderr[-2000:])
+
 def first_answer_line(server, request: bytes) -> tuple[bytes, socket.socket, object]:
     """The status line the server sends first in answer to ``request`` (headers only, no body
     sent), with the socket and its reader for the rest."""
