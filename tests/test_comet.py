@@ -38,7 +38,7 @@ def test_invariance_test_fails_when_padding_leaks_into_batch_norm(leaky):
 def test_invariance_tests_fail_when_padding_is_not_zeroed_before_convolution(monkeypatch):
     from cometnmt.models import comet
 
-    def no_zeroing(self, x, pad_mask, src_lengths=None):
+    def no_zeroing(self, x, pad_mask, src_lengths=None, padding=None):
         maps, h = [], x
         for conv, norm in zip(self.convs, self.norms):
             h = norm(conv(h), pad_mask)
@@ -731,3 +731,49 @@ def test_padding_statistics_shared_by_the_norms_of_a_unit_change_nothing(feature
     units[0].eval(), units[1].eval()
     with torch.no_grad():
         assert torch.equal(units[0](x, pad, src_lengths), norms_on_their_own(units[1], x, pad))
+
+
+@pytest.mark.parametrize("comet", [{}, {"bn_length_bounds": [4, 8]}, {"unit": "ffn1"},
+                                   {"decoder": "temporal_conv", "decoder_bn_length_bounds": [4, 8]}])
+def test_padding_derived_once_a_forward_not_once_a_unit_changes_nothing(monkeypatch, comet):
+    """Transformer.encode and decode derive the masked batch norms' padding (SharedPadding) once a
+    forward and give it to every unit: on padded batches the logits in evaluation, and the loss,
+    gradients and running statistics in training, equal bit for bit those of units that each derive
+    their own (as before), and the pad mask is inverted once a stack, not once a unit."""
+    from cometnmt.config import ModelConfig, from_dict
+    from cometnmt.models import build_model, transformer
+
+    cfg = from_dict(ModelConfig, {"arch": "comet", "d_model": 16, "n_heads": 2, "enc_layers": 3, "dec_layers": 2,
+                                  "d_ff": 32, "dropout": 0.0, "comet": comet}, "model")
+    torch.manual_seed(0)
+    models = [build_model(cfg, 20, 20, 0) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    gen = torch.Generator().manual_seed(3)
+    src, mask = random_batch([7, 4, 9, 3], 20, gen)
+    tgt, _ = random_batch([6, 8, 3, 5], 20, gen)
+    real_shared = transformer._shared_padding
+
+    def run(i: int, train: bool) -> tuple[torch.Tensor, dict]:
+        monkeypatch.setattr(transformer, "_shared_padding", real_shared if i == 0 else lambda *a, **k: None)
+        model = models[i].train(train)
+        with torch.set_grad_enabled(train), _Ops() as seen:
+            logits = model(src, mask, tgt)
+        return logits, seen.count
+
+    ops = {}
+    for train in (False, True, False, True):  # eval (bucket statistics, if any, unseen), train, eval, train
+        (got, ops[train, "shared"]), (want, ops[train, "own"]) = run(0, train), run(1, train)
+        assert torch.equal(got, want), train
+        if train:
+            got.square().mean().backward(), want.square().mean().backward()
+    for (k, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        assert a.grad is not None and torch.equal(a.grad, b.grad), k
+    for (k, a), (_, b) in zip(state_buffers(models[0]), state_buffers(models[1])):
+        assert torch.equal(a, b), k
+    # training: the padding statistics (one clamp each) derived once a stack where each unit derived them
+    stacks, units = (2, 5) if comet.get("decoder") else (1, 3)
+    for op in ("clamp", "bitwise_not"):
+        assert ops[True, "own"][op] - ops[True, "shared"][op] == units - stacks, op
+    # evaluation with the encoder's per-length statistics: the real lengths, once a forward not once a unit
+    saved = 3 - 1 if comet.get("bn_length_bounds") else 0
+    assert ops[False, "own"]["bitwise_not"] - ops[False, "shared"]["bitwise_not"] == saved

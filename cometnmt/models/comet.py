@@ -145,6 +145,16 @@ class PaddingStatistics(NamedTuple):
     mean_length: torch.Tensor  # 0-dim: the batch's mean real length n / B, or the mean of the given lengths
 
 
+class SharedPadding(NamedTuple):
+    """What the batch norms of :class:`MultiLayerConv` derive from one pad mask (and the given
+    source lengths) alone: computed by :meth:`MultiLayerConv.shared_padding` once per forward and
+    shared by the stacks of every unit of an encoder or decoder (``Transformer.encode`` and
+    ``decode``), which each derived it again (6 operators a unit on a padded training batch)."""
+
+    statistics: Optional[PaddingStatistics]  # training, padded, with batch norm: MaskedBatchNorm's padding
+    lengths: Optional[torch.Tensor]  # B: the lengths that key per-length statistics (None: x's own, or no buckets)
+
+
 class MaskedBatchNorm(nn.Module):
     """Batch normalisation over the channels of B,L,C inputs whose statistics ignore padding.
 
@@ -532,20 +542,34 @@ class MultiLayerConv(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
-                src_lengths: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
-        """x B,L,D -> [F_1..F_n]; ``src_lengths`` (B) key the decoder's per-length statistics."""
+                src_lengths: Optional[torch.Tensor] = None, padding: Optional[SharedPadding] = None) -> list[torch.Tensor]:
+        """x B,L,D -> [F_1..F_n]; ``src_lengths`` (B) key the decoder's per-length statistics.
+        ``padding``: :meth:`shared_padding` of the same x shape, pad_mask and src_lengths, if the
+        caller computed it once for several stacks (Transformer.encode: once a forward, not once a unit)."""
         lengths = src_lengths if self.wants_source_lengths else None
         if self.trains_channels_first(x, pad_mask):
             return self._train_channels_first(x, lengths)
         maps = []
         h = x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # B,L,D
-        # one pad mask for every norm: its statistics computed once, not once a norm
-        padding = (MaskedBatchNorm.padding_statistics(x, pad_mask, lengths)
-                   if self.training and self.batch_norm and pad_mask is not None else None)
+        # one pad mask for every norm: what it derives from it computed once, not once a norm
+        padding = self.shared_padding(x, pad_mask, src_lengths) if padding is None else padding
         for conv, norm in zip(self.convs, self.norms):
-            h = norm(conv(h), pad_mask, lengths, padding)  # B,L,n_i (zero at padding)
+            h = norm(conv(h), pad_mask, padding.lengths, padding.statistics)  # B,L,n_i (zero at padding)
             maps.append(h)
         return maps
+
+    def shared_padding(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                       src_lengths: Optional[torch.Tensor] = None) -> SharedPadding:
+        """What this stack's norms derive from the pad mask alone (and the given source lengths),
+        for x B,L,..: the same for every stack of one config and mode that sees that pad mask."""
+        lengths = src_lengths if self.wants_source_lengths else None
+        if pad_mask is None or not self.batch_norm:
+            return SharedPadding(None, lengths)
+        if self.training:
+            return SharedPadding(MaskedBatchNorm.padding_statistics(x, pad_mask, lengths), lengths)
+        if lengths is None and self.norms[0].length_bounds:  # per-length running statistics: each row's real length
+            lengths = (~pad_mask).sum(dim=1)  # B
+        return SharedPadding(None, lengths)
 
     def trains_channels_first(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> bool:
         """Whether ``forward`` takes :meth:`_train_channels_first` (training, unpadded, ``F.conv1d``)."""
@@ -659,8 +683,14 @@ class ConvUnit(nn.Module):
             return self.reduce(joined)  # B,L,D
         return F.leaky_relu(self.reduce(joined), self.slope)  # B,L,D
 
+    def shared_padding(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                       src_lengths: Optional[torch.Tensor] = None) -> SharedPadding:
+        """:meth:`MultiLayerConv.shared_padding`: Transformer.encode and decode compute it once a
+        forward with the first unit and pass it to every unit's ``forward`` as ``padding``."""
+        return self.convs.shared_padding(x, pad_mask, src_lengths)
+
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
-                src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+                src_lengths: Optional[torch.Tensor] = None, padding: Optional[SharedPadding] = None) -> torch.Tensor:
         x_conv = x
         if self.kind != "ffn1" and self.convs.trains_channels_first(x, pad_mask) and _autocast_on(x):
             # the first convolution and the concatenation both take x in autocast's dtype (the maps
@@ -669,7 +699,7 @@ class ConvUnit(nn.Module):
             dtype = torch.get_autocast_dtype(x.device.type)
             if self.cast_once and x.dtype not in (dtype, torch.float64):
                 x_conv, x = _CastForTwo.apply(x, dtype)
-        return self.combine(self.convs(x_conv, pad_mask, src_lengths), x)
+        return self.combine(self.convs(x_conv, pad_mask, src_lengths, padding), x)
 
     def step(self, x: torch.Tensor, cache: dict, src_lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
         maps, cache = self.convs.step(x, cache, src_lengths)

@@ -9,13 +9,16 @@ the attention probabilities too (``model.attention_dropout``, 0 by default as in
 The feed-forward sublayer of each unit is pluggable: any module with ``forward(x, pad_mask)`` and
 ``step(x, cache) -> (y, new_cache)`` fits; a decoder sublayer whose ``wants_source_lengths`` is true
 also gets each row's source length (B) as a third argument of both (COMET's per-source-length
-decoder batch norm). Incremental steps never modify the state they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and,
+decoder batch norm). A sublayer with a ``shared_padding(x, pad_mask, src_lengths)`` method derives
+something from the pad mask alone (COMET's masked batch-norm statistics): ``encode`` and ``decode``
+call the first unit's once a forward and pass the result to every unit's sublayer as ``padding=``
+(the units of one stack share their config). Incremental steps never modify the state they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and,
 for the temporal-convolution variant, a causal convolution unit into the decoder.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -64,9 +67,11 @@ class EncoderUnit(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor, padding: Any = None) -> torch.Tensor:
+        """``padding``: the FFN's ``shared_padding`` of this pad mask, if it has one (see the top)."""
         x = self.norm1(x + self.dropout(self.self_attn(x, x, pad_mask)))  # B,S,D
-        return self.norm2(x + self.dropout(self.ffn(x, pad_mask)))  # B,S,D
+        h = self.ffn(x, pad_mask) if padding is None else self.ffn(x, pad_mask, padding=padding)
+        return self.norm2(x + self.dropout(h))  # B,S,D
 
 
 class DecoderUnit(nn.Module):
@@ -84,12 +89,14 @@ class DecoderUnit(nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_pad_mask: torch.Tensor, tgt_pad_mask: torch.Tensor,
-                src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``src_lengths`` (B) reach the FFN only if it wants them."""
+                src_lengths: Optional[torch.Tensor] = None, padding: Any = None) -> torch.Tensor:
+        """``src_lengths`` (B) reach the FFN only if it wants them; ``padding``: the FFN's
+        ``shared_padding`` of tgt_pad_mask, if it has one (see the top)."""
         # Targets are right-padded, so the causal mask alone keeps padding out of real positions.
         x = self.norm1(x + self.dropout(self.self_attn(x, x, None, causal=True)))  # B,T,D
         x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory_pad_mask)))  # B,T,D
-        h = self.ffn(x, tgt_pad_mask, src_lengths) if self.ffn_wants_source_lengths else self.ffn(x, tgt_pad_mask)
+        args = (x, tgt_pad_mask, src_lengths) if self.ffn_wants_source_lengths else (x, tgt_pad_mask)
+        h = self.ffn(*args) if padding is None else self.ffn(*args, padding=padding)
         return self.norm3(x + self.dropout(h))  # B,T,D
 
     def step(self, x: torch.Tensor, cache: dict, memory_mask: torch.Tensor, group: int = 1,
@@ -138,8 +145,9 @@ class Transformer(Seq2Seq):
 
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> State:
         x = self.src_embed(src)  # B,S,D
+        padding = _shared_padding(self.encoder, x, src_pad_mask)  # once a forward, not once a unit
         for unit in self.encoder:
-            x = unit(x, src_pad_mask)  # B,S,D
+            x = unit(x, src_pad_mask, padding)  # B,S,D
         return {"out": x, "pad_mask": src_pad_mask}
 
     def cross_attention_modules(self) -> list[nn.Module]:
@@ -160,8 +168,9 @@ class Transformer(Seq2Seq):
         tgt_pad_mask = tgt_in.eq(self.pad_id)  # B,T
         src_lengths = self._source_lengths(memory) if self._wants_source_lengths() else None
         x = self.tgt_embed(tgt_in)  # B,T,D
+        padding = _shared_padding(self.decoder, x, tgt_pad_mask, src_lengths)  # once a forward, not once a unit
         for unit in self.decoder:
-            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask, src_lengths)  # B,T,D
+            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask, src_lengths, padding)  # B,T,D
         return self.out_proj(x)  # B,T,V
 
     def init_state(self, memory: State) -> State:
@@ -230,6 +239,18 @@ class Transformer(Seq2Seq):
         if "src_lengths" in state:
             reordered["src_lengths"] = source(state["src_lengths"])
         return reordered
+
+
+def _shared_padding(units: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                    src_lengths: Optional[torch.Tensor] = None) -> Any:
+    """What the units' FFNs derive from the pad mask alone, by the first one's ``shared_padding``
+    (None where it has none): one config and mode for the stack, so one result for all of them."""
+    first = units[0].ffn if len(units) else None
+    if not hasattr(first, "shared_padding"):
+        return None
+    if getattr(first, "wants_source_lengths", False):
+        return first.shared_padding(x, pad_mask, src_lengths)
+    return first.shared_padding(x, pad_mask)
 
 
 def transformer_from_config(
