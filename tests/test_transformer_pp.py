@@ -512,3 +512,30 @@ def test_the_tag_losses_of_training_are_not_kept_by_a_model_put_to_inference():
         greedy_search(model, src, src.eq(PAD), BOS, EOS, 1.0, 2)
         model.decode(src, model.encode(src, src.eq(PAD)))
     assert model.extra_losses() == {} and model._extra == {}
+
+
+def test_a_slice_of_a_tagged_corpus_is_cut_from_its_cache_not_tagged_again(tmp_path, caplog):
+    """A data.max_train_pairs run after a run on the whole corpus (or on a larger slice) reads the
+    tags of its sentences from the larger corpus's cache file: the annotator is not called, and the
+    spans are those it gives the slice itself. Another annotator version, or a sentence the cached
+    corpus lacks (the file changed), is tagged again."""
+    corpus = [f"Satz {i} mit {'Hund' if i % 3 else 'Katze'}" for i in range(40)] + ["Satz 5 mit Hund"]  # a repeated line
+    ann = CountingAnnotator()
+    full = annotate_cached(ann, corpus, tmp_path)
+    fresh = CountingAnnotator()
+    for part in (corpus[:10], corpus[5:30:2] + corpus[-1:], corpus[:40]):  # prefixes, and a filtered subset
+        with caplog.at_level(logging.INFO):
+            got = annotate_cached(ann, part, tmp_path)
+        assert got == fresh.annotate(part) and ann.calls == 1, part
+        assert "cut from the cache of 41 sentences" in caplog.text
+        caplog.clear()
+    assert annotate_cached(ann, corpus, tmp_path) == full and ann.calls == 1
+
+    class NewVersion(CountingAnnotator):
+        name = "fake@2"
+
+    newer = NewVersion()
+    annotate_cached(newer, corpus[:10], tmp_path)
+    assert newer.calls == 1  # the tags of fake@1 are not fake@2's
+    changed = corpus[:9] + ["Satz 9 mit Pferd"]
+    assert annotate_cached(ann, changed, tmp_path) == fresh.annotate(changed) and ann.calls == 2

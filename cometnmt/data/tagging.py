@@ -19,7 +19,10 @@ The flow, run once before training (``attach_training_tags``):
    ``$COMETNMT_CACHE/tags``, else ``$XDG_CACHE_HOME/cometnmt/tags`` or ``~/.cache/cometnmt/tags``,
    beside the Multi30k download cache), keyed by the SHA-256 of the exact
    sentences annotated (the split's source side after filtering) plus the annotator's name and
-   version, so a rerun does not tag again.
+   version, so a rerun does not tag again. A file keeps its sentences too, and an index per
+   annotator (name and version) lists its files: a corpus whose every sentence a larger cached
+   one holds (a ``data.max_train_pairs`` slice of a corpus tagged whole) is cut from that file,
+   not tagged again.
 3. The word labels are carried onto the tokens of our tokenizer: each token is located in the raw
    sentence by its characters (SentencePiece's "▁" is a space, the spaCy tokenizer's "@-@" is a
    hyphen), takes the label of the first word it overlaps, and a token that starts inside a word
@@ -313,11 +316,12 @@ def corpus_key(texts: list[str], annotator_name: str) -> str:
     return h.hexdigest()
 
 
-def _read_cache(path: Path, annotator: Annotator, n: int) -> Optional[dict[str, list[list[Span]]]]:
-    """The cached spans of ``annotator.tasks`` in ``path``, or None (with a warning when the file
-    is unreadable or malformed: a damaged copy, say) when they must be computed again."""
+def _read_cache(path: Path, annotator: Annotator, n: int, data: object = None) -> Optional[dict[str, list[list[Span]]]]:
+    """The cached spans of ``annotator.tasks`` in ``path`` (``data``: its JSON, if already read),
+    or None (with a warning when the file is unreadable or malformed: a damaged copy, say) when
+    they must be computed again."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8")) if data is None else data
         if data.get("annotator") != annotator.name or data.get("n") != n or not set(annotator.tasks) <= set(data["spans"]):
             return None
         spans = {t: [[tuple(s) for s in sent] for sent in data["spans"][t]] for t in annotator.tasks}
@@ -330,21 +334,77 @@ def _read_cache(path: Path, annotator: Annotator, n: int) -> Optional[dict[str, 
 
 
 def annotate_cached(annotator: Annotator, texts: list[str], folder: Path) -> dict[str, list[list[Span]]]:
-    """Annotations of ``texts``, read from ``folder/<sha>.json`` or computed and written there."""
+    """Annotations of ``texts``, read from ``folder/<sha>.json``, else cut from the cache file of
+    a larger corpus this annotator tagged that holds every one of them (a data.max_train_pairs
+    slice of a corpus tagged whole), else computed and written there."""
     path = folder / f"{corpus_key(texts, annotator.name)}.json"
     if path.exists():
         cached = _read_cache(path, annotator, len(texts))
         if cached is not None:
             log.info("tags: %d sentences tagged by %s, from cache %s", len(texts), annotator.name, path)
             return cached
+    cut = _cut_from_larger(annotator, texts, folder)
+    if cut is not None:
+        return cut
     log.info("tags: annotating %d sentences with %s (once; cached in %s)", len(texts), annotator.name, folder)
     spans = annotator.annotate(texts)
     try:
-        with atomic_write(path) as f:
-            json.dump({"annotator": annotator.name, "n": len(texts), "spans": spans}, f)
+        with atomic_write(path) as f:  # the texts too: a later slice of them is cut from this file
+            json.dump({"annotator": annotator.name, "n": len(texts), "spans": spans, "texts": texts}, f)
+        _index_add(annotator, folder, path.name, len(texts))
     except OSError as exc:  # a read-only cache of other corpora, say: the tags are here all the same
         log.warning("tags: cannot write the cache file %s (%s); the annotations are not cached", path, exc.strerror or exc)
     return spans
+
+
+def _index_path(annotator: Annotator, folder: Path) -> Path:
+    """The list of the cache files ``annotator`` wrote in ``folder`` (their names and sizes),
+    keyed by its name, which carries its version: another version never reads this one's tags."""
+    return folder / f"index-{hashlib.sha256(annotator.name.encode('utf-8')).hexdigest()[:24]}.txt"
+
+
+def _index_read(annotator: Annotator, folder: Path) -> dict[str, int]:
+    try:
+        data = json.loads(_index_path(annotator, folder).read_text(encoding="utf-8"))
+        if data.get("annotator") != annotator.name:
+            return {}
+        return {str(name): int(n) for name, n in data["files"].items()}
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return {}  # none yet, or damaged: no slice is cut, the sentences are tagged
+
+
+def _index_add(annotator: Annotator, folder: Path, name: str, n: int) -> None:
+    files = {**_index_read(annotator, folder), name: n}
+    with atomic_write(_index_path(annotator, folder)) as f:
+        json.dump({"annotator": annotator.name, "files": files}, f)
+
+
+def _cut_from_larger(annotator: Annotator, texts: list[str], folder: Path) -> Optional[dict[str, list[list[Span]]]]:
+    """The spans of ``texts`` from a cache file of ``annotator`` (the same name and version) that
+    holds each of them, the smallest such file first; None where none does. An annotator tags each
+    sentence on its own, so a sentence's spans are the same in any corpus it was tagged in."""
+    for name, n in sorted(_index_read(annotator, folder).items(), key=lambda item: item[1]):
+        path = folder / name
+        if n <= len(texts) or not path.exists():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            held = data.get("texts")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(held, list) or len(held) != n:
+            continue
+        row = {}
+        for i, text in enumerate(held):
+            row.setdefault(text, i)
+        if any(text not in row for text in texts):
+            continue
+        spans = _read_cache(path, annotator, n, data)
+        if spans is None:
+            continue
+        log.info("tags: %d sentences tagged by %s, cut from the cache of %d sentences %s", len(texts), annotator.name, n, path)
+        return {task: [spans[task][row[text]] for text in texts] for task in annotator.tasks}
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
