@@ -180,7 +180,7 @@ def _translate_in_chunks(translator, decode, columns: bool, args) -> int:
     to FILE at the end. An interrupt or error after a chunk is done keeps FILE.partial for --resume."""
     from cometnmt.config import to_dict
     from cometnmt.progress import progress_bar
-    from cometnmt.streaming import DEFAULT_BUFFER_SIZE, ChunkedInput, PartialOutput, checkpoint_identity, count_lines
+    from cometnmt.streaming import DEFAULT_BUFFER_SIZE, ChunkedInput, PartialOutput, checkpoint_identity
 
     source = ChunkedInput(args.input, args.buffer_size or DEFAULT_BUFFER_SIZE)
     out = bar = None
@@ -191,8 +191,8 @@ def _translate_in_chunks(translator, decode, columns: bool, args) -> int:
             out = PartialOutput(args.output, identity)
             out.open(args.resume)
             out.check_input(source)
-        total = count_lines(args.input) if args.input else None  # standard input: the bar counts up
-        bar = progress_bar(total=total, initial=source.lines_read, desc="translate", unit="sent", leave=False)
+        done = source.lines_read  # by a resumed run
+        bar = progress_bar(total=source.total(), initial=done, desc="translate", unit="sent", leave=False)
         for start, lines, sha256 in source.chunks():
             text = _translate_chunk(translator, decode, columns, lines, start, source.name, bar)
             if out is not None:

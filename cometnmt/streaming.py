@@ -66,6 +66,8 @@ class ChunkedInput:
         self.name = path or "<stdin>"
         self.stream: BinaryIO = open_bytes(path) if path else sys.stdin.buffer
         self.lines_read = 0
+        self.at_end = False  # the last read reached the end of the input
+        self._ahead: list[bytes] | None = None  # a chunk read by total(), for chunks() to yield first
         self.sha256 = hashlib.sha256()
         self.not_nfc, self.first_not_nfc = 0, 0  # lines read not in NFC: how many, the first (1-based)
 
@@ -90,7 +92,20 @@ class ChunkedInput:
         for line in lines:
             self.sha256.update(line)
         self.lines_read += len(lines)
+        self.at_end = len(lines) < count
         return lines
+
+    def total(self) -> int | None:
+        """The number of lines of the input, for the progress bar. The next chunk is read ahead
+        (:meth:`chunks` yields it first): where the input ends within it, as an input of at most
+        ``size`` lines does (every input under 10,000 lines by default), the lines read are all,
+        and the file is not read a second time to count them; else :func:`count_lines` of the file
+        (None for standard input: the bar counts up)."""
+        if self._ahead is None and not self.at_end:
+            self._ahead = self._raw(self.size)
+        if self.at_end:
+            return self.lines_read
+        return count_lines(self.path) if self.path else None
 
     def skip(self, count: int) -> None:
         """Pass over the first ``count`` lines (those a resumed run has done), hashing them."""
@@ -100,7 +115,8 @@ class ChunkedInput:
     def chunks(self) -> Iterator[tuple[int, list[str], str]]:
         """(the 0-based place of the chunk's first line, its lines, the SHA-256 of every line up to
         its last) for each chunk of ``size`` lines."""
-        while raw := self._raw(self.size):
+        while raw := (self._ahead if self._ahead is not None else self._raw(self.size)):
+            self._ahead = None
             start = self.lines_read - len(raw)
             lines = decode_lines(b"".join(raw), self.name, first_line=start + 1, check_nfc=False)  # close() warns
             if bad := not_nfc_lines(lines, start + 1):

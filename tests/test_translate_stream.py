@@ -266,3 +266,35 @@ def test_lines_not_in_nfc_are_warned_of_once_per_file_whatever_the_buffer_size(c
     assert code == 0
     warned = [r.getMessage() for r in caplog.records if "not in Unicode NFC" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith(f"{src}: 3 lines are not in Unicode NFC (first: line 2)"), warned
+
+
+@pytest.mark.parametrize("n_lines,gz", [(5, False), (10, False), (25, False), (5, True), (0, False)])
+def test_the_bar_total_of_an_input_within_one_chunk_is_counted_as_read_not_by_a_second_read(tmp_path, monkeypatch, n_lines, gz):
+    """translate's progress bar counted the input's lines by reading the file once more before
+    translating it (count_lines), decompressing a gzip input twice. ChunkedInput.total reads the
+    first chunk ahead: an input that ends within it (fewer than --buffer-size lines) is counted as
+    read, and only a longer one is counted by a second read. The chunks (their places, lines and
+    digests) are those of an input never asked for its total."""
+    import gzip
+
+    from cometnmt import streaming
+
+    text = "".join(f"Satz {i}.\n" for i in range(n_lines)).encode()
+    path = tmp_path / ("in.txt.gz" if gz else "in.txt")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    counted = []
+    real_count = streaming.count_lines
+    monkeypatch.setattr(streaming, "count_lines", lambda p: counted.append(p) or real_count(p))
+
+    def chunks(ask_total: bool):
+        source = streaming.ChunkedInput(str(path), 10)
+        try:
+            total = source.total() if ask_total else None
+            return total, list(source.chunks())
+        finally:
+            source.close()
+
+    total, got = chunks(True)
+    assert total == n_lines and got == chunks(False)[1]
+    assert [line for _, lines, _ in got for line in lines] == [f"Satz {i}." for i in range(n_lines)]
+    assert counted == ([str(path)] if n_lines >= 10 else [])  # 10 lines: the end is not seen in the first chunk
