@@ -336,8 +336,8 @@ def _logprob_pairs(args) -> tuple[list[str], list[str], list[int]]:
     else:
         targets = read_lines(args.target)
         if len(targets) != len(sources):
-            raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; "
-                            "they must be line-aligned (or give --nbest-input for translate --nbest output)")
+            raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)} "
+                            "(-t and -i); they must be line-aligned (or give --nbest-input for translate --nbest output)")
         if targets and all(_NBEST_LINE.match(t) for t in targets):  # translate --nbest 1's columns were scored as words
             raise DataError(f"{args.target}: every line is 'index<TAB>score<TAB>text', translate --nbest output; "
                             "give --nbest-input to rescore it (or the translations alone: cut -f3)")
@@ -438,7 +438,8 @@ def cmd_attention(args) -> int:
     sources = read_lines(args.input)
     targets = read_lines(args.target) if args.target else None
     if targets is not None and len(targets) != len(sources):
-        raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)}; they must be line-aligned")
+        raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)} (-t and -i); "
+                        "they must be line-aligned")
     if targets and all(_NBEST_LINE.match(t) for t in targets):  # translate --nbest 1's columns were attended as words
         raise DataError(f"{args.target}: every line is 'index<TAB>score<TAB>text', translate --nbest output; "
                         "give the translations alone (cut -f3 of --nbest 1's lines)")
@@ -521,9 +522,10 @@ def cmd_evaluate(args) -> int:
             raise DataError(f"{args.ref}: no references (an empty file)")
         hyps = read_stdin_lines() if hyp_stdin else read_lines(args.hyp)
         src = read_text_file(args.src) if args.src else None
-        for name, lines in (("<stdin>" if hyp_stdin else args.hyp, hyps), (args.src, src)):
+        for option, name, lines in (("--hyp", "<stdin>" if hyp_stdin else args.hyp, hyps), ("--src", args.src, src)):
             if lines is not None and len(lines) != len(refs):
-                raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)}; they must be line-aligned")
+                raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)} ({option} and --ref); "
+                                "they must be line-aligned")
         if hyps and all(_NBEST_LINE.match(h) for h in hyps):  # translate --nbest's columns were scored as text
             raise DataError(f"{'<stdin>' if hyp_stdin else args.hyp}: every line is 'index<TAB>score<TAB>text', "
                             "translate --nbest output; give the translations alone (cut -f3 of --nbest 1's lines)")

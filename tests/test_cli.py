@@ -456,7 +456,12 @@ def test_evaluate_misaligned_files_are_named(cli, tmp_path):
     hyp.write_text("a dog\n", encoding="utf-8")
     ref.write_text("a dog\na cat\n", encoding="utf-8")
     err = _err(cli("evaluate", "--hyp", str(hyp), "--ref", str(ref), check=False))
-    assert f"{hyp} has 1 lines but {ref} has 2" in err and "Traceback" not in err
+    assert f"{hyp} has 1 lines but {ref} has 2 (--hyp and --ref)" in err and "Traceback" not in err
+    src = tmp_path / "s.de"
+    src.write_text("ein Hund\n", encoding="utf-8")
+    hyp.write_text("a dog\na cat\n", encoding="utf-8")
+    err = _err(cli("evaluate", "--hyp", str(hyp), "--ref", str(ref), "--src", str(src), check=False))
+    assert f"{src} has 1 lines but {ref} has 2 (--src and --ref)" in err
 
 
 def test_evaluate_names_an_empty_reference_file(cli, tmp_path):
@@ -546,7 +551,7 @@ def test_logprob_input_errors_name_the_file_and_line(trained, cli, tmp_path):
     src.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
     tgt.write_text("A dog.\n", encoding="utf-8")
     err = _err(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), check=False))
-    assert "t.en has 1 lines but" in err and "s.de has 2" in err and "--nbest-input" in err
+    assert "t.en has 1 lines but" in err and "s.de has 2 (-t and -i)" in err and "--nbest-input" in err
     tgt.write_text("A dog.\n" + " ".join(["dog"] * 1100) + "\n", encoding="utf-8")
     out = tmp_path / "out.txt"
     err = _err(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), "-o", str(out), check=False))
@@ -646,7 +651,8 @@ def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):
     assert [r["target"][:-1] for r in records] == [hyps[0].tokens for hyps in translator.translate(sentences)]  # its own best
     assert "--layer 9: the decoder has 2 layers" in _err(cli("attention", ckpt, "-i", str(src), "--out", str(own), "--layer", "9", check=False))
     tgt.write_text("A dog.\n", encoding="utf-8")
-    assert "t.en has 1 lines but" in _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(own), check=False))
+    assert "t.en has 1 lines but" in (err := _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(own), check=False)))
+    assert "(-t and -i); they must be line-aligned" in err
 
 
 
