@@ -285,17 +285,21 @@ def _output_lines(index: int, hyps, columns: bool) -> str:
 
 def _translate_interactively(translator, decode, columns: bool) -> int:
     """A line in, its translation out at once (standard input a terminal, or --interactive): a
-    line that cannot be translated gets its error on stderr and the session goes on; Ctrl-D ends."""
-    from cometnmt.data.corpus import decode_lines
+    line that cannot be translated gets its error on stderr and the session goes on; Ctrl-D ends.
+    UTF-16 or UTF-32 input is judged once, from the first line (wide_encoding), and every line is
+    refused naming it: split at b"\\n", a later line alone may show another byte order."""
+    from cometnmt.data.corpus import decode_lines, wide_encoding
     from cometnmt.inference import read_from_files
 
     if sys.stdin.isatty():
         print("type a sentence and press Enter; Ctrl-D ends", file=sys.stderr, flush=True)
-    number = 0
+    number, encoding = 0, None
     while raw := sys.stdin.buffer.readline():
         number += 1
-        try:
-            line = (decode_lines(raw, "<stdin>", first_line=number) or [""])[0]  # warnings name the session's line
+        if number == 1:
+            encoding = wide_encoding(raw)
+        try:  # warnings name the session's line
+            line = (decode_lines(raw, "<stdin>", first_line=number, encoding=encoding) or [""])[0]
             # start: a seeded session samples line N as a file's line N is sampled
             with read_from_files():  # decode_lines warned of a line not in NFC
                 out = _output_lines(number - 1, translator.translate([line], decode, start=number - 1)[0], columns)

@@ -991,6 +991,45 @@ def test_an_interactive_sessions_warnings_and_errors_name_its_line(monkeypatch, 
     assert out == "x\nx\n" and "cometnmt: error: line 3: not valid UTF-8 (byte 0xff at column 6)" in err
 
 
+def _interactive_errors(monkeypatch, capsys, stdin_bytes) -> list[str]:
+    """The error lines a translate --interactive session writes for standard input ``stdin_bytes``
+    (read from a file, as `translate --interactive < FILE` reads it), no model needed: a stand-in
+    translator answers 'x'."""
+    import sys
+    import tempfile
+    import types
+
+    from cometnmt.cli import _translate_interactively
+    from cometnmt.inference import Translation
+
+    with tempfile.TemporaryFile() as f:
+        f.write(stdin_bytes)
+        f.seek(0)
+        with open(f.fileno(), "rb", closefd=False) as buffer:
+            monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=buffer, isatty=lambda: False))
+            translator = types.SimpleNamespace(translate=lambda texts, decode, start: [[Translation("x", 0.0, [])]
+                                                                                       for _ in texts])
+            assert _translate_interactively(translator, None, False) == 0
+    out, err = capsys.readouterr()
+    return err.splitlines()
+
+
+def test_interactive_keeps_the_byte_order_its_first_line_shows(monkeypatch, capsys):
+    """translate --interactive splits its input at b"\\n" before decoding: every line of UTF-16BE
+    after the first that opens with a character below U+0100 ("\\0Two men") is the same bytes as a
+    UTF-16LE line cut after its b"\\n" and was named UTF-16LE, with an iconv command that garbles
+    the file (line 1: UTF-16BE). The encoding is judged once, from line 1, and every line is named
+    so; an input without NUL bytes is read as before."""
+    for encoding in ("UTF-16BE", "UTF-32BE", "UTF-16LE", "UTF-32LE"):
+        errors = _interactive_errors(monkeypatch, capsys, "A dog runs.\nTwo men talk.\nЕще.\n".encode(encoding))
+        assert len(errors) >= 3, (encoding, errors)
+        for number, error in enumerate(errors, 1):
+            assert error.startswith(f"cometnmt: error: line {number}: "), (encoding, error)
+            assert error.endswith(f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8"), (encoding, error)
+    (stray,) = _interactive_errors(monkeypatch, capsys, "Ein Hund.\nZwei\0 Männer.\n".encode())
+    assert stray.startswith("cometnmt: error: line 2: a NUL character") and "stray byte in UTF-8 text" in stray, stray
+
+
 def test_seeded_interactive_sampling_is_the_file_modes(trained, data_dir):
     """translate --interactive translates line by line; seeded, each line restarted the seed's
     stream, so line 2 was sampled as line 1 would be, not as line 2 of the same file."""

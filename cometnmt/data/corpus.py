@@ -57,12 +57,14 @@ def _read_bytes(path: Path) -> bytes:
         raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
 
 
-def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1) -> DataError:
+def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1,
+                encoding: str | None = None) -> DataError:
     """Build a DataError naming the 1-based line (``data``'s first is ``first_line``) and character
-    column of an undecodable byte."""
+    column of an undecodable byte, and the encoding ``data`` looks like (``encoding``: the one the
+    input's start showed, :func:`wide_encoding`)."""
     pos = exc.start
     line_no, column = _line_and_column(data, pos, first_line)
-    encoding = _other_encoding(data, pos, first_line)
+    encoding = encoding or _other_encoding(data, pos, first_line)
     hint = "" if encoding is None else f"; it looks like {encoding}: convert it with {_iconv_command(path, encoding)}"
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
@@ -77,7 +79,7 @@ def _line_and_column(data: bytes, pos: int, first_line: int = 1) -> tuple[int, i
     return line_no, len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
 
 
-def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
+def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | None = None) -> DataError:
     """Build a DataError for ``data`` holding a NUL byte, valid UTF-8 all the same: UTF-16 without a
     byte order mark, of ASCII ("a\\0b\\0") or of Cyrillic (U+0410-U+044F are the bytes 0x10-0x4f
     beside 0x04), is valid UTF-8 and was read as lines full of U+0000, which no text holds. It names
@@ -86,10 +88,14 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
     converting the file; a stray NUL in UTF-8 text is named as that, with a command removing it.
     The byte order is judged from a character's start: an offset a multiple of four (UTF-32's and
     UTF-16's characters start there in a file) or, in a later piece of an input (``first_line`` > 1),
-    past the rest of the line break before it (:func:`_line_break_rest`)."""
+    past the rest of the line break before it (:func:`_line_break_rest`). ``encoding``: the input's,
+    judged from its start by a reader that splits it (:func:`wide_encoding`), named as it is."""
     pos = data.index(b"\0")
     line_no, column = _line_and_column(data, pos, first_line)
     where = f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text"
+    if encoding is not None:
+        return DataError(f"{where}: the file is probably {_without_bom(encoding)}, read as UTF-8; "
+                         f"convert it with {_iconv_command(path, encoding)}")
     start = pos - pos % 2  # from an even offset, as the file's UTF-16 characters start
     sample = data[start:start + 4096]
     encoding = _byte_order(data, pos - pos % 4, first_line)
@@ -100,6 +106,36 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1) -> DataError:
                          f"(check with: file {target}), convert it with {_iconv_command(path, encoding)}")
     return DataError(f"{where}: the file is probably {encoding} without a byte order mark, read as UTF-8; "
                      f"convert it with {_iconv_command(path, encoding)}")
+
+
+def _without_bom(encoding: str) -> str:
+    """``encoding`` as an error names it: "UTF-16LE without a byte order mark"; "UTF-16" (a byte
+    order mark names the order) alone."""
+    return f"{encoding} without a byte order mark" if encoding.endswith(("LE", "BE")) else encoding
+
+
+WIDE_SAMPLE = 4096  # bytes of an input's start that wide_encoding judges
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """The UTF-16 or UTF-32 encoding (iconv's name) of an input whose first bytes are ``head``, or
+    None: UTF-8 as far as ``head`` goes, another encoding, or one stray NUL byte (each piece's own
+    error says which). A reader that splits its input after each b"\\n" before decoding
+    (``translate --interactive``'s lines, ``translate``'s chunks) judges it once from the input's
+    start and names it for every piece: split there, UTF-16 and UTF-32 are cut inside characters
+    (U+4E0A in UTF-16LE is b"\\x0a\\x4e"; b"\\0Two" after UTF-16LE's b"\\n\\0" is also
+    UTF-16BE's ASCII), so a piece alone may show another byte order, or none."""
+    if head.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    sample = head[:WIDE_SAMPLE]
+    nul = sample.find(b"\0")
+    if nul >= 0 and not _looks_like_utf16(sample[nul - nul % 2:]):
+        return None  # one NUL byte alone: perhaps a stray byte in UTF-8 text
+    if nul < 0 and _decodes(sample, "utf-8"):
+        return None
+    return _utf16_order(sample)
 
 
 def _line_break_rest(data: bytes, first_line: int) -> int:
@@ -311,7 +347,8 @@ def read_lines(path: str | Path) -> list[str]:
     return decode_lines(_read_bytes(path), path)
 
 
-def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: bool = True) -> list[str]:
+def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: bool = True,
+                 encoding: str | None = None) -> list[str]:
     """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
     an undecodable byte, or a NUL character (UTF-16 read as UTF-8: :func:`_nul_error`), is a
     DataError naming ``name``, the line and the column, and the warning
@@ -320,13 +357,20 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: 
     (U+FEFF, as Windows editors write) are not text: those that open a line are dropped, however
     many, which covers a file saved twice with one and files concatenated with theirs. Unicode
     deprecates U+FEFF as a zero-width no-break space (U+2060 is that), so no text is lost.
-    ``check_nfc`` False: no warning of text not in NFC (a reader of pieces warning once, for all)."""
+    ``check_nfc`` False: no warning of text not in NFC (a reader of pieces warning once, for all).
+    ``encoding``: UTF-16 or UTF-32, as a reader that splits its input judged it from the input's
+    start (:func:`wide_encoding`): every piece of such an input is refused naming it, one that
+    decodes as UTF-8 (a character cut at its 0x0a byte) too."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _utf8_error(name, data, exc, first_line) from None
+        raise _utf8_error(name, data, exc, first_line, encoding) from None
     if "\0" in text:  # UTF-8 encodes nothing else with a 0x00 byte
-        raise _nul_error(name, data, first_line)
+        raise _nul_error(name, data, first_line, encoding)
+    if encoding is not None:
+        raise DataError(f"{name}:{first_line}: the input is probably {_without_bom(encoding)} (judged from its "
+                        f"first bytes), read as UTF-8 and split inside its characters; convert it with "
+                        f"{_iconv_command(name, encoding)}")
     lines = _split_lines(text)
     if "\ufeff" in text:
         lines = drop_byte_order_marks(lines)
