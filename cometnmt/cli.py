@@ -286,9 +286,10 @@ def _output_lines(index: int, hyps, columns: bool) -> str:
 def _translate_interactively(translator, decode, columns: bool) -> int:
     """A line in, its translation out at once (standard input a terminal, or --interactive): a
     line that cannot be translated gets its error on stderr and the session goes on; Ctrl-D ends.
-    UTF-16 or UTF-32 input is judged once, from the first line (wide_encoding), and every line is
-    refused naming it: split at b"\\n", a later line alone may show another byte order."""
-    from cometnmt.data.corpus import decode_lines, wide_encoding
+    UTF-16 or UTF-32 input is judged once, from the first line and the bytes already there after it
+    (wide_encoding, ready_bytes: no wait for a line not yet sent), and every line is refused naming
+    it: split at b"\\n", a line alone may show another byte order, or none."""
+    from cometnmt.data.corpus import decode_lines, ready_bytes, wide_encoding
     from cometnmt.inference import read_from_files
 
     if sys.stdin.isatty():
@@ -297,7 +298,7 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
     while raw := sys.stdin.buffer.readline():
         number += 1
         if number == 1:
-            encoding = wide_encoding(raw)
+            encoding = wide_encoding(raw + ready_bytes(sys.stdin.buffer))
         try:  # warnings name the session's line
             line = (decode_lines(raw, "<stdin>", first_line=number, encoding=encoding) or [""])[0]
             # start: a seeded session samples line N as a file's line N is sampled

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from cometnmt.atomic import _fsync_folder, atomic_write, make_folder, output_path, replace_keeping_mode
-from cometnmt.data.corpus import GZIP_MAGIC, decode_lines, gzip_errors, not_nfc_lines, open_bytes, warn_not_nfc_count
+from cometnmt.data.corpus import (GZIP_MAGIC, decode_lines, gzip_errors, not_nfc_lines, open_bytes, ready_bytes,
+                                  warn_not_nfc_count, wide_encoding)
 from cometnmt.data.multi30k import sha256_file
 from cometnmt.errors import CometNMTError, DataError
 from cometnmt.interrupts import deferred
@@ -59,7 +60,10 @@ class ChunkedInput:
     warnings name the line of the whole input). A running SHA-256 of the bytes read identifies the
     lines done for a resumed run. Lines not in Unicode NFC are warned of once, as read_lines warns
     of a file's, when the input is closed: how many of the lines read, and the first (a warning per
-    chunk was one per 10,000 lines of a large file)."""
+    chunk was one per 10,000 lines of a large file). UTF-16 or UTF-32 input is judged once, from
+    the first chunk and the bytes after it (wide_encoding), and named for every chunk: split at
+    b"\\n", its characters holding a 0x0a byte (U+4E0A) are cut, and a chunk alone may show
+    another byte order, or none."""
 
     def __init__(self, path: str | None, size: int) -> None:
         self.path, self.size = path, size
@@ -70,6 +74,7 @@ class ChunkedInput:
         self._ahead: list[bytes] | None = None  # a chunk read by total(), for chunks() to yield first
         self.sha256 = hashlib.sha256()
         self.not_nfc, self.first_not_nfc = 0, 0  # lines read not in NFC: how many, the first (1-based)
+        self.encoding: str | None = None  # UTF-16/32, as the input's start shows (wide_encoding)
 
     def close(self) -> None:
         """Close the file, and warn of the lines read that are not in NFC (at the end of the input,
@@ -89,6 +94,9 @@ class ChunkedInput:
         if not self.lines_read and lines and lines[0].startswith(GZIP_MAGIC):  # only standard input: files are gunzipped
             raise DataError("<stdin>: gzip-compressed data; standard input is read as plain UTF-8 text: give a gzip file "
                             "by name (translate -i FILE) or through zcat")
+        if not self.lines_read and lines:  # judged before the first chunk is decoded, or skipped by --resume
+            with gzip_errors(self.name):
+                self.encoding = wide_encoding(b"".join(lines) + ready_bytes(self.stream))
         for line in lines:
             self.sha256.update(line)
         self.lines_read += len(lines)
@@ -118,7 +126,8 @@ class ChunkedInput:
         while raw := (self._ahead if self._ahead is not None else self._raw(self.size)):
             self._ahead = None
             start = self.lines_read - len(raw)
-            lines = decode_lines(b"".join(raw), self.name, first_line=start + 1, check_nfc=False)  # close() warns
+            lines = decode_lines(b"".join(raw), self.name, first_line=start + 1, check_nfc=False,  # close() warns
+                                 encoding=self.encoding)
             if bad := not_nfc_lines(lines, start + 1):
                 self.first_not_nfc = self.first_not_nfc or bad[0]
                 self.not_nfc += len(bad)

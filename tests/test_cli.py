@@ -1030,6 +1030,50 @@ def test_interactive_keeps_the_byte_order_its_first_line_shows(monkeypatch, caps
     assert stray.startswith("cometnmt: error: line 2: a NUL character") and "stray byte in UTF-8 text" in stray, stray
 
 
+def test_cjk_utf16_and_utf32_are_named_by_every_reader_that_splits_its_input(monkeypatch, capsys, tmp_path):
+    """translate's chunks and --interactive's lines are split at b"\\n" before they are decoded: of
+    CJK text in UTF-16 or UTF-32 without a byte order mark a character whose code unit holds 0x0a
+    (上 U+4E0A: b"\\x0a\\x4e" in UTF-16LE) is cut there, so the first chunk of --buffer-size 1 was
+    b"\\x0a", an empty line translated without a word (UTF-16BE's b"N\\n": the line 'N'), and the
+    pieces after it got another byte order or none. The encoding is judged from the input's start
+    before it is split (the first chunk or line and the bytes there after it), and every reader
+    refuses it naming it (its lines numbered by 0x0a bytes, as before), with the iconv command that converts the text."""
+    import sys
+    import types
+
+    from cometnmt.data.corpus import read_lines
+    from cometnmt.errors import DataError
+    from cometnmt.streaming import ChunkedInput
+
+    text = "上海的一只狗在草地上奔跑。\n两个男人在街上说话。\n"
+    for encoding in ("UTF-16LE", "UTF-16BE", "UTF-32LE", "UTF-32BE"):
+        data = text.encode(encoding)
+        path = tmp_path / f"zh.{encoding}.txt"
+        path.write_bytes(data)
+        zipped = tmp_path / f"zh.{encoding}.gz"
+        zipped.write_bytes(gzip.compress(data))
+        for name in (path, zipped):
+            with pytest.raises(DataError, match=rf"^{name}:\d+: .*iconv -f {encoding} -t UTF-8 ") as info:
+                read_lines(name)
+            for size in (1, 2, 100):  # translate --buffer-size
+                chunked = ChunkedInput(str(name), size)
+                try:
+                    with pytest.raises(DataError, match=rf"^{name}:\d+: ") as info:
+                        next(chunked.chunks())  # the first chunk: none is translated
+                finally:
+                    chunked.close()
+                assert f"iconv -f {encoding} -t UTF-8 " in str(info.value), (encoding, name, size, str(info.value))
+        with open(path, "rb") as stdin:  # translate < FILE
+            monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=stdin))
+            chunked = ChunkedInput(None, 1)
+            with pytest.raises(DataError, match=rf"^<stdin>:\d+: .*iconv -f {encoding} -t UTF-8 FILE > FILE.utf8$"):
+                next(chunked.chunks())  # the first chunk: none is translated
+        errors = _interactive_errors(monkeypatch, capsys, data)  # translate --interactive < FILE
+        assert errors and errors[0].startswith("cometnmt: error: line 1: "), (encoding, errors)  # not translated
+        for error in errors:
+            assert error.endswith(f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8"), (encoding, error)
+
+
 def test_seeded_interactive_sampling_is_the_file_modes(trained, data_dir):
     """translate --interactive translates line by line; seeded, each line restarted the seed's
     stream, so line 2 was sampled as line 1 would be, not as line 2 of the same file."""

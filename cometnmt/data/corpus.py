@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import logging
+import select
 import shlex
 import sys
 import unicodedata
@@ -136,6 +137,19 @@ def wide_encoding(head: bytes) -> str | None:
     if nul < 0 and _decodes(sample, "utf-8"):
         return None
     return _utf16_order(sample)
+
+
+def ready_bytes(stream: BinaryIO) -> bytes:
+    """Up to WIDE_SAMPLE bytes that ``stream`` will read next, neither consumed nor waited for: a
+    file's (plain or gzip) next bytes, what a pipe already holds; b"" where more must be waited
+    for (a terminal, a pipe whose writer waits for an answer, as --interactive's may) or the stream
+    cannot tell (no peek, no file descriptor, select on Windows)."""
+    try:
+        if not select.select([stream], [], [], 0)[0]:
+            return b""
+        return stream.peek(WIDE_SAMPLE)[:WIDE_SAMPLE]
+    except (AttributeError, OSError, ValueError):
+        return b""
 
 
 def _line_break_rest(data: bytes, first_line: int) -> int:
