@@ -287,6 +287,39 @@ def test_translate_interactive_names_the_byte_order_of_every_line_not_the_first_
                                                                                str(info.value))
 
 
+def test_a_tiny_utf16_file_is_named_utf16_not_a_stray_byte(tmp_path: Path, monkeypatch) -> None:
+    """A one-line UTF-16 file of one space (b" \\0") or one letter holds a single NUL byte and no
+    line break, too little for the NUL count to judge: it got the two-sided 'a stray byte in UTF-8
+    text (remove it, e.g. tr -d ...) or, if the file is UTF-16LE ...' message. Where the whole input
+    is there (a file, standard input, the first chunk or line) and it is NUL every other byte and
+    nowhere else, it is named UTF-16LE/BE alone; a NUL beside UTF-8 text is still a stray byte."""
+    import io
+    import types
+
+    from cometnmt.data.corpus import decode_lines, read_stdin_lines
+    from cometnmt.streaming import ChunkedInput
+
+    for text, order in ((" ", "LE"), (" ", "BE"), ("a", "LE"), ("a", "BE"), ("a ", "LE")):
+        data = text.encode(f"utf-16-{order.lower()}")
+        path = tmp_path / f"tiny.{order}.txt"
+        path.write_bytes(data)
+        zipped = tmp_path / f"tiny.{order}.gz"
+        zipped.write_bytes(gzip.compress(data))
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
+        readers = [lambda: read_lines(path), lambda: read_lines(zipped), read_stdin_lines,
+                   lambda: decode_lines(io.BytesIO(data).readline(), "<stdin>", first_line=1)]  # --interactive
+        for name in (path, zipped):
+            chunked = ChunkedInput(str(name), 1)
+            readers.append(lambda chunked=chunked: next(chunked.chunks()))
+        for reader in readers:
+            with pytest.raises(DataError, match=rf":1: a NUL character .*: the file is probably UTF-16{order} without a "
+                                                rf"byte order mark, read as UTF-8; convert it with .*iconv -f UTF-16{order} -t UTF-8"):
+                reader()
+    for data in (b"Zwei\0", b"\0Zwei", "Zwei\0 Männer.".encode()):
+        with pytest.raises(DataError, match="stray byte in UTF-8 text"):
+            decode_lines(data, "<stdin>")
+
+
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:
     """For a gzip file in another encoding the hint was 'iconv -f WINDOWS-1252 -t UTF-8 FILE.gz >
     FILE.gz.utf8', which fails on the compressed bytes ('illegal input sequence'). It now pipes the

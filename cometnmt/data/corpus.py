@@ -99,8 +99,9 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | Non
                          f"convert it with {_iconv_command(path, encoding)}")
     start = pos - pos % 2  # from an even offset, as the file's UTF-16 characters start
     sample = data[start:start + 4096]
-    encoding = _byte_order(data, pos - pos % 4, first_line)
-    if not _looks_like_utf16(sample):
+    shaped = _utf16_shape(data) if first_line == 1 else None
+    encoding = shaped or _byte_order(data, pos - pos % 4, first_line)
+    if not _looks_like_utf16(sample) and not shaped:
         target = "FILE" if str(path).startswith("<") else shlex.quote(str(path))
         return DataError(f"{where}: one NUL byte alone is a stray byte in UTF-8 text (remove it, e.g. tr -d '\\000' "
                          f"< {target} > {target}.clean) or, if the file is {encoding} without a byte order mark "
@@ -184,6 +185,21 @@ def _looks_like_utf16(sample: bytes | str) -> bool:
     line break may be a stray byte in UTF-8 text as well."""
     nul, newline = ("\0", "\n") if isinstance(sample, str) else (b"\0", b"\n")
     return nul + newline in sample or newline + nul in sample or sample.count(nul) >= 2
+
+
+def _utf16_shape(data: bytes) -> str | None:
+    """"UTF-16LE" or "UTF-16BE" where ``data``, an input's first piece (all of a file too small for
+    :func:`_looks_like_utf16` to judge: one character, one space " \\0"), is shaped as UTF-16 of
+    characters below U+0100: an even number of bytes, NUL every other byte (the second: LE) and no
+    other; None otherwise. A stray NUL in UTF-8 text stands beside text, not every other byte of it."""
+    even, odd = data[0::2], data[1::2]
+    if not data or len(data) % 2:
+        return None
+    if odd.count(0) == len(odd) and 0 not in even:
+        return "UTF-16LE"
+    if even.count(0) == len(even) and 0 not in odd:
+        return "UTF-16BE"
+    return None
 
 
 def nul_note(text: str) -> str:
