@@ -320,6 +320,69 @@ def test_a_tiny_utf16_file_is_named_utf16_not_a_stray_byte(tmp_path: Path, monke
             decode_lines(data, "<stdin>")
 
 
+def test_byte_order_marks_and_windows_1252_get_their_reading_through_every_reader(tmp_path: Path, monkeypatch) -> None:
+    """Through every reader (a file, gzip, standard input, translate's chunks, --interactive's
+    lines): UTF-8 with a byte order mark is read without it, UTF-16 and UTF-32 with one are named
+    by it, and WINDOWS-1252 (Latin-1) is named with the iconv command that converts it. Latin text
+    whose accented letters stand two together ("Gr\\xf6\\xdfe", Größe; "Füße") got no hint at all:
+    the hint wanted each high byte alone between ASCII bytes; two Latin-1 letters together count
+    now, where CJK in a legacy encoding or UTF-16 is still named neither (its own test)."""
+    import io
+    import shutil
+    import subprocess
+    import types
+
+    from cometnmt.data.corpus import decode_lines, read_stdin_lines
+    from cometnmt.streaming import ChunkedInput
+
+    def readers(path: Path, data: bytes) -> list:
+        """(name, read) for each reader of ``data`` (in ``path``, and gzipped beside it)."""
+        zipped = path.with_suffix(".gz")
+        zipped.write_bytes(gzip.compress(data))
+
+        def chunks(name: Path) -> list[str]:
+            chunked = ChunkedInput(str(name), 1)
+            try:
+                return [line for _, lines, _ in chunked.chunks() for line in lines]
+            finally:
+                chunked.close()
+
+        def stdin() -> list[str]:
+            monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
+            return read_stdin_lines()
+
+        def interactive() -> list[str]:
+            pieces = io.BytesIO(data).readlines()
+            return [decode_lines(piece, "<stdin>", first_line=number)[0] for number, piece in enumerate(pieces, 1)]
+
+        return [(path, lambda: read_lines(path)), (zipped, lambda: read_lines(zipped)), (path, lambda: chunks(path)),
+                (zipped, lambda: chunks(zipped)), ("<stdin>", stdin), ("<stdin>", interactive)]
+
+    text = "Ein Mädchen läuft.\nZwei Hunde.\n"
+    path = tmp_path / "bom8.txt"
+    path.write_bytes(text.encode("utf-8-sig"))
+    for name, read in readers(path, text.encode("utf-8-sig")):
+        assert read() == ["Ein Mädchen läuft.", "Zwei Hunde."], name
+    for encoding, codec in (("UTF-16", "utf-16"), ("UTF-32", "utf-32")):
+        path = tmp_path / f"bom.{codec}.txt"
+        path.write_bytes(text.encode(codec))
+        for name, read in readers(path, text.encode(codec)):
+            with pytest.raises(DataError, match=rf"^{name}:1: not valid UTF-8.*it looks like {encoding}: convert it with "
+                                                rf".*iconv -f {encoding} -t UTF-8"):
+                read()
+    for text in ("Größe und Füße.\nZwei Hunde.\n", "Ein Mädchen läuft.\nGrüße.\n", "Größe\n"):
+        path = tmp_path / "latin1.txt"
+        path.write_bytes(text.encode("cp1252"))
+        for name, read in readers(path, text.encode("cp1252")):
+            with pytest.raises(DataError, match=rf"^{name}:\d: not valid UTF-8.*it looks like WINDOWS-1252: convert it "
+                                                r"with .*iconv -f WINDOWS-1252 -t UTF-8") as info:
+                read()
+        command = str(info.value).split("convert it with ", 1)[1].replace("FILE", str(path))
+        if shutil.which("iconv"):
+            subprocess.run(command, shell=True, check=True)
+            assert read_lines(f"{path}.utf8") == text.splitlines()
+
+
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:
     """For a gzip file in another encoding the hint was 'iconv -f WINDOWS-1252 -t UTF-8 FILE.gz >
     FILE.gz.utf8', which fails on the compressed bytes ('illegal input sequence'). It now pipes the

@@ -256,7 +256,7 @@ def _other_encoding(data: bytes, pos: int, first_line: int = 1) -> str | None:
     utf16 = _utf16_order(sample)
     if utf16 is not None:
         return utf16
-    if 0 not in sample and pos + 1 < len(data) and data[pos + 1] < 0x80 and _mostly_lone_high_bytes(sample):
+    if 0 not in sample and _latin_run(data, pos) and _mostly_lone_high_bytes(sample):
         return "WINDOWS-1252"
     return None
 
@@ -306,13 +306,34 @@ def _utf16_by_nul_offsets(sample: bytes) -> str | None:
     return "UTF-16LE" if odd >= even else "UTF-16BE"
 
 
+def _high_runs(data: bytes) -> list[bytes]:
+    """``data``'s runs of high bytes (0x80 and up), each between ASCII bytes or an end."""
+    return [run for run in bytes(byte if byte >= 0x80 else 0x20 for byte in data).split(b" ") if run]
+
+
+def _latin_run(data: bytes, pos: int) -> bool:
+    """True when the high bytes from ``pos`` on read as WINDOWS-1252 letters and an ASCII byte
+    follows them: one high byte, or two letters (0xc0-0xff but × and ÷) as "Gr\\xf6\\xdfe" (Größe);
+    a UTF-8 file cut inside a character ends on its high bytes, followed by nothing."""
+    end = pos
+    while end < len(data) and data[end] >= 0x80:
+        end += 1
+    return end < len(data) and _is_latin_run(data[pos:end])
+
+
+def _is_latin_run(run: bytes) -> bool:
+    """One high byte, or two WINDOWS-1252 letters (0xc0-0xff but × and ÷: "\\xf6\\xdf", öß)."""
+    return len(run) == 1 or (len(run) == 2 and all(byte >= 0xc0 and byte not in (0xd7, 0xf7) for byte in run))
+
+
 def _mostly_lone_high_bytes(sample: bytes) -> bool:
-    """True when at least 3/4 of ``sample``'s high bytes stand between ASCII bytes, as the accented
-    letters of Latin text do in WINDOWS-1252; CJK text, in UTF-16 or a legacy encoding, puts most
-    beside other high bytes."""
-    high = [i for i, byte in enumerate(sample) if byte >= 0x80]
-    lone = [i for i in high if (i == 0 or sample[i - 1] < 0x80) and (i + 1 == len(sample) or sample[i + 1] < 0x80)]
-    return len(lone) >= 0.75 * len(high)
+    """True when at least 3/4 of ``sample``'s high bytes stand between ASCII bytes alone or two
+    letters together (:func:`_is_latin_run`: "Größe"), as the accented letters of Latin text do in
+    WINDOWS-1252; CJK text, in UTF-16 or a legacy encoding, puts most in longer runs of high bytes,
+    or pairs that are no two Latin letters."""
+    runs = _high_runs(sample)
+    latin = sum(len(run) for run in runs if _is_latin_run(run))
+    return latin >= 0.75 * sum(len(run) for run in runs)
 
 
 def _utf16_without_bom(sample: bytes) -> str | None:
