@@ -800,6 +800,8 @@ def test_translator_refuses_a_nul_character_as_the_file_readers_do(translator):
         translator.log_prob(["Ein Hund."], [utf16])
     with pytest.raises(cometnmt.DataError, match=rf"^sentence 1 {needle}"):
         translator.attention([utf16])
+    with pytest.raises(cometnmt.DataError, match=r"encoding='utf-16-be'\), or convert the file with iconv -f UTF-16BE"):
+        translator("A dog runs.".encode("utf-16-be").decode("utf-8"))  # the byte order its bytes show
 
 
 def test_api_arguments_python_callers_pass(run_dir, tmp_path, data_dir):

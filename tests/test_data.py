@@ -383,6 +383,24 @@ def test_byte_order_marks_and_windows_1252_get_their_reading_through_every_reade
             assert read_lines(f"{path}.utf8") == text.splitlines()
 
 
+def test_a_sentence_of_utf16_or_utf32_decoded_as_utf8_is_told_its_byte_order() -> None:
+    """The Translator and serve refuse a sentence holding NUL characters (UTF-16 or UTF-32 decoded
+    as UTF-8) with nul_note, which told every such sentence "decode it as UTF-16, e.g.
+    open(path, encoding='utf-16-le'), or convert the file with iconv -f UTF-16LE": for UTF-16BE
+    and UTF-32 text a codec and command that garble it. It names the byte order the sentence's
+    bytes show, as the file readers do; one stray NUL is named as before."""
+    for text in ("A dog runs.", "Собака бежит.", " "):
+        for encoding in ("UTF-16LE", "UTF-16BE", "UTF-32LE", "UTF-32BE"):
+            note = nul_note(text.encode(encoding).decode("utf-8"))
+            codec = f"{encoding[:6].lower()}-{encoding[6:].lower()}"
+            assert note.endswith(f"{encoding[:6]} decoded as UTF-8? (decode it as {encoding[:6]}, e.g. "
+                                 f"open(path, encoding='{codec}'), or convert the file with iconv -f {encoding} -t UTF-8)"), (
+                text, encoding, note)
+            assert text.encode(encoding).decode(codec) == text
+    assert nul_note("b\0c").endswith("a stray byte, or UTF-16 decoded as UTF-8 (remove it, or decode the text as UTF-16, "
+                                     "e.g. open(path, encoding='utf-16-le'))")
+
+
 def test_the_conversion_hint_for_a_gzip_file_decompresses_and_compresses_again(tmp_path: Path) -> None:
     """For a gzip file in another encoding the hint was 'iconv -f WINDOWS-1252 -t UTF-8 FILE.gz >
     FILE.gz.utf8', which fails on the compressed bytes ('illegal input sequence'). It now pipes the

@@ -205,17 +205,24 @@ def _utf16_shape(data: bytes) -> str | None:
 def nul_note(text: str) -> str:
     """"" for ``text`` without a NUL character (U+0000); else what an error naming a sentence given
     as a string (the Translator's, a served request's) says of the first: where it is and what it
-    most likely means, UTF-16 decoded as UTF-8 where NULs are as common as UTF-16 makes them
-    (:func:`_looks_like_utf16`), as :func:`decode_lines` refuses it in a file."""
+    most likely means, UTF-16 or UTF-32 decoded as UTF-8 where NULs are as common as they make them
+    (:func:`_looks_like_utf16`, or the whole string NUL every other byte: :func:`_utf16_shape`), as
+    :func:`decode_lines` refuses it in a file, with the byte order its bytes show (the codec and
+    iconv command: UTF-16BE's "\\0A\\0 \\0d" was told to decode as 'utf-16-le')."""
     pos = text.find("\0")
     if pos < 0:
         return ""
     where = f"holds a NUL character (U+0000) at column {pos + 1}, which never belongs in text"
-    if not _looks_like_utf16(text):
+    data = text.encode("utf-8", errors="surrogatepass")  # the bytes that were decoded as UTF-8
+    shaped = _utf16_shape(data)
+    if not _looks_like_utf16(text) and not shaped:  # one NUL tells no byte order: Windows' is named
         return (f"{where}: a stray byte, or UTF-16 decoded as UTF-8 (remove it, or decode the text as UTF-16, "
                 "e.g. open(path, encoding='utf-16-le'))")
-    return (f"{where}: UTF-16 decoded as UTF-8? (decode it as UTF-16, e.g. open(path, encoding='utf-16-le'), "
-            "or convert the file with iconv -f UTF-16LE -t UTF-8)")
+    byte = data.index(b"\0")
+    encoding = shaped or _byte_order(data, byte - byte % 4)
+    family, codec = encoding[:6], f"{encoding[:6].lower()}-{encoding[6:].lower()}"
+    return (f"{where}: {family} decoded as UTF-8? (decode it as {family}, e.g. open(path, encoding='{codec}'), "
+            f"or convert the file with iconv -f {encoding} -t UTF-8)")
 
 
 def _iconv_command(path: Path, encoding: str) -> str:
