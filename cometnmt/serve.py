@@ -70,7 +70,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
-from cometnmt.data.corpus import nul_note
+from cometnmt.data.corpus import nul_note, other_encoding
 from cometnmt.errors import CometNMTError, ConfigError, setting
 from cometnmt.inference import Translator, checkpoint_list, read_from_files
 
@@ -221,6 +221,15 @@ def _utf16_hint(raw: bytes) -> str:
     if b"\0" not in raw:
         return ""
     return "; it holds NUL bytes, as UTF-16 text does: send the JSON in UTF-8 (RFC 8259 8.1)"
+
+
+def _latin1_hint(raw: bytes, pos: int) -> str:
+    """For a body not valid UTF-8 at byte ``pos`` that looks like WINDOWS-1252 (Latin-1, a client's
+    default encoding: '{"text": "Gr\\xf6\\xdfe"}'), as the file readers name it: what it is and what
+    to send instead; it was 'the body is not valid UTF-8 (byte 12)' alone."""
+    if other_encoding(raw, pos) != "WINDOWS-1252":
+        return ""
+    return "; it looks like WINDOWS-1252 (Latin-1): send the JSON in UTF-8 (RFC 8259 8.1)"
 
 
 def _form_hint(raw: bytes, example: str) -> str:
@@ -1035,7 +1044,8 @@ class _Handler(BaseHTTPRequestHandler):
                 # RFC 8259 8.1 allows: it was 'not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)'
                 body = json.loads(raw.decode("utf-8").removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as exc:
-                raise self._not_json(f"the body is not valid UTF-8 (byte {exc.start}){_utf16_hint(raw)}") from None
+                raise self._not_json(f"the body is not valid UTF-8 (byte {exc.start}){_utf16_hint(raw)}"
+                                     f"{_latin1_hint(raw, exc.start)}") from None
             except json.JSONDecodeError as exc:
                 raise self._not_json(f"the body is not valid JSON: {exc}{_form_hint(raw, self.server.example(self._route()))}"
                                      f"{_utf16_hint(raw)}") from None

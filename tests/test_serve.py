@@ -155,6 +155,9 @@ def test_concurrent_requests_each_get_their_own_answer(server):
                                                              "quotes: line 1 column 2 (char 1); it holds NUL bytes, as "
                                                              "UTF-16 text does: send the JSON in UTF-8"),
     (None, '{"text": "Ein Hund."}'.encode("utf-16"), 400, "not valid UTF-8 (byte 0); it holds NUL bytes, as UTF-16"),
+    # a client's default encoding (Latin-1): 'not valid UTF-8 (byte 12)' alone
+    (None, '{"text": "Größe und Füße."}'.encode("cp1252"), 400, "the body is not valid UTF-8 (byte 12); it looks like "
+                                                               "WINDOWS-1252 (Latin-1): send the JSON in UTF-8"),
     # a sentence of a list is named as "texts"[i], counted from 0, whichever check refuses it: the
     # Translator's own said "sentence 2" and "input line 3", counting from 1
     (None, b'{"texts": ["a", "b\\ud800"]}', 400, '"texts"[1] is not valid Unicode (a lone surrogate at column 2)'),

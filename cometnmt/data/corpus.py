@@ -268,6 +268,12 @@ def _other_encoding(data: bytes, pos: int, first_line: int = 1) -> str | None:
     return None
 
 
+def other_encoding(data: bytes, pos: int) -> str | None:
+    """The iconv name of the encoding ``data``, not valid UTF-8 at byte ``pos``, looks like, or None
+    (:func:`_other_encoding`): for bytes that are no file, a request's body in serve."""
+    return _other_encoding(data, pos)
+
+
 def _utf16_order(sample: bytes) -> str | None:
     """"UTF-16LE" or "UTF-16BE" where ``sample`` (from an even offset) looks like UTF-16 without a
     byte order mark, None where not: by NUL bytes every other byte (ASCII text), by decoding into
