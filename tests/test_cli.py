@@ -1028,6 +1028,9 @@ def test_interactive_keeps_the_byte_order_its_first_line_shows(monkeypatch, caps
             assert error.endswith(f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8"), (encoding, error)
     (stray,) = _interactive_errors(monkeypatch, capsys, "Ein Hund.\nZwei\0 Männer.\n".encode())
     assert stray.startswith("cometnmt: error: line 2: a NUL character") and "stray byte in UTF-8 text" in stray, stray
+    # stray NULs in a UTF-8 first line (where they stand tells no encoding): that line alone is refused
+    (stray,) = _interactive_errors(monkeypatch, capsys, "Zwei\0\0 Männer.\nDrei Hunde.\n".encode())
+    assert stray.startswith("cometnmt: error: line 1: a NUL character"), stray
 
 
 def test_cjk_utf16_and_utf32_are_named_by_every_reader_that_splits_its_input(monkeypatch, capsys, tmp_path):

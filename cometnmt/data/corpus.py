@@ -121,8 +121,8 @@ WIDE_SAMPLE = 4096  # bytes of an input's start that wide_encoding judges
 
 def wide_encoding(head: bytes) -> str | None:
     """The UTF-16 or UTF-32 encoding (iconv's name) of an input whose first bytes are ``head``, or
-    None: UTF-8 as far as ``head`` goes, another encoding, or one stray NUL byte (each piece's own
-    error says which). A reader that splits its input after each b"\\n" before decoding
+    None: UTF-8 as far as ``head`` goes, another encoding, stray NUL bytes, or too little to tell
+    (each piece's own error says which). A reader that splits its input after each b"\\n" before decoding
     (``translate --interactive``'s lines, ``translate``'s chunks) judges it once from the input's
     start and names it for every piece: split there, UTF-16 and UTF-32 are cut inside characters
     (U+4E0A in UTF-16LE is b"\\x0a\\x4e"; b"\\0Two" after UTF-16LE's b"\\n\\0" is also
@@ -137,7 +137,7 @@ def wide_encoding(head: bytes) -> str | None:
         return None  # one NUL byte alone: perhaps a stray byte in UTF-8 text
     if nul < 0 and _decodes(sample, "utf-8"):
         return None
-    return _utf16_order(sample)
+    return _clear_utf16_order(sample)  # not by where a few NULs stand: every piece is refused by it
 
 
 def ready_bytes(stream: BinaryIO) -> bytes:
@@ -280,6 +280,12 @@ def _utf16_order(sample: bytes) -> str | None:
     text (:func:`_utf16_without_bom`) or, failing those, by where its NUL bytes stand. UTF-32 without
     one ("A\\0\\0\\0": NULs in UTF-16's places too) is told first: "UTF-32LE" or "UTF-32BE" where
     ``sample`` (from an offset a multiple of four) looks like it (:func:`_utf32_order`)."""
+    return _clear_utf16_order(sample) or _utf16_by_nul_offsets(sample)
+
+
+def _clear_utf16_order(sample: bytes) -> str | None:
+    """:func:`_utf16_order` but for its last guess (where the NUL bytes stand): the byte order
+    where ``sample`` is clearly UTF-32 or UTF-16, else None."""
     utf32 = _utf32_order(sample)
     if utf32 is not None:
         return utf32
@@ -288,7 +294,7 @@ def _utf16_order(sample: bytes) -> str | None:
         return "UTF-16BE"
     if len(sample) >= 4 and odd.count(0) >= 0.9 * len(odd) and even.count(0) <= 0.1 * len(even):
         return "UTF-16LE"
-    return _utf16_without_bom(sample) or _utf16_by_nul_offsets(sample)
+    return _utf16_without_bom(sample)
 
 
 def _utf32_order(sample: bytes) -> str | None:
