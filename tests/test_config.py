@@ -952,6 +952,7 @@ def test_the_readmes_own_corpus_config_loads_as_it_says(tmp_path: Path) -> None:
     assert (cfg.data.corpus, cfg.data.src_lang, cfg.data.tgt_lang) == ("files", "fr", "en")
     assert [cfg.data.train_src, cfg.data.valid_tgt, cfg.data.test_src] == ["data/corpus.fr", "data/dev.en", "data/test.fr"]
     assert cfg.data.max_train_pairs is None and cfg.data.max_valid_pairs is None
+    assert cfg.data.min_freq == 1  # tiny.yaml's 3 left ~21% of a 400-pair corpus's source tokens <unk>
     assert cfg.model.d_model == load_config(REPO / "configs" / "tiny.yaml").model.d_model and cfg.train.save_dir == "runs/fr_en"
 
 
