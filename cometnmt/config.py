@@ -251,7 +251,7 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
         if value is None:  # an empty section ("data:" with nothing under it) keeps the defaults
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(f"config key '{key}': expected a mapping of {tp.__name__} fields, got {value!r}", keys=(key,))
+            raise ConfigError.at(key, f"expected a mapping of {tp.__name__} fields, got {value!r}")
         return from_dict(tp, value, key, build)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -266,36 +266,35 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
                 continue
         # the hints of the one type a null-or-X key takes (data.multi30k_dir=2024 had none, README promises it)
         hint = _yaml_hint(value, key) if str in args else _list_hint(value) if any(typing.get_origin(a) is list for a in args) else ""
-        raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{hint}", keys=(key,))
+        raise ConfigError.at(key, f"expected {_type_name(tp)}, got {value!r}{hint}")
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise ConfigError(f"config key '{key}': {value!r} is not allowed; expected {_type_name(tp)}{_yaml_hint(value, key, quote=False)}",
-                              keys=(key,))
+            raise ConfigError.at(key, f"{value!r} is not allowed; expected {_type_name(tp)}{_yaml_hint(value, key, quote=False)}")
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}{_list_hint(value)}", keys=(key,))
+            raise ConfigError.at(key, f"expected {_type_name(tp)}, got {value!r}{_list_hint(value)}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
         if not isinstance(value, bool):
             # YAML 1.1's yes/no/on/off are text to cometnmt's loader (YAML 1.2, as data.src_lang: no needs)
             hint = "; YAML 1.2 reads only true and false as booleans" if str(value).lower() in YAML11_BOOLEANS else ""
-            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}{hint}", keys=(key,))
+            raise ConfigError.at(key, f"expected true or false, got {value!r}{hint}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}", keys=(key,))
+            raise ConfigError.at(key, f"expected an integer, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}", keys=(key,))
+            raise ConfigError.at(key, f"expected a number, got {value!r}")
         return float(value)
     if tp is str:
         if isinstance(value, os.PathLike):  # a pathlib.Path set from Python
             value = os.fspath(value)
         if not isinstance(value, str):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}{_yaml_hint(value, key)}", keys=(key,))
+            raise ConfigError.at(key, f"expected a string, got {value!r}{_yaml_hint(value, key)}")
         return value
     raise TypeError(f"unsupported config type {tp!r} for '{key}'")  # programming error, not user error
 
@@ -320,8 +319,7 @@ def check_arch(arch: str) -> None:
         # cutoff 0.75: typos (transfomer, comte), not a name merely alike (dwconv, of a missing plugin: convs2s)
         close = difflib.get_close_matches(arch, sorted(REGISTRY), n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"config key 'model.arch': {arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}{hint}",
-                          keys=("model.arch",))
+        raise ConfigError.at("model.arch", f"{arch!r} is not allowed; expected one of {', '.join(sorted(REGISTRY))}{hint}")
 
 
 def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> Any:
@@ -349,7 +347,7 @@ def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> An
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:  # a registered section's own checks (the package's raise ConfigError)
-        raise ConfigError(f"config key '{prefix}': {type(exc).__name__}: {exc}", keys=(prefix,)) from None
+        raise ConfigError.at(prefix, f"{type(exc).__name__}: {exc}") from None
 
 
 def _section_hint(cls: type, value: Any) -> str:
@@ -700,58 +698,51 @@ def validate(cfg: Config) -> None:
              if reads is None or key in reads}
     for key, value in sizes.items():
         if value < 1:
-            raise ConfigError(f"config key '{key}': must be at least 1, got {value}{_may_read_any(cfg.model.arch, reads)}",
-                              keys=(key, *arch_named))
+            raise ConfigError.at(key, f"must be at least 1, got {value}{_may_read_any(cfg.model.arch, reads)}",
+                                 also=arch_named)
     for key in ("max_train_pairs", "max_valid_pairs"):
         value = getattr(cfg.data, key)
         if value is not None and value < 0:
-            raise ConfigError(f"config key 'data.{key}': must be at least 0 (or null for all), got {value}",
-                              keys=(f"data.{key}",))
+            raise ConfigError.at(f"data.{key}", f"must be at least 0 (or null for all), got {value}")
     for key in ("lr", "eps"):
         value = getattr(cfg.train, key)
         if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"config key 'train.{key}': must be a positive finite number, got {value}", keys=(f"train.{key}",))
+            raise ConfigError.at(f"train.{key}", f"must be a positive finite number, got {value}")
     if not (math.isfinite(cfg.train.weight_decay) and cfg.train.weight_decay >= 0):
-        raise ConfigError(f"config key 'train.weight_decay': must be a finite number at least 0, got {cfg.train.weight_decay}",
-                          keys=("train.weight_decay",))
+        raise ConfigError.at("train.weight_decay", f"must be a finite number at least 0, got {cfg.train.weight_decay}")
     if not 0.0 <= cfg.train.label_smoothing < 1.0:
-        raise ConfigError(f"config key 'train.label_smoothing': {cfg.train.label_smoothing} must be in [0, 1)",
-                          keys=("train.label_smoothing",))
+        raise ConfigError.at("train.label_smoothing", f"{cfg.train.label_smoothing} must be in [0, 1)")
     if cfg.train.clip_norm is not None and not (math.isfinite(cfg.train.clip_norm) and cfg.train.clip_norm >= 0):
-        raise ConfigError(f"config key 'train.clip_norm': must be a finite number at least 0 (0 or null: no clipping), "
-                          f"got {cfg.train.clip_norm}", keys=("train.clip_norm",))
+        raise ConfigError.at("train.clip_norm", "must be a finite number at least 0 (0 or null: no clipping), "
+                             f"got {cfg.train.clip_norm}")
     if (reads is None or {"d_model", "n_heads"} <= reads) and cfg.model.d_model % cfg.model.n_heads:
-        raise ConfigError(f"config key 'model.n_heads': {cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}"
-                          f"{_may_read_any(cfg.model.arch, reads)}", keys=("model.n_heads", "model.d_model", *arch_named))
+        raise ConfigError.at("model.n_heads", f"{cfg.model.n_heads} does not divide model.d_model={cfg.model.d_model}"
+                             f"{_may_read_any(cfg.model.arch, reads)}", also=("model.d_model", *arch_named))
     if (reads is None or "dropout" in reads) and not 0.0 <= cfg.model.dropout < 1.0:
-        raise ConfigError(f"config key 'model.dropout': {cfg.model.dropout} must be in [0, 1)"
-                          f"{_may_read_any(cfg.model.arch, reads)}", keys=("model.dropout", *arch_named))
+        raise ConfigError.at("model.dropout", f"{cfg.model.dropout} must be in [0, 1)"
+                             f"{_may_read_any(cfg.model.arch, reads)}", also=arch_named)
     if not 0.0 <= cfg.model.attention_dropout < 1.0:
-        raise ConfigError(f"config key 'model.attention_dropout': {cfg.model.attention_dropout} must be in [0, 1)",
-                          keys=("model.attention_dropout",))
+        raise ConfigError.at("model.attention_dropout", f"{cfg.model.attention_dropout} must be in [0, 1)")
     builtin = cfg.model.arch in TIED_ARCHS + OWN_SECTION_ARCHS
     if cfg.model.attention_dropout and (cfg.model.arch not in ("transformer", "comet") if builtin
                                         else reads is not None and "attention_dropout" not in reads):
         hint = ("; set model.transformer_pp.attention_dropout instead" if cfg.model.arch == "transformer_pp" else
                 "" if builtin else f"; register_architecture({cfg.model.arch!r}, ..., uses=...) does not name it")
-        raise ConfigError(f"config key 'model.attention_dropout': applies to the transformer and comet architectures"
-                          f"{'' if builtin else ' and those that declare it'}, not {cfg.model.arch!r}{hint}",
-                          keys=("model.attention_dropout",) + (("model.transformer_pp.attention_dropout",)
-                                                                     if cfg.model.arch == "transformer_pp" else ()))
+        raise ConfigError.at("model.attention_dropout", f"applies to the transformer and comet architectures"
+                             f"{'' if builtin else ' and those that declare it'}, not {cfg.model.arch!r}{hint}",
+                             also=("model.transformer_pp.attention_dropout",) if cfg.model.arch == "transformer_pp" else ())
     if cfg.model.tie_embeddings and cfg.model.arch in OWN_SECTION_ARCHS:  # a registered one of a script's: when built
-        raise ConfigError(f"config key 'model.tie_embeddings': applies to the {', '.join(TIED_ARCHS)} architectures, "
-                          f"not {cfg.model.arch!r}", keys=("model.tie_embeddings",))
+        raise ConfigError.at("model.tie_embeddings", f"applies to the {', '.join(TIED_ARCHS)} architectures, "
+                             f"not {cfg.model.arch!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", cfg.train.device):  # whether this machine has it: when training starts
-        raise ConfigError(f"config key 'train.device': {cfg.train.device!r} is not a device; use auto, cpu, cuda or cuda:N",
-                          keys=("train.device",))
+        raise ConfigError.at("train.device", f"{cfg.train.device!r} is not a device; use auto, cpu, cuda or cuda:N")
     if cfg.train.compile_mode != "default" and not cfg.train.compile:
-        raise ConfigError(f"config key 'train.compile_mode': {cfg.train.compile_mode!r} needs train.compile: true",
-                          keys=("train.compile_mode", "train.compile"))
+        raise ConfigError.at("train.compile_mode", f"{cfg.train.compile_mode!r} needs train.compile: true",
+                             also=("train.compile",))
     if len(cfg.train.betas) != 2:
-        raise ConfigError(f"config key 'train.betas': expected two numbers, got {cfg.train.betas}", keys=("train.betas",))
+        raise ConfigError.at("train.betas", f"expected two numbers, got {cfg.train.betas}")
     if not all(0.0 <= beta < 1.0 for beta in cfg.train.betas):  # nan fails too; was torch's error after the data had loaded
-        raise ConfigError(f"config key 'train.betas': Adam's two decay rates must be in [0, 1), got {cfg.train.betas}",
-                          keys=("train.betas",))
+        raise ConfigError.at("train.betas", f"Adam's two decay rates must be in [0, 1), got {cfg.train.betas}")
     positive = {
         "train.batch_tokens": cfg.train.batch_tokens,
         "train.accum_steps": cfg.train.accum_steps,
@@ -763,10 +754,9 @@ def validate(cfg: Config) -> None:
         positive["train.batch_sentences"] = cfg.train.batch_sentences
     for key, value in positive.items():
         if value < 1:
-            raise ConfigError(f"config key '{key}': must be at least 1, got {value}", keys=(key,))
+            raise ConfigError.at(key, f"must be at least 1, got {value}")
     if cfg.train.log_every < 1:
-        raise ConfigError(f"config key 'train.log_every': must be at least 1, got {cfg.train.log_every}",
-                          keys=("train.log_every",))
+        raise ConfigError.at("train.log_every", f"must be at least 1, got {cfg.train.log_every}")
     at_least = {"train.loss_rise_epochs": (cfg.train.loss_rise_epochs, 1), "train.patience": (cfg.train.patience, 1),
                 "train.keep_checkpoints": (cfg.train.keep_checkpoints, 0), "train.attention_plots": (cfg.train.attention_plots, 0)}
     optional = {"train.valid_bleu_max_sentences": cfg.train.valid_bleu_max_sentences, "train.save_every": cfg.train.save_every,
@@ -774,54 +764,52 @@ def validate(cfg: Config) -> None:
     at_least.update({key: (value, 1) for key, value in optional.items() if value is not None})
     for key, (value, low) in at_least.items():
         if value < low:
-            raise ConfigError(f"config key '{key}': must be at least {low}{' (or null)' if key in optional else ''}, got {value}",
-                              keys=(key,))
+            raise ConfigError.at(key, f"must be at least {low}{' (or null)' if key in optional else ''}, got {value}")
     if not 0 <= cfg.train.seed < SEED_LIMIT:
-        raise ConfigError(f"config key 'train.seed': must be in [0, 2**63), got {cfg.train.seed}", keys=("train.seed",))
+        raise ConfigError.at("train.seed", f"must be in [0, 2**63), got {cfg.train.seed}")
     if cfg.train.schedule == "inverse_sqrt" and cfg.train.warmup_steps < 1:
-        raise ConfigError(f"config key 'train.warmup_steps': must be at least 1 with train.schedule=inverse_sqrt "
-                          f"(its learning rate is 0 without warmup), got {cfg.train.warmup_steps}",
-                          keys=("train.warmup_steps", "train.schedule"))
+        raise ConfigError.at("train.warmup_steps", "must be at least 1 with train.schedule=inverse_sqrt "
+                             f"(its learning rate is 0 without warmup), got {cfg.train.warmup_steps}",
+                             also=("train.schedule",))
     if cfg.train.stopping == "bleu_patience" and not cfg.train.valid_bleu:
-        raise ConfigError("config key 'train.stopping': bleu_patience stops on validation BLEU, which needs train.valid_bleu: true",
-                          keys=("train.stopping", "train.valid_bleu"))
+        raise ConfigError.at("train.stopping", "bleu_patience stops on validation BLEU, which needs train.valid_bleu: true",
+                             also=("train.valid_bleu",))
     if cfg.data.tokenizer == "sentencepiece" and cfg.data.sp_vocab_size < 5:
-        raise ConfigError(f"config key 'data.sp_vocab_size': must be at least 5 (an unknown piece and a few characters), "
-                          f"got {cfg.data.sp_vocab_size}", keys=("data.sp_vocab_size",))
+        raise ConfigError.at("data.sp_vocab_size", "must be at least 5 (an unknown piece and a few characters), "
+                             f"got {cfg.data.sp_vocab_size}")
     if cfg.data.corpus == "multi30k":
         from cometnmt.data.multi30k import LANGS, SPLITS
 
         for key in ("train_split", "valid_split", "test_split"):
             if getattr(cfg.data, key) not in SPLITS:
-                raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a Multi30k task-1 split "
-                                  f"this package knows; expected one of {', '.join(SPLITS)} (other files: data.corpus: files)",
-                                  keys=(f"data.{key}", "data.corpus"))
+                raise ConfigError.at(f"data.{key}", f"{getattr(cfg.data, key)!r} is not a Multi30k task-1 split "
+                                     f"this package knows; expected one of {', '.join(SPLITS)} (other files: data.corpus: files)",
+                                     also=("data.corpus",))
         # as the splits, now rather than when training reads the data: compare and reproduce load every
         # config first, but a language Multi30k lacks stopped only its own runs, after the others trained
         for key in ("src_lang", "tgt_lang"):
             if getattr(cfg.data, key) not in LANGS:
-                raise ConfigError(f"config key 'data.{key}': {getattr(cfg.data, key)!r} is not a language of Multi30k task 1 "
-                                  f"that this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)",
-                                  keys=(f"data.{key}", "data.corpus"))
+                raise ConfigError.at(f"data.{key}", f"{getattr(cfg.data, key)!r} is not a language of Multi30k task 1 "
+                                     f"that this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)",
+                                     also=("data.corpus",))
         if cfg.data.src_lang == cfg.data.tgt_lang:
             raise ConfigError(f"config keys 'data.src_lang' and 'data.tgt_lang': both {cfg.data.src_lang!r}; Multi30k's "
                               "source and target language must differ", keys=("data.src_lang", "data.tgt_lang"))
     if cfg.decode.replace_unk and cfg.data.tokenizer != "spacy":
-        raise ConfigError(f"config key 'decode.replace_unk': copies source words in place of <unk>, for word "
-                          f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}",
-                          keys=("decode.replace_unk", "data.tokenizer"))
+        raise ConfigError.at("decode.replace_unk", "copies source words in place of <unk>, for word "
+                             f"vocabularies (data.tokenizer: spacy), not {cfg.data.tokenizer!r}",
+                             also=("data.tokenizer",))
     if cfg.data.min_freq < 1:
-        raise ConfigError(f"config key 'data.min_freq': must be at least 1 (1 keeps every word), got {cfg.data.min_freq}",
-                          keys=("data.min_freq",))
+        raise ConfigError.at("data.min_freq", f"must be at least 1 (1 keeps every word), got {cfg.data.min_freq}")
     if not 0 < cfg.train.distributed_timeout_minutes < math.inf:  # nan fails too
-        raise ConfigError(f"config key 'train.distributed_timeout_minutes': must be a positive finite number of minutes, "
-                          f"got {cfg.train.distributed_timeout_minutes}", keys=("train.distributed_timeout_minutes",))
+        raise ConfigError.at("train.distributed_timeout_minutes", "must be a positive finite number of minutes, "
+                             f"got {cfg.train.distributed_timeout_minutes}")
     if cfg.train.num_threads is not None and cfg.train.num_threads < 1:
-        raise ConfigError(f"config key 'train.num_threads': must be at least 1 (or null: torch's default), "
-                          f"got {cfg.train.num_threads}", keys=("train.num_threads",))
+        raise ConfigError.at("train.num_threads", "must be at least 1 (or null: torch's default), "
+                             f"got {cfg.train.num_threads}")
     if cfg.data.max_vocab is not None and cfg.data.max_vocab < 5:
-        raise ConfigError(f"config key 'data.max_vocab': must be at least 5 (4 special tokens and a word) or null, "
-                          f"got {cfg.data.max_vocab}", keys=("data.max_vocab",))
+        raise ConfigError.at("data.max_vocab", "must be at least 5 (4 special tokens and a word) or null, "
+                             f"got {cfg.data.max_vocab}")
     _check_max_len(cfg)
     check_decode(cfg.decode)
     if cfg.model.arch == "transformer_pp":  # now, not after the taggers have run over the corpus
@@ -857,7 +845,7 @@ def _check_split_files(data: DataConfig) -> None:
     may not be empty: ``--set data.multi30k_dir=`` was taken for null without a word."""
     for key in DATA_PATH_KEYS:
         if isinstance(getattr(data, key), str) and not getattr(data, key).strip():
-            raise ConfigError(f"config key 'data.{key}': empty; give a path, or null for the default", keys=(f"data.{key}",))
+            raise ConfigError.at(f"data.{key}", "empty; give a path, or null for the default")
     for split in ("train", "valid", "test"):
         src, tgt = getattr(data, f"{split}_src"), getattr(data, f"{split}_tgt")
         keys = f"config keys 'data.{split}_src' and 'data.{split}_tgt'"
@@ -1005,46 +993,40 @@ def check_decode(decode: DecodeConfig) -> None:
     (whose ``beam_size=0`` was "nbest=1: more hypotheses than the beam keeps (0)")."""
     for key in ("beam_size", "nbest", "batch_sentences"):
         if getattr(decode, key) < 1:
-            raise ConfigError(f"config key 'decode.{key}': must be at least 1, got {getattr(decode, key)}",
-                              keys=(f"decode.{key}",))
+            raise ConfigError.at(f"decode.{key}", f"must be at least 1, got {getattr(decode, key)}")
     _check_sampling(decode)
     _check_search(decode)
     if decode.method != "sample" and decode.nbest > decode.beam_size:
-        raise ConfigError(f"config key 'decode.nbest': {decode.nbest} exceeds decode.beam_size={decode.beam_size}",
-                          keys=("decode.nbest", "decode.beam_size"))
+        raise ConfigError.at("decode.nbest", f"{decode.nbest} exceeds decode.beam_size={decode.beam_size}",
+                             also=("decode.beam_size",))
 
 
 def _check_search(decode: DecodeConfig) -> None:
     """The length penalty and length bound (checked whatever ``decode.method`` is). A nan or
     negative bound gave one-token outputs without a word; the penalty follows --length-penalty's rule."""
     if (problem := length_penalty_problem(decode.length_penalty)) is not None:
-        raise ConfigError(f"config key 'decode.length_penalty': {problem}, got {decode.length_penalty}",
-                          keys=("decode.length_penalty",))
+        raise ConfigError.at("decode.length_penalty", f"{problem}, got {decode.length_penalty}")
     if not (math.isfinite(decode.max_len_a) and decode.max_len_a >= 0):
-        raise ConfigError(f"config key 'decode.max_len_a': must be a finite number at least 0, got {decode.max_len_a}",
-                          keys=("decode.max_len_a",))
+        raise ConfigError.at("decode.max_len_a", f"must be a finite number at least 0, got {decode.max_len_a}")
     if decode.max_len_b < 0:
-        raise ConfigError(f"config key 'decode.max_len_b': must be at least 0, got {decode.max_len_b}",
-                          keys=("decode.max_len_b",))
+        raise ConfigError.at("decode.max_len_b", f"must be at least 0, got {decode.max_len_b}")
     if decode.max_len_a == 0 and decode.max_len_b < 1:
-        raise ConfigError("config key 'decode.max_len_b': must be at least 1 with decode.max_len_a: 0 (the bound on "
-                          "output tokens is max_len_a * source tokens + max_len_b)",
-                          keys=("decode.max_len_b", "decode.max_len_a"))
+        raise ConfigError.at("decode.max_len_b", "must be at least 1 with decode.max_len_a: 0 (the bound on "
+                             "output tokens is max_len_a * source tokens + max_len_b)",
+                             also=("decode.max_len_a",))
 
 
 def _check_sampling(decode: DecodeConfig) -> None:
     """The sampling keys' ranges (checked whatever ``decode.method`` is, as the other keys are)."""
     if decode.sampling_topk < 0:
-        raise ConfigError(f"config key 'decode.sampling_topk': must be at least 0 (0: the whole vocabulary), "
-                          f"got {decode.sampling_topk}", keys=("decode.sampling_topk",))
+        raise ConfigError.at("decode.sampling_topk", "must be at least 0 (0: the whole vocabulary), "
+                             f"got {decode.sampling_topk}")
     if not 0.0 < decode.sampling_topp <= 1.0:
-        raise ConfigError(f"config key 'decode.sampling_topp': {decode.sampling_topp} must be in (0, 1] (1: off)",
-                          keys=("decode.sampling_topp",))
+        raise ConfigError.at("decode.sampling_topp", f"{decode.sampling_topp} must be in (0, 1] (1: off)")
     if (problem := temperature_problem(decode.temperature)) is not None:
-        raise ConfigError(f"config key 'decode.temperature': {problem}, got {decode.temperature}", keys=("decode.temperature",))
+        raise ConfigError.at("decode.temperature", f"{problem}, got {decode.temperature}")
     if decode.sampling_seed is not None and not 0 <= decode.sampling_seed < SEED_LIMIT:
-        raise ConfigError(f"config key 'decode.sampling_seed': must be in [0, 2**63) (or null), got {decode.sampling_seed}",
-                          keys=("decode.sampling_seed",))
+        raise ConfigError.at("decode.sampling_seed", f"must be in [0, 2**63) (or null), got {decode.sampling_seed}")
 
 
 # ---------------------------------------------------------------------------------------------

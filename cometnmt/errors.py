@@ -21,6 +21,12 @@ class ConfigError(CometNMTError):
         super().__init__(message)
         self.keys = tuple(keys)
 
+    @classmethod
+    def at(cls, key: str, text: str, also: tuple[str, ...] = ()) -> ConfigError:
+        """The error on config key ``key``, written once: "config key 'KEY': TEXT", with ``keys``
+        ``(key, *also)``; ``also``: the other keys ``text`` names (``("model.d_model",)``)."""
+        return cls(f"config key '{key}': {text}", keys=(key, *also))
+
 
 class DataError(CometNMTError):
     """A missing, malformed, misaligned or corrupt data file."""

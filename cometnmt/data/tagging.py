@@ -157,12 +157,12 @@ class SpacyAnnotator:
             exclude.append("ner")
         self.nlp = spacy.load(pipeline, exclude=exclude)
         if self.nlp.lang != lang:
-            raise ConfigError(f"config key '{key}': spaCy pipeline {pipeline!r} is for language {self.nlp.lang!r}, the source is {lang!r}")
+            raise ConfigError.at(key, f"spaCy pipeline {pipeline!r} is for language {self.nlp.lang!r}, the source is {lang!r}")
         pipes = set(self.nlp.pipe_names)
         if "pos" in tasks and not pipes & {"tagger", "morphologizer"}:
-            raise ConfigError(f"config key '{key}': spaCy pipeline {pipeline!r} has no tagger or morphologizer for POS")
+            raise ConfigError.at(key, f"spaCy pipeline {pipeline!r} has no tagger or morphologizer for POS")
         if "ner" in tasks and "ner" not in pipes:
-            raise ConfigError(f"config key '{key}': spaCy pipeline {pipeline!r} has no 'ner' component")
+            raise ConfigError.at(key, f"spaCy pipeline {pipeline!r} has no 'ner' component")
         self.tasks = tasks
         self.name = (f"spacy:{pipeline}@{self.nlp.meta.get('version', '?')}/spacy{spacy.__version__}/r{SPACY_REVISION}/"
                      f"{_MAPPING}")
@@ -219,8 +219,8 @@ def _installed(name: str) -> bool:
 def _missing(key: str, name: str, task: str) -> ConfigError:
     package = "hanta" if name == "hanta" else name.split(":", 1)[1]
     hint = INSTALL_HINT.get(package, f"python -m spacy download {package}, or pip install {package.replace('_', '-')}")
-    return ConfigError(
-        f"config key '{key}': tagger {name!r} is not installed ({hint}); or leave {task!r} out of model.transformer_pp.tasks"
+    return ConfigError.at(
+        key, f"tagger {name!r} is not installed ({hint}); or leave {task!r} out of model.transformer_pp.tasks"
     )
 
 
@@ -232,19 +232,19 @@ def resolve_tagger(task: str, spec: str, lang: str) -> str:
         for name in candidates:
             if _installed(name):
                 return name
-        raise ConfigError(
-            f"config key '{key}': 'auto' found no installed {task.upper()} tagger for source language {lang!r} "
+        raise ConfigError.at(
+            key, f"'auto' found no installed {task.upper()} tagger for source language {lang!r} "
             f"(tried {', '.join(candidates)}); install one ({INSTALL_HINT.get(candidates[-1].split(':')[-1], 'a spaCy pipeline')}), "
             f"name another with {key}, or leave {task!r} out of model.transformer_pp.tasks"
         )
     if spec == "hanta" and task == "ner":
-        raise ConfigError(f"config key '{key}': HanTa tags POS only; name a spaCy pipeline with NER or leave 'ner' out of model.transformer_pp.tasks")
+        raise ConfigError.at(key, "HanTa tags POS only; name a spaCy pipeline with NER or leave 'ner' out of model.transformer_pp.tasks")
     if spec != "hanta" and not (spec.startswith("spacy:") and len(spec) > len("spacy:")):
-        raise ConfigError(f"config key '{key}': {spec!r} is not allowed; expected auto, hanta or spacy:<pipeline name>")
+        raise ConfigError.at(key, f"{spec!r} is not allowed; expected auto, hanta or spacy:<pipeline name>")
     if not _installed(spec):
         raise _missing(key, spec, task)
     if spec == "hanta" and lang != "de":
-        raise ConfigError(f"config key '{key}': HanTa is used for German POS here, but the source language is {lang!r}")
+        raise ConfigError.at(key, f"HanTa is used for German POS here, but the source language is {lang!r}")
     return spec
 
 
@@ -262,8 +262,8 @@ def build_annotators(c, lang: str) -> list[Annotator]:
         ann = SpacyAnnotator(name.split(":", 1)[1], tuple(tasks), lang, key)
         unknown = sorted(set(ann.entity_types) - set(c.ner_types))
         if unknown:
-            raise ConfigError(
-                f"config key 'model.transformer_pp.ner_types': spaCy pipeline {name!r} labels entities {ann.entity_types}, "
+            raise ConfigError.at(
+                "model.transformer_pp.ner_types", f"spaCy pipeline {name!r} labels entities {ann.entity_types}, "
                 f"of which {unknown} are not in {c.ner_types}; set model.transformer_pp.ner_types to the pipeline's labels"
             )
         out.append(ann)

@@ -188,9 +188,8 @@ def check_builder_signature(arch: str) -> None:
     try:
         signature.bind(None, 0, 0, 0)
     except TypeError as exc:
-        raise ConfigError(f"config key 'model.arch': the builder registered as {arch!r} ({_builder_name(builder)}{signature}) "
-                          f"cannot be called as builder(model_cfg, src_vocab_size, tgt_vocab_size, pad_id): {exc}",
-                          keys=("model.arch",)) from None
+        raise ConfigError.at("model.arch", f"the builder registered as {arch!r} ({_builder_name(builder)}{signature}) "
+                             f"cannot be called as builder(model_cfg, src_vocab_size, tgt_vocab_size, pad_id): {exc}") from None
 
 
 def _check_built_model(arch: str, builder: Builder, model: object) -> None:

@@ -96,41 +96,35 @@ class CometConfig:
     decoder_bn_length_bounds: Optional[list[int]] = None  # per-source-length decoder BN statistics (not in the paper); null: one set
 
     def __post_init__(self) -> None:
-        key = "config key 'model.comet.{}'".format
+        key = "model.comet.{}".format
         if not self.features or any(n < 1 for n in self.features):
-            raise ConfigError(f"{key('features')}: needs at least one layer, each of at least 1 feature map, got {self.features}",
-                              keys=("model.comet.features",))
+            raise ConfigError.at(key("features"), f"needs at least one layer, each of at least 1 feature map, got {self.features}")
         if len(self.dilations) != len(self.features) or any(d < 1 for d in self.dilations):
-            raise ConfigError(f"{key('dilations')}: one dilation of at least 1 per layer of model.comet.features "
-                              f"({len(self.features)}), got {self.dilations}",
-                              keys=("model.comet.dilations", "model.comet.features"))
+            raise ConfigError.at(key("dilations"), f"one dilation of at least 1 per layer of model.comet.features "
+                                 f"({len(self.features)}), got {self.dilations}", also=(key("features"),))
         for name in ("kernel_size", "ffn1_hidden", "ffn2_hidden"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{key(name)}: must be at least 1, got {getattr(self, name)}", keys=(f"model.comet.{name}",))
+                raise ConfigError.at(key(name), f"must be at least 1, got {getattr(self, name)}")
         if not math.isfinite(self.leaky_slope):  # nan or inf: every unit's output nan, the loss nan from the first step
-            raise ConfigError(f"{key('leaky_slope')}: must be a finite number, got {self.leaky_slope}",
-                              keys=("model.comet.leaky_slope",))
+            raise ConfigError.at(key("leaky_slope"), f"must be a finite number, got {self.leaky_slope}")
         if not self.decoder_batch_norm and self.decoder != "temporal_conv":
-            raise ConfigError(f"{key('decoder_batch_norm')}: false only applies to a temporal-convolution decoder "
-                              f"(model.comet.decoder: temporal_conv), got decoder {self.decoder!r}",
-                              keys=("model.comet.decoder_batch_norm", "model.comet.decoder"))
+            raise ConfigError.at(key("decoder_batch_norm"), f"false only applies to a temporal-convolution decoder "
+                                 f"(model.comet.decoder: temporal_conv), got decoder {self.decoder!r}",
+                                 also=(key("decoder"),))
         for name in ("bn_length_bounds", "decoder_bn_length_bounds"):
             bounds = getattr(self, name)
             if bounds is not None and (not bounds or any(b < 1 for b in bounds) or bounds != sorted(set(bounds))):
-                raise ConfigError(f"{key(name)}: ascending positive source lengths (or null), got {bounds}",
-                                  keys=(f"model.comet.{name}",))
+                raise ConfigError.at(key(name), f"ascending positive source lengths (or null), got {bounds}")
         if self.bn_length_bounds is not None and not self.batch_norm:
-            raise ConfigError(f"{key('bn_length_bounds')}: only applies with batch norm (model.comet.batch_norm true), "
-                              f"got batch_norm {self.batch_norm}",
-                              keys=("model.comet.bn_length_bounds", "model.comet.batch_norm"))
+            raise ConfigError.at(key("bn_length_bounds"), f"only applies with batch norm (model.comet.batch_norm true), "
+                                 f"got batch_norm {self.batch_norm}", also=(key("batch_norm"),))
         if self.decoder_bn_length_bounds is not None and not (
                 self.decoder == "temporal_conv" and self.batch_norm and self.decoder_batch_norm):
-            raise ConfigError(f"{key('decoder_bn_length_bounds')}: only applies to a temporal-convolution decoder with "
-                              f"batch norm (model.comet.decoder: temporal_conv, batch_norm and decoder_batch_norm true), "
-                              f"got decoder {self.decoder!r}, batch_norm {self.batch_norm}, "
-                              f"decoder_batch_norm {self.decoder_batch_norm}",
-                              keys=tuple(f"model.comet.{name}" for name in ("decoder_bn_length_bounds", "decoder", "batch_norm",
-                                                                              "decoder_batch_norm")))
+            raise ConfigError.at(key("decoder_bn_length_bounds"), f"only applies to a temporal-convolution decoder with "
+                                 f"batch norm (model.comet.decoder: temporal_conv, batch_norm and decoder_batch_norm true), "
+                                 f"got decoder {self.decoder!r}, batch_norm {self.batch_norm}, "
+                                 f"decoder_batch_norm {self.decoder_batch_norm}",
+                                 also=tuple(key(name) for name in ("decoder", "batch_norm", "decoder_batch_norm")))
 
 
 class PaddingStatistics(NamedTuple):

@@ -82,11 +82,9 @@ class ConvS2SConfig:
     def __post_init__(self) -> None:
         for name in ("embed_dim", "out_embed_dim", "max_positions"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"config key 'model.convs2s.{name}': must be at least 1, got {getattr(self, name)}",
-                                  keys=(f"model.convs2s.{name}",))
+                raise ConfigError.at(f"model.convs2s.{name}", f"must be at least 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"config key 'model.convs2s.dropout': {self.dropout} must be in [0, 1)",
-                              keys=("model.convs2s.dropout",))
+            raise ConfigError.at("model.convs2s.dropout", f"{self.dropout} must be in [0, 1)")
         expand_layers(self.enc_layers, "model.convs2s.enc_layers")
         expand_layers(self.dec_layers, "model.convs2s.dec_layers")
 
@@ -96,14 +94,14 @@ def expand_layers(spec: list[list[int]], key: str) -> list[tuple[int, int]]:
     layers: list[tuple[int, int]] = []
     for i, entry in enumerate(spec):
         if len(entry) not in (2, 3) or any(v < 1 for v in entry):
-            raise ConfigError(
-                f"config key '{key}[{i}]': expected [channels, kernel_width] or [channels, kernel_width, repeat] "
-                f"of positive integers, got {entry}", keys=(f"{key}[{i}]",)
+            raise ConfigError.at(
+                f"{key}[{i}]", "expected [channels, kernel_width] or [channels, kernel_width, repeat] "
+                f"of positive integers, got {entry}"
             )
         repeat = entry[2] if len(entry) == 3 else 1
         layers += [(entry[0], entry[1])] * repeat
     if not layers:
-        raise ConfigError(f"config key '{key}': needs at least one layer", keys=(key,))
+        raise ConfigError.at(key, "needs at least one layer")
     return layers
 
 

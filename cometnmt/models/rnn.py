@@ -59,15 +59,12 @@ class RNNConfig:
     def __post_init__(self) -> None:
         for name in ("embed_dim", "hidden_size", "enc_layers", "dec_layers"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"config key 'model.rnn.{name}': must be at least 1, got {getattr(self, name)}",
-                                  keys=(f"model.rnn.{name}",))
+                raise ConfigError.at(f"model.rnn.{name}", f"must be at least 1, got {getattr(self, name)}")
         if self.hidden_size % 2:
-            raise ConfigError(
-                f"config key 'model.rnn.hidden_size': must be even (each encoder direction has half), got {self.hidden_size}",
-                keys=("model.rnn.hidden_size",)
-            )
+            raise ConfigError.at("model.rnn.hidden_size",
+                                 f"must be even (each encoder direction has half), got {self.hidden_size}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"config key 'model.rnn.dropout': {self.dropout} must be in [0, 1)", keys=("model.rnn.dropout",))
+            raise ConfigError.at("model.rnn.dropout", f"{self.dropout} must be in [0, 1)")
 
 
 class Encoder(nn.Module):

@@ -386,44 +386,39 @@ def check_config(cfg) -> None:
     for key in ("kernel_sizes", "dilations"):
         values = getattr(c, key)
         if len(values) < layers:
-            raise ConfigError(
-                f"config key 'model.transformer_pp.{key}': {values} has {len(values)} entries but the model has "
+            raise ConfigError.at(
+                f"model.transformer_pp.{key}", f"{values} has {len(values)} entries but the model has "
                 f"{layers} units (model.enc_layers={cfg.enc_layers}, model.dec_layers={cfg.dec_layers}); give one per unit",
-                keys=(f"model.transformer_pp.{key}", "model.enc_layers", "model.dec_layers")
+                also=("model.enc_layers", "model.dec_layers")
             )
         if any(v < 1 for v in values):
-            raise ConfigError(f"config key 'model.transformer_pp.{key}': every entry must be at least 1, got {values}",
-                              keys=(f"model.transformer_pp.{key}",))
+            raise ConfigError.at(f"model.transformer_pp.{key}", f"every entry must be at least 1, got {values}")
     conv = cfg.n_heads // 2 if c.conv_heads is None else c.conv_heads
     if not 0 <= conv <= cfg.n_heads:
-        raise ConfigError(f"config key 'model.transformer_pp.conv_heads': {conv} must be between 0 and model.n_heads={cfg.n_heads}",
-                          keys=("model.transformer_pp.conv_heads", "model.n_heads"))
+        raise ConfigError.at("model.transformer_pp.conv_heads", f"{conv} must be between 0 and model.n_heads={cfg.n_heads}",
+                             also=("model.n_heads",))
     for key in ("weight_dropout", "attention_dropout", "embed_dropout"):
         p = getattr(c, key)
         if p is not None and not 0.0 <= p < 1.0:
-            raise ConfigError(f"config key 'model.transformer_pp.{key}': {p} must be in [0, 1)",
-                              keys=(f"model.transformer_pp.{key}",))
+            raise ConfigError.at(f"model.transformer_pp.{key}", f"{p} must be in [0, 1)")
     for key in ("pos_weight", "ner_weight"):
         w = getattr(c, key)
         if not (math.isfinite(w) and w >= 0):  # a negative weight would train the encoder to unlearn the tags
-            raise ConfigError(f"config key 'model.transformer_pp.{key}': must be a finite number at least 0, got {w}",
-                              keys=(f"model.transformer_pp.{key}",))
+            raise ConfigError.at(f"model.transformer_pp.{key}", f"must be a finite number at least 0, got {w}")
     if len(set(c.tasks)) != len(c.tasks):
-        raise ConfigError(f"config key 'model.transformer_pp.tasks': {c.tasks} lists a task twice",
-                          keys=("model.transformer_pp.tasks",))
+        raise ConfigError.at("model.transformer_pp.tasks", f"{c.tasks} lists a task twice")
     needed = max((TAG_LAYER[task] for task in c.tasks if task in TAG_LAYER), default=-2) + 2
     if cfg.enc_layers < needed:  # 3 with NER (unit 2), 2 with POS alone (unit 1)
-        raise ConfigError(
-            f"config key 'model.enc_layers': {cfg.enc_layers} is too few for model.transformer_pp.tasks={c.tasks}; the "
+        raise ConfigError.at(
+            "model.enc_layers", f"{cfg.enc_layers} is too few for model.transformer_pp.tasks={c.tasks}; the "
             f"POS and NER base encoders (units 1 and 2) need at least one plain unit after the last of them "
-            f"(>= {needed}), or set tasks: []", keys=("model.enc_layers", "model.transformer_pp.tasks")
+            f"(>= {needed}), or set tasks: []", also=("model.transformer_pp.tasks",)
         )
     if "ner" in c.tasks and not c.ner_types:
-        raise ConfigError("config key 'model.transformer_pp.ner_types': empty, but 'ner' is in model.transformer_pp.tasks",
-                          keys=("model.transformer_pp.ner_types", "model.transformer_pp.tasks"))
+        raise ConfigError.at("model.transformer_pp.ner_types", "empty, but 'ner' is in model.transformer_pp.tasks",
+                             also=("model.transformer_pp.tasks",))
     if c.tag_cache_dir is not None and not c.tag_cache_dir.strip():  # `--set ...tag_cache_dir=$UNSET` was the default
-        raise ConfigError("config key 'model.transformer_pp.tag_cache_dir': empty; give a folder, or null for the default",
-                          keys=("model.transformer_pp.tag_cache_dir",))
+        raise ConfigError.at("model.transformer_pp.tag_cache_dir", "empty; give a folder, or null for the default")
 
 
 def tag_classes(c: TransformerPPConfig) -> dict[str, int]:

@@ -81,8 +81,8 @@ def _joined_too_late(info: DistInfo, seconds: float, timeout_minutes: float, exc
     counted = re.search(r"(\d+)/(\d+) clients joined", text)
     joined = f" ({counted[1]} of {counted[2]} ranks joined)" if counted else ""
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    raise errors.ConfigError(
-        f"config key 'train.distributed_timeout_minutes': rank {info.rank} of {info.world_size} gave up joining the "
+    raise errors.ConfigError.at(
+        "train.distributed_timeout_minutes", f"rank {info.rank} of {info.world_size} gave up joining the "
         f"process group after {minutes:.2f} minutes{joined}, the {timeout_minutes:g} minutes a rank waits for the others "
         f"to start: check that every rank started and can reach rank 0 at MASTER_ADDR:MASTER_PORT ({address}), or raise "
         f"the key where ranks start minutes apart ({type(exc).__name__}: {text})") from exc

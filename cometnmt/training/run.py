@@ -71,12 +71,12 @@ RESUME_FREE_MODEL_KEYS = ("transformer_pp.tag_cache_dir",)
 def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | None:
     """Never overwrite a run by accident; on --resume, return the last checkpoint."""
     if not cfg.train.save_dir.strip():  # Path("") is the current folder: `--set train.save_dir=` trained into it
-        raise ConfigError("config key 'train.save_dir': empty; name a folder for the run's checkpoints and logs")
+        raise ConfigError.at("train.save_dir", "empty; name a folder for the run's checkpoints and logs")
     for folder in (Path(cfg.train.save_dir), *Path(cfg.train.save_dir).parents):  # was a traceback at mkdir
         if folder.exists() and not folder.is_dir():
             within = "" if folder == Path(cfg.train.save_dir) else f" (in {cfg.train.save_dir})"
-            raise ConfigError(f"config key 'train.save_dir': {folder}{within} is a file, not a folder; name a folder "
-                              "for the run's checkpoints and logs")
+            raise ConfigError.at("train.save_dir", f"{folder}{within} is a file, not a folder; name a folder "
+                                 "for the run's checkpoints and logs")
     last = Path(cfg.train.save_dir) / LAST_CHECKPOINT
     option = _resume_option(flags)
     if resume:
@@ -292,9 +292,9 @@ def check_positions(cfg: Config, limit: int | None, valid_corpus, valid_data) ->
         return
     src_extra = 2 if cfg.data.src_sos_eos else 0
     if cfg.data.max_len + max(src_extra, 1) > limit:
-        raise ConfigError(f"config key 'data.max_len': {cfg.data.max_len} tokens (+{max(src_extra, 1)} for "
-                          f"{'<s> </s> around sources' if src_extra else 'the target BOS'}) exceed the model's {limit} "
-                          f"positions ({positions_key(cfg.model)}); lower data.max_len or raise the positions")
+        raise ConfigError.at("data.max_len", f"{cfg.data.max_len} tokens (+{max(src_extra, 1)} for "
+                             f"{'<s> </s> around sources' if src_extra else 'the target BOS'}) exceed the model's {limit} "
+                             f"positions ({positions_key(cfg.model)}); lower data.max_len or raise the positions")
     for i, (src, tgt) in enumerate(zip(valid_data.src_ids, valid_data.tgt_ids)):
         if len(src) > limit or len(tgt) + 1 > limit:
             path = valid_corpus.src_path if len(src) > limit else valid_corpus.tgt_path
@@ -467,8 +467,8 @@ def _waited_too_long(dist: DistInfo, seconds: float, timeout_minutes: float, exc
     else:
         what = (f"rank {dist.rank} gave up waiting for rank 0 to prepare the data (read the splits, build the codec, "
                 f"tag) after {timeout_minutes:g} minutes, the most a rank waits for the others")
-    raise ConfigError(f"config key 'train.distributed_timeout_minutes': {what}; raise it for data that take longer to "
-                      f"prepare ({type(exc).__name__}: {exc})") from exc
+    raise ConfigError.at("train.distributed_timeout_minutes", f"{what}; raise it for data that take longer to "
+                         f"prepare ({type(exc).__name__}: {exc})") from exc
 
 
 class _SetUp:
