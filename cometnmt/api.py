@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cometnmt.atomic import refuse_overwrite, same_file
-from cometnmt.config import Config, apply_overrides, load_config, to_dict
+from cometnmt.config import Config, apply_overrides, load_config, origin_named, to_dict
 from cometnmt.errors import CheckpointError, ConfigError, DataError, setting
 from cometnmt.inference import SplitTranslation, Translator, check_split, checkpoint_list, plain_number
 
@@ -54,7 +54,8 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
         raise ConfigError(f"train needs a Config or the path of a YAML config, got {type(config).__name__}")
     threads = torch.get_num_threads()
     try:
-        return run_training(cfg, resume=resume, init_from=init_from, flags=False)
+        with origin_named(None if isinstance(config, Config) else config, overrides):  # training's own checks: whose value
+            return run_training(cfg, resume=resume, init_from=init_from, flags=False)
     finally:
         torch.set_num_threads(threads)  # train.num_threads is the run's, not the caller's, setting
 

@@ -63,11 +63,12 @@ def cmd_train(args) -> int:
     cfg = None
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
     try:
-        from cometnmt.config import load_config
+        from cometnmt.config import load_config, origin_named
         from cometnmt.training.run import train
 
         cfg = load_config(args.config, args.set)
-        summary = train(cfg, resume=args.resume, init_from=args.init_from)
+        with origin_named(args.config, args.set):  # training's own checks: the file's value or the override's
+            summary = train(cfg, resume=args.resume, init_from=args.init_from)
     except KeyboardInterrupt as exc:
         _say_failure(exc)
         if not main_rank:  # under torchrun rank 0 says how to resume; the others would repeat it

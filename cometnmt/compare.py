@@ -78,7 +78,7 @@ def _systems(args) -> list[tuple[str, Path]]:
         raise CometNMTError(f"--average-last must be >= 0, got {args.average_last}")
     configs = [load_config(path, args.set) for path in args.configs]
     _check_average_last(args, configs)
-    check_run_configs(zip(args.configs, configs))
+    check_run_configs(zip(args.configs, configs), args.set)
     _check_test_sets(args, configs)
     if "paper" in args.metrics:  # the paper metric needs spaCy's tokenizer: fail now, not after training
         from cometnmt.data.tokenizers import SpacyTokenizer

@@ -12,6 +12,7 @@ Architecture-specific hyper-parameters live next to the code that uses them (e.g
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -556,14 +557,35 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: {exc}") from None
     for text, key, value in parsed:
         _set_dotted(data, key, value, text)
-    try:
+    with origin_named(path, overrides):  # a value's own rule (train.lr: -1) or a rule across keys, checked once merged
         return config_from_dict(data)
-    except ConfigError as exc:  # a value's own rule (train.lr: -1) or a rule across keys, checked once merged
-        # the keys its message names (exc.keys, the refused one first): an override of any, its error as it is
-        if path is None or not exc.keys or any(_overlaps(key, named) for _, key, _ in parsed for named in exc.keys):
+
+
+def name_origin(exc: ConfigError, path: str | Path | None, overrides: list[str] | None) -> ConfigError:
+    """``exc``, an error on the config that :func:`load_config` read from ``path`` and ``overrides``
+    (``--set``'s ``section.key=value``), naming where the refused value came from: ``exc`` itself
+    where an override set a key it names (``exc.keys``, the refused one first), where it names none
+    or where there is no file; else a new error naming the file of ``path``'s base chain that set
+    the refused key, or ``path`` where none does. load_config names its rules' errors so; ``cometnmt
+    train``, :func:`cometnmt.train` and compare's and reproduce's checks name so the errors of the
+    checks training makes itself (file pairs data.corpus multi30k ignores, the built model)."""
+    overridden = [parse_override(text)[0] for text in overrides or []]
+    if path is None or not exc.keys or any(_overlaps(key, named) for key in overridden for named in exc.keys):
+        return exc
+    refused = exc.keys[0].split("[")[0]  # train.betas[1]: the file sets train.betas
+    return ConfigError(_in_file(Path(path).expanduser(), refused, exc) or f"{path}: {exc}", keys=exc.keys)
+
+
+@contextlib.contextmanager
+def origin_named(path: str | Path | None, overrides: list[str] | None):
+    """A ConfigError raised inside, named as :func:`name_origin` names it."""
+    try:
+        yield
+    except ConfigError as exc:
+        named = name_origin(exc, path, overrides)
+        if named is exc:
             raise
-        refused = exc.keys[0].split("[")[0]  # train.betas[1]: the file sets train.betas
-        raise ConfigError(_in_file(Path(path).expanduser(), refused, exc) or f"{path}: {exc}", keys=exc.keys) from None
+        raise named from None
 
 
 def _overlaps(key: str, dotted: str) -> bool:
@@ -873,7 +895,8 @@ def check_unread_files(data: DataConfig) -> None:
     if given:
         raise ConfigError(f"config key{'s' if len(given) > 1 else ''} {', '.join(repr(k) for k in given)}: set, but "
                           f"data.corpus is 'multi30k', which reads no file pairs (it would train on Multi30k's "
-                          f"{data.train_split} split): set data.corpus: files to train on them, or remove them")
+                          f"{data.train_split} split): set data.corpus: files to train on them, or remove them",
+                          keys=(*given, "data.corpus"))
 
 
 def unread_multi30k_dir(data: DataConfig) -> str | None:

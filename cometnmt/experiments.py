@@ -53,19 +53,25 @@ _children_lock = threading.Lock()
 _stopping = threading.Event()
 
 
-def check_run_configs(configs) -> None:
+def check_run_configs(configs, overrides: list[str] | None = None) -> None:
     """What the runs' trainings will need and a config alone can tell, checked before any run
     starts (not after the others trained): file pairs data.corpus multi30k would ignore, and
     Transformer++'s tag cache folder and taggers, and that a ``cometnmt train`` process knows each
-    architecture. ``configs`` are (config file, loaded config) pairs; an error names the file."""
-    from cometnmt.config import check_unread_files
+    architecture. ``configs`` are (config file, config loaded with ``overrides``) pairs; an error
+    names the file (of its base chain) that set a key it names, or is the override's as it is."""
+    from cometnmt.config import check_unread_files, name_origin
     from cometnmt.data.tagging import check_training_tags
+    from cometnmt.errors import ConfigError
 
     configs = list(configs)
     for path, cfg in configs:
         try:
             check_unread_files(cfg.data)
             check_training_tags(cfg)
+        except ConfigError as exc:
+            if exc.keys:  # --set data.train_src=... was named as the file's
+                raise name_origin(exc, path, overrides) from None
+            raise CometNMTError(f"{path}: {exc}") from None
         except CometNMTError as exc:
             raise CometNMTError(f"{path}: {exc}") from None
     check_run_architectures(configs)

@@ -192,7 +192,7 @@ def run_reproduce(args) -> int:
 
     paths = [Path(args.config_dir) / ROWS[row].preset for row in rows]
     # every preset with the --set overrides (model.arch=transformer_pp, say), before any run starts
-    check_run_configs((path, load_config(path, args.set)) for path in paths)
+    check_run_configs(((path, load_config(path, args.set)) for path in paths), args.set)
     prev = _previous_report(args, rows)  # read (and checked) before any training, and before OUT/report.json is rewritten
     from cometnmt.data.tokenizers import warn_once_a_language
 

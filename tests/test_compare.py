@@ -73,7 +73,8 @@ def test_compare_rejects_bad_invocations(cli, tmp_path):
     assert proc.returncode == 2 and "train.max_epoch" in proc.stderr
     proc = cli("compare", *PRESETS, "--out", out, "--set", "data.valid_src=v.de", "--set", "data.valid_tgt=v.en",
                "--deadline", "0", check=False)  # read by no run: data.corpus stays multi30k
-    assert proc.returncode == 2 and (f"{PRESETS[0]}: config keys 'data.valid_src', 'data.valid_tgt': set, but "
+    # the overrides' values, named as load_config names an override's (no preset: it set neither)
+    assert proc.returncode == 2 and ("cometnmt: error: config keys 'data.valid_src', 'data.valid_tgt': set, but "
                                      "data.corpus is 'multi30k'") in proc.stderr
     (tmp_path / "tags").write_text("")  # a file where Transformer++'s tag cache folder should be
     proc = cli("compare", *PRESETS, "--out", out, "--set", f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}",

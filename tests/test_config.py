@@ -747,6 +747,50 @@ def test_whether_an_override_or_a_file_gave_a_refused_value_comes_from_the_error
     assert caught.value.keys == ("data.max_len", "model.max_positions") and str(caught.value).startswith("config keys ")
 
 
+def test_training_s_own_checks_name_the_override_or_the_file_that_gave_the_refused_value(tmp_path, monkeypatch):
+    """The checks training makes itself, on file pairs data.corpus multi30k would ignore, on the
+    model the architecture's builder returned and on tie_embeddings there, raised ConfigError
+    without keys, so nothing could say whether a --set override or the file had given the value:
+    ``cometnmt train`` and cometnmt.train named no file for a file's data.train_src, and compare's
+    and reproduce's check before any run named the preset for an override's. They now carry their
+    keys, and the file of the base chain that set one is named (name_origin, as load_config names
+    its own rules' errors); an override's error stays as it is."""
+    import cometnmt
+    from cometnmt import experiments
+    from cometnmt.models import REGISTRY, build_model
+    from cometnmt.models.base import Seq2Seq
+
+    tiny = REPO / "configs" / "tiny.yaml"
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"base: {tiny}\ndata:\n  train_src: a.de\n  train_tgt: a.en\n", encoding="utf-8")
+    unread = "config keys 'data.train_src', 'data.train_tgt': set, but data.corpus is 'multi30k', which reads no file pairs"
+    save = [f"train.save_dir={tmp_path / 'run'}"]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {re.escape(unread)}"):
+        cometnmt.train(path, save)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {re.escape(unread)}"):
+        experiments.check_run_configs([(path, load_config(path, save))], save)
+    overrides = [*save, "data.train_src=a.de", "data.train_tgt=a.en"]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(unread)}"):
+        cometnmt.train(tiny, overrides)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(unread)}"):  # was "configs/tiny.yaml: config keys ..."
+        experiments.check_run_configs([(tiny, load_config(tiny, overrides))], overrides)
+    assert not (tmp_path / "run").exists()
+    from cometnmt.config import name_origin
+
+    class Untied(Seq2Seq):
+        encode = decode = init_state = step = lambda self, *args: None
+
+    monkeypatch.setitem(REGISTRY, "plain_module", lambda cfg, s, t, p: __import__("torch").nn.Linear(2, 2))
+    monkeypatch.setitem(REGISTRY, "untied", lambda cfg, s, t, p: Untied(p))
+    for arch, tie, refused in (("plain_module", "false", "model.arch"), ("untied", "true", "model.tie_embeddings")):
+        path.write_text(f"base: {tiny}\nmodel:\n  arch: {arch}\n  tie_embeddings: {tie}\n", encoding="utf-8")
+        with pytest.raises(ConfigError) as caught:
+            build_model(load_config(path).model, 11, 13, 0)
+        assert caught.value.keys[0] == refused and str(caught.value).startswith(f"config key '{refused}': ")
+        assert str(name_origin(caught.value, path, [])) == f"{path}: {caught.value}"
+        assert name_origin(caught.value, path, [f"{refused}={arch if refused == 'model.arch' else tie}"]) is caught.value
+
+
 def test_a_list_written_without_brackets_gets_the_brackets_hint():
     """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
     with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "

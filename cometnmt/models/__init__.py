@@ -131,8 +131,9 @@ def build_model(model_cfg, src_vocab_size: int, tgt_vocab_size: int, pad_id: int
     _check_built_model(model_cfg.arch, builder, model)
     if model_cfg.tie_embeddings:
         if type(model).tie_embeddings is Seq2Seq.tie_embeddings:  # a script's architecture (the config loader refuses convs2s, rnn)
-            raise ConfigError(f"config key 'model.tie_embeddings': {type(model).__name__}, built by the builder registered as "
-                              f"{model_cfg.arch!r}, does not define tie_embeddings() (Seq2Seq.tie_embeddings)")
+            raise ConfigError.at("model.tie_embeddings", f"{type(model).__name__}, built by the builder registered as "
+                                 f"{model_cfg.arch!r}, does not define tie_embeddings() (Seq2Seq.tie_embeddings)",
+                                 also=("model.arch",))
         model.tie_embeddings()
     return model
 
@@ -195,13 +196,13 @@ def check_builder_signature(arch: str) -> None:
 def _check_built_model(arch: str, builder: Builder, model: object) -> None:
     """What the builder returned is a Seq2Seq that defines every protocol method itself."""
     if not isinstance(model, Seq2Seq):
-        raise ConfigError(f"config key 'model.arch': the builder registered as {arch!r} ({_builder_name(builder)}) returned "
-                          f"{a_type(model)}, not a cometnmt.models.base.Seq2Seq (a subclass defining {', '.join(PROTOCOL)})")
+        raise ConfigError.at("model.arch", f"the builder registered as {arch!r} ({_builder_name(builder)}) returned "
+                             f"{a_type(model)}, not a cometnmt.models.base.Seq2Seq (a subclass defining {', '.join(PROTOCOL)})")
     missing = [name for name in PROTOCOL if getattr(type(model), name) is getattr(Seq2Seq, name)]
     if missing:
-        raise ConfigError(f"config key 'model.arch': {type(model).__name__}, built by the builder registered as {arch!r} "
-                          f"({_builder_name(builder)}), does not define {', '.join(missing)} of the Seq2Seq protocol "
-                          f"(cometnmt/models/base.py)")
+        raise ConfigError.at("model.arch", f"{type(model).__name__}, built by the builder registered as {arch!r} "
+                             f"({_builder_name(builder)}), does not define {', '.join(missing)} of the Seq2Seq protocol "
+                             f"(cometnmt/models/base.py)")
 
 
 def load_plugins() -> None:

@@ -251,7 +251,8 @@ def _load_init(cfg: Config, init_from: str | Path, flags: bool = True) -> tuple[
         # both trained matrices would load into the one shared tensor, the output projection's last
         raise ConfigError(f"{option}: config key 'model.tie_embeddings': true, but the checkpoint was trained with separate "
                           f"target embeddings and output projection, which cannot become one matrix without losing one "
-                          f"of them; set model.tie_embeddings: false (a tied checkpoint may be fine-tuned untied)")
+                          f"of them; set model.tie_embeddings: false (a tied checkpoint may be fine-tuned untied)",
+                          keys=("model.tie_embeddings",))
     codec = TextCodec.from_state(payload["codec"])
     model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), PAD)
     try:
