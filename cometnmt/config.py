@@ -335,7 +335,8 @@ def from_dict(cls: type, data: dict, prefix: str = "", build: bool = True) -> An
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in hints:
-            raise ConfigError(f"unknown config key '{dotted}'; allowed keys here: {', '.join(hints)}{_section_hint(cls, value)}")
+            raise ConfigError(f"unknown config key '{dotted}'; allowed keys here: {', '.join(hints)}{_section_hint(cls, value)}",
+                              keys=(dotted,))
         kwargs[key] = _coerce(value, hints[key], dotted, build)
     if not build:
         return kwargs
@@ -554,7 +555,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             from_dict(Config, _without_arch(data) if arch_replaced else copy.deepcopy(data), build=False)
         except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+            raise ConfigError(f"{path}: {exc}", keys=exc.keys) from None
     for text, key, value in parsed:
         _set_dotted(data, key, value, text)
     with origin_named(path, overrides):  # a value's own rule (train.lr: -1) or a rule across keys, checked once merged
@@ -683,12 +684,12 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = (), arch_replaced: bool = Fa
     data = loaded
     base = data.pop("base", None)
     if base is not None and not isinstance(base, str):
-        raise ConfigError(f"{path}: config key 'base' must be a file name, got {base!r}")
+        raise ConfigError(f"{path}: config key 'base' must be a file name, got {base!r}", keys=("base",))
     if seen:  # a base: its own keys and types, so that an error names the file to edit, not the child
         try:
             from_dict(Config, _without_arch(data) if arch_replaced else copy.deepcopy(data), build=False)
         except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc} (the base of {seen[-1]})") from None
+            raise ConfigError(f"{path}: {exc} (the base of {seen[-1]})", keys=exc.keys) from None
     if base is None:
         return data
     sets_arch = isinstance(data.get("model"), dict) and "arch" in data["model"]

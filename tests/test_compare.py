@@ -79,7 +79,7 @@ def test_compare_rejects_bad_invocations(cli, tmp_path):
     (tmp_path / "tags").write_text("")  # a file where Transformer++'s tag cache folder should be
     proc = cli("compare", *PRESETS, "--out", out, "--set", f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}",
                "--deadline", "0", check=False)
-    assert proc.returncode == 2 and (f"{PRESETS[0]}: config key 'model.transformer_pp.tag_cache_dir': {tmp_path / 'tags'} "
+    assert proc.returncode == 2 and (f"cometnmt: error: config key 'model.transformer_pp.tag_cache_dir': {tmp_path / 'tags'} "
                                      "is a file, not a folder") in proc.stderr
     # the bootstrap scores every system against the first one's test references: de-en beside en-de
     # was scored against German references, silently

@@ -791,6 +791,72 @@ def test_training_s_own_checks_name_the_override_or_the_file_that_gave_the_refus
         assert name_origin(caught.value, path, [f"{refused}={arch if refused == 'model.arch' else tie}"]) is caught.value
 
 
+# Bad configs whose errors test_a_config_error_names_in_its_keys_every_config_key_its_message_names scans:
+# a rule of every kind (a type, a section's own check, a rule across keys, a file's value, a base's).
+BAD_OVERRIDES = [
+    ["model.d_model=0"], ["model.n_heads=3"], ["model.arch=transformer_pp", "model.attention_dropout=0.1"],
+    ["model.arch=convs2s", "model.tie_embeddings=true"], ["model.arch=transfomer"], ["train.lr=-1"], ["train.betas=[0.9]"],
+    ["train.schedule=inverse_sqrt", "train.warmup_steps=0"], ["train.stopping=bleu_patience", "train.valid_bleu=false"],
+    ["data.train_split=trian"], ["data.tgt_lang=de", "data.src_lang=de"], ["decode.replace_unk=true", "data.tokenizer=sentencepiece"],
+    ["model.max_positions=8"], ["decode.nbest=9", "decode.beam_size=2"], ["decode.max_len_a=0", "decode.max_len_b=0"],
+    ["data.train_src="], ["data.test_src=a.txt"], ["data.corpus=files"], ["model.nope=1"], ["train.lr=abc"],
+    ["train.betas=[0.9, x]"], ["train.compile=maybe"], ["model.comet.dilations=[1]"], ["model.comet.decoder_bn_length_bounds=[2]"],
+    ["model.arch=convs2s", "model.convs2s.enc_layers=[[1]]"], ["model.arch=rnn", "model.rnn.hidden_size=3"],
+    ["model.arch=transformer_pp", "model.transformer_pp.kernel_sizes=[3]"], ["model.arch=transformer_pp", "model.enc_layers=1"],
+    ["model.arch=transformer_pp", "model.transformer_pp.conv_heads=99"], ["model.comet=3"],
+]
+BAD_FILES = ["train:\n  lr: -1\n", "train:\n  lr: abc\n", "model:\n  nope: 1\n", "base: 3\n", "data:\n  test_src: a.txt\n",
+             "model:\n  max_positions: 8\n", "data:\n  train_src: a.de\n  train_tgt: a.en\n"]
+
+
+def test_a_config_error_names_in_its_keys_every_config_key_its_message_names(tmp_path, monkeypatch):
+    """A ConfigError's keys (the config keys its message names, from which load_config tells an
+    override's error from a file's) were written beside the message at each raise site, and some
+    sites (the unknown key, a file's own check wrapping a key's error, training's checks) had none,
+    so that the two drifted apart unseen. Every ConfigError made while a table of bad configs loads
+    (from overrides and from a file, for a base too) and while training's own checks run must have
+    in its keys each key its message names as "config key 'X'" or "config keys 'X' and 'Y'"."""
+    import cometnmt
+    from cometnmt.config import check_unread_files
+    from cometnmt.data.tagging import check_cache_dir, resolve_tagger
+
+    made = []
+    init = ConfigError.__init__
+
+    def recording(self, message, keys=()):
+        init(self, message, keys)
+        made.append(self)
+
+    monkeypatch.setattr(ConfigError, "__init__", recording)
+    tiny = REPO / "configs" / "tiny.yaml"
+    for overrides in BAD_OVERRIDES:
+        with pytest.raises(ConfigError):
+            load_config(tiny, overrides)
+    for i, text in enumerate(BAD_FILES):
+        base = tmp_path / f"base{i}.yaml"
+        base.write_text(text if text.startswith("base:") else f"base: {tiny}\n{text}", encoding="utf-8")
+        (tmp_path / f"child{i}.yaml").write_text(f"base: {base.name}\nname: child\n", encoding="utf-8")
+        for path in (base, tmp_path / f"child{i}.yaml"):
+            with pytest.raises(ConfigError):
+                check_unread_files(load_config(path).data)  # the last file: loads, but training refuses it
+    with pytest.raises(ConfigError):
+        cometnmt.train(tiny, ["train.save_dir=' '"])
+    with pytest.raises(ConfigError):
+        resolve_tagger("pos", "spacy:", "de")
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    with pytest.raises(ConfigError):
+        check_cache_dir(load_config(tiny, ["model.arch=transformer_pp", f"model.transformer_pp.tag_cache_dir={tmp_path / 'file'}"]
+                                    ).model.transformer_pp)
+    named_keys = re.compile(r"config keys? ('[^']+'(?:(?:, | and )'[^']+')*)")
+    checked = 0
+    for exc in made:
+        for listed in named_keys.findall(str(exc)):
+            checked += 1
+            for key in re.findall(r"'([^']+)'", listed):
+                assert key in exc.keys, f"{exc!s} names config key {key!r}, but its keys are {exc.keys}"
+    assert checked >= len(BAD_OVERRIDES) + 2 * len(BAD_FILES)
+
+
 def test_a_list_written_without_brackets_gets_the_brackets_hint():
     """--set train.betas=0.9,0.98 said only "expected list of float, got '0.9,0.98'"."""
     with pytest.raises(ConfigError, match=r"^config key 'train.betas': expected list of float, got '0.9,0.98'; a list is "

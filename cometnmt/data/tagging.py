@@ -294,16 +294,17 @@ def check_cache_dir(c) -> Path:
            "the tag cache (model.transformer_pp.tag_cache_dir: null, so $COMETNMT_CACHE/tags, $XDG_CACHE_HOME/cometnmt/tags "
            "or ~/.cache/cometnmt/tags)")
     fix = "name a folder for the tag cache" if c.tag_cache_dir else "set model.transformer_pp.tag_cache_dir to a folder"
+    keys = ("model.transformer_pp.tag_cache_dir",) if c.tag_cache_dir else ()  # null: the machine's folder, not the config's
     for part in (folder, *folder.parents):
         if part.is_symlink() and not part.exists():
-            raise ConfigError(f"{key}: {part} is a broken symbolic link; {fix}")
+            raise ConfigError(f"{key}: {part} is a broken symbolic link; {fix}", keys=keys)
         if not part.exists():
             continue
         if not part.is_dir():
             inside = "" if part == folder else f", so {folder} cannot be a folder"
-            raise ConfigError(f"{key}: {part} is a file, not a folder{inside}; {fix}")
+            raise ConfigError(f"{key}: {part} is a file, not a folder{inside}; {fix}", keys=keys)
         if part != folder and not os.access(part, os.W_OK | os.X_OK):
-            raise ConfigError(f"{key}: {folder} cannot be created: {part} is not writable; {fix} you can write to")
+            raise ConfigError(f"{key}: {folder} cannot be created: {part} is not writable; {fix} you can write to", keys=keys)
         break
     return folder
 
