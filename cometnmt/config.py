@@ -574,7 +574,11 @@ def name_origin(exc: ConfigError, path: str | Path | None, overrides: list[str] 
     if path is None or not exc.keys or any(_overlaps(key, named) for key in overridden for named in exc.keys):
         return exc
     refused = exc.keys[0].split("[")[0]  # train.betas[1]: the file sets train.betas
-    return ConfigError(_in_file(Path(path).expanduser(), refused, exc) or f"{path}: {exc}", keys=exc.keys)
+    try:  # the chain is read again: training's own checks come minutes after it loaded, and a file may have changed
+        text = _in_file(Path(path).expanduser(), refused, exc)
+    except (OSError, ValueError, AttributeError, RecursionError, yaml.YAMLError, ConfigError):
+        text = None
+    return ConfigError(text or f"{path}: {exc}", keys=exc.keys)
 
 
 @contextlib.contextmanager

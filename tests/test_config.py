@@ -789,6 +789,10 @@ def test_training_s_own_checks_name_the_override_or_the_file_that_gave_the_refus
         assert caught.value.keys[0] == refused and str(caught.value).startswith(f"config key '{refused}': ")
         assert str(name_origin(caught.value, path, [])) == f"{path}: {caught.value}"
         assert name_origin(caught.value, path, [f"{refused}={arch if refused == 'model.arch' else tie}"]) is caught.value
+    path.unlink()  # a file removed (or broken) while the run prepared its data: the error names it still, no traceback
+    assert str(name_origin(caught.value, path, [])) == f"{path}: {caught.value}"
+    path.write_text("model: [\n", encoding="utf-8")
+    assert str(name_origin(caught.value, path, [])) == f"{path}: {caught.value}"
 
 
 # Bad configs whose errors test_a_config_error_names_in_its_keys_every_config_key_its_message_names scans:
