@@ -40,9 +40,9 @@ def deferred(redeliver: bool = True) -> Iterator[list[int]]:
     ``except Exception`` and the process stops as asked, its traceback (and the CLI's message,
     ``cometnmt.cli``) naming the failure; ``Trainer.fit`` saves no last.pt for such an interrupt,
     as it saves none for the failure alone. Under DDP fit's own block (``redeliver=False``) takes
-    a step's signal, and the ranks stop together with the failure. Where the handler is SIGTERM's default (no CLI), the
-    failure's traceback is printed before the process ends. Nothing written is lost: the block ran
-    to its failure, and the writes it holds are atomic (the old file stays)."""
+    a step's signal, and the ranks stop together with the failure. Where the handler is SIGTERM's
+    default (no CLI), the failure's traceback is printed before the process ends. Nothing written
+    is lost: the block ran to its failure, and the writes it holds are atomic (the old file stays)."""
     noted: list[int] = []
     try:
         with _handled_by(lambda signum, frame: noted.append(signum)) as previous:
