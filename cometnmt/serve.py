@@ -1154,8 +1154,9 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     warnings of request text not in Unicode NFC (:class:`NfcWarnings`; 0: one per such request).
     ``max_batch_sentences``, ``max_batch_chars`` and ``batch_wait_ms``: dynamic batching
     (:class:`RequestBatcher`), a batch closes at that many sentences, that many padded characters
-    (its sentences x the characters of its longest, as the model pads them; 0: no character budget) or that many milliseconds after its first request (0, or one sentence: off,
-    each request decoded alone).
+    (its sentences x the characters of its longest, as the model pads them; 0: no character
+    budget) or that many milliseconds after its first request (0, or one sentence: off, each
+    request decoded alone).
     Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
