@@ -757,10 +757,13 @@ def validate(cfg: Config) -> None:
                 "" if builtin else f"; register_architecture({cfg.model.arch!r}, ..., uses=...) does not name it")
         raise ConfigError.at("model.attention_dropout", f"applies to the transformer and comet architectures"
                              f"{'' if builtin else ' and those that declare it'}, not {cfg.model.arch!r}{hint}",
-                             also=("model.transformer_pp.attention_dropout",) if cfg.model.arch == "transformer_pp" else ())
+                             also=("model.arch",) + (("model.transformer_pp.attention_dropout",)
+                                                     if cfg.model.arch == "transformer_pp" else ()))
+    # model.arch in these rules' keys: `--set model.arch=convs2s` over a file's tie_embeddings: true
+    # is the override's error, which name_origin blamed on the file
     if cfg.model.tie_embeddings and cfg.model.arch in OWN_SECTION_ARCHS:  # a registered one of a script's: when built
         raise ConfigError.at("model.tie_embeddings", f"applies to the {', '.join(TIED_ARCHS)} architectures, "
-                             f"not {cfg.model.arch!r}")
+                             f"not {cfg.model.arch!r}", also=("model.arch",))
     if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", cfg.train.device):  # whether this machine has it: when training starts
         raise ConfigError.at("train.device", f"{cfg.train.device!r} is not a device; use auto, cpu, cuda or cuda:N")
     if cfg.train.compile_mode != "default" and not cfg.train.compile:

@@ -747,6 +747,51 @@ def test_whether_an_override_or_a_file_gave_a_refused_value_comes_from_the_error
     assert caught.value.keys == ("data.max_len", "model.max_positions") and str(caught.value).startswith("config keys ")
 
 
+def test_a_rule_that_depends_on_the_architecture_blames_an_override_of_model_arch(tmp_path, monkeypatch):
+    """The rules that hold for some architectures only (model.tie_embeddings, model.attention_dropout)
+    name the architecture in their message but did not put model.arch in their keys: ``--set
+    model.arch=convs2s`` over a file setting ``tie_embeddings: true`` (right for its transformer) was
+    blamed on the file. The override that made the value wrong is now the error's, without a file;
+    the file is named still where it set the architecture too. Likewise HanTa's "the source language
+    is 'fr'" names data.src_lang in its keys."""
+    tiny = REPO / "configs" / "tiny.yaml"
+    path = tmp_path / "mine.yaml"
+    for key, value in (("tie_embeddings", "true"), ("attention_dropout", "0.1")):
+        path.write_text(f"base: {tiny}\nmodel:\n  {key}: {value}\n", encoding="utf-8")
+        load_config(path)  # right for the file's transformer
+        for arch in ("convs2s", "rnn"):
+            with pytest.raises(ConfigError, match=rf"^config key 'model.{key}': applies to the .*, not '{arch}'"):
+                load_config(path, [f"model.arch={arch}"])  # was "PATH: config key ..."
+            with pytest.raises(ConfigError) as caught:
+                load_config(path, [f"model={{arch: {arch}}}"])
+            assert "model.arch" in caught.value.keys and not str(caught.value).startswith(str(path))
+        path.write_text(f"base: {tiny}\nmodel:\n  arch: rnn\n  {key}: {value}\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'model.{key}': applies to "):
+            load_config(path, ["train.lr=0.001"])  # the file set both: the file's error
+    from cometnmt.config import name_origin
+    from cometnmt.data import tagging
+
+    monkeypatch.setattr(tagging, "_installed", lambda name: True)
+    path.write_text(f"base: {tiny}\nmodel:\n  arch: transformer_pp\n  transformer_pp:\n    tasks: [pos]\n"
+                    "    pos_tagger: hanta\n", encoding="utf-8")
+    cfg = load_config(path, ["data.src_lang=fr", "data.tgt_lang=en"])
+    with pytest.raises(ConfigError, match="HanTa is used for German POS here, but the source language is 'fr'") as caught:
+        tagging.resolve_tagger("pos", "hanta", cfg.data.src_lang)
+    assert caught.value.keys == ("model.transformer_pp.pos_tagger", "data.src_lang")
+    assert name_origin(caught.value, path, ["data.src_lang=fr", "data.tgt_lang=en"]) is caught.value  # was "PATH: ..."
+    assert str(name_origin(caught.value, path, [])) == f"{path}: {caught.value}"
+    import spacy  # a pipeline for another language than the source, and 'auto' finding none for it: the same
+
+    monkeypatch.setattr(spacy, "load", lambda name, exclude=(): type("Nlp", (), {"lang": "de"})())
+    with pytest.raises(ConfigError, match="is for language 'de', the source is 'fr'") as caught:
+        tagging.SpacyAnnotator("de_core_news_sm", ("pos",), "fr", "model.transformer_pp.pos_tagger")
+    assert caught.value.keys == ("model.transformer_pp.pos_tagger", "data.src_lang")
+    monkeypatch.setattr(tagging, "_installed", lambda name: False)
+    with pytest.raises(ConfigError, match="found no installed POS tagger for source language 'fr'") as caught:
+        tagging.resolve_tagger("pos", "auto", "fr")
+    assert caught.value.keys == ("model.transformer_pp.pos_tagger", "data.src_lang")
+
+
 def test_training_s_own_checks_name_the_override_or_the_file_that_gave_the_refused_value(tmp_path, monkeypatch):
     """The checks training makes itself, on file pairs data.corpus multi30k would ignore, on the
     model the architecture's builder returned and on tie_embeddings there, raised ConfigError

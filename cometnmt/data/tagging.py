@@ -157,7 +157,8 @@ class SpacyAnnotator:
             exclude.append("ner")
         self.nlp = spacy.load(pipeline, exclude=exclude)
         if self.nlp.lang != lang:
-            raise ConfigError.at(key, f"spaCy pipeline {pipeline!r} is for language {self.nlp.lang!r}, the source is {lang!r}")
+            raise ConfigError.at(key, f"spaCy pipeline {pipeline!r} is for language {self.nlp.lang!r}, the source is {lang!r}",
+                                 also=("data.src_lang",))
         pipes = set(self.nlp.pipe_names)
         if "pos" in tasks and not pipes & {"tagger", "morphologizer"}:
             raise ConfigError.at(key, f"spaCy pipeline {pipeline!r} has no tagger or morphologizer for POS")
@@ -235,7 +236,7 @@ def resolve_tagger(task: str, spec: str, lang: str) -> str:
         raise ConfigError.at(
             key, f"'auto' found no installed {task.upper()} tagger for source language {lang!r} "
             f"(tried {', '.join(candidates)}); install one ({INSTALL_HINT.get(candidates[-1].split(':')[-1], 'a spaCy pipeline')}), "
-            f"name another with {key}, or leave {task!r} out of model.transformer_pp.tasks"
+            f"name another with {key}, or leave {task!r} out of model.transformer_pp.tasks", also=("data.src_lang",)
         )
     if spec == "hanta" and task == "ner":
         raise ConfigError.at(key, "HanTa tags POS only; name a spaCy pipeline with NER or leave 'ner' out of model.transformer_pp.tasks")
@@ -244,7 +245,8 @@ def resolve_tagger(task: str, spec: str, lang: str) -> str:
     if not _installed(spec):
         raise _missing(key, spec, task)
     if spec == "hanta" and lang != "de":
-        raise ConfigError.at(key, f"HanTa is used for German POS here, but the source language is {lang!r}")
+        raise ConfigError.at(key, f"HanTa is used for German POS here, but the source language is {lang!r}",
+                             also=("data.src_lang",))  # an override of data.src_lang is to blame, not the file
     return spec
 
 
