@@ -27,7 +27,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from cometnmt.errors import ConfigError
+from cometnmt.errors import ConfigError, DataError
 from cometnmt.models.comet import CometConfig
 from cometnmt.models.convs2s import ConvS2SConfig
 from cometnmt.models.rnn import RNNConfig
@@ -562,14 +562,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return config_from_dict(data)
 
 
-def name_origin(exc: ConfigError, path: str | Path | None, overrides: list[str] | None) -> ConfigError:
+def name_origin(exc: ConfigError | DataError, path: str | Path | None, overrides: list[str] | None) -> ConfigError | DataError:
     """``exc``, an error on the config that :func:`load_config` read from ``path`` and ``overrides``
     (``--set``'s ``section.key=value``), naming where the refused value came from: ``exc`` itself
     where an override set a key it names (``exc.keys``, the refused one first), where it names none
     or where there is no file; else a new error naming the file of ``path``'s base chain that set
     the refused key, or ``path`` where none does. load_config names its rules' errors so; ``cometnmt
     train``, :func:`cometnmt.train` and compare's and reproduce's checks name so the errors of the
-    checks training makes itself (file pairs data.corpus multi30k ignores, the built model)."""
+    checks training makes itself (file pairs data.corpus multi30k ignores, the built model), and the
+    DataErrors of a data file a config key named ("config key 'data.train_src': a.de: file not
+    found"), as DataErrors."""
     overridden = [parse_override(text)[0] for text in overrides or []]
     if path is None or not exc.keys or any(_overlaps(key, named) for key in overridden for named in exc.keys):
         return exc
@@ -578,15 +580,15 @@ def name_origin(exc: ConfigError, path: str | Path | None, overrides: list[str] 
         text = _in_file(Path(path).expanduser(), refused, exc)
     except (OSError, ValueError, AttributeError, RecursionError, yaml.YAMLError, ConfigError):
         text = None
-    return ConfigError(text or f"{path}: {exc}", keys=exc.keys)
+    return (DataError if isinstance(exc, DataError) else ConfigError)(text or f"{path}: {exc}", keys=exc.keys)
 
 
 @contextlib.contextmanager
 def origin_named(path: str | Path | None, overrides: list[str] | None):
-    """A ConfigError raised inside, named as :func:`name_origin` names it."""
+    """A ConfigError or DataError raised inside, named as :func:`name_origin` names it."""
     try:
         yield
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         named = name_origin(exc, path, overrides)
         if named is exc:
             raise

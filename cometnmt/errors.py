@@ -29,7 +29,14 @@ class ConfigError(CometNMTError):
 
 
 class DataError(CometNMTError):
-    """A missing, malformed, misaligned or corrupt data file."""
+    """A missing, malformed, misaligned or corrupt data file. ``keys``: as :class:`ConfigError`'s, the
+    config keys that named the file (``("data.train_src",)``), so that training's own checks can say
+    whether a ``--set`` override or a file gave them (:func:`cometnmt.config.name_origin`); empty
+    where none did (a file given on the command line)."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = tuple(keys)
 
 
 class CheckpointError(CometNMTError):

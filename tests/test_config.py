@@ -792,6 +792,38 @@ def test_a_rule_that_depends_on_the_architecture_blames_an_override_of_model_arc
     assert caught.value.keys == ("model.transformer_pp.pos_tagger", "data.src_lang")
 
 
+def test_a_data_error_on_a_file_a_config_key_named_names_the_override_or_the_file(tmp_path):
+    """The DataErrors of the files that config keys name ("config key 'data.train_src': a.de: file
+    not found", a tab-separated file, a Multi30k folder without the split) carried no keys, so
+    training could not say whether a --set override or the file had named the file: a file's
+    missing data.train_src named no config file. They carry their keys as ConfigErrors do, and
+    name_origin names them the same way, as DataErrors."""
+    import cometnmt
+    from cometnmt.errors import DataError
+
+    tiny = REPO / "configs" / "tiny.yaml"
+    (tmp_path / "a.en").write_text("A dog.\n", encoding="utf-8")
+    (tmp_path / "pairs.tsv").write_text("Ein Hund.\tA dog.\n", encoding="utf-8")
+    path = tmp_path / "mine.yaml"
+    files = (f"base: {tiny}\ndata:\n  corpus: files\n  train_src: {tmp_path / '{}'}\n  train_tgt: {tmp_path / 'a.en'}\n"
+             f"  valid_src: {tmp_path / 'a.en'}\n  valid_tgt: {tmp_path / 'a.en'}\n")
+    save = [f"train.save_dir={tmp_path / 'run'}"]
+    for name, text in (("a.de", "config key 'data.train_src': .*a.de: file not found"),
+                       ("pairs.tsv", "config key 'data.train_src': every line of .*pairs.tsv holds a tab")):
+        path.write_text(files.format(name), encoding="utf-8")
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: {text}") as caught:  # was "config key ..."
+            cometnmt.train(path, save)
+        assert caught.value.keys == ("data.train_src",)
+        with pytest.raises(DataError, match=rf"^{text}"):  # the override's file: no config file named
+            cometnmt.train(path, [*save, f"data.train_src={tmp_path / name}"])
+    (tmp_path / "m30k").mkdir()
+    path.write_text(f"base: {tiny}\ndata:\n  multi30k_dir: {tmp_path / 'm30k'}\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: .*train.de.gz: file not found; the Multi30k "
+                                      r"directory given by config key 'data.multi30k_dir' must hold ") as caught:
+        cometnmt.train(path, save)
+    assert caught.value.keys == ("data.multi30k_dir",)
+
+
 def test_training_s_own_checks_name_the_override_or_the_file_that_gave_the_refused_value(tmp_path, monkeypatch):
     """The checks training makes itself, on file pairs data.corpus multi30k would ignore, on the
     model the architecture's builder returned and on tie_embeddings there, raised ConfigError

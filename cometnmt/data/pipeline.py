@@ -83,22 +83,30 @@ def split_files(cfg, split: str) -> tuple[Path, Path]:
     if cfg.corpus == "files":
         src, tgt = getattr(cfg, f"{split}_src"), getattr(cfg, f"{split}_tgt")
         if src is None or tgt is None:
-            raise DataError(f"config keys 'data.{split}_src' and 'data.{split}_tgt' must name files for the {split} split")
+            raise DataError(f"config keys 'data.{split}_src' and 'data.{split}_tgt' must name files for the {split} split",
+                            keys=(f"data.{split}_src", f"data.{split}_tgt"))
         paths = Path(src).expanduser(), Path(tgt).expanduser()
         for side, path in zip(("src", "tgt"), paths):
             if not path.exists():  # name the key, and the folder a relative path was taken from
                 where = "" if path.is_absolute() else f" (relative paths are taken from the current folder, {Path.cwd()})"
-                raise DataError(f"config key 'data.{split}_{side}': {path}: file not found{where}")
+                raise DataError(f"config key 'data.{split}_{side}': {path}: file not found{where}", keys=(f"data.{split}_{side}",))
             if path.is_dir():
-                raise DataError(f"config key 'data.{split}_{side}': {path}: is a folder, expected a text file")
+                raise DataError(f"config key 'data.{split}_{side}': {path}: is a folder, expected a text file",
+                                keys=(f"data.{split}_{side}",))
         return paths
     name = {"train": cfg.train_split, "valid": cfg.valid_split, "test": cfg.test_split}[split]
     for key in ("src_lang", "tgt_lang"):
         if getattr(cfg, key) not in LANGS:
             raise DataError(f"config key 'data.{key}': {getattr(cfg, key)!r} is not a language of Multi30k task 1 that "
-                            f"this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)")
+                            f"this package knows; expected one of {', '.join(LANGS)} (other files: data.corpus: files)",
+                            keys=(f"data.{key}", "data.corpus"))
     files = [f"{name}.{cfg.src_lang}.gz", f"{name}.{cfg.tgt_lang}.gz"]
-    root = resolve_dir(cfg.multi30k_dir, files=files, key="config key 'data.multi30k_dir'")
+    try:
+        root = resolve_dir(cfg.multi30k_dir, files=files, key="config key 'data.multi30k_dir'")
+    except DataError as exc:  # the key, where set, for name_origin (a download's errors name none)
+        if not cfg.multi30k_dir or exc.keys:
+            raise
+        raise DataError(str(exc), keys=("data.multi30k_dir",)) from None
     return split_paths(root, name, cfg.src_lang, cfg.tgt_lang)
 
 
@@ -124,14 +132,15 @@ def _check_not_one_tsv(corpus: ParallelCorpus, split: str) -> None:
     if corpus.src and corpus.src == corpus.tgt and all("\t" in line for line in corpus.src):
         raise DataError(
             f"config keys 'data.{split}_src' and 'data.{split}_tgt': {corpus.src_path} and {corpus.tgt_path} hold the "
-            f"same lines, each with a tab: a tab-separated file of pairs is not read as two columns; {cut}")
+            f"same lines, each with a tab: a tab-separated file of pairs is not read as two columns; {cut}",
+            keys=(f"data.{split}_src", f"data.{split}_tgt"))
     # named as one side beside a file of the other language, it trained "source<TAB>target" lines as
     # that side's sentences without a word (the line counts agreed)
     for side, path, lines in (("src", corpus.src_path, corpus.src), ("tgt", corpus.tgt_path, corpus.tgt)):
         if lines and all("\t" in line for line in lines):
             raise DataError(
                 f"config key 'data.{split}_{side}': every line of {path} holds a tab: a tab-separated file of pairs "
-                f"is not read as two columns (each whole line would be one sentence); {cut}")
+                f"is not read as two columns (each whole line would be one sentence); {cut}", keys=(f"data.{split}_{side}",))
 
 
 def read_split(cfg, split: str) -> ParallelCorpus:
@@ -161,9 +170,10 @@ def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]],
             return build_tokenizer(cfg.tokenizer, lang, texts, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size,
                                    sp_model_type=cfg.sp_model_type)
         except VocabSizeError as exc:  # too small for the characters of the text, say
-            raise DataError(f"config key 'data.sp_vocab_size' ({lang}): {exc}") from None
+            raise DataError(f"config key 'data.sp_vocab_size' ({lang}): {exc}", keys=("data.sp_vocab_size",)) from None
         except UnknownLanguageError as exc:  # a language spaCy lacks
-            raise DataError(f"config key 'data.{key}': {exc}; data.tokenizer=sentencepiece tokenises any language") from None
+            raise DataError(f"config key 'data.{key}': {exc}; data.tokenizer=sentencepiece tokenises any language",
+                            keys=(f"data.{key}", "data.tokenizer")) from None
 
     src_tok, tgt_tok = fit("src_lang", cfg.src_lang, train.src), fit("tgt_lang", cfg.tgt_lang, train.tgt)
     src_tokens, tgt_tokens = src_tok.tokenize_many(train.src), tgt_tok.tokenize_many(train.tgt)
