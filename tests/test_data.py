@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -154,12 +155,16 @@ def test_cjk_text_in_utf16_without_a_byte_order_mark_is_named_utf16(tmp_path: Pa
     zh = "一只狗在草地上奔跑。\n两个男人在街上说话。\n"
     ja = "日本語のテキストです。\u3000犬が走っている。\n一人の男性が歩いている。\n"
     mixed = "A dog 在草地上奔跑.\nZwei Hunde.\n"
-    cases = [(text, order) for text in (zh, ja, mixed) for order in ("LE", "BE")] + [("一只狗", "LE")]  # no line break
+    up = "上上狗在草地上奔跑。\n"  # U+4E0A is b"\x0a\x4e" in UTF-16LE, b"\x4e\x0a" in BE: no line break
+    cases = [(text, order) for text in (zh, ja, mixed, up) for order in ("LE", "BE")] + [("一只狗", "LE")]  # no line break
     for i, (text, order) in enumerate(cases):
         path = tmp_path / f"{i}.txt"
         path.write_bytes(text.encode(f"utf-16-{order.lower()}"))
         with pytest.raises(DataError) as info:
             read_lines(path)
+        assert str(info.value).startswith(f"{path}:1: "), (text, order, str(info.value))  # each fails in its line 1
+        if text == up:  # was "PATH:3: ... at column 2": the 0x0a bytes counted as lines, the bytes as characters
+            assert str(info.value).startswith(f"{path}:1: not valid UTF-8 (byte 0xd7 at column 3)"), str(info.value)
         assert f"it looks like UTF-16{order}: convert it with iconv -f UTF-16{order} -t UTF-8 {path}" in str(info.value), (
             text, order, str(info.value))
         if shutil.which("iconv"):
@@ -171,6 +176,26 @@ def test_cjk_text_in_utf16_without_a_byte_order_mark_is_named_utf16(tmp_path: Pa
         with pytest.raises(DataError) as info:
             read_lines(path)
         assert "UTF-16" not in str(info.value) and "WINDOWS-1252" not in str(info.value), (text, encoding, str(info.value))
+
+
+def test_a_utf16_or_utf32_file_s_line_and_column_count_its_characters(tmp_path: Path) -> None:
+    """Where the error has decided the input is UTF-16 or UTF-32 (its byte order known), the line and
+    column it names are counted in that encoding's characters, not in 0x0a bytes and UTF-8's: a CJK
+    line of U+4E0A (a 0x0a byte in UTF-16 and UTF-32) was named at line 3 of a file of one line."""
+    for i, encoding in enumerate(("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")):
+        path = tmp_path / f"{encoding}.txt"
+        path.write_bytes("上上狗\n".encode(encoding))
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: not valid UTF-8 \(byte 0xd7 at column 3\); "):
+            read_lines(path)
+        if encoding.startswith("utf-16"):  # U+4E00 is b"\0\x4e" in UTF-16LE: a NUL byte in valid UTF-8
+            path.write_bytes("上上一\nab\n".encode(encoding))
+            with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: a NUL character \(byte 0x00 at column 3\), "
+                                                r".* probably UTF-16(LE|BE) without a byte order mark"):
+                read_lines(path)
+    path = tmp_path / "bom.txt"
+    path.write_bytes("上上狗\n".encode("utf-16"))  # the byte order mark: its first byte, line 1 as before
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: not valid UTF-8 \(byte 0x(ff|fe) at column 1\)"):
+        read_lines(path)
 
 
 def test_utf16_without_a_byte_order_mark_is_refused_by_every_reader_naming_its_byte_order(tmp_path: Path, monkeypatch) -> None:

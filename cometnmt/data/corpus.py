@@ -64,8 +64,8 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
     column of an undecodable byte, and the encoding ``data`` looks like (``encoding``: the one the
     input's start showed, :func:`wide_encoding`)."""
     pos = exc.start
-    line_no, column = _line_and_column(data, pos, first_line)
     encoding = encoding or _other_encoding(data, pos, first_line)
+    line_no, column = _line_and_column(data, pos, first_line, encoding)
     hint = "" if encoding is None else f"; it looks like {encoding}: convert it with {_iconv_command(path, encoding)}"
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
@@ -73,11 +73,36 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
     )
 
 
-def _line_and_column(data: bytes, pos: int, first_line: int = 1) -> tuple[int, int]:
-    """The line (``data``'s first is ``first_line``) and 1-based character column of byte ``pos``."""
+def _line_and_column(data: bytes, pos: int, first_line: int = 1, encoding: str | None = None) -> tuple[int, int]:
+    """The line (``data``'s first is ``first_line``) and 1-based character column of byte ``pos``:
+    of ``encoding``'s characters where it is UTF-16 or UTF-32 with its byte order known (in an
+    input's first piece, :func:`_wide_line_and_column`), else of UTF-8's."""
+    wide = _wide_line_and_column(data, pos, encoding) if first_line == 1 and encoding else None
+    if wide is not None:
+        return wide
     line_start = data.rfind(b"\n", 0, pos) + 1
     line_no = data.count(b"\n", 0, pos) + first_line
     return line_no, len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
+
+
+def _wide_line_and_column(data: bytes, pos: int, encoding: str) -> tuple[int, int] | None:
+    """The 1-based line and character column of byte ``pos`` of ``data``, an input from its start in
+    ``encoding`` (iconv's name), counted in its code units: a 0x0a byte of UTF-16 or UTF-32 is not a
+    line break where it is half of a character (U+4E0A is b"\\x0a\\x4e" in UTF-16LE), and a CJK
+    file of one line was named at its line 2 or 3. None where ``encoding`` is not UTF-16 or UTF-32
+    or its byte order is unknown ("UTF-16" without the byte order mark)."""
+    if not encoding.startswith(("UTF-16", "UTF-32")):
+        return None
+    unit, order = int(encoding[4:6]) // 8, encoding[6:]
+    boms = {"LE": b"\xff\xfe" + b"\0" * (unit - 2), "BE": b"\0" * (unit - 2) + b"\xfe\xff"}
+    skip = 0
+    if not order:  # named by its byte order mark: the mark says which
+        order = next((name for name, bom in boms.items() if data.startswith(bom)), "")
+        skip = unit if order else 0
+    if order not in boms:
+        return None
+    text = data[skip:max(skip, pos - pos % unit)].decode(f"utf-{unit * 8}-{order.lower()}", errors="replace")
+    return text.count("\n") + 1, len(text) - (text.rfind("\n") + 1) + 1
 
 
 def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | None = None) -> DataError:
@@ -92,10 +117,13 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | Non
     past the rest of the line break before it (:func:`_line_break_rest`). ``encoding``: the input's,
     judged from its start by a reader that splits it (:func:`wide_encoding`), named as it is."""
     pos = data.index(b"\0")
-    line_no, column = _line_and_column(data, pos, first_line)
-    where = f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text"
+
+    def where(wide: str | None) -> str:  # the line and column counted in ``wide``'s characters where it is decided
+        line_no, column = _line_and_column(data, pos, first_line, wide)
+        return f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text"
+
     if encoding is not None:
-        return DataError(f"{where}: the file is probably {_without_bom(encoding)}, read as UTF-8; "
+        return DataError(f"{where(encoding)}: the file is probably {_without_bom(encoding)}, read as UTF-8; "
                          f"convert it with {_iconv_command(path, encoding)}")
     start = pos - pos % 2  # from an even offset, as the file's UTF-16 characters start
     sample = data[start:start + 4096]
@@ -103,10 +131,10 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | Non
     encoding = shaped or _byte_order(data, pos - pos % 4, first_line)
     if not _looks_like_utf16(sample) and not shaped:
         target = "FILE" if str(path).startswith("<") else shlex.quote(str(path))
-        return DataError(f"{where}: one NUL byte alone is a stray byte in UTF-8 text (remove it, e.g. tr -d '\\000' "
+        return DataError(f"{where(None)}: one NUL byte alone is a stray byte in UTF-8 text (remove it, e.g. tr -d '\\000' "
                          f"< {target} > {target}.clean) or, if the file is {encoding} without a byte order mark "
                          f"(check with: file {target}), convert it with {_iconv_command(path, encoding)}")
-    return DataError(f"{where}: the file is probably {encoding} without a byte order mark, read as UTF-8; "
+    return DataError(f"{where(encoding)}: the file is probably {encoding} without a byte order mark, read as UTF-8; "
                      f"convert it with {_iconv_command(path, encoding)}")
 
 
