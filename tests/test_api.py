@@ -69,6 +69,20 @@ def test_package_exports_lazily():
         cometnmt.translate
 
 
+def test_a_sentencepiece_translator_imports_neither_spacy_nor_sacremoses(tmp_path, data_dir):
+    """The tokenizers module imported spaCy and sacremoses (whose import compiles its tokenizer's
+    regexes) at its own import: ~1.3 s of every translator's start-up, and a SentencePiece model
+    uses neither. They are now imported where a spaCy tokenizer is made."""
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, *_files(tmp_path, data_dir), "data.tokenizer=sentencepiece",
+                         "data.sp_vocab_size=200")
+    cometnmt.train(cfg)
+    code = ("import sys, cometnmt; t = cometnmt.Translator.from_checkpoint(sys.argv[1], device='cpu'); "
+            "print(len(t(['Ein Hund.']))); print(sorted(m for m in ('spacy', 'sacremoses') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run" / "best.pt")], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["1", "[]"]
+
+
 def test_train_takes_a_path_or_a_config_and_checks_it(tmp_path, data_dir):
     cfg = tiny_train_cfg(tmp_path / "a", data_dir)
     cfg.train.lr = -1.0  # edits to a Config are validated again

@@ -8,13 +8,14 @@ import re
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import sentencepiece as spm
-import spacy
-from sacremoses import MosesDetokenizer
 
 from cometnmt.errors import DataError
+
+if TYPE_CHECKING:  # spaCy (~1 s) and sacremoses (~0.6 s, its tokenizer's regexes) load where a SpacyTokenizer is made
+    import spacy
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class Tokenizer(Protocol):
 
 def _blank_tokenizer(lang: str) -> spacy.tokenizer.Tokenizer:
     """The rule-based tokenizer of ``spacy.blank(lang)`` (no statistical model needed)."""
+    import spacy
+
     try:
         return spacy.blank(lang).tokenizer
     except (ImportError, KeyError, ValueError) as exc:
@@ -117,6 +120,8 @@ class SpacyTokenizer:
         self.lowercase = lowercase
         self.unk_word = unk_word
         self._tokenizer = _blank_tokenizer(lang)
+        from sacremoses import MosesDetokenizer
+
         self._detok = MosesDetokenizer(lang=lang)
 
     def _prepare(self, text: str) -> str:
