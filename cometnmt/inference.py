@@ -384,11 +384,13 @@ class Translator:
         paths = checkpoint_list(path)
         if not paths:
             raise CheckpointError("no checkpoint given")
-        first = load_checkpoint(paths[0])
+        # mapped, not read: the weights are copied into the model once, and the optimizer state that
+        # best.pt keeps for a resume (3 tensors a weight under Adam) is never read
+        first = load_checkpoint(paths[0], mmap=True)
         codec = TextCodec.from_state(first["codec"])
         models = []
         for i, p in enumerate(paths):
-            payload = first if i == 0 else load_checkpoint(p)
+            payload = first if i == 0 else load_checkpoint(p, mmap=True)
             if payload["codec"] != first["codec"]:
                 parts = {"src_tok": "source tokenizer", "tgt_tok": "target tokenizer", "src_vocab": "source vocabulary",
                          "tgt_vocab": "target vocabulary", "src_sos_eos": "<s> </s> around sources (data.src_sos_eos)"}

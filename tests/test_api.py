@@ -155,6 +155,26 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_model_is_named(run_dir, data_
         cometnmt.train(cfg, resume=True)
 
 
+def test_a_translator_maps_its_checkpoint_and_holds_its_weights(run_dir, monkeypatch):
+    """from_checkpoint read the whole checkpoint, the optimizer state best.pt keeps for a resume
+    (3 tensors a weight) included, through torch's unpickler: on an 80 MB COMET best.pt 0.14-0.21 s
+    and 178 MB of peak memory. It now maps the file (0.09-0.11 s, 127 MB); the model's weights are
+    the file's."""
+    import torch
+
+    from cometnmt.training import checkpoint
+
+    seen = []
+    load = checkpoint.torch.load
+    monkeypatch.setattr(checkpoint.torch, "load", lambda *args, **kwargs: seen.append(kwargs["mmap"]) or load(*args, **kwargs))
+    translator = cometnmt.Translator.from_checkpoint(run_dir / "best.pt", device="cpu")
+    assert seen == [True]
+    monkeypatch.undo()
+    saved = checkpoint.load_checkpoint(run_dir / "best.pt")["model"]
+    state = translator.model.state_dict()
+    assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
+
+
 def test_a_checkpoint_whose_config_does_not_load_is_named(run_dir, tmp_path, cli):
     """A checkpoint of an architecture registered by the script that trained it (or of a config
     this version refuses) was "config key 'model.arch': 'mine' is not allowed", naming no file,

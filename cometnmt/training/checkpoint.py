@@ -33,9 +33,10 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Load and sanity-check a checkpoint; every failure is a CheckpointError naming the file.
-    ``mmap``: for a few of its fields (step, trainer state, config, workdir), the tensors are mapped
-    from the file, not read (a paper-size run's last.pt was read whole, 137 MB, for its step); a
-    file in torch's legacy format, which cannot be mapped, is read whole."""
+    ``mmap``: for a few of its fields (step, trainer state, config, workdir) or the weights alone
+    (``Translator.from_checkpoint``), the tensors are mapped from the file, not read (a paper-size
+    run's last.pt was read whole, 137 MB, for its step); a file in torch's legacy format, which
+    cannot be mapped, is read whole."""
     path = Path(path)
     if path.is_dir():
         found = (path / BEST_CHECKPOINT).exists() or (path / LAST_CHECKPOINT).exists()
