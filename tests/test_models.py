@@ -106,6 +106,46 @@ def test_padding_invariance(name):
             torch.testing.assert_close(logits[0], batch_logits[i, :n_tgt], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["transformer", "comet", "transformer_pp"])
+def test_the_attention_mask_is_built_once_a_forward_with_the_same_outputs(name, monkeypatch):
+    """Every encoder self-attention and decoder cross-attention built its own key_mask of the same
+    pad mask (an operator each, 2 x layers a forward); encode and decode now build it once and
+    pass it down. The outputs are those of masks built in each layer, as before, bit for bit."""
+    import cometnmt.models.transformer as transformer
+    import cometnmt.models.transformer_pp as transformer_pp
+    import cometnmt.modules.attention as attention
+
+    model = make(name)
+    gen = torch.Generator().manual_seed(5)
+    warm_batch_norm(model, gen)
+    src, mask = random_batch([6, 11, 3], V_SRC, gen)
+    tgt, _ = random_batch([5, 9, 2], V_TGT, gen)
+    calls, key_mask = [], attention.key_mask
+
+    def counted(pad_mask):
+        calls.append(pad_mask)
+        return key_mask(pad_mask)
+
+    for module in (attention, transformer, transformer_pp):
+        monkeypatch.setattr(module, "key_mask", counted)
+    with torch.no_grad():
+        mem = model.encode(src, mask)
+        logits = model.decode(tgt, mem)
+    built = [c for c in calls if c is not None]  # key_mask(None) (causal self-attention) is None, no operator
+    assert len(built) == 2 and all(c is mask for c in built)  # once in encode, once in decode (was 2 + 2 with layers)
+    monkeypatch.undo()
+    with torch.no_grad():  # each layer building its own mask, as before
+        x = model.src_embed(src)  # B,S,D
+        for unit in model.encoder:
+            x = unit(x, mask, transformer._shared_padding(model.encoder, x, mask))  # B,S,D
+        assert torch.equal(x, mem["out"])
+        y = model.tgt_embed(tgt)  # B,T,D
+        tgt_mask = tgt.eq(PAD)  # B,T
+        for unit in model.decoder:
+            y = unit(y, x, mask, tgt_mask, None, transformer._shared_padding(model.decoder, y, tgt_mask))  # B,T,D
+        assert torch.equal(model.out_proj(y), logits)
+
+
 def test_train_mode_padding_does_not_change_real_positions(name):
     """In training mode too (batch statistics!), adding a padded column changes nothing real."""
     model = make(name).train()

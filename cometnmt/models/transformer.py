@@ -67,9 +67,11 @@ class EncoderUnit(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor, padding: Any = None) -> torch.Tensor:
-        """``padding``: the FFN's ``shared_padding`` of this pad mask, if it has one (see the top)."""
-        x = self.norm1(x + self.dropout(self.self_attn(x, x, pad_mask)))  # B,S,D
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor, padding: Any = None,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``padding``: the FFN's ``shared_padding`` of this pad mask, if it has one (see the top);
+        ``attn_mask``: its ``key_mask``, if already built (once a forward, not once a unit)."""
+        x = self.norm1(x + self.dropout(self.self_attn(x, x, pad_mask, attn_mask=attn_mask)))  # B,S,D
         h = self.ffn(x, pad_mask) if padding is None else self.ffn(x, pad_mask, padding=padding)
         return self.norm2(x + self.dropout(h))  # B,S,D
 
@@ -89,12 +91,14 @@ class DecoderUnit(nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_pad_mask: torch.Tensor, tgt_pad_mask: torch.Tensor,
-                src_lengths: Optional[torch.Tensor] = None, padding: Any = None) -> torch.Tensor:
+                src_lengths: Optional[torch.Tensor] = None, padding: Any = None,
+                memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``src_lengths`` (B) reach the FFN only if it wants them; ``padding``: the FFN's
-        ``shared_padding`` of tgt_pad_mask, if it has one (see the top)."""
+        ``shared_padding`` of tgt_pad_mask, if it has one (see the top); ``memory_mask``: the
+        ``key_mask`` of memory_pad_mask, if already built (once a forward, not once a unit)."""
         # Targets are right-padded, so the causal mask alone keeps padding out of real positions.
         x = self.norm1(x + self.dropout(self.self_attn(x, x, None, causal=True)))  # B,T,D
-        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory_pad_mask)))  # B,T,D
+        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory_pad_mask, attn_mask=memory_mask)))  # B,T,D
         args = (x, tgt_pad_mask, src_lengths) if self.ffn_wants_source_lengths else (x, tgt_pad_mask)
         h = self.ffn(*args) if padding is None else self.ffn(*args, padding=padding)
         return self.norm3(x + self.dropout(h))  # B,T,D
@@ -146,8 +150,9 @@ class Transformer(Seq2Seq):
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> State:
         x = self.src_embed(src)  # B,S,D
         padding = _shared_padding(self.encoder, x, src_pad_mask)  # once a forward, not once a unit
+        attn_mask = key_mask(src_pad_mask)  # B,1,1,S (or None), once a forward too
         for unit in self.encoder:
-            x = unit(x, src_pad_mask, padding)  # B,S,D
+            x = unit(x, src_pad_mask, padding, attn_mask)  # B,S,D
         return {"out": x, "pad_mask": src_pad_mask}
 
     def cross_attention_modules(self) -> list[nn.Module]:
@@ -169,8 +174,9 @@ class Transformer(Seq2Seq):
         src_lengths = self._source_lengths(memory) if self._wants_source_lengths() else None
         x = self.tgt_embed(tgt_in)  # B,T,D
         padding = _shared_padding(self.decoder, x, tgt_pad_mask, src_lengths)  # once a forward, not once a unit
+        memory_mask = key_mask(memory["pad_mask"])  # B,1,1,S (or None), once a forward too
         for unit in self.decoder:
-            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask, src_lengths, padding)  # B,T,D
+            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask, src_lengths, padding, memory_mask)  # B,T,D
         return self.out_proj(x)  # B,T,V
 
     def init_state(self, memory: State) -> State:

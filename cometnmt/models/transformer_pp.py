@@ -185,10 +185,11 @@ class ConvAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, n, self.d_head).transpose(1, 2)  # B,n,L,D/H
 
-    def attend_heads(self, qkv: torch.Tensor, pad_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+    def attend_heads(self, qkv: torch.Tensor, attn_mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+        """qkv B,L,3Da; attn_mask: the key_mask B,1,1,L of the pad mask (None: no padding)."""
         q, k, v = (self._heads(t, self.n_attn) for t in qkv.chunk(3, dim=-1))  # B,Ha,L,D/H each
         p = self.attn_dropout.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask(pad_mask), dropout_p=p, is_causal=causal)  # B,Ha,L,D/H
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=causal)  # B,Ha,L,D/H
         return out.transpose(1, 2).flatten(2)  # B,L,Da
 
     # -- convolution heads (eqs. 2-4) ------------------------------------------------------------
@@ -226,14 +227,16 @@ class ConvAttention(nn.Module):
 
     # -- the layer -------------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor, kv: torch.Tensor, pad_mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
-        """Self-attention over x B,L,D (``kv`` must be ``x``); pad_mask B,L marks padding."""
+    def forward(self, x: torch.Tensor, kv: torch.Tensor, pad_mask: Optional[torch.Tensor] = None, causal: bool = False,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Self-attention over x B,L,D (``kv`` must be ``x``); pad_mask B,L marks padding;
+        ``attn_mask``: its key_mask B,1,1,L, if already built (as ``MultiHeadAttention``'s)."""
         if kv is not x:
             raise ValueError("ConvAttention is self-attention only: call it as attn(x, x, ...)")
         qkv, u, value, score = self._project(x)
         heads = []
         if self.n_attn:
-            heads.append(self.attend_heads(qkv, pad_mask, causal))  # B,L,Da
+            heads.append(self.attend_heads(qkv, key_mask(pad_mask) if attn_mask is None else attn_mask, causal))  # B,L,Da
         if self.n_conv:
             heads.append(self.local_context(u, pad_mask, causal) * self.sentence_query(value, score, pad_mask, causal))  # B,L,Dc
         return self.out_proj(torch.cat(heads, dim=-1))  # B,L,D
@@ -331,8 +334,9 @@ class TransformerPP(Transformer):
         """Memory plus the outputs B,S,D of the units that feed a tagger."""
         x = self.src_embed(src)  # B,S,D
         taps = {}
+        attn_mask = key_mask(src_pad_mask)  # B,1,1,S (or None): once a forward, not once a unit
         for i, unit in enumerate(self.encoder):
-            x = unit(x, src_pad_mask)  # B,S,D
+            x = unit(x, src_pad_mask, attn_mask=attn_mask)  # B,S,D
             taps.update({task: x for task in self.tag_heads if TAG_LAYER[task] == i})
         return {"out": x, "pad_mask": src_pad_mask}, taps
 

@@ -109,13 +109,16 @@ class MultiHeadAttention(KeepsWeights, nn.Module):
         self.keep(weights)  # B,H,Lq,Lk
         return torch.matmul(weights, v.float()).to(v.dtype)
 
-    def forward(self, q: torch.Tensor, kv: torch.Tensor, pad_mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
-        """Full attention: q B,Lq,D over kv B,Lk,D; pad_mask B,Lk marks padded keys."""
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, pad_mask: Optional[torch.Tensor] = None, causal: bool = False,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Full attention: q B,Lq,D over kv B,Lk,D; pad_mask B,Lk marks padded keys. ``attn_mask``:
+        its :func:`key_mask` B,1,1,Lk, where the caller built it once for all its layers."""
+        mask = key_mask(pad_mask) if attn_mask is None else attn_mask  # B,1,1,Lk
         if q is kv:  # self-attention: queries, keys and values in one product
             qh, k, v = (self.split(t) for t in self.project(q, (self.q_proj, self.k_proj, self.v_proj)))  # B,H,L,D/H each
-            return self.attend_heads(qh, k, v, key_mask(pad_mask), causal)
+            return self.attend_heads(qh, k, v, mask, causal)
         k, v = self.project_kv(kv)
-        return self.attend(q, k, v, key_mask(pad_mask), causal)
+        return self.attend(q, k, v, mask, causal)
 
     def step(self, x: torch.Tensor, cache: dict) -> tuple[torch.Tensor, dict]:
         """Self-attention for one new position x B,1,D over the cached keys/values plus its own.
