@@ -11,15 +11,20 @@ class CometNMTError(Exception):
     """Base class: a user-facing error with a message that is complete on its own."""
 
 
-class ConfigError(CometNMTError):
-    """An unknown config key, a wrong type or a value outside the allowed choices. ``keys``: the
-    dotted config keys the message names, the refused one first (``("model.n_heads",
-    "model.d_model")``), so that :func:`cometnmt.config.load_config` can say whether a ``--set``
-    override or a file (and which file of its base chain) gave them; empty where none is."""
+class _KeyedError(CometNMTError):
+    """An error that may name config keys: ``keys``, the dotted keys its message names, the refused
+    one first (``("model.n_heads", "model.d_model")``), so that :func:`cometnmt.config.name_origin`
+    can say whether a ``--set`` override or a file (and which file of its base chain) gave them;
+    empty where none is."""
 
     def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.keys = tuple(keys)
+
+
+class ConfigError(_KeyedError):
+    """An unknown config key, a wrong type or a value outside the allowed choices; ``keys`` as
+    :class:`_KeyedError`'s (load_config names the origin of its rules' errors by them)."""
 
     @classmethod
     def at(cls, key: str, text: str, also: tuple[str, ...] = ()) -> ConfigError:
@@ -28,15 +33,10 @@ class ConfigError(CometNMTError):
         return cls(f"config key '{key}': {text}", keys=(key, *also))
 
 
-class DataError(CometNMTError):
-    """A missing, malformed, misaligned or corrupt data file. ``keys``: as :class:`ConfigError`'s, the
-    config keys that named the file (``("data.train_src",)``), so that training's own checks can say
-    whether a ``--set`` override or a file gave them (:func:`cometnmt.config.name_origin`); empty
-    where none did (a file given on the command line)."""
-
-    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.keys = tuple(keys)
+class DataError(_KeyedError):
+    """A missing, malformed, misaligned or corrupt data file. ``keys``: the config keys that named
+    the file (``("data.train_src",)``), so that training's own checks can say whether a ``--set``
+    override or a file gave them; empty where none did (a file given on the command line)."""
 
 
 class CheckpointError(CometNMTError):

@@ -12,8 +12,9 @@ also gets each row's source length (B) as a third argument of both (COMET's per-
 decoder batch norm). A sublayer with a ``shared_padding(x, pad_mask, src_lengths)`` method derives
 something from the pad mask alone (COMET's masked batch-norm statistics): ``encode`` and ``decode``
 call the first unit's once a forward and pass the result to every unit's sublayer as ``padding=``
-(the units of one stack share their config). Incremental steps never modify the state they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and,
-for the temporal-convolution variant, a causal convolution unit into the decoder.
+(the units of one stack share their config). Incremental steps never modify the state they are
+given. COMET (``comet.py``) plugs its convolution unit into the encoder and, for the
+temporal-convolution variant, a causal convolution unit into the decoder.
 """
 
 from __future__ import annotations
