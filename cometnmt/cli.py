@@ -289,25 +289,34 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
     line that cannot be translated gets its error on stderr and the session goes on; Ctrl-D ends.
     UTF-16 or UTF-32 input is judged once, from the first line and the bytes already there after it
     (wide_encoding, ready_bytes: no wait for a line not yet sent), and every line is refused naming
-    it: split at b"\\n", a line alone may show another byte order, or none."""
-    from cometnmt.data.corpus import decode_lines, ready_bytes, wide_encoding
+    it: split at b"\\n", a line alone may show another byte order, or none. Such a line's errors
+    name its line and column in the input's own lines and characters (corpus.WidePlace), not the
+    count of 0x0a bytes read, which stand inside its characters too."""
+    from cometnmt.data.corpus import WidePlace, decode_lines, ready_bytes, wide_encoding
     from cometnmt.inference import read_from_files
 
     if sys.stdin.isatty():
         print("type a sentence and press Enter; Ctrl-D ends", file=sys.stderr, flush=True)
-    number, encoding = 0, None
+    number, encoding, place = 0, None, None
     while raw := sys.stdin.buffer.readline():
         number += 1
         if number == 1:
             encoding = wide_encoding(raw + ready_bytes(sys.stdin.buffer))
+            place = WidePlace(encoding) if encoding else None
         try:  # warnings name the session's line
-            line = (decode_lines(raw, "<stdin>", first_line=number, encoding=encoding) or [""])[0]
+            line = (decode_lines(raw, "<stdin>", first_line=number, encoding=encoding, place=place) or [""])[0]
             # start: a seeded session samples line N as a file's line N is sampled
             with read_from_files():  # decode_lines warned of a line not in NFC
                 out = _output_lines(number - 1, translator.translate([line], decode, start=number - 1)[0], columns)
         except DataError as exc:  # "<stdin>:N: ..." or "input line 1: ...": say which line of the session
-            print(f"cometnmt: error: line {number}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
+            # N: the line decode_lines names, the session's (of UTF-16/32 input, where the column is)
+            named = re.match(r"<stdin>:(\d+): ", str(exc))
+            where = named.group(1) if named else number
+            print(f"cometnmt: error: line {where}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
             continue
+        finally:
+            if place is not None:
+                place.advance(raw)
         sys.stdout.write(out)
         sys.stdout.flush()
     return 0

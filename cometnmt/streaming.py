@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from cometnmt.atomic import _fsync_folder, atomic_write, make_folder, output_path, replace_keeping_mode
-from cometnmt.data.corpus import (GZIP_MAGIC, decode_lines, gzip_errors, not_nfc_lines, open_bytes, ready_bytes,
-                                  warn_not_nfc_count, wide_encoding)
+from cometnmt.data.corpus import (GZIP_MAGIC, WidePlace, decode_lines, gzip_errors, not_nfc_lines, open_bytes,
+                                  ready_bytes, warn_not_nfc_count, wide_encoding)
 from cometnmt.data.multi30k import sha256_file
 from cometnmt.errors import CometNMTError, DataError
 from cometnmt.interrupts import deferred
@@ -63,7 +63,8 @@ class ChunkedInput:
     chunk was one per 10,000 lines of a large file). UTF-16 or UTF-32 input is judged once, from
     the first chunk and the bytes after it (wide_encoding), and named for every chunk: split at
     b"\\n", its characters holding a 0x0a byte (U+4E0A) are cut, and a chunk alone may show
-    another byte order, or none."""
+    another byte order, or none. Its chunks' errors count lines and columns in its own characters
+    (WidePlace, moved past the lines skipped), not in the 0x0a bytes read."""
 
     def __init__(self, path: str | None, size: int) -> None:
         self.path, self.size = path, size
@@ -75,6 +76,7 @@ class ChunkedInput:
         self.sha256 = hashlib.sha256()
         self.not_nfc, self.first_not_nfc = 0, 0  # lines read not in NFC: how many, the first (1-based)
         self.encoding: str | None = None  # UTF-16/32, as the input's start shows (wide_encoding)
+        self.place: WidePlace | None = None  # where the next chunk starts in such an input's lines
 
     def close(self) -> None:
         """Close the file, and warn of the lines read that are not in NFC (at the end of the input,
@@ -97,6 +99,7 @@ class ChunkedInput:
         if not self.lines_read and lines:  # judged before the first chunk is decoded, or skipped by --resume
             with gzip_errors(self.name):
                 self.encoding = wide_encoding(b"".join(lines) + ready_bytes(self.stream))
+            self.place = WidePlace(self.encoding) if self.encoding else None
         for line in lines:
             self.sha256.update(line)
         self.lines_read += len(lines)
@@ -117,8 +120,9 @@ class ChunkedInput:
 
     def skip(self, count: int) -> None:
         """Pass over the first ``count`` lines (those a resumed run has done), hashing them."""
-        while self.lines_read < count and self._raw(min(self.size, count - self.lines_read)):
-            pass
+        while self.lines_read < count and (raw := self._raw(min(self.size, count - self.lines_read))):
+            if self.place is not None:
+                self.place.advance(b"".join(raw))
 
     def chunks(self) -> Iterator[tuple[int, list[str], str]]:
         """(the 0-based place of the chunk's first line, its lines, the SHA-256 of every line up to
@@ -127,7 +131,7 @@ class ChunkedInput:
             self._ahead = None
             start = self.lines_read - len(raw)
             lines = decode_lines(b"".join(raw), self.name, first_line=start + 1, check_nfc=False,  # close() warns
-                                 encoding=self.encoding)
+                                 encoding=self.encoding, place=self.place)  # refused where wide: moved by skip() alone
             if bad := not_nfc_lines(lines, start + 1):
                 self.first_not_nfc = self.first_not_nfc or bad[0]
                 self.not_nfc += len(bad)

@@ -1019,11 +1019,13 @@ def test_interactive_keeps_the_byte_order_its_first_line_shows(monkeypatch, caps
     after the first that opens with a character below U+0100 ("\\0Two men") is the same bytes as a
     UTF-16LE line cut after its b"\\n" and was named UTF-16LE, with an iconv command that garbles
     the file (line 1: UTF-16BE). The encoding is judged once, from line 1, and every line is named
-    so; an input without NUL bytes is read as before."""
+    so, at its line of the input (little-endian's last piece, the NULs ending line 3's line break,
+    at line 3); an input without NUL bytes is read as before."""
     for encoding in ("UTF-16BE", "UTF-32BE", "UTF-16LE", "UTF-32LE"):
         errors = _interactive_errors(monkeypatch, capsys, "A dog runs.\nTwo men talk.\nЕще.\n".encode(encoding))
-        assert len(errors) >= 3, (encoding, errors)
-        for number, error in enumerate(errors, 1):
+        numbers = [1, 2, 3] + ([3] if encoding.endswith("LE") else [])
+        assert len(errors) == len(numbers), (encoding, errors)
+        for number, error in zip(numbers, errors):
             assert error.startswith(f"cometnmt: error: line {number}: "), (encoding, error)
             assert error.endswith(f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8"), (encoding, error)
     (stray,) = _interactive_errors(monkeypatch, capsys, "Ein Hund.\nZwei\0 Männer.\n".encode())
@@ -1031,6 +1033,27 @@ def test_interactive_keeps_the_byte_order_its_first_line_shows(monkeypatch, caps
     # stray NULs in a UTF-8 first line (where they stand tells no encoding): that line alone is refused
     (stray,) = _interactive_errors(monkeypatch, capsys, "Zwei\0\0 Männer.\nDrei Hunde.\n".encode())
     assert stray.startswith("cometnmt: error: line 1: a NUL character"), stray
+
+
+def test_interactive_names_the_line_and_column_of_utf16_and_utf32_in_their_characters(monkeypatch, capsys):
+    """translate --interactive refuses every line of UTF-16 or UTF-32 input, and the session goes
+    on: each line of such input after the first was numbered by the 0x0a bytes read before it, more
+    than one a line where its characters hold them (U+0A0A, U+010A) and the line break's, so the
+    CJK character on line 41 (U+72D7, whose 0xd7 byte is no UTF-8) was named at line 164,
+    column 2 or 4, and a file of 42 lines had errors up to line 168 or 169. Each error names the
+    input's own line and column: line 41, column 3, and lines 1 to 42 alone, in order."""
+    import re
+
+    text = "ਊĊ ein Hund.\n" * 40 + "ਊĊ狗\n" + "ਊĊ.\n"
+    for codec, encoding in (("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE"), ("utf-32-le", "UTF-32LE"),
+                            ("utf-32-be", "UTF-32BE"), ("utf-16", "UTF-16"), ("utf-32", "UTF-32")):
+        errors = _interactive_errors(monkeypatch, capsys, text.encode(codec))
+        assert len(errors) > 120, (codec, len(errors))  # a piece ends at each 0x0a byte: each refused
+        (bad,) = [error for error in errors if "0xd7" in error]
+        assert bad.startswith("cometnmt: error: line 41: not valid UTF-8 (byte 0xd7 at column 3); "), (codec, bad)
+        assert bad.endswith(f"it looks like {encoding}: convert it with iconv -f {encoding} -t UTF-8 FILE > FILE.utf8")
+        numbers = [int(re.match(r"cometnmt: error: line (\d+): ", error).group(1)) for error in errors]
+        assert numbers == sorted(numbers) and set(numbers) == set(range(1, 43)), (codec, numbers)
 
 
 def test_cjk_utf16_and_utf32_are_named_by_every_reader_that_splits_its_input(monkeypatch, capsys, tmp_path):

@@ -59,13 +59,13 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1,
-                encoding: str | None = None) -> DataError:
+                encoding: str | None = None, place: WidePlace | None = None) -> DataError:
     """Build a DataError naming the 1-based line (``data``'s first is ``first_line``) and character
     column of an undecodable byte, and the encoding ``data`` looks like (``encoding``: the one the
-    input's start showed, :func:`wide_encoding`)."""
+    input's start showed, :func:`wide_encoding`; ``place``: where ``data`` starts in it)."""
     pos = exc.start
     encoding = encoding or _other_encoding(data, pos, first_line)
-    line_no, column = _line_and_column(data, pos, first_line, encoding)
+    line_no, column = _line_and_column(data, pos, first_line, encoding, place)
     hint = "" if encoding is None else f"; it looks like {encoding}: convert it with {_iconv_command(path, encoding)}"
     return DataError(
         f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[pos]:02x} at column {column}); "
@@ -73,11 +73,16 @@ def _utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, first_line: in
     )
 
 
-def _line_and_column(data: bytes, pos: int, first_line: int = 1, encoding: str | None = None) -> tuple[int, int]:
+def _line_and_column(data: bytes, pos: int, first_line: int = 1, encoding: str | None = None,
+                     place: WidePlace | None = None) -> tuple[int, int]:
     """The line (``data``'s first is ``first_line``) and 1-based character column of byte ``pos``:
     of ``encoding``'s characters where it is UTF-16 or UTF-32 with its byte order known (in an
-    input's first piece, :func:`_wide_line_and_column`), else of UTF-8's."""
-    wide = _wide_line_and_column(data, pos, encoding) if first_line == 1 and encoding else None
+    input's first piece, :func:`_wide_line_and_column`, or in any piece of one a splitter follows
+    with ``place``, :class:`WidePlace`), else of UTF-8's."""
+    if place is not None:
+        wide = place.line_and_column(data, pos)
+    else:
+        wide = _wide_line_and_column(data, pos, encoding) if first_line == 1 and encoding else None
     if wide is not None:
         return wide
     line_start = data.rfind(b"\n", 0, pos) + 1
@@ -94,7 +99,7 @@ def _wide_line_and_column(data: bytes, pos: int, encoding: str) -> tuple[int, in
     if not encoding.startswith(("UTF-16", "UTF-32")):
         return None
     unit, order = int(encoding[4:6]) // 8, encoding[6:]
-    boms = {"LE": b"\xff\xfe" + b"\0" * (unit - 2), "BE": b"\0" * (unit - 2) + b"\xfe\xff"}
+    boms = _byte_order_marks(unit)
     skip = 0
     if not order:  # named by its byte order mark: the mark says which
         order = next((name for name, bom in boms.items() if data.startswith(bom)), "")
@@ -105,7 +110,13 @@ def _wide_line_and_column(data: bytes, pos: int, encoding: str) -> tuple[int, in
     return text.count("\n") + 1, len(text) - (text.rfind("\n") + 1) + 1
 
 
-def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | None = None) -> DataError:
+def _byte_order_marks(unit: int) -> dict[str, bytes]:
+    """UTF-16's (``unit`` 2 bytes) or UTF-32's (4) byte order marks, by the byte order they name."""
+    return {"LE": b"\xff\xfe" + b"\0" * (unit - 2), "BE": b"\0" * (unit - 2) + b"\xfe\xff"}
+
+
+def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | None = None,
+               place: WidePlace | None = None) -> DataError:
     """Build a DataError for ``data`` holding a NUL byte, valid UTF-8 all the same: UTF-16 without a
     byte order mark, of ASCII ("a\\0b\\0") or of Cyrillic (U+0410-U+044F are the bytes 0x10-0x4f
     beside 0x04), is valid UTF-8 and was read as lines full of U+0000, which no text holds. It names
@@ -115,11 +126,16 @@ def _nul_error(path: Path, data: bytes, first_line: int = 1, encoding: str | Non
     The byte order is judged from a character's start: an offset a multiple of four (UTF-32's and
     UTF-16's characters start there in a file) or, in a later piece of an input (``first_line`` > 1),
     past the rest of the line break before it (:func:`_line_break_rest`). ``encoding``: the input's,
-    judged from its start by a reader that splits it (:func:`wide_encoding`), named as it is."""
+    judged from its start by a reader that splits it (:func:`wide_encoding`), named as it is; ``place``:
+    where ``data`` starts in it (:class:`WidePlace`), whose first NUL byte is named past the rest of
+    a character begun in the piece before (b"\\0Two" after UTF-16LE's b"\\n": the "T"'s, not the
+    line break's that ends the line before)."""
     pos = data.index(b"\0")
+    if place is not None:
+        pos = max(pos, data.find(b"\0", place.rest()))  # -1 where only the rest holds one
 
     def where(wide: str | None) -> str:  # the line and column counted in ``wide``'s characters where it is decided
-        line_no, column = _line_and_column(data, pos, first_line, wide)
+        line_no, column = _line_and_column(data, pos, first_line, wide, place)
         return f"{path}:{line_no}: a NUL character (byte 0x00 at column {column}), which never belongs in text"
 
     if encoding is not None:
@@ -179,6 +195,71 @@ def ready_bytes(stream: BinaryIO) -> bytes:
         return stream.peek(WIDE_SAMPLE)[:WIDE_SAMPLE]
     except (AttributeError, OSError, ValueError):
         return b""
+
+
+class WidePlace:
+    """Where the next piece of a UTF-16 or UTF-32 input split after each 0x0a byte starts (as
+    ``translate``'s chunks and ``--interactive``'s lines split theirs before decoding), in the
+    input's own lines and characters. The splitter's count of pieces is one of 0x0a bytes, which
+    stand inside characters too (U+0A0A is b"\\x0a\\x0a" in UTF-16, U+010A b"\\x0a\\x01" in
+    UTF-16LE) and are one byte of a 2- or 4-byte line break: an error in a later piece named a
+    line far past the file's end, and a column of UTF-8's characters. The splitter passes each
+    piece it is done with to :meth:`advance`, which decodes it in ``encoding`` (iconv's name, as
+    :func:`wide_encoding` judged it from the input's start), and gives the place to the next
+    piece's reader (decode_lines' ``place``). UTF-8 input is split without one: nothing is decoded
+    twice."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.unit = int(encoding[4:6]) // 8  # bytes of a code unit
+        self.order = encoding[6:]  # "" until the byte order mark opening the input names it
+        self.decoder: codecs.IncrementalDecoder | None = None  # made at the first piece, the order known
+        self.offset = 0  # bytes of the input before the next piece
+        self.line, self.column = 1, 1  # of the next character not yet decoded
+        self.pending = b""  # the start of a character the next piece finishes (the decoder's buffer)
+
+    def advance(self, piece: bytes) -> None:
+        """Move past ``piece``, the input's next bytes."""
+        data = piece
+        if self.decoder is None:
+            if not self.order:  # "UTF-16": the mark opens the input (wide_encoding) and is no character
+                marks = _byte_order_marks(self.unit).items()
+                self.order = next((order for order, mark in marks if piece.startswith(mark)), "")
+                data = piece[self.unit:] if self.order else piece
+                self.order = self.order or "LE"  # no mark after all: the order Windows writes
+            self.decoder = codecs.getincrementaldecoder(f"utf-{self.unit * 8}-{self.order.lower()}")(errors="replace")
+        text = self.decoder.decode(data)
+        self.pending = self.decoder.getstate()[0]
+        self.offset += len(piece)
+        breaks = text.count("\n")
+        self.line += breaks
+        self.column = len(text) - text.rfind("\n") if breaks else self.column + len(text)
+
+    def rest(self) -> int:
+        """How many of the next piece's first bytes finish a code unit the piece before began: the
+        rest of a line break (one NUL byte of UTF-16LE's b"\\n\\0", three of UTF-32LE's), or of a
+        character holding a 0x0a byte."""
+        return -self.offset % self.unit
+
+    def line_and_column(self, data: bytes, pos: int) -> tuple[int, int] | None:
+        """The line and 1-based character column of byte ``pos`` of ``data``, the next piece (as
+        :func:`_wide_line_and_column` counts an input's first piece, which this is at offset 0);
+        None where the byte order is not known (:func:`_wide_line_and_column`)."""
+        if not self.offset:
+            return _wide_line_and_column(data, pos, self.encoding)
+        # the pending bytes start a character: from there the code units are aligned as in the input
+        found = _wide_line_and_column(self.pending + data, len(self.pending) + pos, f"UTF-{self.unit * 8}{self.order}")
+        if found is None:
+            return None
+        lines, column = found
+        return self.line + lines - 1, column if lines > 1 else self.column + column - 1
+
+    def piece_line(self, data: bytes) -> int:
+        """The line the next piece, ``data``, starts on, as an error about the whole piece names it:
+        that of its first byte past the :meth:`rest` (the rest of a line break belongs to the line
+        before), or of its last where it is no more than the rest."""
+        found = self.line_and_column(data, min(self.rest(), len(data) - 1)) if data else None
+        return found[0] if found else self.line
 
 
 def _line_break_rest(data: bytes, first_line: int) -> int:
@@ -446,7 +527,7 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: bool = True,
-                 encoding: str | None = None) -> list[str]:
+                 encoding: str | None = None, place: WidePlace | None = None) -> list[str]:
     """Strict-UTF-8 ``data`` (a file's bytes, or standard input's) into lines as ``read_lines``;
     an undecodable byte, or a NUL character (UTF-16 read as UTF-8: :func:`_nul_error`), is a
     DataError naming ``name``, the line and the column, and the warning
@@ -458,15 +539,18 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: 
     ``check_nfc`` False: no warning of text not in NFC (a reader of pieces warning once, for all).
     ``encoding``: UTF-16 or UTF-32, as a reader that splits its input judged it from the input's
     start (:func:`wide_encoding`): every piece of such an input is refused naming it, one that
-    decodes as UTF-8 (a character cut at its 0x0a byte) too."""
+    decodes as UTF-8 (a character cut at its 0x0a byte) too. ``place``: where ``data`` starts in
+    such an input (:class:`WidePlace`), whose lines and columns the errors count, not
+    ``first_line`` (the splitter's count of 0x0a bytes)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _utf8_error(name, data, exc, first_line, encoding) from None
+        raise _utf8_error(name, data, exc, first_line, encoding, place) from None
     if "\0" in text:  # UTF-8 encodes nothing else with a 0x00 byte
-        raise _nul_error(name, data, first_line, encoding)
+        raise _nul_error(name, data, first_line, encoding, place)
     if encoding is not None:
-        raise DataError(f"{name}:{first_line}: the input is probably {_without_bom(encoding)} (judged from its "
+        line = first_line if place is None else place.piece_line(data)
+        raise DataError(f"{name}:{line}: the input is probably {_without_bom(encoding)} (judged from its "
                         f"first bytes), read as UTF-8 and split inside its characters; convert it with "
                         f"{_iconv_command(name, encoding)}")
     lines = _split_lines(text)
