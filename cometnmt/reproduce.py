@@ -482,7 +482,10 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
     for i, row in enumerate(rows):
         for rec in (r for r in records if r["row"] == row):
             hist = rec["history"]
-            kw = {"color": f"C{i % 10}", "alpha": 0.8, "label": ROWS[row].label if rec["seed"] == min(
+            # a row of an older report.json that this commit's Table 1 lacks (`cometnmt render`): named by
+            # its row, as report.md's notes name it, where it raised a KeyError
+            name = ROWS[row].label if row in ROWS else row
+            kw = {"color": f"C{i % 10}", "alpha": 0.8, "label": name if rec["seed"] == min(
                 r["seed"] for r in records if r["row"] == row) else None, **curve_marker(hist)}
             a1.plot([h["epoch"] for h in hist], [h["val_loss"] for h in hist], **kw)
             if hist and "val_bleu" in hist[0]:

@@ -106,3 +106,107 @@ def test_an_older_compare_report_names_each_seeds_checkpoints():
               "table": [{"system": "a", "seeds": [1, 2], "checkpoint": runs[1]["checkpoint"]}]}
     entry = _as_written_today(report, reproduce=False)["table"][0]
     assert _checkpoint_label(entry) == "seed 1: average of 2 (epoch003.pt … epoch004.pt); seed 2: average of 2 (epoch002.pt … epoch003.pt)"
+
+
+def _committed(name: str, tmp_path) -> tuple[dict, "Path"]:
+    """A committed report's report.json, loaded, and the path a test writes its changed copy to."""
+    return json.loads((REPO / "reports" / name / "report.json").read_text(encoding="utf-8")), tmp_path / name / "report.json"
+
+
+def _write(path, report: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return path
+
+
+def test_every_committed_report_json_has_what_this_commit_s_report_shows():
+    """The shape check (render's first step) accepts every committed report.json: a key the renderer
+    does not need is not demanded of them."""
+    from cometnmt.render import check_report_shape, read_report
+
+    found = sorted((REPO / "reports").glob("*/report.json"))
+    assert len(found) >= 7
+    for path in found:
+        report = read_report(path)
+        check_report_shape(path, report, "systems" in report)  # raises where it lacks something
+
+
+def test_render_names_the_first_key_path_a_report_json_lacks(cli, tmp_path):
+    """A report.json without a key (or with a value of another type) that today's report shows is
+    refused before anything is drawn, naming the file and the key's path; it was a KeyError's repr
+    ("lacks what this commit's report shows (KeyError('seeds'))"), naming neither row nor run."""
+    import pytest
+
+    from cometnmt.errors import CometNMTError
+    from cometnmt.render import render_report
+
+    report, path = _committed("tie_embeddings_cpu", tmp_path)  # compare's
+    del report["table"][1]["seeds"]
+    proc = cli("render", str(_write(path, report)), check=False)
+    assert proc.returncode == 2 and f"{path}: table[1].seeds is missing" in proc.stderr, proc.stderr
+    assert "provenance.commit: " in proc.stderr and not list(path.parent.glob("*.png"))  # nothing drawn
+
+    report, path = _committed("tie_embeddings_cpu", tmp_path)
+    report["runs"][1]["seed"] = "2"
+    report["runs"][0]["aux_losses"] = {"loss_pos": [[10, 1.5], [20]]}
+    with pytest.raises(CometNMTError, match=r'runs\[0\]\.aux_losses\.loss_pos\[1\] is a list \[20\], expected a \[step, loss\]'):
+        render_report(_write(path, report))
+    report["runs"][0]["aux_losses"] = {}
+    with pytest.raises(CometNMTError, match=r'runs\[1\]\.seed is text "2", expected a whole number'):
+        render_report(_write(path, report))
+
+    report, path = _committed("multi30k_label_smoothing_cpu", tmp_path)  # reproduce's
+    del report["examples"][3]["comet_bleu"]
+    with pytest.raises(CometNMTError, match=r"examples\[3\]\.comet_bleu is missing"):
+        render_report(_write(path, report))
+    report, path = _committed("multi30k_label_smoothing_cpu", tmp_path)
+    report["runs"][1]["history"][4].pop("val_bleu")  # the BLEU curve is drawn from every validation, as the first has it
+    report["provenance"]["overrides"] = "train.lr=5e-4"
+    with pytest.raises(CometNMTError, match=r'provenance\.overrides is text "train.lr=5e-4", expected a list or null'):
+        render_report(_write(path, report))
+    report["provenance"]["overrides"] = None
+    with pytest.raises(CometNMTError, match=r"runs\[1\]\.history\[4\]\.val_bleu is missing"):
+        render_report(_write(path, report))
+    report["runs"][1]["history"][4]["val_bleu"] = 20.0
+    report["candidate"] = "no_such_row"
+    with pytest.raises(CometNMTError, match=r'candidate is text "no_such_row", expected a row of this commit'):
+        render_report(_write(path, report))
+
+
+def test_a_bug_of_the_renderer_is_raised_as_one_not_blamed_on_the_file(tmp_path, monkeypatch):
+    """A KeyError or TypeError of render's own code, over a report.json that has all it needs,
+    propagates as the bug it is; it was reported as the file lacking what this commit's report shows."""
+    import pytest
+
+    from cometnmt import compare, reproduce
+    from cometnmt.render import render_report
+
+    def broken(*args, **kwargs):
+        raise KeyError("a key of our own code")
+
+    report, path = _committed("tie_embeddings_cpu", tmp_path)
+    monkeypatch.setattr(compare, "_curves", broken)
+    with pytest.raises(KeyError, match="a key of our own code"):
+        render_report(_write(path, report))
+    report, path = _committed("multi30k_label_smoothing_cpu", tmp_path)
+    monkeypatch.setattr(reproduce, "_learning_curves", lambda *a: [][0])  # IndexError
+    with pytest.raises(IndexError):
+        render_report(_write(path, report))
+    monkeypatch.setattr(reproduce, "_learning_curves", lambda *a: None)
+    monkeypatch.setattr(reproduce, "_markdown", lambda args, report: None + 1)  # TypeError
+    with pytest.raises(TypeError):
+        render_report(path)
+
+
+def test_a_reproduce_report_of_a_row_this_commit_lacks_renders(tmp_path):
+    """A reproduce report.json of a row this commit's Table 1 does not have (renamed or removed since)
+    renders, the row named by its recorded label and row; its learning curve raised a KeyError."""
+    from cometnmt.render import render_report
+
+    report, path = _committed("multi30k_label_smoothing_cpu", tmp_path)
+    for rec in report["table"] + report["runs"]:
+        if rec["row"] == "transformer":
+            rec["row"] = "transformer_of_old"
+    text = render_report(_write(path, report)).read_text()
+    assert "| Transformer | 1 |" in text and (path.parent / "learning_curves.png").stat().st_size > 0
+
