@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import time
 from pathlib import Path
 from typing import Optional
 
+from cometnmt.atomic import atomic_write
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 
@@ -255,8 +257,9 @@ def render_report(path: Path, out: Optional[Path] = None) -> Path:
     shown = _as_written_today(report, kind is reproduce)
     shown["provenance"]["rendered"] = rendered
     text = kind.render(out, shown)
-    if not same:
-        write_text_file(out / "report.json", path.read_bytes().decode("utf-8"))
+    if not same:  # byte for byte: report.json is the record, not rewritten
+        with atomic_write(out / "report.json", "wb") as f, path.open("rb") as src:
+            shutil.copyfileobj(src, f)
     write_text_file(out / "report.md", text)
     return out / "report.md"
 

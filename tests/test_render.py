@@ -210,3 +210,16 @@ def test_a_reproduce_report_of_a_row_this_commit_lacks_renders(tmp_path):
     text = render_report(_write(path, report)).read_text()
     assert "| Transformer | 1 |" in text and (path.parent / "learning_curves.png").stat().st_size > 0
 
+
+def test_render_copies_report_json_byte_for_byte(tmp_path):
+    """--out gets report.json's bytes as they are (copied, not decoded and written again as text):
+    Windows line ends, non-ASCII text and no final newline kept."""
+    from cometnmt.render import render_report
+
+    report, path = _committed("tie_embeddings_cpu", tmp_path)
+    report["provenance"]["command"] += " # Übersetzung → 翻訳"
+    raw = json.dumps(report, indent=1, ensure_ascii=False).replace("\n", "\r\n").encode("utf-8")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(raw)
+    render_report(path, tmp_path / "other")
+    assert (tmp_path / "other" / "report.json").read_bytes() == raw
