@@ -223,3 +223,19 @@ def test_render_copies_report_json_byte_for_byte(tmp_path):
     path.write_bytes(raw)
     render_report(path, tmp_path / "other")
     assert (tmp_path / "other" / "report.json").read_bytes() == raw
+
+
+def test_every_committed_report_can_be_re_rendered_or_says_it_cannot():
+    """A committed reproduce or compare report (its provenance line '- commit (report):') is a
+    report.md beside its report.json, which `cometnmt render` rewrites; any other says at its top
+    that it is a one-off document and why (report_mixed_batches_first.md's report.json was never
+    committed, and nothing it was made from is)."""
+    for md in sorted((REPO / "reports").glob("*/*.md")):
+        text = md.read_text(encoding="utf-8")
+        if "\n- commit (report): " not in text:
+            continue  # a README or a script's write-up, not a report render writes
+        if md.name == "report.md":
+            assert (md.parent / "report.json").is_file(), md
+        else:
+            head = text.split("\n- commit (report): ")[0]
+            assert "one-off document" in head and "`cometnmt render`" in head, md
