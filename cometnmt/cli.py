@@ -583,8 +583,8 @@ def cmd_serve(args) -> int:
     143 as a failure). Left to SIGTERM's default, the process died at once (143, no message) with
     answers half sent, bypassing the close that keeps a response thread from aborting the process.
     While the imports run and the model is still loading, either signal is an interruption, said in one line
-    ("stopped (SIGTERM) while starting, before serving"; ``python -m cometnmt`` says it for a SIGTERM during
-    its own imports too): 130 (Ctrl-C) or 143."""
+    ("stopped (SIGTERM) while starting, before serving"; the program, ``cometnmt`` or ``python -m cometnmt``,
+    says it for a SIGTERM during its own imports too: cometnmt/__main__.py): 130 (Ctrl-C) or 143."""
     try:
         from cometnmt.serve import make_server
 

@@ -767,6 +767,33 @@ def test_sigterm_while_starting_says_it_stopped_before_serving(module, tmp_path)
     assert (proc.returncode, proc.stderr) == (143, "cometnmt serve: stopped (SIGTERM) while starting, before serving\n"), \
         (proc.returncode, -signal.SIGTERM, proc.stderr[-2000:])
 
+
+@pytest.mark.parametrize("module", ["cometnmt.cli", "cometnmt.serve"])
+def test_the_installed_program_says_a_sigterm_while_starting_as_python_m_does(module, tmp_path):
+    """The installed ``cometnmt`` program ran pyproject's ``cometnmt.cli:main``: its script imported
+    cometnmt.cli before any SIGTERM handler, so a SIGTERM then killed it without a word (exit -15),
+    where ``python -m cometnmt`` said it stopped. Here the script pip writes for pyproject's entry
+    point (the entry read from pyproject.toml, so no reinstall is needed) gets SIGTERM as it imports
+    ``module``: the same one line and exit 143 as ``python -m cometnmt``."""
+    import signal
+    import tomllib
+
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]["cometnmt"]
+    module_name, function = entry.split(":")
+    script = ("import os, signal, sys\n"
+              "class Hook:\n"
+              "    @staticmethod\n"
+              "    def find_spec(name, path=None, target=None):\n"
+              f"        if name == {module!r}:\n"
+              "            os.kill(os.getpid(), signal.SIGTERM)\n"
+              "sys.meta_path.insert(0, Hook)\n"
+              f"sys.argv = ['cometnmt', 'serve', {str(tmp_path / 'best.pt')!r}, '--port', '0']\n"
+              f"from {module_name} import {function}\n"  # what pip's console script runs
+              f"sys.exit({function}())\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (143, "cometnmt serve: stopped (SIGTERM) while starting, before serving\n"), \
+        (entry, proc.returncode, -signal.SIGTERM, proc.stderr[-2000:])
+
 def first_answer_line(server, request: bytes) -> tuple[bytes, socket.socket, object]:
     """The status line the server sends first in answer to ``request`` (headers only, no body
     sent), with the socket and its reader for the rest."""
