@@ -11,7 +11,7 @@ import re
 import threading
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -257,6 +257,34 @@ class AttentionMap:
     target: list[str]
     weights: list[list[float]]
     layer: int  # the decoder layer, 0-based
+
+
+@dataclass(frozen=True)
+class CheckedSources:
+    """Source sentences checked and tokenised by :meth:`Translator.check_sources`, which
+    :meth:`Translator.translate` takes in place of their text without tokenising them again: a caller
+    that checks sentences before translating them (``cometnmt serve``'s batches) had each one
+    tokenised twice, once by the check and again by the call. ``texts``: the sentences as the
+    Translator reads them (byte order marks dropped); ``words``: their tokens; ``ids``: their
+    indexes (none for a blank sentence); ``codec``: the tokenizer and vocabulary that made them (a
+    Translator of another codec tokenises ``texts`` afresh). ``a + b`` holds the sentences of both,
+    for one call translating them together."""
+
+    texts: list[str]
+    words: list[list[str]]
+    ids: list[list[int]]
+    codec: TextCodec = field(repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __add__(self, other: "CheckedSources") -> "CheckedSources":
+        if not isinstance(other, CheckedSources):
+            return NotImplemented
+        if other.codec is not self.codec:
+            raise ValueError("CheckedSources of two Translators' codecs cannot be joined: their tokens and ids differ; "
+                             "check each translator's sentences with its own check_sources")
+        return CheckedSources(self.texts + other.texts, self.words + other.words, self.ids + other.ids, self.codec)
 
 
 @dataclass
@@ -514,6 +542,17 @@ class Translator:
     def _ids(cls, texts: list[str], tokenizer, encode) -> list[list[int]]:
         return cls._words_and_ids(texts, tokenizer, encode)[1]
 
+    def _sources(self, texts: Sequence[str] | CheckedSources, method: str) -> CheckedSources:
+        """``texts`` checked (:func:`_check_sentences`) and tokenised for ``method`` (its name, for
+        errors), or ``texts`` itself where it is :meth:`check_sources`'s result for this codec."""
+        if isinstance(texts, CheckedSources):
+            if texts.codec is self.codec:
+                return texts
+            texts = texts.texts  # checked, but tokenised for another model: its ids are not this vocabulary's
+        texts = _check_sentences(_sentence_list(texts, "texts", method), f"{method} texts")
+        words, ids = self._words_and_ids(texts, self.codec.src_tok, self.codec.encode_src)
+        return CheckedSources(texts, words, ids, self.codec)
+
     def _check_positions(self, ids: list[list[int]], where: str, side: str, extra: int) -> None:
         """Before any decoding, so the whole input fails or none of it: each sequence plus ``extra``
         positions (a target's <s>) must fit the model's position tables."""
@@ -526,7 +565,7 @@ class Translator:
                             f"model's {limit} positions ({positions_key(self.cfg.model)}){more}; split or shorten it")
 
     @_one_call_at_a_time
-    def check_sources(self, texts: Sequence[str]) -> None:
+    def check_sources(self, texts: Sequence[str]) -> CheckedSources:
         """Refuse, as :meth:`translate` would, sentences it would refuse, without decoding them: one
         that is not a string, holds a newline, a lone surrogate or a NUL character, or has more
         tokens than the model's positions (``input line 3: 1100 source tokens, more than the
@@ -535,12 +574,16 @@ class Translator:
         fail, and cost a second decode of, the others. A sentence that passes may still fail on
         something unforeseen (out of memory).
 
+        Returns the sentences checked and tokenised (:class:`CheckedSources`): given to :meth:`translate`
+        in place of ``texts`` (joined with ``+`` to others'), they are not tokenised a second time.
+
         :raises DataError: the first refused sentence, counted from 1 as :meth:`translate` counts it.
         """
         if isinstance(texts, str):
             raise TypeError("Translator.check_sources takes a list of sentences")
-        texts = _check_sentences(_sentence_list(texts, "texts", "Translator.check_sources"), "Translator.check_sources texts")
-        self._check_positions(self._ids(texts, self.codec.src_tok, self.codec.encode_src), "input", "source", 0)
+        sources = self._sources(texts, "Translator.check_sources")
+        self._check_positions(sources.ids, "input", "source", 0)
+        return sources
 
     @_one_call_at_a_time
     def log_prob_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]], batch_size: int | None = None,
@@ -702,7 +745,7 @@ class Translator:
         return Translation(_SPACES.sub(" ", _LINE_BREAKS.sub(" ", text)).strip(" "), score, tokens)
 
     @_one_call_at_a_time
-    def translate(self, texts: Sequence[str], decode_cfg: DecodeConfig | None = None, progress: bool | tqdm = False, *,
+    def translate(self, texts: Sequence[str] | CheckedSources, decode_cfg: DecodeConfig | None = None, progress: bool | tqdm = False, *,
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                   batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
                   topp: float | None = None, temperature: float | None = None,
@@ -710,7 +753,8 @@ class Translator:
         """Plain-text sentences in, n-best detokenised translations out, best first, in input
         order (a blank line gives ``nbest`` blank translations).
 
-        :param texts: the sentences, one string each (not one string: see :meth:`__call__`).
+        :param texts: the sentences, one string each (not one string: see :meth:`__call__`), or
+            what :meth:`check_sources` returned for them (not tokenised again).
         :param decode_cfg: search settings; default the checkpoint's ``decode`` config.
         :param beam: beam size, 1 for greedy search; ``nbest``, ``length_penalty`` (GNMT alpha)
             and ``batch_size`` (sentences per batch) likewise replace ``decode_cfg``'s.
@@ -734,13 +778,12 @@ class Translator:
         start = plain_number(start)
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:  # "x" was a TypeError from an addition
             raise ConfigError(f"start={start!r}: must be an integer at least 0 (the first sentence's place in the input)")
-        texts = _check_sentences(_sentence_list(texts, "texts", "Translator.translate"), "Translator.translate texts")
-        words, ids = self._words_and_ids(texts, self.codec.src_tok, self.codec.encode_src)
-        results = self.translate_ids(ids, decode_cfg, progress, start=start)
+        sources = self._sources(texts, "Translator.translate")
+        results = self.translate_ids(sources.ids, decode_cfg, progress, start=start)
         if decode_cfg.replace_unk:
-            self._replace_unknown(words, ids, results)
+            self._replace_unknown(sources.words, sources.ids, results)
         blank = [Translation("", 0.0, []) for _ in range(decode_cfg.nbest)]  # as many rows as any other sentence
-        return [r if text.strip() else list(blank) for r, text in zip(results, texts)]
+        return [r if text.strip() else list(blank) for r, text in zip(results, sources.texts)]
 
     def __call__(self, text: str | Sequence[str], *, beam: int | None = None, length_penalty: float | None = None,
                  batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,

@@ -707,47 +707,41 @@ class TranslationServer(ThreadingHTTPServer):
     def _decode_batch(self, batch: list[_Pending]) -> None:
         """The batcher's worker: one search over the sentences of ``batch`` (requests of one search),
         each request answered with its own. A sentence the model refuses (longer than its positions)
-        fails the whole call, so each request of a batch is checked first (:meth:`Translator.check_sources`:
+        fails the whole call, so each request is checked first (:meth:`Translator.check_sources`:
         the request text was checked on arrival, its tokens need the tokenizer, which runs here,
         one thread at a time) and one the model would refuse fails alone, before the search: the
-        others were decoded twice, once in the failed call and again alone. Should the call still
-        fail (a refusal not foreseen), each request is decoded alone and only its own fails. A
-        request whose client has gone is not decoded."""
+        others were decoded twice, once in the failed call and again alone. The check's tokens are
+        those the search takes (:class:`~cometnmt.inference.CheckedSources`): each sentence was
+        tokenised twice, by the check and again by the call. Should the call still fail (a refusal
+        not foreseen), each request is decoded alone and only its own fails. A request whose client
+        has gone is not decoded."""
         with self.lock, read_from_files():  # the Translator does not warn of text not in NFC: nfc_warnings did
-            live = []
+            live = []  # (request, its sentences checked and tokenised)
             for pending in batch:
                 if self.client_gone(pending.handler):
                     pending.finish(error=ConnectionAbortedError(_GONE))
-                elif len(batch) > 1 and (error := self._refusal(pending)) is not None:
-                    pending.finish(error=error)
-                else:
-                    live.append(pending)
+                    continue
+                try:
+                    live.append((pending, self.translator.check_sources(pending.texts)))
+                except CometNMTError as exc:  # its own refusal, before any search
+                    pending.finish(error=exc)
             if not live:
                 return
             try:
-                results = self.translator.translate([text for p in live for text in p.texts], live[0].decode)
+                results = self.translator.translate(sum((s for _, s in live[1:]), live[0][1]), live[0][0].decode)
             except CometNMTError:
                 if len(live) == 1:
                     raise
-                for pending in live:  # one request's bad sentence must not fail the others (the fallback)
+                for pending, sources in live:  # one request's bad sentence must not fail the others (the fallback)
                     try:
-                        pending.finish(self.translator.translate(pending.texts, pending.decode))
+                        pending.finish(self.translator.translate(sources, pending.decode))
                     except CometNMTError as exc:
                         pending.finish(error=exc)
                 return
         start = 0
-        for pending in live:
+        for pending, _ in live:
             pending.finish(results[start : start + len(pending.texts)])
             start += len(pending.texts)
-
-    def _refusal(self, pending: _Pending) -> CometNMTError | None:
-        """What the Translator would refuse ``pending``'s sentences with (a sentence past the
-        model's positions), or None."""
-        try:
-            self.translator.check_sources(pending.texts)
-        except CometNMTError as exc:
-            return exc
-        return None
 
     def log_prob(self, body: object) -> dict:
         """Forced decoding (:meth:`Translator.log_prob`): each target's log-probability given its source."""

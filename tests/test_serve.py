@@ -1585,10 +1585,55 @@ def test_a_refusal_not_foreseen_still_fails_its_request_alone(checkpoint, monkey
     request by request, and only the bad request gets its 400."""
     too_long = "a " * 1100
     with batching_server(checkpoint, max_batch_sentences=2) as (srv, calls):
-        monkeypatch.setattr(srv.translator, "check_sources", lambda texts: None)  # checks nothing
+        check = srv.translator.check_sources
+
+        def checks_no_length(texts):  # tokenises as the check does, but lets every length through
+            with monkeypatch.context() as patch:
+                patch.setattr(srv.translator, "_check_positions", lambda *args: None)
+                return check(texts)
+
+        monkeypatch.setattr(srv.translator, "check_sources", checks_no_length)
         answers = ask_together(srv, [{"text": "Ein Hund."}, {"text": too_long}])
     assert answers[0][0] == 200 and answers[1][0] == 400, answers
     assert calls[0] == (2, "greedy", 5) and sorted(calls[1:]) == [(1, "greedy", 5)] * 2, calls
+
+
+def test_a_served_sentence_is_tokenised_once(checkpoint, monkeypatch):
+    """Each request of a batch was checked before the search (Translator.check_sources, which
+    tokenises its sentences) and then tokenised again by the batch's translate call: two requests
+    of one sentence each, 4 sentences tokenised. The check's tokens are now the call's: each
+    sentence once, in a batch of two requests as in a batch of one."""
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    with batching_server(checkpoint, max_batch_sentences=2) as (srv, calls):
+        tokenizer, tokenised = srv.translator.codec.src_tok, []
+        tokenize_many = tokenizer.tokenize_many
+        monkeypatch.setattr(tokenizer, "tokenize_many", lambda texts: tokenize_many(tokenised.extend(texts) or texts))
+        answers = ask_together(srv, [{"text": "Ein Hund."}, {"text": "Zwei Katzen."}])
+        assert sorted(tokenised) == ["Ein Hund.", "Zwei Katzen."], tokenised
+        tokenised.clear()
+        alone = call(srv, "/translate", {"texts": ["Ein Mann.", "Eine Frau."]})  # fills a batch alone
+        assert tokenised == ["Ein Mann.", "Eine Frau."], tokenised
+    assert answers == [(200, {"translation": translator("Ein Hund.")}), (200, {"translation": translator("Zwei Katzen.")})]
+    assert alone == (200, {"translations": translator(["Ein Mann.", "Eine Frau."])})
+    assert calls == [(2, "greedy", 5)] * 2, calls
+
+
+def test_checked_sources_are_translated_as_their_text(checkpoint):
+    """Translator.check_sources' result, given to translate in place of the text (joined with +),
+    translates as the text does; another Translator's (its codec not this one's) is tokenised afresh."""
+    from cometnmt.inference import CheckedSources
+
+    translator = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    other = cometnmt.Translator.from_checkpoint(checkpoint, device="cpu")
+    texts = ["\ufeffEin Hund.", "", "Zwei Hunde spielen im Schnee."]
+    first, rest = translator.check_sources(texts[:1]), translator.check_sources(texts[1:])
+    joined = first + rest
+    assert isinstance(joined, CheckedSources) and len(joined) == 3 and joined.texts[0] == "Ein Hund."
+    expected = translator.translate(texts, beam=2, nbest=2)
+    assert translator.translate(joined, beam=2, nbest=2) == expected
+    assert other.translate(joined, beam=2, nbest=2) == expected
+    with pytest.raises(ValueError, match="cannot be joined"):
+        joined + other.check_sources(texts)
 
 
 def test_check_sources_refuses_what_translate_refuses_without_decoding(checkpoint, monkeypatch):
