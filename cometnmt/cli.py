@@ -795,7 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "characters of its longest, as the model pads each sentence to the longest, so that 64 long "
                         "sentences, or one long sentence and 63 short ones, are not decoded at once (a larger request "
                         "is a batch alone; default 20000, 64 sentences of up to 312 characters; 0: off, batches "
-                        "bounded by --max-batch-sentences alone)")
+                        "bounded by --max-batch-sentences alone; GET /health shows it as max_batch_padded_chars)")
     p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=float, default=5.0, metavar="MS",
                    help="the longest a batch waits for more requests after its first (default 5; 0: no batching)")
     _add_decode_args(p)

@@ -2,8 +2,11 @@
 
 Endpoints:
 
-* ``GET /health``: ``{"status": "ok", "arch", "src_lang", "tgt_lang", "checkpoint", "decode"}``;
-  ``HEAD`` answers as ``GET`` without the body (health checkers use it).
+* ``GET /health``: ``{"status": "ok", "arch", "src_lang", "tgt_lang", "checkpoint", "decode",
+  "max_sentences", "max_beam", "max_chars", "batching"}``, ``batching`` being ``{"max_batch_sentences",
+  "max_batch_padded_chars", "batch_wait_ms"}`` (and ``max_batch_chars``, the padded size's former key) or
+  ``null`` when off (:meth:`TranslationServer.health`); ``HEAD`` answers as ``GET`` without the body
+  (health checkers use it).
 * ``POST /translate`` with ``{"text": "..."}`` (one sentence) or ``{"texts": ["...", ...]}`` and
   optionally ``beam``, ``nbest``, ``length_penalty``, ``sampling`` (true: random samples, ``nbest``
   of them; false: greedy search), ``topk``, ``topp``, ``temperature``, ``seed``, ``replace_unk``:
@@ -654,14 +657,18 @@ class TranslationServer(ThreadingHTTPServer):
         return json.dumps({"text": src}, ensure_ascii=False)
 
     def health(self) -> dict:
+        """The model, its default search and the server's limits. ``batching`` (None when off) names
+        the character budget ``max_batch_padded_chars``: it bounds a batch's padded size (sentences x
+        the characters of its longest), no longer its summed characters, which ``max_batch_chars``,
+        the option's name, read as; that key stays, with the same value, for clients that read it."""
         cfg = self.translator.cfg
         arch = "ensemble" if isinstance(self.checkpoint, list) else cfg.model.arch
+        batching = None if self.batcher is None else {
+            "max_batch_sentences": self.batcher.max_sentences, "max_batch_padded_chars": self.batcher.max_chars,
+            "max_batch_chars": self.batcher.max_chars, "batch_wait_ms": self.batcher.wait * 1000}
         return {"status": "ok", "arch": arch, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
                 "checkpoint": self.checkpoint, "decode": to_dict(cfg.decode), "max_sentences": self.max_sentences,
-                "max_beam": self.max_beam, "max_chars": self.max_chars,
-                "batching": None if self.batcher is None else {"max_batch_sentences": self.batcher.max_sentences,
-                                                               "max_batch_chars": self.batcher.max_chars,
-                                                               "batch_wait_ms": self.batcher.wait * 1000}}
+                "max_beam": self.max_beam, "max_chars": self.max_chars, "batching": batching}
 
     def translate(self, body: object) -> dict:
         if not isinstance(body, dict):

@@ -1734,7 +1734,7 @@ def test_a_batch_closes_at_its_character_budget(checkpoint):
         make_server(str(checkpoint), port=0, max_batch_chars=-1, flags=True)
     srv = make_server(str(checkpoint), port=0, device="cpu", max_batch_chars=500)
     try:
-        assert srv.batcher.max_chars == 500 and srv.health()["batching"]["max_batch_chars"] == 500
+        assert srv.batcher.max_chars == 500 and srv.health()["batching"]["max_batch_padded_chars"] == 500
     finally:
         srv.server_close()
 
@@ -1770,14 +1770,18 @@ def test_a_batch_is_bounded_by_its_padded_size():
     assert all(len(b) * max(b) <= 2000 for b in batches), batches
 
 def test_batching_options_are_checked_and_shown_in_health(checkpoint, server):
+    """/health's ``batching`` showed the character budget as ``max_batch_chars`` alone, though it
+    bounds a batch's padded size (sentences x the longest's characters), no longer the summed
+    characters that name was read as: it is ``max_batch_padded_chars`` now, and the old key stays,
+    with the same value, for clients that read it."""
     from cometnmt.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"--batch-wait-ms -1: must be a number of milliseconds, 0 or more"):
         make_server(str(checkpoint), port=0, batch_wait_ms=-1, flags=True)
     with pytest.raises(ConfigError, match=r"max_batch_sentences=0: must be at least 1 \(1: no batching"):
         make_server(str(checkpoint), port=0, max_batch_sentences=0)
-    assert call(server, "/health")[1]["batching"] == {"max_batch_sentences": 64, "max_batch_chars": 20000,
-                                                      "batch_wait_ms": 5.0}  # the defaults
+    assert call(server, "/health")[1]["batching"] == {"max_batch_sentences": 64, "max_batch_padded_chars": 20000,
+                                                      "max_batch_chars": 20000, "batch_wait_ms": 5.0}  # the defaults
     off = make_server(str(checkpoint), port=0, device="cpu", batch_wait_ms=0)
     try:
         assert off.batcher is None and off.health()["batching"] is None
