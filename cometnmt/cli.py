@@ -797,7 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "is a batch alone; default 20000, 64 sentences of up to 312 characters; 0: off, batches "
                         "bounded by --max-batch-sentences alone; GET /health shows it as max_batch_padded_chars)")
     p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=float, default=5.0, metavar="MS",
-                   help="the longest a batch waits for more requests after its first (default 5; 0: no batching)")
+                   help="the longest a batch waits for more requests after its first while the model is busy; a batch "
+                        "that finds the model free is decoded at once (default 5; 0: no batching)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -48,7 +48,9 @@ get the model in the order they asked for it; one whose client has closed its co
 not decoded (:meth:`TranslationServer.client_gone`). Concurrent /translate requests of the same search
 are decoded together (dynamic batching, :class:`RequestBatcher`: ``--max-batch-sentences``,
 ``--max-batch-chars``, the padded size: sentences x the longest's characters, ``--batch-wait-ms``),
-each answered with its own translations. Sentences not in Unicode NFC are translated as they are,
+each answered with its own translations: a request that finds the model free is decoded at once
+(with what is queued then), and those arriving meanwhile form the next batch; ``--batch-wait-ms``
+bounds a wait for more while the model is busy, and is no delay. Sentences not in Unicode NFC are translated as they are,
 with a warning in the log at most once a minute (``--nfc-warning-interval``), counting those in
 between (:class:`NfcWarnings`).
 """
@@ -70,6 +72,7 @@ import time
 import unicodedata
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 from urllib.parse import urlsplit
 
 from cometnmt.config import to_dict
@@ -390,15 +393,24 @@ class RequestBatcher:
     alone), or ``wait`` seconds after its first request arrived, whichever comes first.
     Characters, counted on the request's thread (:class:`_Pending`), stand for source tokens: the
     worker calls no tokenizer to weigh a batch.
-    A request that arrives while the model is busy therefore waits no longer than it did behind
-    the lock. ``decode(batch)``
+    ``wait`` is an upper bound, not a delay: with ``busy`` (whether the model is taken by other
+    work, e.g. a /logprob request), a batch is decoded as soon as the worker is free and the model
+    is not busy, with what is queued then, and waits for more only while the model is busy
+    (``busy`` is asked when a request arrives and when the wait ends). A lone request to an idle
+    server was held ``wait`` (5 ms by default) for companions that were not coming; requests that
+    arrive while a batch is being decoded still form the next batch, as they queue meanwhile.
+    ``busy`` None waits ``wait`` for every batch (a fixed delay: :class:`RequestBatcher` alone
+    cannot see the model). A request that arrives while the model is busy therefore waits no
+    longer than it did behind the lock. ``decode(batch)``
     answers each request of a batch (:meth:`_Pending.finish`). :meth:`close` stops waiting for
     batches to fill (a stopping server drains what is queued); :meth:`stop` fails what is still
     queued with 503 and refuses new requests, so no client waits for a worker that is gone."""
 
-    def __init__(self, decode, max_sentences: int, wait: float, clock=time.monotonic, max_chars: int = 0) -> None:
+    def __init__(self, decode, max_sentences: int, wait: float, clock=time.monotonic, max_chars: int = 0,
+                 busy: Callable[[], bool] | None = None) -> None:
         self._decode, self.max_sentences, self.wait, self._clock = decode, max_sentences, wait, clock
         self.max_chars = max_chars  # 0: no character budget
+        self.busy = busy  # None: every batch waits ``wait`` (or until full)
         self._queue: list[_Pending] = []  # arrival order
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -457,7 +469,7 @@ class RequestBatcher:
             if not self._queue:
                 return None
             first = self._queue[0]
-            while not self._closing and not self._full(*self._fill(first)):
+            while not self._closing and not self._full(*self._fill(first)) and (self.busy is None or self.busy()):
                 left = first.arrived + self.wait - self._clock()
                 if left <= 0:
                     break
@@ -512,9 +524,11 @@ class TranslationServer(ThreadingHTTPServer):
         self.max_chars = max_chars
         self.lock = FifoLock()  # the model's, first come first served
         self.nfc_warnings = NfcWarnings(nfc_warning_interval)  # text not in NFC, warned of at most once an interval
-        # concurrent /translate requests decoded together; None (batch_wait 0 or one sentence a batch): one at a time
+        # concurrent /translate requests decoded together, at once when the model is free (its lock neither held
+        # nor asked for: the worker holds it only while decoding); None (batch_wait 0 or one sentence a batch): one at a time
         self.batcher = None if batch_wait <= 0 or max_batch_sentences <= 1 else \
-            RequestBatcher(self._decode_batch, max_batch_sentences, batch_wait, max_chars=max_batch_chars)
+            RequestBatcher(self._decode_batch, max_batch_sentences, batch_wait, max_chars=max_batch_chars,
+                           busy=lambda: self.lock.waiting() > 0)
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:
@@ -1156,8 +1170,8 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     ``max_batch_sentences``, ``max_batch_chars`` and ``batch_wait_ms``: dynamic batching
     (:class:`RequestBatcher`), a batch closes at that many sentences, that many padded characters
     (its sentences x the characters of its longest, as the model pads them; 0: no character
-    budget) or that many milliseconds after its first request (0, or one sentence: off, each
-    request decoded alone).
+    budget) or, while the model is busy, that many milliseconds after its first request (a batch
+    that finds the model free is decoded at once; 0, or one sentence: off, each request decoded alone).
     Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")

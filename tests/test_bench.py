@@ -683,10 +683,13 @@ def test_kernel_count_gives_each_kernel_to_the_outermost_operator_that_launched_
     assert cpu_only["totals"]["kernels"] is None and cpu_only["by_operator"]["aten::add_"]["kernels"] is None
 def test_bench_serve_times_batching_on_and_off(data_dir, tmp_path, monkeypatch):
     """bench/bench_serve.py on its smallest setting: it trains the tiny model, serves it with dynamic
-    batching off and on, and writes both rates and their ratio (not asserted: speed lives in bench/)."""
+    batching off, with a fixed wait and on, and writes the rates, one client's latencies and the
+    on/off ratio (not asserted: speed lives in bench/)."""
     monkeypatch.setenv("COMETNMT_MULTI30K_DIR", str(data_dir))
     out = tmp_path / "serve.json"
-    proc = run("bench_serve.py", "--clients", "2", "--requests", "1", "--rounds", "1", "--threads", "1", "--out", str(out))
+    proc = run("bench_serve.py", "--clients", "2", "--requests", "1", "--rounds", "1", "--threads", "1",
+               "--latency-requests", "2", "--out", str(out))
     result = json.loads(out.read_text())
-    assert len(result["off"]) == len(result["on"]) == 1 and result["ratio"] > 0
+    assert len(result["off"]) == len(result["wait"]) == len(result["on"]) == 1 and result["ratio"] > 0
+    assert {name: len(rounds) for name, rounds in result["latency_ms"].items()} == {"off": 1, "wait": 1, "on": 1}
     assert "on/off:" in proc.stdout

@@ -1452,10 +1452,11 @@ def test_model_lock_is_first_come_first_served():
 
 
 @contextlib.contextmanager
-def batching_server(checkpoint, translator=None, **options):
-    """A server whose batches close only when full (a minute's wait), its Translator's calls
-    recorded as (sentences, search method, beam size); ``translator``: in place of the checkpoint's."""
-    srv = make_server(str(checkpoint), port=0, device="cpu", batch_wait_ms=60000, **options)
+def batching_server(checkpoint, translator=None, batch_wait_ms=60000, **options):
+    """A server whose batches, while the model is busy, close only when full (a minute's wait), its
+    Translator's calls recorded as (sentences, search method, beam size); ``translator``: in place
+    of the checkpoint's."""
+    srv = make_server(str(checkpoint), port=0, device="cpu", batch_wait_ms=batch_wait_ms, **options)
     if translator is not None:
         srv.translator = translator
     calls, translate = [], srv.translator.translate
@@ -1465,6 +1466,8 @@ def batching_server(checkpoint, translator=None, **options):
         return translate(texts, decode_cfg, *args, **kwargs)
 
     srv.translator.translate = recording
+    srv.submitted, submit = [], srv.batcher.submit  # the requests that reached the batcher (ask_together)
+    srv.batcher.submit = lambda pending: (submit(pending), srv.submitted.append(pending))
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
@@ -1476,12 +1479,20 @@ def batching_server(checkpoint, translator=None, **options):
 
 
 def ask_together(srv, bodies: list[dict]) -> list[tuple[int, dict]]:
-    """Send ``bodies`` to /translate at once, from one thread each; their answers in that order."""
+    """Send ``bodies`` to /translate at once, from one thread each (to a :func:`batching_server`);
+    their answers in that order. The model is held, as by another request, until every request has
+    reached the batcher: on a free model a request is decoded at once, alone, so the requests are
+    batched as a busy server batches them, whatever order their threads run in."""
     answers: list = [None] * len(bodies)
     threads = [threading.Thread(target=lambda i=i, b=b: answers.__setitem__(i, call(srv, "/translate", b)))
                for i, b in enumerate(bodies)]
-    for thread in threads:
-        thread.start()
+    with srv.lock:
+        for thread in threads:
+            thread.start()
+        for _ in range(6000):
+            if len(srv.submitted) >= len(bodies):
+                break
+            threading.Event().wait(0.01)
     for thread in threads:
         thread.join(120)
     return answers
@@ -1556,6 +1567,46 @@ def test_batched_requests_get_what_they_get_alone_for_every_architecture(checkpo
             assert [h["score"] for h in out["translation"]] == pytest.approx([h.score for h in alone], abs=1e-4)
         lengths = {len(h["text"].split()) for _, out in answers for h in out["translation"]}
         assert len(lengths) > 1, lengths  # outputs of different lengths: not every search ended at once
+
+def test_a_lone_request_is_decoded_at_once_and_those_arriving_meanwhile_form_the_next_batch(checkpoint):
+    """A batch waited --batch-wait-ms (5 ms by default) after its first request whatever the
+    model was doing, so a lone request to an idle server was held that long for companions that
+    were not coming. The wait is now an upper bound: a request that finds the model free is decoded
+    at once (here, with a batch wait of 20 s, it is answered long before), and the requests that
+    arrive while a batch is decoded form the next one, taken as soon as that decode ends."""
+    import time
+
+    with batching_server(checkpoint, batch_wait_ms=20000, max_batch_sentences=8) as (srv, calls):
+        start = time.monotonic()
+        assert call(srv, "/translate", {"text": "Ein Hund."})[0] == 200
+        assert time.monotonic() - start < 10  # not held for the batch wait
+        entered, release, translate = threading.Event(), threading.Event(), srv.translator.translate
+
+        def held(texts, *args, **kwargs):  # the first decode lasts until the others have queued
+            entered.set()
+            release.wait(60)
+            return translate(texts, *args, **kwargs)
+
+        srv.translator.translate = held
+        answers = {}
+        first = threading.Thread(target=lambda: answers.__setitem__("first", call(srv, "/translate", {"text": "Ein Mann."})))
+        first.start()
+        assert entered.wait(60)
+        srv.translator.translate = translate
+        others = [threading.Thread(target=lambda t=t: answers.__setitem__(t, call(srv, "/translate", {"text": t})))
+                  for t in ("Zwei Katzen.", "Ein Kind.", "Leute stehen.")]
+        for thread in others:
+            thread.start()
+        while srv.batcher.queued() < 3:
+            threading.Event().wait(0.01)
+        start = time.monotonic()
+        release.set()
+        for thread in [first, *others]:
+            thread.join(60)
+        assert time.monotonic() - start < 10  # the next batch did not wait 20 s for more
+    assert {key: status for key, (status, _) in answers.items()} == dict.fromkeys(answers, 200), answers
+    assert calls == [(1, "greedy", 5), (1, "greedy", 5), (3, "greedy", 5)], calls  # alone, alone, then together
+
 
 def test_requests_of_different_searches_are_not_batched_together(checkpoint):
     with batching_server(checkpoint, max_batch_sentences=3) as (srv, calls):
@@ -1660,12 +1711,17 @@ def test_closing_drains_queued_requests_and_fails_those_left_after_the_wait(chec
     Retry-After at once, not a wait without end, and new requests are refused so."""
     with batching_server(checkpoint, max_batch_sentences=8) as (srv, calls):
         answers = []
-        client = threading.Thread(target=lambda: answers.append(call(srv, "/translate", {"text": "Ein Hund."})))
-        client.start()
-        while not srv.batcher.queued():
-            threading.Event().wait(0.01)
-        srv.shutdown()
-        srv.server_close(wait=60)  # drained: decoded at once, not after the batch's minute
+        with srv.lock:  # the model busy (a /logprob request, say): the request waits for more, up to a minute
+            client = threading.Thread(target=lambda: answers.append(call(srv, "/translate", {"text": "Ein Hund."})))
+            client.start()
+            while not srv.batcher.queued():
+                threading.Event().wait(0.01)
+            srv.shutdown()
+            closing = threading.Thread(target=srv.server_close, kwargs={"wait": 60})
+            closing.start()
+            while srv.batcher.queued():  # drained: taken at once, not after the batch's minute
+                threading.Event().wait(0.01)
+        closing.join(60)
         client.join(60)
         assert answers and answers[0][0] == 200, answers
     with batching_server(checkpoint, max_batch_sentences=2) as (srv, calls):
