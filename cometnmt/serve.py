@@ -29,7 +29,9 @@ Content-Length, saying which JSON body the endpoint wants, 413 for too many sent
 characters (``--max-chars``, default 10,000: the RNN has no position limit, and one long sentence held
 the model for hours) or too large a body (1 MiB), 415 for a compressed one (``Content-Encoding``) or one whose ``Content-Type`` is not
 ``application/json`` (a ``+json`` type and a UTF-8 charset are taken; a body without the header is taken if it is
-JSON, and answered 415 saying to send Content-Type: application/json if it is not), 408 for a body that stops
+JSON, then answered as any JSON body, 400 for a bad request; one that is no JSON, being empty, not UTF-8 or not
+JSON, gets 415 saying to send Content-Type: application/json, where with that header it gets 400; each answer
+says what to send), 408 for a body that stops
 short of its Content-Length for a minute, 404/405 for other paths and methods; 501, 414 and 431
 from http.server itself) and ``{"error": "..."}`` naming the field (one sentence of a list as
 ``"texts"[2]``, counted from 0 as JSON indexes it; a key given twice in one JSON object is refused, naming it, not resolved to its
@@ -1051,25 +1053,29 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.NOT_FOUND,
                                    f"no such endpoint {self._route()}; use POST /translate or POST /logprob")
             raw = self._read_body()
+            example = self.server.example(self._route())
             if not raw.strip(b" \t\r\n"):  # was 'not valid JSON: Expecting value: line 1 column 1 (char 0)'
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is empty; send a JSON object, e.g. "
-                                                           f"{self.server.example(self._route())}")
+                raise self._not_json(f"the body is empty; send a JSON object, e.g. {example}")
             try:
                 # a byte order mark before the JSON (Notepad's UTF-8, curl --data-binary @file of it) is dropped, as
                 # RFC 8259 8.1 allows: it was 'not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)'
                 body = json.loads(raw.decode("utf-8").removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as exc:
-                raise self._not_json(f"the body is not valid UTF-8 (byte {exc.start}){_utf16_hint(raw)}"
-                                     f"{_latin1_hint(raw, exc.start)}") from None
+                hint = _utf16_hint(raw) + _latin1_hint(raw, exc.start)  # each says what to send; else say it here
+                raise self._not_json(f"the body is not valid UTF-8 (byte {exc.start})"
+                                     f"{hint or '; send the JSON in UTF-8 (RFC 8259 8.1)'}") from None
             except json.JSONDecodeError as exc:
-                raise self._not_json(f"the body is not valid JSON: {exc}{_form_hint(raw, self.server.example(self._route()))}"
-                                     f"{_utf16_hint(raw)}") from None
+                hint = _form_hint(raw, example) + _utf16_hint(raw)
+                raise self._not_json(f"the body is not valid JSON: {exc}{hint or f'; send a JSON object, e.g. {example}'}") \
+                    from None
             except RecursionError:
-                raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply") from None
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"the body's JSON is nested too deeply; send a JSON object, "
+                                                           f"e.g. {example}") from None
             except ValueError:  # an integer longer than Python reads (sys.get_int_max_str_digits()): not a
                 # JSONDecodeError, so it was answered 500 with a traceback in the log
                 raise RequestError(HTTPStatus.BAD_REQUEST, "the body's JSON holds an integer of more than "
-                                                           f"{sys.get_int_max_str_digits()} digits") from None
+                                                           f"{sys.get_int_max_str_digits()} digits; send numbers of "
+                                                           "fewer digits") from None
             self._send(HTTPStatus.OK, getattr(self.server, _POST[self._route()])(body))
         except RequestError as exc:
             self._send(exc.status, {"error": str(exc)}, exc.headers)
@@ -1081,9 +1087,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error; see the server's log"})
 
     def _not_json(self, problem: str) -> RequestError:
-        """A body that is no JSON: 400 if its Content-Type said JSON; sent without one (which is read
-        as JSON, as http.client and raw sockets send none), 415 saying which type to send: it was a
-        400 'not valid JSON', as if the server read any type and the body were badly written."""
+        """A body that is no JSON (empty, not UTF-8, not JSON; ``problem`` says which and what to
+        send): 400 if its Content-Type said JSON; sent without one (which is read as JSON, as
+        http.client and raw sockets send none), 415 saying which type to send: it was a 400 'not
+        valid JSON', as if the server read any type and the body were badly written. An empty body
+        was a 400 even without the header, the one body that is no JSON answered so."""
         if self.headers.get_all("Content-Type"):
             return RequestError(HTTPStatus.BAD_REQUEST, problem)
         return RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"{problem}; the request has no Content-Type: this "

@@ -251,13 +251,25 @@ def test_a_body_without_content_type_is_taken_if_json_else_415_naming_the_type(s
 
     assert post(b'{"text": ""}', {})[:2] == (200, {"translation": ""})
     sent_as = "; the request has no Content-Type: this server reads JSON, send it with Content-Type: application/json"
-    for body, problem in ((b"Ein Hund.", "the body is not valid JSON: Expecting value"),
-                          (b"\xff\xfe{", "the body is not valid UTF-8 (byte 0)")):
+    # each says what to send: an empty body was a 400 without the header too, the one body that is no JSON
+    # answered so; a body that was not JSON or not UTF-8 (without a hint of its own) said only what was wrong
+    example = '{"text": "Ein Hund."}'
+    for body, problem, fix in ((b"Ein Hund.", "the body is not valid JSON: Expecting value", f"send a JSON object, e.g. {example}"),
+                               (b"\xff\xfe{", "the body is not valid UTF-8 (byte 0)", "; send the JSON in UTF-8 (RFC 8259 8.1)"),
+                               (b"", "the body is empty", f"; send a JSON object, e.g. {example}"),
+                               (b" \r\n", "the body is empty", f"; send a JSON object, e.g. {example}")):
         status, out, accept = post(body, {})
         assert (status, accept) == (415, "application/json") and out["error"].startswith(problem), out
-        assert out["error"].endswith(sent_as), out
+        assert out["error"].endswith(fix + sent_as), out
         status, out, accept = post(body, {"Content-Type": "application/json"})
         assert status == 400 and accept is None and out["error"].startswith(problem) and sent_as not in out["error"]
+        assert out["error"].endswith(fix), out
+    for body, needle in ((b"[" * 9000, f"nested too deeply; send a JSON object, e.g. {example}"),
+                         (b'{"text": "a", "seed": ' + b"1" * 5000 + b"}", "more than 4300 digits; send numbers of fewer digits"),
+                         (b'"Ein Hund."', "the body must be a JSON object, got a string")):  # JSON: 400, with the header or not
+        for headers in ({}, {"Content-Type": "application/json"}):
+            status, out, accept = post(body, headers)
+            assert status == 400 and accept is None and out["error"].endswith(needle), (headers, out)
 
 def test_the_readmes_curl_and_requests_examples_are_answered(server):
     """README's examples as sent: curl -H "Content-Type: application/json" -d '...' and
