@@ -52,9 +52,9 @@ are decoded together (dynamic batching, :class:`RequestBatcher`: ``--max-batch-s
 ``--max-batch-chars``, the padded size: sentences x the longest's characters, ``--batch-wait-ms``),
 each answered with its own translations: a request that finds the model free is decoded at once
 (with what is queued then), and those arriving meanwhile form the next batch; ``--batch-wait-ms``
-bounds a wait for more while the model is busy, and is no delay. Sentences not in Unicode NFC are translated as they are,
-with a warning in the log at most once a minute (``--nfc-warning-interval``), counting those in
-between (:class:`NfcWarnings`).
+bounds a wait for more while the model is busy, and is no delay. Sentences not in Unicode NFC
+are translated as they are, with a warning in the log at most once a minute
+(``--nfc-warning-interval``), counting those in between (:class:`NfcWarnings`).
 """
 
 from __future__ import annotations
@@ -527,7 +527,8 @@ class TranslationServer(ThreadingHTTPServer):
         self.lock = FifoLock()  # the model's, first come first served
         self.nfc_warnings = NfcWarnings(nfc_warning_interval)  # text not in NFC, warned of at most once an interval
         # concurrent /translate requests decoded together, at once when the model is free (its lock neither held
-        # nor asked for: the worker holds it only while decoding); None (batch_wait 0 or one sentence a batch): one at a time
+        # nor asked for: the worker holds it only while decoding); None (batch_wait 0 or one sentence a batch):
+        # one at a time
         self.batcher = None if batch_wait <= 0 or max_batch_sentences <= 1 else \
             RequestBatcher(self._decode_batch, max_batch_sentences, batch_wait, max_chars=max_batch_chars,
                            busy=lambda: self.lock.waiting() > 0)
@@ -1066,8 +1067,8 @@ class _Handler(BaseHTTPRequestHandler):
                                      f"{hint or '; send the JSON in UTF-8 (RFC 8259 8.1)'}") from None
             except json.JSONDecodeError as exc:
                 hint = _form_hint(raw, example) + _utf16_hint(raw)
-                raise self._not_json(f"the body is not valid JSON: {exc}{hint or f'; send a JSON object, e.g. {example}'}") \
-                    from None
+                fix = hint or f"; send a JSON object, e.g. {example}"
+                raise self._not_json(f"the body is not valid JSON: {exc}{fix}") from None
             except RecursionError:
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"the body's JSON is nested too deeply; send a JSON object, "
                                                            f"e.g. {example}") from None
