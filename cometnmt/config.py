@@ -854,7 +854,10 @@ def _check_max_len(cfg: Config) -> None:
     ``data.src_sos_eos`` and the target's BOS: all must fit the architecture's position table (none
     for the RNN, nor for an architecture registered with uses=(...) that does not name
     model.max_positions). Checked at load, as train's own check (which remains for --init-from's
-    tables) came only after the corpus was read and, for Transformer++, tagged."""
+    tables) came only after the corpus was read and, for Transformer++, tagged. The architecture
+    picks the limit and the key that names it, so model.arch is among the error's keys: ``--set
+    model.arch=convs2s`` over a file whose model.convs2s.max_positions its transformer never read
+    is the override's error, not the file's."""
     reads = model_keys_read(cfg.model.arch)
     if cfg.model.arch == "rnn" or (cfg.model.arch != "convs2s" and reads is not None and "max_positions" not in reads):
         return
@@ -864,7 +867,7 @@ def _check_max_len(cfg: Config) -> None:
         raise ConfigError(f"config keys 'data.max_len' and '{positions_key(cfg.model)}': {cfg.data.max_len} tokens "
                           f"(+{extra} for {'<s> </s> around sources' if extra == 2 else 'the target BOS'}) exceed the "
                           f"model's {limit} positions; lower data.max_len or raise {positions_key(cfg.model)}",
-                          keys=("data.max_len", positions_key(cfg.model)))
+                          keys=("data.max_len", positions_key(cfg.model), "model.arch"))
 
 
 DATA_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")  # data keys naming files

@@ -744,14 +744,14 @@ def test_whether_an_override_or_a_file_gave_a_refused_value_comes_from_the_error
         load_config(path, ["model.d_model=32", "model.n_heads=4"])  # data.max_len, a default: the file loaded
     with pytest.raises(ConfigError) as caught:
         load_config(path, ["model.max_positions=4"])
-    assert caught.value.keys == ("data.max_len", "model.max_positions") and str(caught.value).startswith("config keys ")
+    assert caught.value.keys == ("data.max_len", "model.max_positions", "model.arch") and str(caught.value).startswith("config keys ")
 
 
 def test_a_rule_that_depends_on_the_architecture_blames_an_override_of_model_arch(tmp_path, monkeypatch):
     """The rules that hold for some architectures only (model.tie_embeddings, model.attention_dropout)
-    name the architecture in their message but did not put model.arch in their keys: ``--set
-    model.arch=convs2s`` over a file setting ``tie_embeddings: true`` (right for its transformer) was
-    blamed on the file. The override that made the value wrong is now the error's, without a file;
+    and data.max_len's, whose positions are the architecture's, name or depend on the architecture
+    but did not put model.arch in their keys: ``--set model.arch=convs2s`` over a file setting
+    ``tie_embeddings: true`` (right for its transformer) was blamed on the file. The override that made the value wrong is now the error's, without a file;
     the file is named still where it set the architecture too. Likewise HanTa's "the source language
     is 'fr'" names data.src_lang in its keys."""
     tiny = REPO / "configs" / "tiny.yaml"
@@ -768,6 +768,17 @@ def test_a_rule_that_depends_on_the_architecture_blames_an_override_of_model_arc
         path.write_text(f"base: {tiny}\nmodel:\n  arch: rnn\n  {key}: {value}\n", encoding="utf-8")
         with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config key 'model.{key}': applies to "):
             load_config(path, ["train.lr=0.001"])  # the file set both: the file's error
+    # the positions data.max_len must fit are the architecture's (model.convs2s.max_positions for convs2s):
+    # a file's convs2s table, which its transformer never read, was blamed for --set model.arch=convs2s
+    path.write_text(f"base: {tiny}\nmodel:\n  convs2s:\n    max_positions: 8\n", encoding="utf-8")
+    load_config(path)
+    for arch in ("model.arch=convs2s", "model={arch: convs2s}"):
+        with pytest.raises(ConfigError, match=r"^config keys 'data.max_len' and 'model.convs2s.max_positions': 100 tokens ") as caught:
+            load_config(path, [arch])  # was "PATH: config keys ..."
+        assert caught.value.keys == ("data.max_len", "model.convs2s.max_positions", "model.arch")
+    path.write_text(f"base: {tiny}\nmodel:\n  arch: convs2s\n  convs2s:\n    max_positions: 8\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config keys 'data.max_len' and 'model.convs2s.max_positions'"):
+        load_config(path, ["train.lr=0.001"])  # the file set both: the file's error
     from cometnmt.config import name_origin
     from cometnmt.data import tagging
 
