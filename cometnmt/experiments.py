@@ -61,18 +61,18 @@ def check_run_configs(configs, overrides: list[str] | None = None) -> None:
     names the file (of its base chain) that set a key it names, or is the override's as it is."""
     from cometnmt.config import check_unread_files, name_origin
     from cometnmt.data.tagging import check_training_tags
-    from cometnmt.errors import ConfigError
+    from cometnmt.errors import ConfigError, DataError
 
     configs = list(configs)
     for path, cfg in configs:
         try:
             check_unread_files(cfg.data)
             check_training_tags(cfg)
-        except ConfigError as exc:
-            if exc.keys:  # --set data.train_src=... was named as the file's
-                raise name_origin(exc, path, overrides) from None
-            raise CometNMTError(f"{path}: {exc}") from None
         except CometNMTError as exc:
+            # an error naming config keys names the override or the file that gave them (--set
+            # data.train_src=... was named as the file's); any other names the file it checked
+            if isinstance(exc, (ConfigError, DataError)) and exc.keys:
+                raise name_origin(exc, path, overrides) from None
             raise CometNMTError(f"{path}: {exc}") from None
     check_run_architectures(configs)
 

@@ -927,3 +927,39 @@ def test_each_run_says_when_it_starts_training_and_where_its_log_is(tmp_path, mo
         experiments.train_run(spec, overrides=[], device="cpu", stop_at=None, evaluate=lambda r: {})
     assert [r.getMessage() for r in caplog.records] == [f"comet seed 2: training; its log: {run / 'stdout.log'}",
                                                         f"comet seed 2: resuming; its log: {run / 'stdout.log'}"]
+
+
+def test_run_config_checks_name_the_origin_of_a_keyed_error_and_the_file_of_any_other(tmp_path, monkeypatch):
+    """check_run_configs had two except branches, a ConfigError's and any CometNMTError's, doing near
+    the same; a DataError naming config keys (as a data file a key named does) took the second and
+    was named "PATH: ..." even when a --set override had given the key. Now one branch: an error
+    with keys names the override or the file of the base chain that set them (name_origin), keeping
+    its class; a ConfigError without keys or any other error is the file's, "PATH: ..."."""
+    from cometnmt.config import load_config
+    from cometnmt.data import tagging
+    from cometnmt.errors import ConfigError, DataError
+
+    tiny = Path(__file__).parents[1] / "configs" / "tiny.yaml"
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"base: {tiny}\ndata:\n  max_len: 50\n", encoding="utf-8")
+    cfg = load_config(path)
+    raised: list[CometNMTError] = []
+
+    def failing(cfg):
+        raise raised[-1]
+
+    monkeypatch.setattr(tagging, "check_training_tags", failing)
+    for error, overrides, expected, kind in (
+            (DataError("a.de: file not found", keys=("data.max_len",)), ["data.max_len=40"], "a.de: file not found", DataError),
+            (DataError("a.de: file not found", keys=("data.max_len",)), [], f"{path}: a.de: file not found", DataError),
+            (ConfigError("config key 'data.max_len': bad", keys=("data.max_len",)), ["data.max_len=40"],
+             "config key 'data.max_len': bad", ConfigError),
+            (ConfigError("config key 'data.max_len': bad", keys=("data.max_len",)), [], f"{path}: config key 'data.max_len': bad",
+             ConfigError),
+            (ConfigError("no keys"), ["data.max_len=40"], f"{path}: no keys", CometNMTError),
+            (DataError("no keys"), ["data.max_len=40"], f"{path}: no keys", CometNMTError),
+            (CometNMTError("other"), [], f"{path}: other", CometNMTError)):
+        raised.append(error)
+        with pytest.raises(CometNMTError) as caught:
+            experiments.check_run_configs([(path, cfg)], overrides)
+        assert str(caught.value) == expected and type(caught.value) is kind, (error, overrides)  # keyed DataError: was "PATH: ..."
