@@ -1185,6 +1185,31 @@ def test_a_failed_run_says_why_in_its_train_log(tmp_path, data_dir, monkeypatch)
     assert "the run stopped: boom" in log and "Traceback" in log and log.rstrip().endswith("RuntimeError: boom")
 
 
+def test_the_data_s_log_lines_reach_train_log_and_a_resume_appends_to_it(tmp_path, data_dir, caplog):
+    """The splits are read before the run folder and its train.log are made (a missing or bad data
+    file left a folder holding a train.log with the error alone): what reading them logs is held
+    and written to train.log once it is open. A resumed run appends to its train.log; one whose
+    data file has gone stops before it opens the log, which keeps what it held."""
+    files = _files(tmp_path, data_dir)
+    for lang in ("de", "en"):  # an empty pair: the reader warns that it skipped it
+        path = tmp_path / f"train.{lang}"
+        path.write_text(path.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    cfg = tiny_train_cfg(tmp_path / "run", data_dir, *files, "train.max_steps=1", "train.num_threads=1")
+    log = tmp_path / "run" / "train.log"
+    with caplog.at_level(logging.INFO, logger="cometnmt"):
+        cometnmt.train(cfg)
+        first = log.read_text(encoding="utf-8")
+        assert "skipped 1 line pair(s) empty or whitespace-only" in first and first.index("skipped") < first.index("data: ")
+        cometnmt.train(cfg, resume=True)
+    again = log.read_text(encoding="utf-8")
+    assert again.startswith(first) and "resumed from step 1" in again[len(first):]
+    assert again[len(first):].count("skipped 1 line pair(s)") == 1  # the resumed run's reading, held and written once
+    (tmp_path / "train.en").unlink()
+    with pytest.raises(cometnmt.DataError, match=r"train.en: file not found"):
+        cometnmt.train(cfg, resume=True)
+    assert log.read_text(encoding="utf-8") == again
+
+
 def test_tied_embeddings_train_resume_translate_and_average(tmp_path, data_dir):
     """model.tie_embeddings end to end: the checkpoint's model is tied again when loaded (for
     decoding, --resume and averaging), and a resumed run goes on exactly as an uninterrupted one."""

@@ -206,6 +206,24 @@ def test_mismatched_line_counts_name_both_files(cli, tmp_path):
             "--set", f"data.valid_tgt={tmp_path}/a.en", "--set", f"train.save_dir={tmp_path}/run"]
     err = _err(cli(*args, check=False))
     assert "a.de" in err and "a.en" in err and "3" in err and "2" in err
+    assert not (tmp_path / "run").exists()  # was the folder with a train.log holding the error alone
+
+
+def test_a_missing_train_file_leaves_no_run_folder(capsys, tmp_path, monkeypatch):
+    """`cometnmt train` made train.save_dir (and the folders above it) and its train.log before it
+    read the data: a config whose train file was missing left a run folder behind, holding a
+    train.log with the error alone. The splits are read, with every check of their files, first."""
+    from conftest import REPO
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("v.de", "v.en", "t.en"):
+        (tmp_path / name).write_text("ein Hund\nzwei Hunde\n", encoding="utf-8")
+    (tmp_path / "c.yaml").write_text(f"base: {REPO / 'configs' / 'tiny.yaml'}\ndata:\n  corpus: files\n  train_src: t.de\n"
+                                     "  train_tgt: t.en\n  valid_src: v.de\n  valid_tgt: v.en\ntrain:\n  save_dir: runs/a\n",
+                                     encoding="utf-8")
+    code, err = _main(capsys, "train", "c.yaml")
+    assert code == 2 and "c.yaml: config key 'data.train_src': t.de: file not found" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "t.en", "v.de", "v.en"]  # no runs/a/train.log
 
 
 def test_undecodable_bytes_name_file_and_line(cli, tmp_path):

@@ -325,7 +325,8 @@ def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, d
     """One rank of ``test_a_signal_to_one_rank_while_setting_up_stops_every_rank``: one rank alone
     gets a real SIGTERM (raising as under the CLI): rank 1 as it comes to the data (``where``
     "data"), while it waits for rank 0 to prepare them ("waiting"), or while it builds the trainer,
-    DDP's wrapper included ("trainer"); rank 0 while it encodes the data ("rank0_data")."""
+    DDP's wrapper included ("trainer"); rank 0 while it reads the data, before it makes the run
+    folder ("rank0_reading"), or while it encodes them ("rank0_data")."""
     import signal
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -337,7 +338,13 @@ def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, d
     signal.signal(signal.SIGTERM, raise_term)
     original_prepare, original_reduce = run_module._prepare_once, run_module.all_reduce_sum
     original_examples, original_init = run_module.training_examples, Trainer.__init__
-    signalled = 0 if where == "rank0_data" else 1
+    original_read = run_module.read_splits
+    signalled = 0 if where.startswith("rank0_") else 1
+
+    def read_splits(*args):
+        if rank == 0 and where == "rank0_reading":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_read(*args)
 
     def prepare_once(*args):
         if rank == 1 and where == "data":
@@ -362,6 +369,7 @@ def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, d
 
     run_module._prepare_once, run_module.all_reduce_sum = prepare_once, all_reduce_sum
     run_module.training_examples, Trainer.__init__ = examples, trainer_init
+    run_module.read_splits = read_splits
     try:
         run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(data_dir, save_dir, "train.max_epochs=1")))
     except KeyboardInterrupt as exc:  # the signalled rank for its own SIGTERM, the other for its peer's
@@ -370,7 +378,7 @@ def _terminated_while_setting_up(rank: int, world: int, port: int, where: str, d
     raise AssertionError(f"rank {rank} was not interrupted")
 
 
-@pytest.mark.parametrize("where", ["data", "waiting", "rank0_data", "trainer"])
+@pytest.mark.parametrize("where", ["data", "waiting", "rank0_reading", "rank0_data", "trainer"])
 def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_dir, where):
     """A SIGTERM that reaches one rank before training (reading, encoding or tagging the data on
     rank 0, waiting for them on rank 1, building the model, wrapping it in DDP): every rank stops
@@ -383,6 +391,7 @@ def test_a_signal_to_one_rank_while_setting_up_stops_every_rank(tmp_path, data_d
     torch.multiprocessing.spawn(_terminated_while_setting_up, nprocs=2, join=True,
                                 args=(2, port, where, str(data_dir), str(tmp_path / "ddp")))
     assert not (tmp_path / "ddp" / "last.pt").exists() and not (tmp_path / "ddp" / "metrics.jsonl").exists()
+    assert where != "rank0_reading" or not (tmp_path / "ddp").exists()
 
 
 def _terminated_as_training_begins(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str) -> None:
@@ -906,16 +915,18 @@ def test_a_failed_record_told_with_an_interrupt_saves_nothing(tmp_path, data_dir
 def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str,
                                 out: str) -> None:
     """One rank of ``test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank``:
-    rank 0's run folder (``where`` "folder"), train.log ("train_log"), config.yaml ("config") or,
-    resuming, metrics.jsonl ("metrics": the records past last.pt removed) cannot be written (a full
-    disk); each rank writes the error it stopped with to ``out``.RANK, then exits with it (non-zero)."""
+    rank 0's data cannot be read (``where`` "data": a disk error, before the folder is made), its run
+    folder ("folder"), train.log ("train_log"), config.yaml ("config") or, resuming, metrics.jsonl
+    ("metrics": the records past last.pt removed) cannot be written (a full disk); each rank writes the error it stopped with to ``out``.RANK, then exits with it (non-zero)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
 
     def failing(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    if where == "folder":
+    if where == "data":
+        run_module.read_splits = failing if rank == 0 else None  # rank 1 never reads them
+    elif where == "folder":
         run_module.make_folder = failing if rank == 0 else None  # rank 1 never makes it
     elif where == "train_log":
         run_module._log_file = failing if rank == 0 else None  # rank 1 never opens it
@@ -928,11 +939,12 @@ def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, da
 
 
 @pytest.mark.parametrize("where, doing", [
-    ("folder", "making the run folder {}"), ("train_log", "opening {}/train.log"), ("config", "writing {}/config.yaml"),
+    ("data", "reading the data"), ("folder", "making the run folder {}"), ("train_log", "opening {}/train.log"), ("config", "writing {}/config.yaml"),
     ("metrics", "removing the records past step 1 from {}/metrics.jsonl"),
 ])
 def test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank(tmp_path, data_dir, where, doing):
-    """Rank 0 alone sets the run folder up (the folder, train.log, the stale temporaries' removal)
+    """Rank 0 alone reads the data and then sets the run folder up (the folder, train.log, the stale
+    temporaries' removal)
     and writes config.yaml before training (on a resume, it also removes the records past last.pt
     from metrics.jsonl); where that fails (a full disk), it stops with its error
     and the other rank at once with a copy naming the file, both exiting non-zero, nothing trained.
@@ -951,6 +963,7 @@ def test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
         f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
     assert where == "metrics" or not (tmp_path / "ddp" / "last.pt").exists()
+    assert where != "data" or not (tmp_path / "ddp").exists()  # the data are read before the folder is made
 
 
 def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import logging.handlers
 import os
 import random
 import shlex
@@ -331,6 +333,27 @@ def _log_file(path: Path) -> logging.Handler:
     return handler
 
 
+@contextlib.contextmanager
+def _held_log_lines():
+    """The log lines of the block, held in memory (they reach the console as ever) to be written to
+    the run's train.log once it is opened: :func:`read_splits` runs before the run folder is made,
+    and its warnings (empty pairs skipped, a corpus cut by data.max_train_pairs) belong to the run.
+    Yields the holder; ``holder.flush_to(handler)`` writes them there."""
+    holder = logging.handlers.MemoryHandler(capacity=1 << 30, flushLevel=logging.CRITICAL + 1)  # flushed by us alone
+    logging.getLogger().addHandler(holder)
+    try:
+        yield holder
+    finally:
+        logging.getLogger().removeHandler(holder)
+
+
+def _write_held(holder: logging.handlers.MemoryHandler, handler: logging.Handler) -> None:
+    """Write the lines ``holder`` (:func:`_held_log_lines`) kept to ``handler``, and let them go."""
+    holder.setTarget(handler)
+    holder.flush()
+    holder.close()
+
+
 def _log_failure(handler: logging.Handler, exc: Exception) -> None:
     """Write the error that stopped a run to its ``train.log`` only (the console gets it once, from
     the CLI or the caller): the message of a usage error, the traceback of anything else."""
@@ -365,10 +388,14 @@ class PreparedData:
         return dataclasses.replace(self, codec=TextCodec.from_state(self.codec))
 
 
-def prepare_data(cfg: Config, payload: dict | None, source: dict | None, flags: bool) -> PreparedData:
-    """Read the splits, build the codec (or take ``source``'s: the checkpoint resumed or started
-    from), encode and tag the training split (:func:`training_examples`) and encode the validation
-    split; on a resume (``payload``), refuse changed data or tags."""
+Splits = tuple[ParallelCorpus, ParallelCorpus, ParallelCorpus | None]  # train, valid, test (None: no test pair)
+
+
+def read_splits(cfg: Config) -> Splits:
+    """Read the training, validation and test splits, with every check of their files (found,
+    readable, text, the same number of lines a side, no empty evaluation line). ``train`` calls it
+    before it makes ``train.save_dir`` or its train.log: a run whose data file was missing or bad
+    left an empty run folder behind, holding a train.log with the error alone."""
     train_corpus = read_split(cfg.data, "train")
     valid_corpus = read_split(cfg.data, "valid")
     # the test pair is scored only after training (cometnmt evaluate --split test), but a missing
@@ -377,6 +404,14 @@ def prepare_data(cfg: Config, payload: dict | None, source: dict | None, flags: 
     if test_corpus is not None and not len(test_corpus):  # evaluate: "the reference set is empty", no file named
         raise DataError(f"{test_corpus.src_path}: no test pairs (an empty file; evaluate --split test would have "
                         "nothing to score)")
+    return train_corpus, valid_corpus, test_corpus
+
+
+def prepare_data(cfg: Config, splits: Splits, payload: dict | None, source: dict | None, flags: bool) -> PreparedData:
+    """Build the codec of the splits :func:`read_splits` read (or take ``source``'s: the checkpoint
+    resumed or started from), encode and tag the training split (:func:`training_examples`) and
+    encode the validation split; on a resume (``payload``), refuse changed data or tags."""
+    train_corpus, valid_corpus, test_corpus = splits
     corpora = {"train": train_corpus, "valid": valid_corpus}
     digests = {split: corpus_digest(c) for split, c in corpora.items()}
     if payload is not None:
@@ -574,13 +609,18 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         check_training_tags(cfg)  # Transformer++'s tag cache and taggers: before the corpus is read and tagged
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
         set_up_failure = None  # under DDP rank 0's, with what it did: every rank stops with it in _prepare_once
+        splits = None  # under DDP rank 0 alone reads (the others receive the prepared data)
         if dist.is_main:
             save_dir = Path(cfg.train.save_dir)
-            doing = f"making the run folder {save_dir}"
+            doing = "reading the data"
             try:
+                with _held_log_lines() as held:  # before the folder: a missing or bad file leaves no run folder
+                    splits = read_splits(cfg)
+                doing = f"making the run folder {save_dir}"
                 make_folder(save_dir)
                 doing = f"opening {save_dir / 'train.log'}"
                 handler = _log_file(save_dir / "train.log")
+                _write_held(held, handler)
                 doing = f"removing the stale temporary files in {save_dir}"
                 _remove_stale_temporaries(save_dir)
             except Exception as exc:  # under DDP raised in _prepare_once's exchange, on every rank
@@ -598,8 +638,8 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         seed_everything(cfg.train.seed)
 
         source = payload if payload is not None else init
-        # under DDP rank 0 alone reads, builds the codec and tags; the others receive the result
-        prepared = _prepare_once(dist, setup, lambda: prepare_data(cfg, payload, source, flags),
+        # under DDP rank 0 alone (which read the splits above) builds the codec and tags; the others receive the result
+        prepared = _prepare_once(dist, setup, lambda: prepare_data(cfg, splits, payload, source, flags),
                                  cfg.train.distributed_timeout_minutes, set_up_failure)
         train_corpus, valid_corpus, test_corpus = prepared.train_corpus, prepared.valid_corpus, prepared.test_corpus
         digests, codec, train_data, valid_data, tags = (prepared.digests, prepared.codec, prepared.train_data,
