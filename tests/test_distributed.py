@@ -966,21 +966,24 @@ def test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank
     assert where != "data" or not (tmp_path / "ddp").exists()  # the data are read before the folder is made
 
 
-def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str) -> None:
+def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str, timeout: str,
+                    slow_part: str) -> None:
     """One rank of ``test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout``: rank
-    0's preparation of the data takes PREPARE_SECONDS longer; each rank writes the error it stopped
-    with, or 'trained', to ``out``.RANK."""
+    0's preparation of the data (``slow_part`` "prepare") or its reading of the splits, before it
+    makes the run folder ("read"), takes PREPARE_SECONDS longer; each rank writes the error it
+    stopped with, or 'trained', to ``out``.RANK."""
     import time
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    original = run_module.prepare_data
+    name = "prepare_data" if slow_part == "prepare" else "read_splits"
+    original = getattr(run_module, name)
 
     def slow(*args):
-        time.sleep(PREPARE_SECONDS)  # as SentencePiece's training or the taggers on a large corpus
+        time.sleep(PREPARE_SECONDS)  # as SentencePiece's training or the taggers on a large corpus (or a slow disk)
         return original(*args)
 
-    run_module.prepare_data = slow if rank == 0 else None  # rank 1 never prepares
+    setattr(run_module, name, slow if rank == 0 else None)  # rank 1 never reads nor prepares
     try:
         run_module.train(load_config(REPO / "configs" / "tiny.yaml", overrides(
             data_dir, save_dir, "train.max_steps=1", f"train.distributed_timeout_minutes={timeout}")))
@@ -994,17 +997,19 @@ def _slow_rank_zero(rank: int, world: int, port: int, data_dir: str, save_dir: s
 PREPARE_SECONDS = 20  # twice the short timeout below: ranks that start a few seconds apart on a loaded machine still join
 
 
-@pytest.mark.parametrize("timeout", ["0.17", "1"])  # 10 seconds, less than rank 0's preparation; 60, more
-def test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout(tmp_path, data_dir, timeout):
+@pytest.mark.parametrize("timeout, slow_part", [("0.17", "prepare"), ("1", "prepare"), ("0.17", "read")])  # 10 s, 60 s
+def test_the_wait_for_rank_zeros_data_is_limited_by_the_distributed_timeout(tmp_path, data_dir, timeout, slow_part):
     """The ranks wait for rank 0's data preparation in one collective, for the process group's
     timeout: train.distributed_timeout_minutes. Shorter than the preparation, every rank stops with
     an error naming the key; longer, the run trains. Before, the process group had gloo's default
     30 minutes, which no key changed: a preparation that took longer (SentencePiece's training,
-    the taggers on millions of lines) stopped the ranks with gloo's own timeout error."""
+    the taggers on millions of lines) stopped the ranks with gloo's own timeout error. Rank 0's
+    reading of the splits, before it makes the run folder, counts in its wait as the others'
+    (counted from the preparation alone, rank 0 failed with gloo's error instead of the key's)."""
     port = _free_port()
     out = tmp_path / "said"
     torch.multiprocessing.spawn(_slow_rank_zero, nprocs=2, join=True,
-                                args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), timeout))
+                                args=(2, port, str(data_dir), str(tmp_path / "ddp"), str(out), timeout, slow_part))
     said = [(tmp_path / f"said.{rank}").read_text(encoding="utf-8") for rank in range(2)]
     if timeout == "1":
         assert said == ["trained", "trained"]

@@ -426,7 +426,8 @@ def prepare_data(cfg: Config, splits: Splits, payload: dict | None, source: dict
 
 
 def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], PreparedData],
-                  timeout_minutes: float = 30.0, set_up_failure: tuple[Exception, str] | None = None) -> PreparedData:
+                  timeout_minutes: float = 30.0, set_up_failure: tuple[Exception, str] | None = None,
+                  started: float | None = None) -> PreparedData:
     """``prepare()`` on rank 0 alone under DDP; the other ranks wait and receive its result.
 
     Every rank prepared the data itself before: N ranks built the codec N times (tokenised the
@@ -449,11 +450,13 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
 
     The others wait in one collective, for at most the process group's timeout
     (``timeout_minutes``, train.distributed_timeout_minutes): a preparation that takes longer
-    stops every rank with an error naming the key (:func:`_waited_too_long`)."""
+    stops every rank with an error naming the key (:func:`_waited_too_long`). ``started``: the
+    ``time.monotonic()`` at which rank 0 began to read the splits (before the run folder), which
+    the others' wait includes; now where not given."""
     if not dist.enabled:
         return prepare()
     prepared, error, doing = None, None, "preparing the data"
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     if dist.is_main and set_up_failure is not None:
         error, doing = set_up_failure
     elif dist.is_main:
@@ -610,6 +613,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
         set_up_failure = None  # under DDP rank 0's, with what it did: every rank stops with it in _prepare_once
         splits = None  # under DDP rank 0 alone reads (the others receive the prepared data)
+        reading = time.monotonic()  # under DDP the others wait from about now: their timeout counts rank 0's reading
         if dist.is_main:
             save_dir = Path(cfg.train.save_dir)
             doing = "reading the data"
@@ -640,7 +644,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         source = payload if payload is not None else init
         # under DDP rank 0 alone (which read the splits above) builds the codec and tags; the others receive the result
         prepared = _prepare_once(dist, setup, lambda: prepare_data(cfg, splits, payload, source, flags),
-                                 cfg.train.distributed_timeout_minutes, set_up_failure)
+                                 cfg.train.distributed_timeout_minutes, set_up_failure, reading)
         train_corpus, valid_corpus, test_corpus = prepared.train_corpus, prepared.valid_corpus, prepared.test_corpus
         digests, codec, train_data, valid_data, tags = (prepared.digests, prepared.codec, prepared.train_data,
                                                         prepared.valid_data, prepared.tags)
