@@ -471,16 +471,10 @@ class Translator:
             than keywords, for a command that passes its options on (``cometnmt serve``, ``evaluate``).
         :raises ConfigError: a bad setting, named as its keyword (``beam=0: must be at least 1``), or
             ``replace_unk`` for a model whose vocabularies are not words (SentencePiece).
-        """
-        return self._decode(decode_cfg, flags, beam=beam, nbest=nbest, length_penalty=length_penalty,
-                            batch_size=batch_size, sampling=sampling, topk=topk, topp=topp, temperature=temperature,
-                            seed=seed, replace_unk=replace_unk)
 
-    def _decode(self, decode_cfg: DecodeConfig | None, flags: bool = False, *, beam: int | None = None,
-                nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,
-                sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
-                temperature: float | None = None, seed: int | None = None,
-                replace_unk: bool | None = None) -> DecodeConfig:
+        :meth:`translate` takes its search from here, so that what this returns and what a call runs
+        cannot drift apart.
+        """
         decode = decode_config(decode_cfg or self.cfg.decode, beam, nbest, length_penalty, batch_size, flags=flags,
                                sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
                                replace_unk=replace_unk)
@@ -772,9 +766,9 @@ class Translator:
         """
         if isinstance(texts, str):
             raise TypeError("Translator.translate takes a list of sentences; for one sentence call translator(text)")
-        decode_cfg = self._decode(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty, batch_size=batch_size,
-                                  sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                                  replace_unk=replace_unk)
+        decode_cfg = self.search_config(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty,
+                                        batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
+                                        temperature=temperature, seed=seed, replace_unk=replace_unk)
         start = plain_number(start)
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:  # "x" was a TypeError from an addition
             raise ConfigError(f"start={start!r}: must be an integer at least 0 (the first sentence's place in the input)")

@@ -342,8 +342,48 @@ def test_search_config_names_bad_settings_as_flags_for_the_commands():
         translator.search_config(replace_unk=True, flags=True)
     package = pathlib.Path(cometnmt.__file__).parent
     callers = [str(path.relative_to(package)) for path in package.rglob("*.py")
-               if path.name != "inference.py" and re.search(r"translator\._decode\(", path.read_text(encoding="utf-8"))]
-    assert callers == []
+               if re.search(r"translator\._decode\(", path.read_text(encoding="utf-8"))]
+    assert callers == [] and not hasattr(Translator, "_decode")
+
+
+def test_translate_takes_its_search_from_search_config(monkeypatch):
+    """Translator.search_config passed its keywords one by one to a private _decode, which translate
+    called too: two long signatures of the same ten settings, kept in step by hand. translate now
+    asks search_config itself for the search it runs, and search_config keeps its documented
+    keywords (help() and inspect show them), the same as translate's."""
+    import inspect
+    import types
+
+    import torch
+
+    from cometnmt.config import Config, DecodeConfig
+    from cometnmt.inference import Translator
+
+    def keywords(method, *besides):
+        return [name for name, p in inspect.signature(method).parameters.items()
+                if p.kind is p.KEYWORD_ONLY and name not in besides]
+
+    assert keywords(Translator.search_config, "flags") == keywords(Translator.translate, "start") == [
+        "beam", "nbest", "length_penalty", "batch_size", "sampling", "topk", "topp", "temperature", "seed", "replace_unk"]
+    words = types.SimpleNamespace(kind="spacy")
+    translator = Translator(torch.nn.Linear(1, 1), types.SimpleNamespace(src_tok=words, tgt_tok=words), Config(),
+                            torch.device("cpu"))
+    asked = []
+    original = Translator.search_config
+
+    def search_config(self, decode_cfg=None, **settings):
+        asked.append((decode_cfg, settings))
+        return original(self, decode_cfg, **settings)
+
+    monkeypatch.setattr(Translator, "search_config", search_config)
+    given = DecodeConfig(beam_size=3)
+    with pytest.raises(cometnmt.ConfigError, match=r"^start=-1: "):  # checked after the search: no model runs
+        translator.translate(["Ein Hund."], given, beam=2, topk=None, replace_unk=True, start=-1)
+    assert len(asked) == 1 and asked[0][0] is given  # was []: translate called _decode
+    assert {key: value for key, value in asked[0][1].items() if value is not None} == {"beam": 2, "replace_unk": True}
+    with pytest.raises(cometnmt.ConfigError, match=r"^beam=0: must be at least 1"):
+        translator.translate(["Ein Hund."], beam=0)
+    assert len(asked) == 2
 
 
 def test_greedy_search_of_several_hypotheses_is_a_beam_search_everywhere(run_dir, monkeypatch):
