@@ -40,7 +40,8 @@ def deferred(redeliver: bool = True) -> Iterator[list[int]]:
     ``except Exception`` and the process stops as asked, its traceback (and the CLI's message,
     ``cometnmt.cli``) naming the failure; ``Trainer.fit`` saves no last.pt for such an interrupt,
     as it saves none for the failure alone. Under DDP fit's own block (``redeliver=False``) takes
-    a step's signal, and the ranks stop together with the failure. Where the handler is SIGTERM's
+    a step's signal, and delivers it from the failure the same way (:func:`raise_noted`), so a rank
+    exits as one process does (130, 143). Where the handler is SIGTERM's
     default (no CLI), the failure's traceback is printed before the process ends. Nothing written
     is lost: the block ran to its failure, and the writes it holds are atomic (the old file stays)."""
     noted: list[int] = []
@@ -147,10 +148,15 @@ def ignored() -> set[int]:
     return {signum for signum in SIGNALS if signal.getsignal(signum) == signal.SIG_IGN}
 
 
-def raise_noted(noted: list[int]) -> None:
+def raise_noted(noted: list[int], failure: BaseException | None = None) -> None:
     """Deliver the first signal of ``noted`` (a :func:`deferred` block's, after it ended without
-    delivering it) to the handler now in place, as it would have been delivered when it came."""
-    if noted:
+    delivering it) to the handler now in place, as it would have been delivered when it came.
+    ``failure``: the block ended raising it; the signal is delivered as :func:`deferred` delivers
+    one after a block that raised (what the handler raises is raised from the failure, the signal's
+    exit wins), and the caller raises the failure again where the handler raised nothing."""
+    if noted and failure is not None:
+        _deliver_after(failure, noted[0], signal.getsignal(noted[0]))
+    elif noted:
         _deliver(noted[0], signal.getsignal(noted[0]))
 
 

@@ -894,22 +894,80 @@ def _rank_zero_fails_logging_and_rank_one_is_terminated(rank: int, world: int, p
         return out
 
     Trainer.train_step = terminated_second
-    _rank_zero_fails_logging(rank, world, port, "train 1", data_dir, save_dir, out, "train.max_steps=3")
+    try:
+        _rank_zero_fails_logging(rank, world, port, "train 1", data_dir, save_dir, out, "train.max_steps=3")
+    except _Term as exc:  # rank 1: its SIGTERM, raised from the failure it stopped with; the CLI exits 143
+        assert rank == 1 and isinstance(exc.__cause__, RuntimeError), (rank, exc.__cause__)
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+            f.write(f"{type(exc.__cause__).__name__}: {exc.__cause__}")
+        sys.exit(143)
 
 
 def test_a_failed_record_told_with_an_interrupt_saves_nothing(tmp_path, data_dir):
     """Rank 0's record of step 1 fails and its failure rides in step 2's all-reduce, which also
     carries rank 1's SIGTERM: every rank stops with the failure, and no last.pt holds step 2 (the
-    step trained after the failed record). The stop for the interrupt would have saved it."""
+    step trained after the failed record). The stop for the interrupt would have saved it. Rank 1,
+    signalled, stops as one process does when its step fails during a signal: the signal raised from
+    the failure (exit 143 under the CLI), not the failure alone (exit 1, the signal dropped)."""
     out = tmp_path / "error"
     assert _spawn_until_all_stop(_rank_zero_fails_logging_and_rank_one_is_terminated,
-                                 (2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
+                                 (2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 143]
     error = f"OSError: [Errno 28] No space left on device: '{tmp_path / 'ddp' / 'metrics.jsonl'}'"
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == error
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
         f"RuntimeError: rank 0 failed writing the record of step 1 to metrics.jsonl: {error}")
     assert not (tmp_path / "ddp" / "last.pt").exists()
     assert not (tmp_path / "ddp" / "metrics.jsonl").exists() or not (tmp_path / "ddp" / "metrics.jsonl").read_text()
+
+
+def _signalled_and_failing_in_a_step(rank: int, world: int, port: int, signame: str, data_dir: str, save_dir: str,
+                                     out: str) -> None:
+    """One rank of ``test_a_step_that_fails_during_a_signal_exits_as_the_signal``: ``cometnmt train``
+    (cli.main, its SIGTERM handler included) where every rank gets the real signal ``signame`` inside
+    step 2 (as torchrun passes its SIGTERM, or the terminal its Ctrl-C, to every rank) and rank 0's
+    step then fails; each rank's stderr goes to ``out``.RANK, and it exits with main's status."""
+    import signal
+
+    from cometnmt import cli
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    os.dup2(os.open(f"{out}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    original = Trainer.train_step
+
+    def failing_second(self, group):
+        result = original(self, group)
+        if self.step == 1:  # inside step 2 (self.step counts it after train_step)
+            os.kill(os.getpid(), getattr(signal, signame))
+            if rank == 0:
+                raise RuntimeError("step 2 failed on rank 0")
+        return result
+
+    Trainer.train_step = failing_second
+    sets = overrides(data_dir, save_dir, "train.max_steps=3", "train.accum_steps=1")
+    code = cli.main(["train", str(REPO / "configs" / "tiny.yaml"), *(a for o in sets for a in ("--set", o))])
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+@pytest.mark.parametrize("signame, status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_step_that_fails_during_a_signal_exits_as_the_signal(tmp_path, data_dir, signame, status):
+    """A step that fails while a Ctrl-C or SIGTERM is noted (``interrupts.deferred``): in one process the
+    failure is reported and the signal's exit wins (130, 143; ``cli._say_failure``). A rank did the same
+    only in the CLI's output: fit's block under DDP kept the signal and let the failure out alone, so
+    the rank exited 1 as if never signalled. Now it exits as one process does, the failure reported
+    once, on its own rank, and nothing saved (the failure's step would be in it)."""
+    out = tmp_path / "stderr"
+    codes = _spawn_until_all_stop(_signalled_and_failing_in_a_step,
+                                  (2, _free_port(), signame, str(data_dir), str(tmp_path / "ddp"), str(out)))
+    errors = [(tmp_path / f"stderr.{rank}").read_text(encoding="utf-8") for rank in (0, 1)]
+    assert codes[0] == status, errors[0]
+    assert "RuntimeError: step 2 failed on rank 0" in errors[0]
+    assert "interrupted at step 1 during a failure (RuntimeError); nothing saved" in errors[0]
+    assert "interrupted before the first checkpoint; nothing to resume" in errors[0]
+    assert "step 2 failed on rank 0" not in errors[1]
+    assert not (tmp_path / "ddp" / "last.pt").exists()
 
 
 def _rank_zero_fails_setting_up(rank: int, world: int, port: int, where: str, data_dir: str, save_dir: str,

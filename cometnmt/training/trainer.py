@@ -640,20 +640,27 @@ class Trainer:
         with first_raises() as later:
             try:
                 peers = False
-                with deferred(redeliver=False) if self.dist.enabled else nullcontext([]) as self._pending:
-                    if signals is not None:
-                        self._pending.extend(signals.take())
-                    try:
-                        while not self.done:
-                            if not self.run_epoch():
-                                break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
-                            self.end_epoch()
-                        # one noted during the last checkpoints: every rank stops, or none (a rank that
-                        # finished cleanly waits for the others at shutdown's barrier)
-                        self._stop_together()
-                    except _RanksStop:
-                        peers = not self._interrupted()
-                raise_noted([s for s in self._pending if s not in self._ignored])  # this rank's own, as it would have been raised
+                try:
+                    with deferred(redeliver=False) if self.dist.enabled else nullcontext([]) as self._pending:
+                        if signals is not None:
+                            self._pending.extend(signals.take())
+                        try:
+                            while not self.done:
+                                if not self.run_epoch():
+                                    break  # max_steps; not `finished`, so a resume with a larger max_steps goes on
+                                self.end_epoch()
+                            # one noted during the last checkpoints: every rank stops, or none (a rank that
+                            # finished cleanly waits for the others at shutdown's barrier)
+                            self._stop_together()
+                        except _RanksStop:
+                            peers = not self._interrupted()
+                except Exception as failure:
+                    # under DDP a failure while this rank held its own signal (a step's, noted here): the
+                    # signal is raised from the failure, as one process raises it (interrupts.deferred), so
+                    # the rank exits 130/143 with the failure reported, not 1 with the signal dropped
+                    raise_noted(self._own_signals(), failure)
+                    raise
+                raise_noted(self._own_signals())  # this rank's own, as it would have been raised
                 if peers:
                     log.warning("rank %d: another rank was interrupted; every rank stops at step %d",
                                 self.dist.rank, self.step)
@@ -669,6 +676,10 @@ class Trainer:
                 self._save_interrupted(later)
                 raise
         return self.summary()
+
+    def _own_signals(self) -> list[int]:
+        """The signals fit noted on this rank that are not ignored (under DDP; none in one process)."""
+        return [signum for signum in self._pending if signum not in self._ignored]
 
     def _interrupted(self, noted: list[int] = ()) -> bool:
         """Whether this rank holds an interrupt: a signal noted in fit (or in ``noted``, a step's) that is not ignored."""
