@@ -38,10 +38,18 @@ def _say_failure(exc: KeyboardInterrupt) -> None:
     report the failure first, as it would have been reported alone (the toolkit's errors as one line,
     others with their traceback); the interrupt's exit status wins (130, 143)."""
     cause = exc.__cause__
-    if isinstance(cause, CometNMTError):
+    if isinstance(cause, CometNMTError) or _another_rank_left(cause):
         print(f"cometnmt: error: {cause}", file=sys.stderr)
     elif isinstance(cause, Exception):
         traceback.print_exception(cause)
+
+
+def _another_rank_left(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a rank's word that another rank left (``training.distributed.PeerLeft``):
+    shown as one line, since its traceback, a collective's, says nothing of why; the other rank's
+    own error does. Looked up among the loaded modules: where training never ran, it cannot be one."""
+    distributed = sys.modules.get("cometnmt.training.distributed")
+    return distributed is not None and isinstance(exc, distributed.PeerLeft)
 
 
 def _resume_command(command: list[str], accum_steps: int) -> str:
@@ -81,6 +89,11 @@ def cmd_train(args) -> int:
         else:
             print(f"interrupted before the first checkpoint; nothing to resume in {cfg.train.save_dir}", file=sys.stderr)
         return 143 if isinstance(exc, _Terminated) else 130
+    except RuntimeError as exc:
+        if not _another_rank_left(exc):
+            raise
+        print(f"cometnmt: error: {exc}", file=sys.stderr)  # under torchrun, below the error of the rank that left
+        return 1
     best = summary["best"]
     if not main_rank:
         return 0

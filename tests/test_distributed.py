@@ -920,12 +920,12 @@ def test_a_failed_record_told_with_an_interrupt_saves_nothing(tmp_path, data_dir
     assert not (tmp_path / "ddp" / "metrics.jsonl").exists() or not (tmp_path / "ddp" / "metrics.jsonl").read_text()
 
 
-def _signalled_and_failing_in_a_step(rank: int, world: int, port: int, signame: str, data_dir: str, save_dir: str,
-                                     out: str) -> None:
+def _signalled_and_failing_in_a_step(rank: int, world: int, port: int, signame: str, every: bool, data_dir: str,
+                                     save_dir: str, out: str) -> None:
     """One rank of ``test_a_step_that_fails_during_a_signal_exits_as_the_signal``: ``cometnmt train``
-    (cli.main, its SIGTERM handler included) where every rank gets the real signal ``signame`` inside
-    step 2 (as torchrun passes its SIGTERM, or the terminal its Ctrl-C, to every rank) and rank 0's
-    step then fails; each rank's stderr goes to ``out``.RANK, and it exits with main's status."""
+    (cli.main, its SIGTERM handler included) where rank 0, and with ``every`` every rank (as torchrun
+    passes its SIGTERM, or the terminal its Ctrl-C, to every rank), gets the real signal ``signame``
+    inside step 2, and rank 0's step then fails; each rank's stderr goes to ``out``.RANK, and it exits with main's status."""
     import signal
 
     from cometnmt import cli
@@ -939,7 +939,8 @@ def _signalled_and_failing_in_a_step(rank: int, world: int, port: int, signame: 
     def failing_second(self, group):
         result = original(self, group)
         if self.step == 1:  # inside step 2 (self.step counts it after train_step)
-            os.kill(os.getpid(), getattr(signal, signame))
+            if every or rank == 0:
+                os.kill(os.getpid(), getattr(signal, signame))
             if rank == 0:
                 raise RuntimeError("step 2 failed on rank 0")
         return result
@@ -951,21 +952,29 @@ def _signalled_and_failing_in_a_step(rank: int, world: int, port: int, signame: 
     sys.exit(code)
 
 
-@pytest.mark.parametrize("signame, status", [("SIGTERM", 143), ("SIGINT", 130)])
-def test_a_step_that_fails_during_a_signal_exits_as_the_signal(tmp_path, data_dir, signame, status):
+@pytest.mark.parametrize("signame, status, every", [("SIGTERM", 143, True), ("SIGINT", 130, True), ("SIGTERM", 143, False)])
+def test_a_step_that_fails_during_a_signal_exits_as_the_signal(tmp_path, data_dir, signame, status, every):
     """A step that fails while a Ctrl-C or SIGTERM is noted (``interrupts.deferred``): in one process the
     failure is reported and the signal's exit wins (130, 143; ``cli._say_failure``). A rank did the same
     only in the CLI's output: fit's block under DDP kept the signal and let the failure out alone, so
     the rank exited 1 as if never signalled. Now it exits as one process does, the failure reported
-    once, on its own rank, and nothing saved (the failure's step would be in it)."""
+    once, on its own rank, and nothing saved (the failure's step would be in it). The other rank says
+    in one line that a rank left (it printed gloo's traceback of the all-reduce, below rank 0's error)."""
     out = tmp_path / "stderr"
     codes = _spawn_until_all_stop(_signalled_and_failing_in_a_step,
-                                  (2, _free_port(), signame, str(data_dir), str(tmp_path / "ddp"), str(out)))
+                                  (2, _free_port(), signame, every, str(data_dir), str(tmp_path / "ddp"), str(out)))
     errors = [(tmp_path / f"stderr.{rank}").read_text(encoding="utf-8") for rank in (0, 1)]
     assert codes[0] == status, errors[0]
     assert "RuntimeError: step 2 failed on rank 0" in errors[0]
     assert "interrupted at step 1 during a failure (RuntimeError); nothing saved" in errors[0]
     assert "interrupted before the first checkpoint; nothing to resume" in errors[0]
+    # rank 1 learns of it in the step's all-reduce, as gloo's error for a peer that left: one line under
+    # rank 0's error, not the collective's traceback; the signal's exit where it was signalled too, else 1
+    assert codes[1] == (status if every else 1), errors[1]
+    said = [line for line in errors[1].splitlines() if " INFO " not in line]
+    assert said and said[-1].startswith("cometnmt: error: rank 1 of 2 stopped training: another rank left the process group "
+                               "(Connection "), said
+    assert said[-1].endswith("); that rank's own error says why") and "Traceback" not in errors[1], said
     assert "step 2 failed on rank 0" not in errors[1]
     assert not (tmp_path / "ddp" / "last.pt").exists()
 

@@ -52,7 +52,7 @@ from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoint_name,
                                          epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint)
 from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_reduce_sum, any_rank,
-                                          broadcast_result, ddp_buffer_sync, gather_results)
+                                          broadcast_result, ddp_buffer_sync, gather_results, peer_left)
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
@@ -655,11 +655,17 @@ class Trainer:
                         except _RanksStop:
                             peers = not self._interrupted()
                 except Exception as failure:
+                    # a collective that failed for a rank that left: said in one line (distributed.PeerLeft)
+                    left = peer_left(failure, self.dist)
+                    if left is not None:
+                        left.__cause__ = failure  # gloo's error, for a caller's traceback
                     # under DDP a failure while this rank held its own signal (a step's, noted here): the
                     # signal is raised from the failure, as one process raises it (interrupts.deferred), so
                     # the rank exits 130/143 with the failure reported, not 1 with the signal dropped
-                    raise_noted(self._own_signals(), failure)
-                    raise
+                    raise_noted(self._own_signals(), failure if left is None else left)
+                    if left is None:
+                        raise
+                    raise left from failure
                 raise_noted(self._own_signals())  # this rank's own, as it would have been raised
                 if peers:
                     log.warning("rank %d: another rank was interrupted; every rank stops at step %d",
