@@ -925,7 +925,8 @@ def _signalled_and_failing_in_a_step(rank: int, world: int, port: int, signame: 
     """One rank of ``test_a_step_that_fails_during_a_signal_exits_as_the_signal``: ``cometnmt train``
     (cli.main, its SIGTERM handler included) where rank 0, and with ``every`` every rank (as torchrun
     passes its SIGTERM, or the terminal its Ctrl-C, to every rank), gets the real signal ``signame``
-    inside step 2, and rank 0's step then fails; each rank's stderr goes to ``out``.RANK, and it exits with main's status."""
+    inside step 2, and rank 0's step then fails; each rank's stderr goes to ``out``.RANK, and it
+    exits with main's status."""
     import signal
 
     from cometnmt import cli
@@ -952,12 +953,13 @@ def _signalled_and_failing_in_a_step(rank: int, world: int, port: int, signame: 
     sys.exit(code)
 
 
-@pytest.mark.parametrize("signame, status, every", [("SIGTERM", 143, True), ("SIGINT", 130, True), ("SIGTERM", 143, False)])
+@pytest.mark.parametrize("signame, status, every",
+                         [("SIGTERM", 143, True), ("SIGINT", 130, True), ("SIGTERM", 143, False)])
 def test_a_step_that_fails_during_a_signal_exits_as_the_signal(tmp_path, data_dir, signame, status, every):
     """A step that fails while a Ctrl-C or SIGTERM is noted (``interrupts.deferred``): in one process the
-    failure is reported and the signal's exit wins (130, 143; ``cli._say_failure``). A rank did the same
-    only in the CLI's output: fit's block under DDP kept the signal and let the failure out alone, so
-    the rank exited 1 as if never signalled. Now it exits as one process does, the failure reported
+    failure is reported and the signal's exit wins (130, 143; ``cli._say_failure``). A rank did not:
+    fit's block under DDP kept the signal and let the failure out alone, so the rank exited 1 as if
+    never signalled. Now it exits as one process does, the failure reported
     once, on its own rank, and nothing saved (the failure's step would be in it). The other rank says
     in one line that a rank left (it printed gloo's traceback of the all-reduce, below rank 0's error)."""
     out = tmp_path / "stderr"
@@ -972,8 +974,8 @@ def test_a_step_that_fails_during_a_signal_exits_as_the_signal(tmp_path, data_di
     # rank 0's error, not the collective's traceback; the signal's exit where it was signalled too, else 1
     assert codes[1] == (status if every else 1), errors[1]
     said = [line for line in errors[1].splitlines() if " INFO " not in line]
-    assert said and said[-1].startswith("cometnmt: error: rank 1 of 2 stopped training: another rank left the process group "
-                               "(Connection "), said
+    assert said and said[-1].startswith(
+        "cometnmt: error: rank 1 of 2 stopped training: another rank left the process group (Connection "), said
     assert said[-1].endswith("); that rank's own error says why") and "Traceback" not in errors[1], said
     assert "step 2 failed on rank 0" not in errors[1]
     assert not (tmp_path / "ddp" / "last.pt").exists()

@@ -105,10 +105,11 @@ def broadcast_object(obj, info: DistInfo):
 
 class PeerLeft(RuntimeError):
     """A rank's collective failed because another rank left the process group (gloo's "Connection
-    closed by peer", or "reset" where it left unread data behind): that rank's own error says why it left. ``cometnmt train`` shows this one as a
-    line, so that the traceback of a collective, which says nothing of why, does not follow the
-    other rank's error on the terminal the ranks share; it exits 1 (130, 143 where the rank held a
-    signal). NCCL raises no such error for a rank that died (a peer waits for the group's timeout)."""
+    closed by peer", or "reset" where it left unread data behind): that rank's own error says why
+    it left. ``cometnmt train`` shows this one as a line, so that the traceback of a collective,
+    which says nothing of why, does not follow the other rank's error on the terminal the ranks
+    share; it exits 1 (130, 143 where the rank held a signal). NCCL raises no such error for a rank
+    that died (a peer waits for the group's timeout)."""
 
 
 def peer_left(exc: BaseException, info: DistInfo) -> PeerLeft | None:
