@@ -163,7 +163,7 @@ def test_a_damaged_tag_cache_is_annotated_again_not_a_crash(tmp_path, caplog):
     texts = ["Hund", "Katze"]
     ann = CountingAnnotator()
     spans = annotate_cached(ann, texts, tmp_path)
-    [path] = tmp_path.glob("*.json")
+    [path] = (p for p in tmp_path.glob("*.json") if not p.name.startswith("index-"))
     assert annotate_cached(ann, texts, tmp_path) == spans and ann.calls == 1  # from the cache
     full = path.read_text(encoding="utf-8")
     short = json.dumps({**json.loads(full), "spans": {"pos": spans["pos"][:1]}})
@@ -175,6 +175,35 @@ def test_a_damaged_tag_cache_is_annotated_again_not_a_crash(tmp_path, caplog):
         assert path.read_text(encoding="utf-8") == full  # rewritten whole
         caplog.clear()
     assert ann.calls == 4
+
+
+def test_the_tag_cache_index_is_a_json_file_and_an_older_txt_index_is_still_read(tmp_path, caplog):
+    """The index of an annotator's cache files holds JSON but was named index-<hash>.txt; it is
+    index-<hash>.json now. A cache folder an earlier version wrote keeps its .txt index: a slice of
+    a corpus listed there is still cut from its file, not tagged again, and the files of both
+    indexes are read (an earlier version run on the folder again writes the .txt one)."""
+    corpus = [f"Satz {i} mit Hund" for i in range(12)]
+    ann = CountingAnnotator()
+    annotate_cached(ann, corpus, tmp_path)
+    [index] = tmp_path.glob("index-*")
+    assert index.suffix == ".json" and json.loads(index.read_text(encoding="utf-8"))["annotator"] == ann.name
+    assert list(json.loads(index.read_text(encoding="utf-8"))["files"].values()) == [12]
+
+    old = tmp_path / "old"  # as an earlier version left it: the same JSON, under the .txt name
+    old.mkdir()
+    for p in tmp_path.glob("*.json"):
+        (old / (p.with_suffix(".txt").name if p == index else p.name)).write_bytes(p.read_bytes())
+    with caplog.at_level(logging.INFO):
+        assert annotate_cached(ann, corpus[:5], old) == CountingAnnotator().annotate(corpus[:5])
+    assert ann.calls == 1 and "cut from the cache of 12 sentences" in caplog.text
+    annotate_cached(ann, corpus[:3] + ["Satz mit Pferd"], old)  # tagged, and listed in a .json index beside the .txt
+    assert ann.calls == 2 and {p.suffix for p in old.glob("index-*")} == {".txt", ".json"}
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        annotate_cached(ann, corpus[1:3], old)  # both indexes' files are read: the smaller one, listed in .json
+        annotate_cached(ann, corpus[6:9], old)  # listed in the .txt index only
+    assert ann.calls == 2
+    assert "cut from the cache of 4 sentences" in caplog.text and "cut from the cache of 12 sentences" in caplog.text
 
 
 # -- clear errors ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ The flow, run once before training (``attach_training_tags``):
    beside the Multi30k download cache), keyed by the SHA-256 of the exact
    sentences annotated (the split's source side after filtering) plus the annotator's name and
    version, so a rerun does not tag again. A file keeps its sentences too, and an index per
-   annotator (name and version) lists its files: a corpus whose every sentence a larger cached
+   annotator (name and version), ``index-<hash>.json``, lists its files: a corpus whose every sentence a larger cached
    one holds (a ``data.max_train_pairs`` slice of a corpus tagged whole) is cut from that file,
    not tagged again.
 3. The word labels are carried onto the tokens of our tokenizer: each token is located in the raw
@@ -360,20 +360,25 @@ def annotate_cached(annotator: Annotator, texts: list[str], folder: Path) -> dic
     return spans
 
 
-def _index_path(annotator: Annotator, folder: Path) -> Path:
+def _index_path(annotator: Annotator, folder: Path, suffix: str = ".json") -> Path:
     """The list of the cache files ``annotator`` wrote in ``folder`` (their names and sizes),
-    keyed by its name, which carries its version: another version never reads this one's tags."""
-    return folder / f"index-{hashlib.sha256(annotator.name.encode('utf-8')).hexdigest()[:24]}.txt"
+    keyed by its name, which carries its version: another version never reads this one's tags.
+    ``suffix`` ".txt" names the index as versions before 2026-11-28 wrote it (JSON all the same)."""
+    return folder / f"index-{hashlib.sha256(annotator.name.encode('utf-8')).hexdigest()[:24]}{suffix}"
 
 
 def _index_read(annotator: Annotator, folder: Path) -> dict[str, int]:
-    try:
-        data = json.loads(_index_path(annotator, folder).read_text(encoding="utf-8"))
-        if data.get("annotator") != annotator.name:
-            return {}
-        return {str(name): int(n) for name, n in data["files"].items()}
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
-        return {}  # none yet, or damaged: no slice is cut, the sentences are tagged
+    """The files of both indexes, the ``.txt`` one that earlier versions wrote (and still write,
+    if run on this folder) and the ``.json`` one: a corpus they tagged is cut from, not tagged again."""
+    files: dict[str, int] = {}
+    for suffix in (".txt", ".json"):
+        try:
+            data = json.loads(_index_path(annotator, folder, suffix).read_text(encoding="utf-8"))
+            if data.get("annotator") == annotator.name:
+                files.update({str(name): int(n) for name, n in data["files"].items()})
+        except (OSError, ValueError, TypeError, AttributeError, KeyError):
+            pass  # none yet, or damaged: no slice is cut from its files, the sentences are tagged
+    return files
 
 
 def _index_add(annotator: Annotator, folder: Path, name: str, n: int) -> None:
