@@ -83,6 +83,32 @@ def test_a_sentencepiece_translator_imports_neither_spacy_nor_sacremoses(tmp_pat
     assert out[:2] == ["1", "[]"]
 
 
+def test_a_spacy_translator_builds_its_target_pipeline_only_to_tokenize_a_target(run_dir, monkeypatch):
+    """from_checkpoint built ``spacy.blank`` for both languages (0.1-0.2 s each), and both sides a
+    Moses detokenizer, though translating tokenizes only the source and detokenizes only the target
+    (Moses, no spaCy). The target's pipeline is now built by the first target tokenized (log_prob),
+    and a detokenizer by the first detokenize; the results are those of tokenizers built at once."""
+    from cometnmt.data import tokenizers
+
+    built = []
+    for name in ("_blank_tokenizer", "_moses_detokenizer"):
+        real = getattr(tokenizers, name)
+        monkeypatch.setattr(tokenizers, name, lambda lang, real=real, name=name: built.append((name, lang)) or real(lang))
+    translator = cometnmt.Translator.from_checkpoint(run_dir / "best.pt", device="cpu")
+    sources = ["Ein Hund läuft.", "Zwei Männer spielen im T-Shirt Fußball."]
+    hyps = translator(sources)
+    assert built == [("_blank_tokenizer", "de"), ("_moses_detokenizer", "en")]  # before: de and en, both built at load
+    scores = translator.log_prob(sources, ["A dog runs.", "Two men in t-shirts don't play."])
+    assert built[2:] == [("_blank_tokenizer", "en")]  # the target pipeline, on first use
+    eager = cometnmt.Translator.from_checkpoint(run_dir / "best.pt", device="cpu")
+    eager.codec.tgt_tok = tokenizers.SpacyTokenizer("en", unk_word=True)  # as from_checkpoint built it before
+    assert eager(sources) == hyps
+    assert eager.log_prob(sources, ["A dog runs.", "Two men in t-shirts don't play."]) == scores
+    tokens = ["Two", "men", "in", "t", "@-@", "shirts", "do", "n't", "play", "<unk>", "."]
+    assert translator.codec.tgt_tok.detokenize(tokens) == eager.codec.tgt_tok.detokenize(tokens) == \
+        "Two men in t-shirts don't play <unk>."
+
+
 def test_train_takes_a_path_or_a_config_and_checks_it(tmp_path, data_dir):
     cfg = tiny_train_cfg(tmp_path / "a", data_dir)
     cfg.train.lr = -1.0  # edits to a Config are validated again

@@ -765,6 +765,31 @@ def test_spacy_tokenizes_german_and_english() -> None:
     assert tokenizer_from_state(en.state_dict()).tokenize("Hi there") == ["hi", "there"]
 
 
+def test_a_lazy_spacy_tokenizer_tokenizes_as_an_eager_one_and_only_detokenizing_imports_moses() -> None:
+    """Each half of a SpacyTokenizer is built where it is first used: the paper metric only
+    tokenizes, and paid for sacremoses' import (~0.2 s, its tokenizer's regexes); a lazy one
+    (a checkpoint's target side) builds no spaCy pipeline until it tokenizes."""
+    code = ("import sys; from cometnmt.data.tokenizers import SpacyTokenizer, metric_tokenizer; "
+            "print(metric_tokenizer('en').tokenize(\"Don't.\")); print('sacremoses' in sys.modules); "
+            "lazy = SpacyTokenizer('de', lazy=True); print(lazy.detokenize(['Ein', 'T', '@-@', 'Shirt', '.'])); "
+            "print('sacremoses' in sys.modules); print(lazy.tokenize('Ein T-Shirt.'))")
+    import subprocess
+
+    repo = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["['Do', \"n't\", '.']", "False", "Ein T-Shirt.", "True", "['Ein', 'T-Shirt', '.']"]
+    texts = ["Ein Mann im T-Shirt.", "A t-shirt, isn't it?"]
+    assert SpacyTokenizer("en", lazy=True).tokenize_many(texts) == SpacyTokenizer("en").tokenize_many(texts)
+    with pytest.raises(DataError, match="spaCy has no tokenizer for language 'xx-none'"):
+        SpacyTokenizer("xx-none")  # at once, unless lazy: then where it tokenizes
+    lazy = SpacyTokenizer("xx-none", lazy=True)
+    assert lazy.detokenize(["a", "b"]) == "a b"
+    with pytest.raises(DataError, match="spaCy has no tokenizer for language 'xx-none'"):
+        lazy.tokenize("a b")
+
+
 def test_spacy_detokenize_roundtrip_on_multi30k_val() -> None:
     sentences = read_lines(multi30k_dir() / "val.en.gz")[:50]
     tok = SpacyTokenizer("en")

@@ -14,8 +14,9 @@ import sentencepiece as spm
 
 from cometnmt.errors import DataError
 
-if TYPE_CHECKING:  # spaCy (~1 s) and sacremoses (~0.6 s, its tokenizer's regexes) load where a SpacyTokenizer is made
-    import spacy
+if TYPE_CHECKING:  # spaCy (~0.4 s) loads where a SpacyTokenizer builds its pipeline, sacremoses (~0.2 s, its
+    import spacy  # tokenizer's regexes) where it first detokenizes
+    from sacremoses import MosesDetokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,17 @@ def _blank_tokenizer(lang: str) -> spacy.tokenizer.Tokenizer:
         raise UnknownLanguageError(f"spaCy has no tokenizer for language {lang!r} ({exc})") from None
 
 
+def _moses_detokenizer(lang: str) -> MosesDetokenizer:
+    """sacremoses' detokenizer for ``lang`` (any code: one Moses has no rules for is detokenized
+    by its language-independent rules)."""
+    from sacremoses import MosesDetokenizer
+
+    return MosesDetokenizer(lang=lang)
+
+
+_BUILD_LOCK = threading.Lock()  # a Translator serves several threads (cometnmt serve): one builds a lazy part
+
+
 def _doc_tokens(doc: spacy.tokens.Doc) -> list[str]:
     """Token strings of a spaCy Doc, without whitespace tokens, intra-word hyphens as "@-@"."""
     out = []
@@ -111,18 +123,43 @@ class SpacyTokenizer:
     ``unk_word``: read the text ``<unk>`` as the single token ``<unk>`` (the unknown word), and
     place it as a word when detokenizing, as a model's codec does: a translation holding ``<unk>``
     then tokenises back to the tokens it was decoded from, so ``logprob`` scores it as search did.
-    The paper metric's tokenizer (:func:`metric_tokenizer`) reads it so too."""
+    The paper metric's tokenizer (:func:`metric_tokenizer`) reads it so too.
+
+    Each half is built where it is first used, as each costs a start-up: detokenizing needs Moses
+    alone (sacremoses, ~0.2 s to import) and tokenizing spaCy's pipeline alone (its import ~0.4 s
+    and ``spacy.blank``, 0.1-0.2 s a language). A translator tokenizes its source and detokenizes
+    its target, the paper metric only tokenizes. ``lazy``: build spaCy's pipeline on first use too,
+    not now; without it the pipeline is built here, so a language spaCy cannot tokenise is an
+    :class:`UnknownLanguageError` at once (a config checked before training, the paper metric).
+    A checkpoint's target side is lazy (:func:`tokenizer_from_state`): spaCy tokenised its language
+    in training, and translating never tokenizes a target."""
 
     kind = "spacy"
 
-    def __init__(self, lang: str, lowercase: bool = False, *, unk_word: bool = False) -> None:
+    def __init__(self, lang: str, lowercase: bool = False, *, unk_word: bool = False, lazy: bool = False) -> None:
         self.lang = lang
         self.lowercase = lowercase
         self.unk_word = unk_word
-        self._tokenizer = _blank_tokenizer(lang)
-        from sacremoses import MosesDetokenizer
+        self._spacy: spacy.tokenizer.Tokenizer | None = None if lazy else _blank_tokenizer(lang)
+        self._moses_detok: MosesDetokenizer | None = None
 
-        self._detok = MosesDetokenizer(lang=lang)
+    @property
+    def _tokenizer(self) -> spacy.tokenizer.Tokenizer:
+        """spaCy's pipeline for ``lang``, built on first use where ``lazy``."""
+        if self._spacy is None:
+            with _BUILD_LOCK:
+                if self._spacy is None:
+                    self._spacy = _blank_tokenizer(self.lang)
+        return self._spacy
+
+    @property
+    def _detok(self) -> MosesDetokenizer:
+        """Moses' detokenizer for ``lang``, built by the first :meth:`detokenize`."""
+        if self._moses_detok is None:
+            with _BUILD_LOCK:
+                if self._moses_detok is None:
+                    self._moses_detok = _moses_detokenizer(self.lang)
+        return self._moses_detok
 
     def _prepare(self, text: str) -> str:
         text = text.lower() if self.lowercase else text
@@ -370,11 +407,12 @@ def _train_sentencepiece(
     return buf.getvalue()
 
 
-def tokenizer_from_state(state: dict) -> Tokenizer:
-    """Rebuild a tokenizer from its ``state_dict``."""
+def tokenizer_from_state(state: dict, *, lazy: bool = False) -> Tokenizer:
+    """Rebuild a tokenizer from its ``state_dict``; ``lazy``: a spaCy tokenizer builds its
+    pipeline on first use (:class:`SpacyTokenizer`), for a side that may never be tokenized."""
     kind = state.get("kind") if isinstance(state, dict) else None
     if kind == SpacyTokenizer.kind:
-        return SpacyTokenizer(state["lang"], lowercase=bool(state.get("lowercase", False)), unk_word=True)
+        return SpacyTokenizer(state["lang"], lowercase=bool(state.get("lowercase", False)), unk_word=True, lazy=lazy)
     if kind == SentencePieceTokenizer.kind:
         return SentencePieceTokenizer(state["model_proto"], lowercase=bool(state.get("lowercase", False)),
                                       spaces_only=bool(state.get("spaces_only", False)))  # older: as trained
