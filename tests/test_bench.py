@@ -693,3 +693,18 @@ def test_bench_serve_times_batching_on_and_off(data_dir, tmp_path, monkeypatch):
     assert len(result["off"]) == len(result["wait"]) == len(result["on"]) == 1 and result["ratio"] > 0
     assert {name: len(rounds) for name, rounds in result["latency_ms"].items()} == {"off": 1, "wait": 1, "on": 1}
     assert "on/off:" in proc.stdout
+
+
+def test_bench_startup_times_a_spacy_checkpoints_load_and_first_translation(data_dir, tmp_path, monkeypatch):
+    """bench/startup.py with one run: it trains the tiny spaCy-tokenized model, times its load and
+    first translation in a fresh interpreter, and says what they imported: from_checkpoint spaCy
+    alone (the source's pipeline), the translation sacremoses too (Moses detokenizes the output)."""
+    monkeypatch.setenv("COMETNMT_MULTI30K_DIR", str(data_dir))
+    out = tmp_path / "startup.json"
+    proc = run("startup.py", "--runs", "1", "--out", str(out))
+    [tree] = json.loads(out.read_text())["trees"]
+    assert tree["path"] == str(REPO) and len(tree["runs"]) == 1
+    run_ = tree["runs"][0]
+    assert all(run_[key] > 0 for key in ("import_s", "from_checkpoint_s", "first_translation_s", "total_s", "total_cpu_s"))
+    assert run_["modules_after_load"] == ["spacy"] and run_["modules_after_translation"] == ["sacremoses", "spacy"]
+    assert tree["summary"]["total_s"]["median"] == run_["total_s"] and "from_checkpoint_s" in proc.stdout
