@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUN = r"""
 import json, sys, time
 import torch
+torch.set_num_threads(int(sys.argv[3]))
 t0, c0 = time.perf_counter(), time.process_time()
 from cometnmt.inference import Translator
 t1 = time.perf_counter()
@@ -66,9 +67,9 @@ def train_tiny(folder: Path) -> Path:
     return folder / "best.pt"
 
 
-def time_once(tree: Path, checkpoint: Path, sentence: str) -> dict:
+def time_once(tree: Path, checkpoint: Path, sentence: str, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, "-c", RUN, str(checkpoint), sentence], cwd=tree, env=env,
+    proc = subprocess.run([sys.executable, "-c", RUN, str(checkpoint), sentence, str(threads)], cwd=tree, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"startup.py: a run in {tree} failed:\n{proc.stderr[-3000:]}")
@@ -112,10 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trees", nargs="+", type=Path, default=[REPO], help="cometnmt source trees to time (default: this one)")
     p.add_argument("--runs", type=int, default=5, help="fresh interpreters per tree (default 5)")
     p.add_argument("--sentence", default="Zwei junge Männer spielen im Park Fußball.", help="the sentence translated")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of each run (default 1: two OpenMP threads that share a loaded machine's "
+                        "cores with other processes time the translation, not the start-up)")
     p.add_argument("--out", type=Path, help="JSON results (default: printed after the table)")
     args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs: at least 1")
+    if args.runs < 1 or args.threads < 1:
+        p.error("--runs and --threads: at least 1")
     trees = [t.resolve() for t in args.trees]
     for tree in trees:
         if not (tree / "cometnmt" / "inference.py").is_file():
@@ -125,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         runs: list[list[dict]] = [[] for _ in trees]
         for _ in range(args.runs):
             for i, tree in enumerate(trees):  # in turn, so that the machine's load falls on each alike
-                runs[i].append(time_once(tree, checkpoint, args.sentence))
+                runs[i].append(time_once(tree, checkpoint, args.sentence, args.threads))
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "python": sys.version.split()[0],
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "checkpoint": str(args.checkpoint) if args.checkpoint else "tiny (trained)", "sentence": args.sentence,
+        "threads": args.threads,
         "trees": [{"label": f"{tree.name}@{commit(tree)}", "path": str(tree), "commit": commit(tree),
                    "summary": summary(r), "runs": r} for tree, r in zip(trees, runs)],
     }
