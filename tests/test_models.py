@@ -134,16 +134,45 @@ def test_the_attention_mask_is_built_once_a_forward_with_the_same_outputs(name, 
     built = [c for c in calls if c is not None]  # key_mask(None) (causal self-attention) is None, no operator
     assert len(built) == 2 and all(c is mask for c in built)  # once in encode, once in decode (was 2 + 2 with layers)
     monkeypatch.undo()
-    with torch.no_grad():  # each layer building its own mask, as before
+    with torch.no_grad():  # each layer building its own mask (and everything else of its ForwardContext), as before
         x = model.src_embed(src)  # B,S,D
         for unit in model.encoder:
-            x = unit(x, mask, transformer._shared_padding(model.encoder, x, mask))  # B,S,D
+            x = unit(x, model.context(model.encoder, x, mask, mask))  # B,S,D
         assert torch.equal(x, mem["out"])
         y = model.tgt_embed(tgt)  # B,T,D
         tgt_mask = tgt.eq(PAD)  # B,T
         for unit in model.decoder:
-            y = unit(y, x, mask, tgt_mask, None, transformer._shared_padding(model.decoder, y, tgt_mask))  # B,T,D
+            y = unit(y, x, model.context(model.decoder, y, tgt_mask, mask))  # B,T,D
         assert torch.equal(model.out_proj(y), logits)
+
+
+@pytest.mark.parametrize("name", ["transformer", "comet", "comet_temporal_bn_length", "transformer_pp"])
+def test_every_unit_of_a_stack_reads_one_forward_context(name):
+    """What a forward derives once for a stack (the attention mask, COMET's padding statistics, the
+    source lengths) reaches each unit as one ForwardContext, built once a forward and read by all
+    the stack's units, where each was a separate argument threaded through every unit's call."""
+    from cometnmt.models.transformer import ForwardContext
+
+    model = make(name).train()
+    gen = torch.Generator().manual_seed(4)
+    src, mask = random_batch([6, 11, 3], V_SRC, gen)
+    tgt, tgt_mask = random_batch([5, 9, 2], V_TGT, gen)
+    seen = {"encoder": [], "decoder": []}
+    hooks = [unit.register_forward_pre_hook(lambda m, args, stack=stack: seen[stack].append(args[-1]))
+             for stack in seen for unit in getattr(model, stack)]
+    try:
+        model(src, mask, tgt)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for stack, own_mask in (("encoder", mask), ("decoder", tgt_mask)):
+        ctx = seen[stack][0]
+        assert isinstance(ctx, ForwardContext) and len(seen[stack]) == len(getattr(model, stack)), stack
+        assert all(c is ctx for c in seen[stack]), stack  # once a forward, not once a unit
+        assert torch.equal(ctx.pad_mask, own_mask) and torch.equal(ctx.source_mask, ~mask[:, None, None, :]), stack
+    comet = name.startswith("comet")
+    assert (seen["encoder"][0].padding is not None) == comet  # COMET's padding statistics; the FFN needs none
+    assert (seen["decoder"][0].src_lengths is not None) == (name == "comet_temporal_bn_length")
 
 
 def test_train_mode_padding_does_not_change_real_positions(name):

@@ -680,7 +680,8 @@ class ConvUnit(nn.Module):
     def shared_padding(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
                        src_lengths: Optional[torch.Tensor] = None) -> SharedPadding:
         """:meth:`MultiLayerConv.shared_padding`: Transformer.encode and decode compute it once a
-        forward with the first unit and pass it to every unit's ``forward`` as ``padding``."""
+        forward with the first unit, keep it in the stack's ``ForwardContext`` and each unit passes
+        it to its ConvUnit's ``forward`` as ``padding``."""
         return self.convs.shared_padding(x, pad_mask, src_lengths)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,

@@ -10,15 +10,18 @@ The feed-forward sublayer of each unit is pluggable: any module with ``forward(x
 ``step(x, cache) -> (y, new_cache)`` fits; a decoder sublayer whose ``wants_source_lengths`` is true
 also gets each row's source length (B) as a third argument of both (COMET's per-source-length
 decoder batch norm). A sublayer with a ``shared_padding(x, pad_mask, src_lengths)`` method derives
-something from the pad mask alone (COMET's masked batch-norm statistics): ``encode`` and ``decode``
-call the first unit's once a forward and pass the result to every unit's sublayer as ``padding=``
-(the units of one stack share their config). Incremental steps never modify the state they are
-given. COMET (``comet.py``) plugs its convolution unit into the encoder and, for the
+something from the pad mask alone (COMET's masked batch-norm statistics): it gets the result as
+``padding=``, computed once a forward by the first unit's (the units of one stack share their
+config). What a forward derives once for all the units of a stack (that, the attention mask, the
+source lengths) travels to every unit in one :class:`ForwardContext`, so a new such value is one
+more field, not one more argument through every unit. Incremental steps never modify the state
+they are given. COMET (``comet.py``) plugs its convolution unit into the encoder and, for the
 temporal-convolution variant, a causal convolution unit into the decoder.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -57,6 +60,19 @@ FFNFactory = Callable[[], nn.Module]
 _SOURCE_ONLY = ("cross_k", "cross_v")  # per-unit decoder state that depends on the source sentence alone
 
 
+@dataclass
+class ForwardContext:
+    """What one forward of a stack derives once and every unit of the stack reads (``encode`` and
+    ``decode`` build it with :meth:`Transformer.context`): built once a forward, not once a unit,
+    and passed as one argument, so a new per-forward value is a field here, not another parameter
+    of every unit's ``forward``. Incremental decoding keeps its per-source values in the state."""
+
+    pad_mask: Optional[torch.Tensor]  # B,L: the stack's own positions, True = padding (None: none)
+    source_mask: Optional[torch.Tensor]  # B,1,1,S: key_mask of the source's pad mask (None: unpadded)
+    padding: Any = None  # the FFN's shared_padding of pad_mask (None where it has none)
+    src_lengths: Optional[torch.Tensor] = None  # B: real source lengths, decoder only, if its FFN wants them
+
+
 class EncoderUnit(nn.Module):
     """x' = LN(x + SelfAttn(x)); y = LN(x' + FFN(x')) (section 3.4)."""
 
@@ -68,11 +84,10 @@ class EncoderUnit(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor, padding: Any = None,
-                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``padding``: the FFN's ``shared_padding`` of this pad mask, if it has one (see the top);
-        ``attn_mask``: its ``key_mask``, if already built (once a forward, not once a unit)."""
-        x = self.norm1(x + self.dropout(self.self_attn(x, x, pad_mask, attn_mask=attn_mask)))  # B,S,D
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x B,S,D; ``ctx``: the source's pad mask, its attention mask and the FFN's padding."""
+        x = self.norm1(x + self.dropout(self.self_attn(x, x, ctx.pad_mask, attn_mask=ctx.source_mask)))  # B,S,D
+        pad_mask, padding = ctx.pad_mask, ctx.padding
         h = self.ffn(x, pad_mask) if padding is None else self.ffn(x, pad_mask, padding=padding)
         return self.norm2(x + self.dropout(h))  # B,S,D
 
@@ -91,17 +106,14 @@ class DecoderUnit(nn.Module):
         self.norm3 = nn.LayerNorm(d_model)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_pad_mask: torch.Tensor, tgt_pad_mask: torch.Tensor,
-                src_lengths: Optional[torch.Tensor] = None, padding: Any = None,
-                memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``src_lengths`` (B) reach the FFN only if it wants them; ``padding``: the FFN's
-        ``shared_padding`` of tgt_pad_mask, if it has one (see the top); ``memory_mask``: the
-        ``key_mask`` of memory_pad_mask, if already built (once a forward, not once a unit)."""
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x B,T,D over memory B,S,D; ``ctx``: the target's pad mask, the source's attention mask,
+        and for the FFN its padding and (only if it wants them) the source lengths."""
         # Targets are right-padded, so the causal mask alone keeps padding out of real positions.
         x = self.norm1(x + self.dropout(self.self_attn(x, x, None, causal=True)))  # B,T,D
-        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory_pad_mask, attn_mask=memory_mask)))  # B,T,D
-        args = (x, tgt_pad_mask, src_lengths) if self.ffn_wants_source_lengths else (x, tgt_pad_mask)
-        h = self.ffn(*args) if padding is None else self.ffn(*args, padding=padding)
+        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, attn_mask=ctx.source_mask)))  # B,T,D
+        args = (x, ctx.pad_mask, ctx.src_lengths) if self.ffn_wants_source_lengths else (x, ctx.pad_mask)
+        h = self.ffn(*args) if ctx.padding is None else self.ffn(*args, padding=ctx.padding)
         return self.norm3(x + self.dropout(h))  # B,T,D
 
     def step(self, x: torch.Tensor, cache: dict, memory_mask: torch.Tensor, group: int = 1,
@@ -148,12 +160,20 @@ class Transformer(Seq2Seq):
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
+    @staticmethod
+    def context(units: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                src_pad_mask: Optional[torch.Tensor], src_lengths: Optional[torch.Tensor] = None) -> ForwardContext:
+        """The :class:`ForwardContext` of one forward of ``units`` (the encoder or the decoder) over
+        x B,L,D with pad_mask B,L, attending to a source with src_pad_mask B,S (the same mask, for
+        the encoder): the attention mask and the FFNs' padding derived here, once for all the units."""
+        padding = _shared_padding(units, x, pad_mask, src_lengths)
+        return ForwardContext(pad_mask, key_mask(src_pad_mask), padding, src_lengths)  # key mask B,1,1,S
+
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> State:
         x = self.src_embed(src)  # B,S,D
-        padding = _shared_padding(self.encoder, x, src_pad_mask)  # once a forward, not once a unit
-        attn_mask = key_mask(src_pad_mask)  # B,1,1,S (or None), once a forward too
+        ctx = self.context(self.encoder, x, src_pad_mask, src_pad_mask)
         for unit in self.encoder:
-            x = unit(x, src_pad_mask, padding, attn_mask)  # B,S,D
+            x = unit(x, ctx)  # B,S,D
         return {"out": x, "pad_mask": src_pad_mask}
 
     def cross_attention_modules(self) -> list[nn.Module]:
@@ -174,10 +194,9 @@ class Transformer(Seq2Seq):
         tgt_pad_mask = tgt_in.eq(self.pad_id)  # B,T
         src_lengths = self._source_lengths(memory) if self._wants_source_lengths() else None
         x = self.tgt_embed(tgt_in)  # B,T,D
-        padding = _shared_padding(self.decoder, x, tgt_pad_mask, src_lengths)  # once a forward, not once a unit
-        memory_mask = key_mask(memory["pad_mask"])  # B,1,1,S (or None), once a forward too
+        ctx = self.context(self.decoder, x, tgt_pad_mask, memory["pad_mask"], src_lengths)
         for unit in self.decoder:
-            x = unit(x, memory["out"], memory["pad_mask"], tgt_pad_mask, src_lengths, padding, memory_mask)  # B,T,D
+            x = unit(x, memory["out"], ctx)  # B,T,D
         return self.out_proj(x)  # B,T,V
 
     def init_state(self, memory: State) -> State:

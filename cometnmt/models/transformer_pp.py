@@ -334,9 +334,9 @@ class TransformerPP(Transformer):
         """Memory plus the outputs B,S,D of the units that feed a tagger."""
         x = self.src_embed(src)  # B,S,D
         taps = {}
-        attn_mask = key_mask(src_pad_mask)  # B,1,1,S (or None): once a forward, not once a unit
+        ctx = self.context(self.encoder, x, src_pad_mask, src_pad_mask)  # once a forward, not once a unit
         for i, unit in enumerate(self.encoder):
-            x = unit(x, src_pad_mask, attn_mask=attn_mask)  # B,S,D
+            x = unit(x, ctx)  # B,S,D
             taps.update({task: x for task in self.tag_heads if TAG_LAYER[task] == i})
         return {"out": x, "pad_mask": src_pad_mask}, taps
 
