@@ -50,6 +50,37 @@ def test_invariance_tests_fail_when_padding_is_not_zeroed_before_convolution(mon
         test_models.test_padding_invariance("comet")
 
 
+def test_masked_training_batch_norm_centres_in_one_operator_with_the_same_numbers():
+    """The padded training path centres x as kept - keep * mean (one addcmul) where it computed
+    (x - mean) * keep (a subtraction and a product): one operator fewer a call, and the outputs,
+    gradients and batch statistics equal, bit for bit, those of the formula written out."""
+    from cometnmt.models.comet import _MaskedBatchNormTrain
+
+    torch.manual_seed(4)
+    x = torch.randn(3, 7, 5, requires_grad=True)  # B,L,C
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, 5:] = pad[2, 3:] = True
+    keep = (~pad).unsqueeze(-1).float()  # B,L,1
+    n = keep.sum()
+    weight, bias = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    probe = torch.randn(3, 7, 5)
+    with _Ops() as seen:
+        y, mean, var = _MaskedBatchNormTrain.apply(x, keep, n, weight, bias, 1e-5)
+    assert seen.count.get("sub", 0) == 0 and seen.count["addcmul"] == 2, seen.count  # centring and the affine
+    (y * probe).sum().backward()
+    ours = [y.detach(), mean, var, x.grad, weight.grad, bias.grad]
+    x.grad = weight.grad = bias.grad = None
+    # the formula written out, autograd's backward (the Function's is the textbook one, to rounding)
+    want_mean = (x * keep).sum(dim=(0, 1)) / n  # C
+    centred = (x - want_mean) * keep  # B,L,C
+    want_var = centred.square().sum(dim=(0, 1)) / n  # C
+    want = torch.addcmul(bias, centred * torch.rsqrt(want_var + 1e-5), weight) * keep  # B,L,C
+    assert torch.equal(ours[0], want) and torch.equal(ours[1], want_mean) and torch.equal(ours[2], want_var)
+    (want * probe).sum().backward()
+    for a, b in zip(ours[3:], (x.grad, weight.grad, bias.grad)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 def test_masked_batch_norm_matches_batch_norm_on_real_tokens():
     torch.manual_seed(0)
     x = torch.randn(3, 7, 5)

@@ -379,8 +379,11 @@ class _MaskedBatchNormTrain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, keep, n, weight, bias, eps: float):
         xf = _statistics_dtype(x)
-        mean = (xf * keep).sum(dim=(0, 1)) / n  # C
-        centred = (xf - mean) * keep  # B,L,C, zero at padding
+        kept = xf * keep  # B,L,C, zero at padding
+        mean = kept.sum(dim=(0, 1)) / n  # C
+        # (x - mean) * keep as kept - keep * mean: one operator where a subtraction and a product were
+        # two, the same numbers (x - mean where keep is 1, zero where it is 0: the products are exact)
+        centred = torch.addcmul(kept, keep, mean, value=-1)  # B,L,C, zero at padding
         var = centred.square().sum(dim=(0, 1)) / n  # C, biased
         rstd = torch.rsqrt(var + eps)
         xhat = centred * rstd  # zero at padding
