@@ -867,7 +867,14 @@ def _check_max_len(cfg: Config) -> None:
         raise ConfigError(f"config keys 'data.max_len' and '{positions_key(cfg.model)}': {cfg.data.max_len} tokens "
                           f"(+{extra} for {'<s> </s> around sources' if extra == 2 else 'the target BOS'}) exceed the "
                           f"model's {limit} positions; lower data.max_len or raise {positions_key(cfg.model)}",
-                          keys=("data.max_len", positions_key(cfg.model), "model.arch"))
+                          keys=max_len_keys(cfg))
+
+
+def max_len_keys(cfg: Config) -> tuple[str, ...]:
+    """The keys of an error that data.max_len (and the <s> </s> or BOS around it) exceeds the
+    positions: the positions' key is the architecture's, and with data.src_sos_eos the sources take
+    two positions more, so an override of model.arch or of data.src_sos_eos can be what made it."""
+    return ("data.max_len", positions_key(cfg.model), "model.arch", *(("data.src_sos_eos",) if cfg.data.src_sos_eos else ()))
 
 
 DATA_PATH_KEYS = ("multi30k_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")  # data keys naming files

@@ -779,6 +779,19 @@ def test_a_rule_that_depends_on_the_architecture_blames_an_override_of_model_arc
     path.write_text(f"base: {tiny}\nmodel:\n  arch: convs2s\n  convs2s:\n    max_positions: 8\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: config keys 'data.max_len' and 'model.convs2s.max_positions'"):
         load_config(path, ["train.lr=0.001"])  # the file set both: the file's error
+    # data.src_sos_eos takes two positions around sources where the target's BOS takes one: an override
+    # turning it on over a file whose max_len fitted was blamed on the file (its keys lacked it)
+    path.write_text(f"base: {tiny}\nmodel:\n  max_positions: 101\ndata:\n  max_len: 100\n", encoding="utf-8")
+    load_config(path)
+    with pytest.raises(ConfigError, match=r"^config keys 'data.max_len' and 'model.max_positions': 100 tokens \(\+2") as caught:
+        load_config(path, ["data.src_sos_eos=true"])
+    assert "data.src_sos_eos" in caught.value.keys
+    from cometnmt.training.run import check_positions
+
+    cfg = load_config(path, ["data.src_sos_eos=true", "model.max_positions=102"])
+    with pytest.raises(ConfigError, match=r"^config key 'data.max_len': 100 tokens \(\+2 .*\(model.max_positions\)") as caught:
+        check_positions(cfg, 101, None, None)  # train's own check (--init-from's tables): the same keys
+    assert caught.value.keys == ("data.max_len", "model.max_positions", "model.arch", "data.src_sos_eos")
     from cometnmt.config import name_origin
     from cometnmt.data import tagging
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from cometnmt.atomic import make_folder, remove_stale_temporaries, same_file
-from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, positions_key, to_dict,
-                             unread_multi30k_dir, unused_model_keys, yaml_dump)
+from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, max_len_keys,
+                             positions_key, to_dict, unread_multi30k_dir, unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import ParallelCorpus, write_text_file
 from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag_record
@@ -295,9 +295,10 @@ def check_positions(cfg: Config, limit: int | None, valid_corpus, valid_data) ->
         return
     src_extra = 2 if cfg.data.src_sos_eos else 0
     if cfg.data.max_len + max(src_extra, 1) > limit:
-        raise ConfigError.at("data.max_len", f"{cfg.data.max_len} tokens (+{max(src_extra, 1)} for "
-                             f"{'<s> </s> around sources' if src_extra else 'the target BOS'}) exceed the model's {limit} "
-                             f"positions ({positions_key(cfg.model)}); lower data.max_len or raise the positions")
+        raise ConfigError(f"config key 'data.max_len': {cfg.data.max_len} tokens (+{max(src_extra, 1)} for "
+                          f"{'<s> </s> around sources' if src_extra else 'the target BOS'}) exceed the model's {limit} "
+                          f"positions ({positions_key(cfg.model)}); lower data.max_len or raise the positions",
+                          keys=max_len_keys(cfg))
     for i, (src, tgt) in enumerate(zip(valid_data.src_ids, valid_data.tgt_ids)):
         if len(src) > limit or len(tgt) + 1 > limit:
             path = valid_corpus.src_path if len(src) > limit else valid_corpus.tgt_path
