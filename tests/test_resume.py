@@ -786,7 +786,8 @@ def test_deferred_delivers_its_signal_when_the_block_raises_from_the_failure():
 def test_an_interrupt_during_a_failed_checkpoint_write_stops_the_run_saving_nothing(tmp_path, data_dir, monkeypatch):
     """Ctrl-C while save_every's last.pt write fails (a full disk): the run stops with a
     KeyboardInterrupt raised from the OSError (it stopped with the OSError alone, the interrupt
-    lost), and fit saves no last.pt for it, as for the failure alone; the records written stay."""
+    lost), and fit saves no last.pt for it, as for the failure alone; the records written stay, and
+    train.log names the failure."""
     from cometnmt.training import trainer as trainer_module
 
     original = trainer_module.save_checkpoint
@@ -806,6 +807,9 @@ def test_an_interrupt_during_a_failed_checkpoint_write_stops_the_run_saving_noth
     assert calls == ["last.pt"] and not (tmp_path / "last.pt").exists()
     steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines())]
     assert steps == [1, 2]
+    # train.log says what failed, as for the failure alone (it said nothing: the interrupt was not logged)
+    logged = (tmp_path / "train.log").read_text(encoding="utf-8")
+    assert "the run stopped: [Errno 28] No space left on device" in logged, logged[-2000:]
 
 
 def test_the_cli_reports_the_failure_an_interrupt_came_during(tmp_path, monkeypatch, capsys):

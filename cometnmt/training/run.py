@@ -692,8 +692,12 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         summary = trainer.fit() if hand is None else trainer.fit(hand)
         clean = True
         return summary
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         setup.leave()
+        # an interrupt during a failure (interrupts.deferred raises it from the failure): the signal's
+        # exit wins, but train.log says what failed, as it says for the failure alone
+        if handler is not None and isinstance(exc.__cause__, Exception):
+            _log_failure(handler, exc.__cause__)
         raise
     except Exception as exc:
         if handler is not None:  # train.log says why the run stopped; the caller shows the error itself
