@@ -25,10 +25,13 @@ def main() -> int:
     """Run the command line of ``sys.argv``, with SIGTERM said in one line from the start: the
     handler is set before cometnmt.cli is imported (the start-up it covers), and cometnmt.cli.main
     then sets its own. :func:`cometnmt.cli.main` stays the one to call in-process (it takes argv)."""
-    signal.signal(signal.SIGTERM, _terminated_while_starting)
-    from cometnmt.cli import main as cli_main
+    previous = signal.signal(signal.SIGTERM, _terminated_while_starting)
+    try:
+        from cometnmt.cli import main as cli_main
 
-    return cli_main()
+        return cli_main()
+    finally:  # cli.main put this handler back on leaving: a SIGTERM in the shutdown is no start-up's
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -806,6 +806,30 @@ def test_the_installed_program_says_a_sigterm_while_starting_as_python_m_does(mo
     assert (proc.returncode, proc.stderr) == (143, "cometnmt serve: stopped (SIGTERM) while starting, before serving\n"), \
         (entry, proc.returncode, -signal.SIGTERM, proc.stderr[-2000:])
 
+
+def test_the_programs_start_up_handler_goes_when_the_command_returns(monkeypatch, capsys):
+    """``cometnmt.__main__.main`` sets its start-up SIGTERM handler before importing the CLI, and
+    cometnmt.cli.main puts back the handler it found on leaving: that start-up one, so a SIGTERM in
+    the interpreter's shutdown after a finished command said "stopped (SIGTERM) while starting".
+    The handler before main() is back once it returns."""
+    import signal
+
+    from cometnmt import __main__ as program
+
+    def before(signum, frame):  # pragma: no cover - never delivered
+        pass
+
+    previous = signal.signal(signal.SIGTERM, before)
+    try:
+        monkeypatch.setattr(sys, "argv", ["cometnmt", "--version"])
+        with pytest.raises(SystemExit) as done:  # argparse's --version exits
+            program.main()
+        assert done.value.code == 0 and capsys.readouterr().out.strip()
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def first_answer_line(server, request: bytes) -> tuple[bytes, socket.socket, object]:
     """The status line the server sends first in answer to ``request`` (headers only, no body
     sent), with the socket and its reader for the rest."""
