@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import jsonschema
+
 from cometnmt.atomic import atomic_write
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
@@ -47,129 +49,115 @@ def read_report(path: Path) -> dict:
 
 # -- what this commit's renderer reads from a report.json ---------------------------------------
 #
-# A spec is: a type or tuple of types (the value is one of them; True is no number); ``[spec]``, a
-# list of such values; a dict, an object with those keys (one ending in "?" may be absent: the
-# renderer reads it with .get); :class:`_Map`, an object of any keys; :class:`_List`, a list of at
-# least some items; :class:`_Choice`, one of some values; or a function of the value giving its
-# spec, for what the renderer reads only in some cases (a run's ``epochs`` where a budget ended it).
-# Keep it beside reproduce.render and compare.render: a key they come to read goes in here too.
+# JSON Schemas (Draft 2020-12), checked with the jsonschema library. A key left out of "required"
+# may be absent (the renderer reads it with .get); a "description" is what an error says was expected.
+# What the renderer reads only in some cases (a run's ``epochs`` where a budget ended it) is an
+# if/then. Keep them beside reproduce.render and compare.render: a key they come to read goes in here too.
 
 
-class _Map:
-    """An object of any keys (seeds, run names, loss names), each value of ``spec``."""
-
-    def __init__(self, spec):
-        self.spec = spec
+def _obj(required: dict, optional: Optional[dict] = None, **more) -> dict:
+    """An object with the keys of ``required`` (each value a schema) and, where present, of ``optional``."""
+    return {"type": "object", "required": list(required), "properties": {**required, **(optional or {})}, **more}
 
 
-class _List:
-    """A list of ``spec``, at least ``at_least`` long (the renderer reads its first item)."""
-
-    def __init__(self, spec, at_least: int = 0, what: str = ""):
-        self.spec, self.at_least, self.what = spec, at_least, what
-
-
-class _Choice:
-    """One of ``values`` (``what`` names them in the error)."""
-
-    def __init__(self, values, what: str):
-        self.values, self.what = set(values), what
+def _list(items: dict, at_least: int = 0, what: str = "") -> dict:
+    """A list of ``items``, at least ``at_least`` long (the renderer reads its first item)."""
+    return {"type": "array", "items": items, **({"minItems": at_least} if at_least else {}),
+            **({"description": what} if what else {})}
 
 
-_NUM = (int, float)
-_MEAN_SD = _List((int, float, type(None)), 2, "a [mean, sd] pair of numbers or null")
-_CI = _List(_NUM, 2, "a [low, high] pair of numbers")
-_POINT = _List(_NUM, 2, "a [step, loss] pair of numbers")
-_HISTORY = {"epoch": _NUM, "val_loss": _NUM, "val_bleu?": _NUM, "val_bleu_sentences?": int}
+def _map(values: dict) -> dict:
+    """An object of any keys (seeds, run names, loss names), each value ``values``."""
+    return {"type": "object", "additionalProperties": values}
 
 
-def _history(hist):
-    """A run's validations: the BLEU curve is drawn where the first has val_bleu, from every one."""
-    with_bleu = isinstance(hist, list) and hist and isinstance(hist[0], dict) and "val_bleu" in hist[0]
-    return [{**_HISTORY, "val_bleu": _NUM} if with_bleu else _HISTORY]
+_NUM, _INT, _STR = {"type": "number"}, {"type": "integer"}, {"type": "string"}
+_INTS, _STRS, _NUMS = _list(_INT), _list(_STR), _list(_NUM)
+_MEAN_SD = _list({"type": ["number", "null"]}, 2, "a [mean, sd] pair of numbers or null")
+_CI = _list(_NUM, 2, "a [low, high] pair of numbers")
+_POINT = _list(_NUM, 2, "a [step, loss] pair of numbers")
+_CHECKPOINT = _list(_STR, 1, "a list of checkpoint files")
+# a run's validations: the BLEU curve is drawn where the first has val_bleu, from every one
+_HISTORY = {**_list(_obj({"epoch": _NUM, "val_loss": _NUM}, {"val_bleu": _NUM, "val_bleu_sentences": _INT})),
+            "if": {"prefixItems": [{"required": ["val_bleu"]}]}, "then": {"items": {"required": ["val_bleu"]}}}
+# provenance_lines' keys; merged_runs where the report was merged from an earlier one, and both
+# splits' sentence counts where any is given
+_PROVENANCE = _obj(
+    {"commit": _STR, "run_commits": _STRS, "command": _STR, "hardware": _STR, "torch": _STR, "date": _STR,
+     "wall_seconds": _NUM, "train_hours": _NUM, "overrides": {**_STRS, "type": ["array", "null"]},
+     "missing_runs": _STRS, "eval_limit": {"type": ["integer", "null"]}},
+    {"runs_without_overrides": _map(_STRS), "merged_from": {"type": ["string", "null"]},
+     "sentences": {**_map(_INTS), "if": {"additionalProperties": {"maxItems": 0}},
+                   "else": {"required": ["valid", "test"]}}},
+    **{"if": {"properties": {"merged_from": {"type": "string", "minLength": 1}}, "required": ["merged_from"]},
+       "then": {"properties": {"merged_runs": _INT}, "required": ["merged_runs"]}})
 
 
-def _run(extra: dict):
+def _run(extra: dict, optional: Optional[dict] = None) -> dict:
     """A run's record: ``epochs`` is read where a budget ended it before its stopping rule
     (:func:`cometnmt.experiments.capped_lines`), and a compare report shows every run's."""
-    def spec(run):
-        capped = isinstance(run, dict) and run.get("stopped_by") in ("max_epochs", "max_steps") \
-            and run.get("stopping") not in (None, "none")
-        return {"row": str, "seed": int, "command": str, "history": _history, "stopped_by?": str,
-                "stopping?": (str, type(None)), "checkpoint?": _List(str, 1, "a list of checkpoint files"),
-                "best_behind?": {"held_step": int, "stopping": str, "best_epoch": int, "best_step": int,
-                                 "measure": str, "value": _NUM},
-                **({"epochs": _NUM} if capped else {}), **extra}
-    return spec
+    capped = {"properties": {"stopped_by": {"enum": ["max_epochs", "max_steps"]},
+                             "stopping": {"not": {"enum": [None, "none"]}}}, "required": ["stopped_by", "stopping"]}
+    return _obj({"row": _STR, "seed": _INT, "command": _STR, "history": _HISTORY, **extra},
+                {"stopped_by": _STR, "stopping": {"type": ["string", "null"]}, "checkpoint": _CHECKPOINT,
+                 "best_behind": _obj({"held_step": _INT, "stopping": _STR, "best_epoch": _INT, "best_step": _INT,
+                                      "measure": _STR, "value": _NUM}), **(optional or {})},
+                **{"if": capped, "then": {"properties": {"epochs": _NUM}, "required": ["epochs"]}})
 
 
-def _provenance(prov):
-    """provenance_lines' keys; ``merged_runs`` where the report was merged from an earlier one, and
-    both splits' sentence counts where any is given."""
-    merged = isinstance(prov, dict) and prov.get("merged_from")
-    counts = isinstance(prov, dict) and isinstance(prov.get("sentences"), dict) and any(prov["sentences"].values())
-    return {"commit": str, "run_commits": [str], "command": str, "hardware": str, "torch": str, "date": str,
-            "wall_seconds": _NUM, "train_hours": _NUM, "overrides": ([str], type(None)), "missing_runs": [str],
-            "eval_limit": (int, type(None)), "runs_without_overrides?": _Map([str]), "merged_from?": (str, type(None)),
-            **({"merged_runs": int} if merged else {}),
-            "sentences?": {"valid": [int], "test": [int]} if counts else _Map([int])}
-
-
-def _reproduce_spec(report: dict) -> dict:
+def _reproduce_schema() -> dict:
     from cometnmt.reproduce import ROWS
 
-    pair = {"metric": str, "a": _NUM, "b": _NUM, "delta": _NUM, "p_value": _NUM, "n_samples?": int}
-    test = {"bleu_signature?": str, "not_computed?": str, "sentence_bleu?": [_NUM], "n_sentences?": int}
-    return {
-        "provenance": _provenance,
-        "candidate?": _Choice(ROWS, "a row of this commit's Table 1 (cometnmt reproduce --rows)"),
-        "table": [{"row": str, "label": str, "seeds": [int], "epochs": _MEAN_SD, "paper_dev": (*_NUM, type(None)),
-                   "paper_test": (*_NUM, type(None)), **{f"{split}_{metric}": _MEAN_SD for split in ("valid", "test")
-                                                       for metric in ("paper_bleu", "bleu", "chrf")}}],
-        "runs": [_run({"test": test})],
-        "significance?": ([lambda s: {**pair, "seed": str, "seeds": [int]} if isinstance(s, dict) and s.get("seed") == "pooled"
-                           else {**pair, "seed": int}], type(None)),
-        "figure4?": [{"length": int, "diff": _NUM}],
-        "figure4_left_out?": ([int], type(None)),
-        "examples?": [{"index": int, "comet_bleu": _NUM, "transformer_bleu": _NUM, "source": str, "reference": str,
-                       "transformer": str, "comet": str, "seed?": int}],
-    }
+    pair = {"metric": _STR, "a": _NUM, "b": _NUM, "delta": _NUM, "p_value": _NUM}
+    pooled = {"properties": {"seed": {"const": "pooled"}}, "required": ["seed"]}
+    significance = {**_obj(pair, {"n_samples": _INT}), "if": pooled,
+                    "then": _obj({"seed": _STR, "seeds": _INTS}), "else": _obj({"seed": _INT})}
+    paper = {"type": ["number", "null"]}
+    test = _obj({}, {"bleu_signature": _STR, "not_computed": _STR, "sentence_bleu": _NUMS, "n_sentences": _INT})
+    return _obj(
+        {"provenance": _PROVENANCE,
+         "table": _list(_obj({"row": _STR, "label": _STR, "seeds": _INTS, "epochs": _MEAN_SD, "paper_dev": paper,
+                              "paper_test": paper, **{f"{split}_{metric}": _MEAN_SD for split in ("valid", "test")
+                                                      for metric in ("paper_bleu", "bleu", "chrf")}})),
+         "runs": _list(_run({"test": test}))},
+        {"candidate": {"enum": list(ROWS), "description": "a row of this commit's Table 1 (cometnmt reproduce --rows)"},
+         "significance": {**_list(significance), "type": ["array", "null"]},
+         "figure4": _list(_obj({"length": _INT, "diff": _NUM})),
+         "figure4_left_out": {**_INTS, "type": ["array", "null"]},
+         "examples": _list(_obj({"index": _INT, "comet_bleu": _NUM, "transformer_bleu": _NUM, "source": _STR,
+                                 "reference": _STR, "transformer": _STR, "comet": _STR}, {"seed": _INT}))})
 
 
-def _compare_spec(report: dict) -> dict:
-    paper = isinstance(report.get("metrics"), list) and "paper" in report["metrics"]
-    scores = {"bleu": _NUM, "paper_bleu?": _NUM}
-    checkpoint = _List(str, 1, "a list of checkpoint files")
-    return {
-        "provenance": _provenance,
-        "systems": _List(str, 1, "a list of system names"),
-        "metrics?": [str],
-        "table": [{"system": str, "seeds": [int], "epochs": _MEAN_SD, "train_tokens_per_s": _MEAN_SD,
-                   "parameters?": _NUM, "arch?": str, "search?": str, "checkpoints?": _Map(checkpoint),
-                   "checkpoint?": checkpoint, "valid_bleu": _MEAN_SD, "test_bleu": _MEAN_SD, "test_chrf": _MEAN_SD,
-                   **({"valid_paper_bleu": _MEAN_SD, "test_paper_bleu": _MEAN_SD} if paper else {})}],
-        "runs": [_run({"epochs": _NUM, "valid": scores, "test": {**scores, "chrf": _NUM, "bleu_signature?": str},
-                       "aux_losses?": _Map([_POINT])})],
-        "significance": [{"seeds": [int], "metric": str, "a_system": str, "b_system": str, "a": _NUM, "b": _NUM,
-                          "delta": _NUM, "a_ci95": _CI, "b_ci95": _CI, "p_value": _NUM, "n_samples?": int}],
-        "aux_losses": [{"system": str, "seed": int, "loss": str, "first": _NUM, "first_step": int, "last": _NUM,
-                        "last_step": int}],
-    }
+def _compare_schema() -> dict:
+    scores = _obj({"bleu": _NUM}, {"paper_bleu": _NUM})
+    paper = {"properties": {"metrics": {"type": "array", "contains": {"const": "paper"}}}, "required": ["metrics"]}
+    return _obj(
+        {"provenance": _PROVENANCE, "systems": _list(_STR, 1, "a list of system names"),
+         "table": _list(_obj({"system": _STR, "seeds": _INTS, "epochs": _MEAN_SD, "train_tokens_per_s": _MEAN_SD,
+                              "valid_bleu": _MEAN_SD, "test_bleu": _MEAN_SD, "test_chrf": _MEAN_SD},
+                             {"parameters": _NUM, "arch": _STR, "search": _STR, "checkpoints": _map(_CHECKPOINT),
+                              "checkpoint": _CHECKPOINT})),
+         "runs": _list(_run({"epochs": _NUM, "valid": scores,
+                             "test": _obj({"bleu": _NUM, "chrf": _NUM}, {"paper_bleu": _NUM, "bleu_signature": _STR})},
+                            {"aux_losses": _map(_list(_POINT))})),
+         "significance": _list(_obj({"seeds": _INTS, "metric": _STR, "a_system": _STR, "b_system": _STR, "a": _NUM,
+                                     "b": _NUM, "delta": _NUM, "a_ci95": _CI, "b_ci95": _CI, "p_value": _NUM},
+                                    {"n_samples": _INT})),
+         "aux_losses": _list(_obj({"system": _STR, "seed": _INT, "loss": _STR, "first": _NUM, "first_step": _INT,
+                                   "last": _NUM, "last_step": _INT}))},
+        {"metrics": _STRS},
+        **{"if": paper, "then": {"properties": {"table": {"items": _obj(
+            {"valid_paper_bleu": _MEAN_SD, "test_paper_bleu": _MEAN_SD})}}}})
 
 
+# a whole number is an int, as the renderer reads it (JSON Schema's "integer" takes 2.0 too)
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=(
+    jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool))))
 _NAMES = {int: "a whole number", float: "a number", str: "text", type(None): "null", list: "a list", dict: "an object",
           bool: "true or false"}
-
-
-def _expected(spec) -> str:
-    if isinstance(spec, tuple):
-        names = list(dict.fromkeys("a number" if t in (int, float) and float in spec else _expected(t) for t in spec))
-        return " or ".join(names)
-    if isinstance(spec, type):
-        return _NAMES.get(spec, spec.__name__)
-    if isinstance(spec, (list, _List)):
-        return getattr(spec, "what", "") or "a list"
-    return "an object"
+_TYPE_NAMES = {"integer": "a whole number", "number": "a number", "string": "text", "null": "null", "array": "a list",
+               "object": "an object", "boolean": "true or false"}
 
 
 def _shown(value) -> str:
@@ -177,60 +165,35 @@ def _shown(value) -> str:
     return f"{_NAMES.get(type(value), type(value).__name__)} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
-def _key_path(path: str, key) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path and key.isidentifier() else f"{path}[{json.dumps(key)}]" if path else key
+def _key_path(keys) -> str:
+    path = ""
+    for key in keys:
+        if isinstance(key, int):
+            path += f"[{key}]"
+        else:
+            path += (f".{key}" if path else key) if key.isidentifier() else f"[{json.dumps(key)}]"
+    return path
 
 
-def _shape_problem(value, spec, path: str) -> Optional[str]:
-    """What is wrong at the first place ``value`` does not fit ``spec`` (its key path first), or None."""
-    if callable(spec) and not isinstance(spec, type):
-        return _shape_problem(value, spec(value), path)
-    if isinstance(spec, tuple) and any(not isinstance(s, type) for s in spec):  # ([str], None): a list or null
-        if any(isinstance(s, type) and isinstance(value, s) for s in spec):
-            return None
-        fits = [s for s in spec if isinstance(value, list if isinstance(s, (list, _List)) else dict)]
-        if fits:
-            return _shape_problem(value, fits[0], path)
-        return f"{path} is {_shown(value)}, expected {' or '.join(_expected(s) for s in spec)}"
-    if isinstance(spec, (type, tuple)):
-        kinds = spec if isinstance(spec, tuple) else (spec,)
-        if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
-            return None
-        return f"{path} is {_shown(value)}, expected {_expected(spec)}"
-    if isinstance(spec, _Choice):
-        return None if isinstance(value, str) and value in spec.values else f"{path} is {_shown(value)}, expected {spec.what}"
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            return f"{path} is {_shown(value)}, expected an object"
-        for key, sub in spec.items():
-            name = key.rstrip("?")
-            if name not in value:
-                if key.endswith("?"):
-                    continue
-                return f"{_key_path(path, name)} is missing"
-            found = _shape_problem(value[name], sub, _key_path(path, name))
-            if found:
-                return found
-        return None
-    if isinstance(spec, _Map):
-        if not isinstance(value, dict):
-            return f"{path} is {_shown(value)}, expected an object"
-        return next((p for k, v in value.items() if (p := _shape_problem(v, spec.spec, _key_path(path, k)))), None)
-    items, at_least = (spec.spec, spec.at_least) if isinstance(spec, _List) else (spec[0], 0)
-    if not isinstance(value, list) or len(value) < at_least:
-        return f"{path} is {_shown(value)}, expected {_expected(spec)}"
-    return next((p for i, v in enumerate(value) if (p := _shape_problem(v, items, _key_path(path, i)))), None)
+def _problem(error: jsonschema.ValidationError) -> str:
+    """``error`` as ``table[1].seeds is missing`` or ``runs[1].seed is text "2", expected a whole number``."""
+    if error.validator == "required":
+        missing = next(k for k in error.validator_value if k not in error.instance)
+        return f"{_key_path([*error.absolute_path, missing])} is missing"
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    types = schema.get("type", [])
+    expected = schema.get("description") or " or ".join(_TYPE_NAMES[t] for t in ([types] if isinstance(types, str) else types))
+    return f"{_key_path(error.absolute_path)} is {_shown(error.instance)}, expected {expected or error.message}"
 
 
 def check_report_shape(path: Path, report: dict, compare: bool) -> None:
     """Raise a CometNMTError naming the first key of ``report`` (the report.json at ``path``) that is
     missing or not what this commit's renderer reads (``table[2].seeds is missing``), and what to do."""
-    problem = _shape_problem(report, (_compare_spec if compare else _reproduce_spec)(report), "")
-    if problem:
+    # the first error in the file's order (best_match would take the shallowest: runs[1].seed before runs[0]'s)
+    error = next(_Validator((_compare_schema if compare else _reproduce_schema)()).iter_errors(report), None)
+    if error is not None:
         commit = report["provenance"].get("commit") if isinstance(report["provenance"], dict) else None
-        raise CometNMTError(f"{path}: {problem}; this commit's {'compare' if compare else 'reproduce'} report shows it. "
+        raise CometNMTError(f"{path}: {_problem(error)}; this commit's {'compare' if compare else 'reproduce'} report shows it. "
                             "Render the file with the commit that wrote it"
                             + (f" (provenance.commit: {commit})" if isinstance(commit, str) else "") + ", or mend that key")
 
