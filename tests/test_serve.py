@@ -757,15 +757,28 @@ def test_sigterm_stops_the_server_as_ctrl_c_does(checkpoint):
         assert "cometnmt serve: stopped (SIGTERM)" in rest and "Traceback" not in rest, rest
 
 
+@pytest.mark.parametrize("launch", ["python -m", "installed"])
 @pytest.mark.parametrize("module", ["cometnmt.cli", "cometnmt.serve"])
-def test_sigterm_while_starting_says_it_stopped_before_serving(module, tmp_path):
+def test_sigterm_while_starting_says_it_stopped_before_serving(module, launch, tmp_path):
     """SIGTERM while `python -m cometnmt serve` imported cometnmt.cli (before main handles the
     signal) killed it without a word (exit -15); while it imported cometnmt.serve and loaded the
     model it said "cometnmt serve: interrupted", alike for a stop before serving and after. Both now
     say, in one line, that it stopped before serving, and exit 143. The signal is sent by the
-    process itself as it imports ``module`` (an import hook), so the moment is certain."""
-    import signal
+    process itself as it imports ``module`` (an import hook), so the moment is certain.
 
+    The installed ``cometnmt`` program ran pyproject's ``cometnmt.cli:main``: its script imported
+    cometnmt.cli before any handler, so it died without a word where ``python -m`` spoke. "installed"
+    runs what pip's script for pyproject's entry point runs (the entry read from pyproject.toml, so
+    no reinstall is needed): the same line and exit status."""
+    import signal
+    import tomllib
+
+    if launch == "installed":
+        entry = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]["cometnmt"]
+        module_name, function = entry.split(":")
+        run = f"from {module_name} import {function}\nsys.exit({function}())\n"  # what pip's console script runs
+    else:
+        entry, run = "python -m cometnmt", "runpy.run_module('cometnmt', run_name='__main__', alter_sys=True)\n"
     script = ("import os, runpy, signal, sys\n"
               "class Hook:\n"
               "    @staticmethod\n"
@@ -773,35 +786,7 @@ def test_sigterm_while_starting_says_it_stopped_before_serving(module, tmp_path)
               f"        if name == {module!r}:\n"
               "            os.kill(os.getpid(), signal.SIGTERM)\n"
               "sys.meta_path.insert(0, Hook)\n"
-              f"sys.argv = ['cometnmt', 'serve', {str(tmp_path / 'best.pt')!r}, '--port', '0']\n"
-              "runpy.run_module('cometnmt', run_name='__main__', alter_sys=True)\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert (proc.returncode, proc.stderr) == (143, "cometnmt serve: stopped (SIGTERM) while starting, before serving\n"), \
-        (proc.returncode, -signal.SIGTERM, proc.stderr[-2000:])
-
-
-@pytest.mark.parametrize("module", ["cometnmt.cli", "cometnmt.serve"])
-def test_the_installed_program_says_a_sigterm_while_starting_as_python_m_does(module, tmp_path):
-    """The installed ``cometnmt`` program ran pyproject's ``cometnmt.cli:main``: its script imported
-    cometnmt.cli before any SIGTERM handler, so a SIGTERM then killed it without a word (exit -15),
-    where ``python -m cometnmt`` said it stopped. Here the script pip writes for pyproject's entry
-    point (the entry read from pyproject.toml, so no reinstall is needed) gets SIGTERM as it imports
-    ``module``: the same one line and exit 143 as ``python -m cometnmt``."""
-    import signal
-    import tomllib
-
-    entry = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]["cometnmt"]
-    module_name, function = entry.split(":")
-    script = ("import os, signal, sys\n"
-              "class Hook:\n"
-              "    @staticmethod\n"
-              "    def find_spec(name, path=None, target=None):\n"
-              f"        if name == {module!r}:\n"
-              "            os.kill(os.getpid(), signal.SIGTERM)\n"
-              "sys.meta_path.insert(0, Hook)\n"
-              f"sys.argv = ['cometnmt', 'serve', {str(tmp_path / 'best.pt')!r}, '--port', '0']\n"
-              f"from {module_name} import {function}\n"  # what pip's console script runs
-              f"sys.exit({function}())\n")
+              f"sys.argv = ['cometnmt', 'serve', {str(tmp_path / 'best.pt')!r}, '--port', '0']\n" + run)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (143, "cometnmt serve: stopped (SIGTERM) while starting, before serving\n"), \
         (entry, proc.returncode, -signal.SIGTERM, proc.stderr[-2000:])
