@@ -400,8 +400,7 @@ class _MaskedBatchNormTrain(torch.autograd.Function):
         dy = dy.to(xhat.dtype) * keep  # padded outputs are constant zeros
         dbias = dy.sum(dim=(0, 1))
         dweight = (dy * xhat).sum(dim=(0, 1))
-        # dy - mean(dy) - x̂·mean(dy·x̂), the last term's product and subtraction in one addcmul
-        dx = torch.addcmul(dy - dbias / n, xhat, dweight / n, value=-1) * (weight.to(xhat.dtype) * rstd) * keep
+        dx = (dy - dbias / n - xhat * (dweight / n)) * (weight.to(xhat.dtype) * rstd) * keep
         return dx.to(ctx.x_dtype), None, None, dweight.to(weight.dtype), dbias.to(weight.dtype), None
 
 
