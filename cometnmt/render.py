@@ -154,10 +154,12 @@ def _compare_schema() -> dict:
 _Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=(
     jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool))))
-_NAMES = {int: "a whole number", float: "a number", str: "text", type(None): "null", list: "a list", dict: "an object",
-          bool: "true or false"}
 _TYPE_NAMES = {"integer": "a whole number", "number": "a number", "string": "text", "null": "null", "array": "a list",
                "object": "an object", "boolean": "true or false"}
+# a value's own type, named as the schema's types are
+_NAMES = {python: _TYPE_NAMES[json_type] for python, json_type in ((int, "integer"), (float, "number"), (str, "string"),
+                                                                  (type(None), "null"), (list, "array"), (dict, "object"),
+                                                                  (bool, "boolean"))}
 
 
 def _shown(value) -> str:

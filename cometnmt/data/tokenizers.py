@@ -8,7 +8,7 @@ import re
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Literal, Protocol, runtime_checkable
 
 import sentencepiece as spm
 
@@ -143,23 +143,24 @@ class SpacyTokenizer:
         self._spacy: spacy.tokenizer.Tokenizer | None = None if lazy else _blank_tokenizer(lang)
         self._moses_detok: MosesDetokenizer | None = None
 
+    def _built(self, attribute: str, build: Callable[[str], object]):
+        """The half kept in ``attribute``, made by ``build(lang)`` on first use (by one thread)."""
+        if (part := getattr(self, attribute)) is None:
+            with _BUILD_LOCK:
+                if (part := getattr(self, attribute)) is None:
+                    part = build(self.lang)
+                    setattr(self, attribute, part)
+        return part
+
     @property
     def _tokenizer(self) -> spacy.tokenizer.Tokenizer:
         """spaCy's pipeline for ``lang``, built on first use where ``lazy``."""
-        if self._spacy is None:
-            with _BUILD_LOCK:
-                if self._spacy is None:
-                    self._spacy = _blank_tokenizer(self.lang)
-        return self._spacy
+        return self._built("_spacy", _blank_tokenizer)
 
     @property
     def _detok(self) -> MosesDetokenizer:
         """Moses' detokenizer for ``lang``, built by the first :meth:`detokenize`."""
-        if self._moses_detok is None:
-            with _BUILD_LOCK:
-                if self._moses_detok is None:
-                    self._moses_detok = _moses_detokenizer(self.lang)
-        return self._moses_detok
+        return self._built("_moses_detok", _moses_detokenizer)
 
     def _prepare(self, text: str) -> str:
         text = text.lower() if self.lowercase else text

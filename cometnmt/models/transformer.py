@@ -87,8 +87,7 @@ class EncoderUnit(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x B,S,D; ``ctx``: the source's pad mask, its attention mask and the FFN's padding."""
         x = self.norm1(x + self.dropout(self.self_attn(x, x, ctx.pad_mask, attn_mask=ctx.source_mask)))  # B,S,D
-        pad_mask, padding = ctx.pad_mask, ctx.padding
-        h = self.ffn(x, pad_mask) if padding is None else self.ffn(x, pad_mask, padding=padding)
+        h = self.ffn(x, ctx.pad_mask) if ctx.padding is None else self.ffn(x, ctx.pad_mask, padding=ctx.padding)
         return self.norm2(x + self.dropout(h))  # B,S,D
 
 
