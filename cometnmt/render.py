@@ -11,8 +11,8 @@ command and commit, and keeps the original call's commit, command, hardware and 
 
 The file is checked whole first (:func:`check_report_shape`) against what this commit's report
 reads from it: one of older code without a key today's report shows is refused naming the key's
-path (``table[1].seeds is missing``), before anything is drawn, so that an error raised while
-rendering is a bug of this code, raised as one.
+path (``table[1].seeds is missing``; the first such in the file's order), before anything is
+drawn, so that an error raised while rendering is a bug of this code, raised as one.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def read_report(path: Path) -> dict:
 # JSON Schemas (Draft 2020-12), checked with the jsonschema library. A key left out of "required"
 # may be absent (the renderer reads it with .get); a "description" is what an error says was expected.
 # What the renderer reads only in some cases (a run's ``epochs`` where a budget ended it) is an
-# if/then. Keep them beside reproduce.render and compare.render: a key they come to read goes in here too.
+# if/then. A key reproduce.render or compare.render comes to read goes in here too: tests/test_render.py
+# renders every committed report.json recording each key read, and fails on one these do not declare.
 
 
 def _obj(required: dict, optional: Optional[dict] = None, **more) -> dict:
@@ -77,6 +78,10 @@ _MEAN_SD = _list({"type": ["number", "null"]}, 2, "a [mean, sd] pair of numbers 
 _CI = _list(_NUM, 2, "a [low, high] pair of numbers")
 _POINT = _list(_NUM, 2, "a [step, loss] pair of numbers")
 _CHECKPOINT = _list(_STR, 1, "a list of checkpoint files")
+# a run's training command, split (shlex.split) to be shown shortened and for its --set overrides:
+# one with an unbalanced quote (hand-edited) is refused naming its key, not shown as written, since
+# report.md would then give as the run's a command no shell runs
+_COMMAND = {**_STR, "format": "shell-command", "description": "a shell command"}
 # a run's validations: the BLEU curve is drawn where the first has val_bleu, from every one
 _HISTORY = {**_list(_obj({"epoch": _NUM, "val_loss": _NUM}, {"val_bleu": _NUM, "val_bleu_sentences": _INT})),
             "if": {"prefixItems": [{"required": ["val_bleu"]}]}, "then": {"items": {"required": ["val_bleu"]}}}
@@ -98,7 +103,7 @@ def _run(extra: dict, optional: Optional[dict] = None) -> dict:
     (:func:`cometnmt.experiments.capped_lines`), and a compare report shows every run's."""
     capped = {"properties": {"stopped_by": {"enum": ["max_epochs", "max_steps"]},
                              "stopping": {"not": {"enum": [None, "none"]}}}, "required": ["stopped_by", "stopping"]}
-    return _obj({"row": _STR, "seed": _INT, "command": _STR, "history": _HISTORY, **extra},
+    return _obj({"row": _STR, "seed": _INT, "command": _COMMAND, "history": _HISTORY, **extra},
                 {"stopped_by": _STR, "stopping": {"type": ["string", "null"]}, "checkpoint": _CHECKPOINT,
                  "best_behind": _obj({"held_step": _INT, "stopping": _STR, "best_epoch": _INT, "best_step": _INT,
                                       "measure": _STR, "value": _NUM}), **(optional or {})},
@@ -154,6 +159,8 @@ def _compare_schema() -> dict:
 _Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=(
     jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool))))
+_FORMATS = jsonschema.FormatChecker(formats=())
+_FORMATS.checks("shell-command", raises=ValueError)(shlex.split)
 _TYPE_NAMES = {"integer": "a whole number", "number": "a number", "string": "text", "null": "null", "array": "a list",
                "object": "an object", "boolean": "true or false"}
 # a value's own type, named as the schema's types are
@@ -177,25 +184,50 @@ def _key_path(keys) -> str:
     return path
 
 
-def _problem(error: jsonschema.ValidationError) -> str:
-    """``error`` as ``table[1].seeds is missing`` or ``runs[1].seed is text "2", expected a whole number``."""
+def _problems(error: jsonschema.ValidationError) -> list[tuple[list, str]]:
+    """``error`` as (key path, text) pairs: ``table[1].seeds is missing`` (each key its object lacks:
+    jsonschema raises one error per key but names none of them) or ``runs[1].seed is text "2",
+    expected a whole number``."""
+    at = list(error.absolute_path)
     if error.validator == "required":
-        missing = next(k for k in error.validator_value if k not in error.instance)
-        return f"{_key_path([*error.absolute_path, missing])} is missing"
+        return [([*at, k], f"{_key_path([*at, k])} is missing") for k in error.validator_value if k not in error.instance]
     schema = error.schema if isinstance(error.schema, dict) else {}
     types = schema.get("type", [])
     expected = schema.get("description") or " or ".join(_TYPE_NAMES[t] for t in ([types] if isinstance(types, str) else types))
-    return f"{_key_path(error.absolute_path)} is {_shown(error.instance)}, expected {expected or error.message}"
+    why = f" ({error.cause})" if error.cause is not None else ""  # shlex's "No closing quotation"
+    return [(at, f"{_key_path(at)} is {_shown(error.instance)}, expected {expected or error.message}{why}")]
+
+
+def _file_order(report: dict, keys: list) -> tuple:
+    """Where the value at ``keys`` stands in the file, as sortable positions: a key its object lacks
+    after the keys the object has (where a reader of the file finds it missing)."""
+    where, value = [], report
+    for key in keys:
+        if isinstance(value, dict):
+            where.append(list(value).index(key) if key in value else len(value))
+            value = value.get(key)
+        else:
+            where.append(key)
+            value = value[key]
+    return tuple(where)
 
 
 def check_report_shape(path: Path, report: dict, compare: bool) -> None:
-    """Raise a CometNMTError naming the first key of ``report`` (the report.json at ``path``) that is
-    missing or not what this commit's renderer reads (``table[2].seeds is missing``), and what to do."""
-    # the first error in the file's order (best_match would take the shallowest: runs[1].seed before runs[0]'s)
-    error = next(_Validator((_compare_schema if compare else _reproduce_schema)()).iter_errors(report), None)
-    if error is not None:
+    """Raise a CometNMTError naming the first key of ``report`` (the report.json at ``path``), in the
+    file's order, that is missing or not what this commit's renderer reads (``table[2].seeds is
+    missing``), how many more there are, and what to do."""
+    # every error, then the first in the file's order: jsonschema yields them in the schema's (an
+    # object's missing keys before its wrong-typed ones), best_match the shallowest (runs[1].seed before runs[0]'s)
+    validator = _Validator((_compare_schema if compare else _reproduce_schema)(), format_checker=_FORMATS)
+    found: dict[str, tuple] = {}  # a problem's text -> its place; an if/then may report one twice
+    for error in validator.iter_errors(report):
+        for keys, text in _problems(error):
+            found.setdefault(text, _file_order(report, keys))
+    if found:
+        first = min(found, key=found.get)
+        more = f" (and {len(found) - 1} more key{'s' * (len(found) > 2)} after it)" if len(found) > 1 else ""
         commit = report["provenance"].get("commit") if isinstance(report["provenance"], dict) else None
-        raise CometNMTError(f"{path}: {_problem(error)}; this commit's {'compare' if compare else 'reproduce'} report shows it. "
+        raise CometNMTError(f"{path}: {first}{more}; this commit's {'compare' if compare else 'reproduce'} report shows it. "
                             "Render the file with the commit that wrote it"
                             + (f" (provenance.commit: {commit})" if isinstance(commit, str) else "") + ", or mend that key")
 

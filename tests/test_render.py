@@ -173,6 +173,43 @@ def test_render_names_the_first_key_path_a_report_json_lacks(cli, tmp_path):
         render_report(_write(path, report))
 
 
+def test_render_names_the_first_problem_in_the_file_s_order(tmp_path):
+    """Of several problems, the first in the file is named, with how many more there are; a key its
+    object lacks counts where the object ends, where a reader of the file finds it missing. It was
+    jsonschema's first: an object's missing keys before its wrong-typed ones, and the keys in the
+    schema's order, not the file's."""
+    import pytest
+
+    from cometnmt.errors import CometNMTError
+    from cometnmt.render import render_report
+
+    report, path = _committed("tie_embeddings_cpu", tmp_path)  # compare's: runs last in the file, significance before it
+    report["runs"][0]["seed"] = "1"  # seed stands before command in the run
+    command = report["runs"][0].pop("command")
+    with pytest.raises(CometNMTError, match=r'runs\[0\]\.seed is text "1", expected a whole number \(and 1 more key after it\)'):
+        render_report(_write(path, report))
+    report["runs"][0]["command"] = command
+    report["significance"][0]["p_value"] = "0.006"  # in the schema after runs
+    with pytest.raises(CometNMTError, match=r'significance\[0\]\.p_value is text "0.006", expected a number \(and 1 more key after it\)'):
+        render_report(_write(path, report))
+    del report["table"][0]["seeds"]
+    with pytest.raises(CometNMTError, match=r"table\[0\]\.seeds is missing \(and 2 more keys after it\)"):
+        render_report(_write(path, report))
+
+
+def test_render_refuses_a_run_command_no_shell_splits(cli, tmp_path):
+    """A run's recorded command with an unbalanced quote (a hand-edited report.json) made shlex.split,
+    which shortens the command for report.md and reads its overrides, raise a ValueError: a traceback.
+    It is refused as any value render cannot draw, naming the file and the key; not shown as written,
+    since report.md would give as the run's a command no shell runs."""
+    report, path = _committed("multi30k_label_smoothing_cpu", tmp_path)
+    report["runs"][1]["command"] += " --set 'train.lr=5e-4"
+    proc = cli("render", str(_write(path, report)), check=False)
+    assert proc.returncode == 2 and f"{path}: runs[1].command is text " in proc.stderr, proc.stderr
+    assert "expected a shell command (No closing quotation)" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (path.parent / "report.md").exists()  # nothing drawn
+
+
 def test_a_bug_of_the_renderer_is_raised_as_one_not_blamed_on_the_file(tmp_path, monkeypatch):
     """A KeyError or TypeError of render's own code, over a report.json that has all it needs,
     propagates as the bug it is; it was reported as the file lacking what this commit's report shows."""
@@ -239,3 +276,109 @@ def test_every_committed_report_can_be_re_rendered_or_says_it_cannot():
         else:
             head = text.split("\n- commit (report): ")[0]
             assert "one-off document" in head and "`cometnmt render`" in head, md
+
+
+class _Read(dict):
+    """A report.json object (as render hands it to a renderer) that records in ``seen`` the key path
+    of every key read from it, by [], .get, in, iteration or .items(); a list's items are ``[]``."""
+
+    def __init__(self, value: dict, at: tuple, seen: set):
+        super().__init__(value)
+        self._at, self._seen = at, seen
+
+    def _read(self, key):
+        self._seen.add((*self._at, key))
+        return _tracked(dict.__getitem__(self, key), (*self._at, key), self._seen)
+
+    def __getitem__(self, key):
+        return self._read(key)
+
+    def get(self, key, default=None):
+        self._seen.add((*self._at, key))
+        return self._read(key) if dict.__contains__(self, key) else default
+
+    def __contains__(self, key):
+        self._seen.add((*self._at, key))
+        return dict.__contains__(self, key)
+
+    def __iter__(self):
+        for key in dict.keys(self):
+            self._seen.add((*self._at, key))
+            yield key
+
+    def keys(self):  # dict(x) and {**x} read every key through keys() and []
+        return list(self)
+
+    def items(self):
+        return [(key, self._read(key)) for key in dict.keys(self)]
+
+    def values(self):
+        return [value for _, value in self.items()]
+
+
+class _ReadList(list):
+    def __init__(self, value: list, at: tuple, seen: set):
+        super().__init__(value)
+        self._at, self._seen = at, seen
+
+    def __getitem__(self, index):
+        item = list.__getitem__(self, index)
+        return _ReadList(item, self._at, self._seen) if isinstance(index, slice) else _tracked(item, (*self._at, "[]"), self._seen)
+
+    def __iter__(self):
+        return (_tracked(item, (*self._at, "[]"), self._seen) for item in list.__iter__(self))
+
+
+def _tracked(value, at: tuple, seen: set):
+    return _Read(value, at, seen) if isinstance(value, dict) else _ReadList(value, at, seen) if isinstance(value, list) else value
+
+
+def _branches(schema: dict):
+    """``schema`` and, nested, its if's then and else."""
+    yield schema
+    for branch in ("then", "else"):
+        if branch in schema:
+            yield from _branches(schema[branch])
+
+
+def _declared(schema: dict, keys: tuple) -> bool:
+    """Whether ``schema`` declares the key path ``keys`` (``[]`` an array's items): in an object's
+    properties or its map of any keys, or in those of an if's then or else."""
+    if not keys:
+        return True
+    key = keys[0]
+    for s in _branches(schema):
+        if key == "[]":
+            below = [s["items"]] if isinstance(s.get("items"), dict) else []
+        elif key in s.get("properties", {}):
+            below = [s["properties"][key]]
+        else:
+            below = [s["additionalProperties"]] if isinstance(s.get("additionalProperties"), dict) else []
+        if any(_declared(b, keys[1:]) for b in below):
+            return True
+    return False
+
+
+def test_every_key_a_renderer_reads_is_declared_in_its_schema(tmp_path, monkeypatch):
+    """reproduce.render and compare.render read report.json keys all over (the provenance lines,
+    the notes on capped runs, the learning curves): rendering every committed report.json with each
+    key read recorded, every one is in the schema the shape check holds the file to. A key read but
+    not declared would go unchecked: a file without it passes the check, and the renderer then fails
+    with a KeyError (or draws a wrong-typed value) that render reports as a bug of its own."""
+    from cometnmt import compare, reproduce
+    from cometnmt.render import _compare_schema, _reproduce_schema, render_report
+
+    seen = {compare: set(), reproduce: set()}
+    for kind in seen:
+        monkeypatch.setattr(kind, "render", lambda out, report, kind=kind, draw=kind.render:
+                            draw(out, _Read(report, (), seen[kind])))
+    found = sorted((REPO / "reports").glob("*/report.json"))
+    for path in found:
+        render_report(path, tmp_path / path.parent.name)
+    assert seen[compare] and seen[reproduce], "no report of each kind was rendered"
+    assert ("runs", "[]", "command") in seen[compare] and ("table", "[]", "label") in seen[reproduce]  # the tracking works
+    for kind, schema in ((compare, _compare_schema()), (reproduce, _reproduce_schema())):
+        # provenance.rendered is render's own line about this call, not the file's
+        undeclared = sorted(".".join(keys).replace(".[]", "[]") for keys in seen[kind]
+                            if keys[:2] != ("provenance", "rendered") and not _declared(schema, keys))
+        assert not undeclared, f"{kind.__name__}.render reads keys its schema in cometnmt/render.py does not declare: {undeclared}"
