@@ -38,18 +38,27 @@ def _say_failure(exc: KeyboardInterrupt) -> None:
     report the failure first, as it would have been reported alone (the toolkit's errors as one line,
     others with their traceback); the interrupt's exit status wins (130, 143)."""
     cause = exc.__cause__
-    if isinstance(cause, CometNMTError) or _another_rank_left(cause):
+    if isinstance(cause, CometNMTError):
         print(f"cometnmt: error: {cause}", file=sys.stderr)
+    elif (line := _from_another_rank(cause)) is not None:
+        print(f"cometnmt: error: {line}", file=sys.stderr)
     elif isinstance(cause, Exception):
         traceback.print_exception(cause)
 
 
-def _another_rank_left(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is a rank's word that another rank left (``training.distributed.PeerLeft``):
-    shown as one line, since its traceback, a collective's, says nothing of why; the other rank's
-    own error does. Looked up among the loaded modules: where training never ran, it cannot be one."""
+def _from_another_rank(exc: BaseException | None) -> str | None:
+    """The line that shows ``exc`` where it is a rank's word of another rank's failure: that the
+    other left the process group (``training.distributed.PeerLeft``), or the error it sent, not the
+    toolkit's own (``RankFailed``: its class, not its message, which the failing rank shows with its
+    traceback). None for any other error. One line, since its traceback, a collective's, says
+    nothing of why. Looked up among the loaded modules: where training never ran, it cannot be one."""
     distributed = sys.modules.get("cometnmt.training.distributed")
-    return distributed is not None and isinstance(exc, distributed.PeerLeft)
+    if distributed is not None and isinstance(exc, distributed.RankFailed):
+        rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
+        return f"rank {rank} of {world} stopped training: {exc.line}"
+    if distributed is not None and isinstance(exc, distributed.PeerLeft):
+        return str(exc)
+    return None
 
 
 def _resume_command(command: list[str], accum_steps: int) -> str:
@@ -90,9 +99,9 @@ def cmd_train(args) -> int:
             print(f"interrupted before the first checkpoint; nothing to resume in {cfg.train.save_dir}", file=sys.stderr)
         return 143 if isinstance(exc, _Terminated) else 130
     except RuntimeError as exc:
-        if not _another_rank_left(exc):
+        if (line := _from_another_rank(exc)) is None:
             raise
-        print(f"cometnmt: error: {exc}", file=sys.stderr)  # under torchrun, below the error of the rank that left
+        print(f"cometnmt: error: {line}", file=sys.stderr)  # under torchrun, beside the error of the rank that failed
         return 1
     best = summary["best"]
     if not main_rank:

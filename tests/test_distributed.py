@@ -95,11 +95,15 @@ def train_in_process(data_dir, save_dir, *extra: str, resume: bool = False) -> d
     return load_checkpoint(save_dir / "last.pt")
 
 
-def torchrun(data_dir, save_dir, *extra: str) -> subprocess.Popen:
+def torchrun(data_dir, save_dir, *extra: str, plugin=None) -> subprocess.Popen:
+    """``cometnmt train`` on two ranks under torchrun; ``plugin``: a file each rank imports first
+    ($COMETNMT_PLUGINS), to make one of them fail."""
     sets = [arg for o in overrides(data_dir, save_dir, *extra) for arg in ("--set", o)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "cometnmt", "train", "configs/tiny.yaml", *sets]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if plugin is not None:
+        env["COMETNMT_PLUGINS"] = str(plugin)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -629,7 +633,7 @@ def test_a_failure_of_rank_one_while_computing_the_validation_loss_stops_every_r
                                  (2, _free_port(), str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == "RuntimeError: out of memory on rank 1"
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == (
-        "RuntimeError: rank 1 failed computing its share of the validation loss: RuntimeError: out of memory on rank 1")
+        "RankFailed: rank 1 failed computing its share of the validation loss: RuntimeError: out of memory on rank 1")
     assert not (tmp_path / "ddp" / "last.pt").exists()
 
 
@@ -696,7 +700,7 @@ def test_a_failure_of_rank_zero_while_scoring_validation_stops_every_rank(tmp_pa
                                  (2, port, str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "ValueError: the scorer broke on rank 0"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
-        "RuntimeError: rank 0 failed scoring the validation translations: ValueError: the scorer broke on rank 0")
+        "RankFailed: rank 0 failed scoring the validation translations: ValueError: the scorer broke on rank 0")
 
 
 def _rank_one_fails_decoding(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
@@ -729,7 +733,43 @@ def test_a_failure_of_rank_one_while_decoding_validation_stops_every_rank(tmp_pa
                                  (2, port, str(data_dir), str(tmp_path / "ddp"), str(out))) == [1, 1]
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == "ValueError: the decoder broke on rank 1"
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == (
-        "RuntimeError: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke on rank 1")
+        "RankFailed: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke on rank 1")
+
+
+RANK_ONE_DECODER_BREAKS = """\
+import os
+
+from cometnmt.training import trainer
+
+if os.environ["RANK"] == "1":
+    def failing(self, *args, **kwargs):
+        raise ValueError("the decoder " + "broke on rank 1")  # the message is not this line's text
+
+    trainer.Translator.translate_ids = failing
+"""
+
+
+def test_a_ranks_bug_is_shown_once_under_torchrun(tmp_path, data_dir):
+    """Rank 1's decoding of its share of the validation set fails with a bug (a ValueError) under
+    torchrun: rank 1 shows it with its traceback, and rank 0, which learns of it in the gather,
+    says in one line which rank failed doing what, not the error again. Before, rank 0 showed it
+    a second time, with the traceback of the gather, which says nothing. torchrun itself exits 1
+    (its ChildFailedError, listing each rank's own exit status: 1 here), as the README says."""
+    plugin = tmp_path / "breaks.py"
+    plugin.write_text(RANK_ONE_DECODER_BREAKS, encoding="utf-8")
+    proc = torchrun(data_dir, tmp_path / "ddp", "train.max_steps=1", "train.valid_bleu=true",
+                    "train.valid_bleu_max_sentences=4", plugin=plugin)
+    out, _ = proc.communicate(timeout=300)
+    assert out.count("ValueError: the decoder broke on rank 1") == 1, out
+    assert out.count("Traceback (most recent call last)") == 2, out  # rank 1's and torchrun's own
+    assert ("cometnmt: error: rank 0 of 2 stopped training: rank 1 failed decoding its share of the validation set "
+            "(ValueError); that rank's own output shows the error with its traceback") in out, out
+    assert proc.returncode == 1, out
+    assert "ChildFailedError" in out and "exitcode  : 1 " in out, out
+    # rank 0's train.log (rank 1 writes none) keeps the error's message, not the gather's traceback
+    log = (tmp_path / "ddp" / "train.log").read_text(encoding="utf-8")
+    assert ("the run stopped: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke "
+            "on rank 1") in log and "Traceback" not in log, log
 
 
 def _rank_zero_fails_plotting(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
@@ -816,7 +856,7 @@ def test_a_failure_of_rank_zero_while_writing_checkpoints_stops_every_rank(tmp_p
                                                            str(tmp_path / "ddp"), str(out), *extra)) == [1, 1]
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "OSError: [Errno 28] No space left on device"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
-        f"RuntimeError: rank 0 failed {doing.format(tmp_path / 'ddp')}: OSError: [Errno 28] No space left on device")
+        f"RankFailed: rank 0 failed {doing.format(tmp_path / 'ddp')}: OSError: [Errno 28] No space left on device")
     if where == "align":  # the resume stopped before training: best.pt is as it was
         assert load_checkpoint(tmp_path / "ddp" / "best.pt")["epoch"] == 2
 
@@ -870,7 +910,7 @@ def test_a_failure_of_rank_zero_while_writing_metrics_stops_every_rank(tmp_path,
                                  (2, port, fail_at, str(data_dir), str(tmp_path / "ddp"), str(out), *extra)) == [1, 1]
     error = f"OSError: [Errno 28] No space left on device: '{tmp_path / 'ddp' / 'metrics.jsonl'}'"
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == error
-    assert (tmp_path / "error.1").read_text(encoding="utf-8") == f"RuntimeError: rank 0 failed {doing}: {error}"
+    assert (tmp_path / "error.1").read_text(encoding="utf-8") == f"RankFailed: rank 0 failed {doing}: {error}"
     assert not (tmp_path / "ddp" / "last.pt").exists()
 
 
@@ -915,7 +955,7 @@ def test_a_failed_record_told_with_an_interrupt_saves_nothing(tmp_path, data_dir
     error = f"OSError: [Errno 28] No space left on device: '{tmp_path / 'ddp' / 'metrics.jsonl'}'"
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == error
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
-        f"RuntimeError: rank 0 failed writing the record of step 1 to metrics.jsonl: {error}")
+        f"RankFailed: rank 0 failed writing the record of step 1 to metrics.jsonl: {error}")
     assert not (tmp_path / "ddp" / "last.pt").exists()
     assert not (tmp_path / "ddp" / "metrics.jsonl").exists() or not (tmp_path / "ddp" / "metrics.jsonl").read_text()
 
@@ -978,6 +1018,8 @@ def test_a_step_that_fails_during_a_signal_exits_as_the_signal(tmp_path, data_di
         "cometnmt: error: rank 1 of 2 stopped training: another rank left the process group (Connection "), said
     assert said[-1].endswith("); that rank's own error says why") and "Traceback" not in errors[1], said
     assert "step 2 failed on rank 0" not in errors[1]
+    if every:  # signalled too, rank 1 names the step rank 0 does (it named step 2, the one whose all-reduce failed)
+        assert "interrupted at step 1 during a failure (PeerLeft); nothing saved" in errors[1], errors[1]
     assert not (tmp_path / "ddp" / "last.pt").exists()
 
 
@@ -1030,7 +1072,7 @@ def test_a_failure_of_rank_zero_while_setting_up_the_run_folder_stops_every_rank
     doing = doing.format(tmp_path / "ddp")
     assert (tmp_path / "error.0").read_text(encoding="utf-8") == "OSError: [Errno 28] No space left on device"
     assert (tmp_path / "error.1").read_text(encoding="utf-8") == (
-        f"RuntimeError: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
+        f"RankFailed: rank 0 failed {doing}: OSError: [Errno 28] No space left on device")
     assert where == "metrics" or not (tmp_path / "ddp" / "last.pt").exists()
     assert where != "data" or not (tmp_path / "ddp").exists()  # the data are read before the folder is made
 

@@ -123,14 +123,28 @@ def peer_left(exc: BaseException, info: DistInfo) -> PeerLeft | None:
                     f"({found[0]}); that rank's own error says why")
 
 
+class RankFailed(RuntimeError):
+    """Another rank's error that is not the toolkit's own (a bug, an OSError, PyTorch's RuntimeError),
+    as a rank that learnt of it in a collective raises it (:func:`rank_error`): its message names
+    the rank, what it was doing, the error's class and message ("rank 1 failed DOING: ValueError:
+    ..."), for a Python caller and rank 0's train.log. ``cometnmt train`` shows it as :attr:`line`,
+    without the error's message: the failing rank shows the error itself, with its traceback, on the
+    terminal the ranks share, and the copy (with the traceback of the collective, which says
+    nothing) showed it twice; it exits 1, as the failing rank does."""
+
+    def __init__(self, rank: int, kind: str, message: str, doing: str) -> None:
+        super().__init__(f"rank {rank} failed {doing}: {kind}: {message}")
+        self.line = f"rank {rank} failed {doing} ({kind}); that rank's own output shows the error with its traceback"
+
+
 def rank_error(rank: int, kind: str, message: str, doing: str) -> Exception:
     """The error another rank raises for one rank ``rank`` had while ``doing`` (its class name
     ``kind`` and its message, as that rank sent them): the same class for the toolkit's own errors
-    (the CLI shows them as one line), a RuntimeError naming the class otherwise."""
+    (the CLI shows them as one line), a :class:`RankFailed` otherwise."""
     cls = getattr(errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, errors.CometNMTError):
         return cls(f"rank {rank} failed {doing}: {message}")
-    return RuntimeError(f"rank {rank} failed {doing}: {kind}: {message}")
+    return RankFailed(rank, kind, message, doing)
 
 
 def _attempt(compute: Callable[[], T]) -> tuple[tuple, Exception | None]:

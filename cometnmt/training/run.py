@@ -33,8 +33,8 @@ from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CHECKPOINT, EPOCH_CHECKPOINT_GLOB,
                                          LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
                                          weights_misfit)
-from cometnmt.training.distributed import (DistInfo, all_reduce_sum, any_rank, broadcast_object, broadcast_result,
-                                          init_from_env, rank_error, shutdown, waited_out)
+from cometnmt.training.distributed import (DistInfo, RankFailed, all_reduce_sum, any_rank, broadcast_object,
+                                          broadcast_result, init_from_env, rank_error, shutdown, waited_out)
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -357,10 +357,11 @@ def _write_held(holder: logging.handlers.MemoryHandler, handler: logging.Handler
 
 def _log_failure(handler: logging.Handler, exc: Exception) -> None:
     """Write the error that stopped a run to its ``train.log`` only (the console gets it once, from
-    the CLI or the caller): the message of a usage error, the traceback of anything else."""
+    the CLI or the caller): the message of a usage error or of another rank's error (whose traceback
+    here would be the collective's, which says nothing), the traceback of anything else."""
     record = logging.makeLogRecord({
         "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR", "msg": "the run stopped: %s", "args": (exc,),
-        "exc_info": None if isinstance(exc, CometNMTError) else (type(exc), exc, exc.__traceback__),
+        "exc_info": None if isinstance(exc, (CometNMTError, RankFailed)) else (type(exc), exc, exc.__traceback__),
     })
     handler.handle(record)
 

@@ -762,8 +762,6 @@ class Trainer:
             with deferred() as noted:
                 self._step_rng = rng_state()
                 loss, n_tokens = self.train_step(group)
-                self.step += 1
-                self.consumed += len(group)
                 self._step_rng = None
                 if self.dist.enabled:
                     # the step's losses of every rank, in one small all-reduce: each rank's window then
@@ -777,6 +775,11 @@ class Trainer:
                     if unlogged:  # before the stop: this step is saved nowhere (see _log_train_record)
                         self._raise_unlogged()
                     self._unlogged = None
+                # counted once its all-reduce passed: a rank whose all-reduce failed for a peer that failed
+                # in this step names the same step as that peer (it named the next: "interrupted at step
+                # 2 during a failure" beside the failed rank's "step 1")
+                self.step += 1
+                self.consumed += len(group)
                 self.window_loss += loss
                 self.window_tokens += n_tokens
                 for name, value in self.step_extra.items():
