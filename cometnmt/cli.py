@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from cometnmt.atomic import refuse_overwrite
-from cometnmt.errors import CheckpointError, CometNMTError, DataError
+from cometnmt.errors import CheckpointError, CometNMTError, DataError, MisreadInputError
 from cometnmt.interrupts import first_raises
 from cometnmt.training.run_files import LAST_CHECKPOINT
 
@@ -223,7 +223,7 @@ def _translate_in_chunks(translator, decode, columns: bool, args) -> int:
             elif not _write_stdout(text):
                 return 0
     except BaseException as exc:
-        if out is None or not out.abandon():
+        if out is None or not out.abandon(keep=not isinstance(exc, MisreadInputError)):  # no resuming of misread text
             raise
         if bar is not None:  # before the message, which would share the bar's line
             bar.close()
@@ -313,30 +313,39 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
     (wide_encoding, ready_bytes: no wait for a line not yet sent), and every line is refused naming
     it: split at b"\\n", a line alone may show another byte order, or none. Such a line's errors
     name its line and column in the input's own lines and characters (corpus.WidePlace), not the
-    count of 0x0a bytes read, which stand inside its characters too."""
-    from cometnmt.data.corpus import WidePlace, decode_lines, ready_bytes, wide_encoding
+    count of 0x0a bytes read, which stand inside its characters too; a piece that only finishes the
+    character the line before cut (UTF-16LE's b"\\0" after the b"\\n" of its line break) is no line,
+    and gets no error of its own. Input whose start did not show it (a pipe whose first line came
+    alone) is refused from the line that does (corpus.later_wide_encoding), and every line after it."""
+    from cometnmt.data.corpus import (WidePlace, decode_lines, later_wide_encoding, misread_wide_error, ready_bytes,
+                                      unit_rest, wide_encoding)
     from cometnmt.inference import read_from_files
 
     if sys.stdin.isatty():
         print("type a sentence and press Enter; Ctrl-D ends", file=sys.stderr, flush=True)
-    number, encoding, place = 0, None, None
+    number, offset, encoding, place = 0, 0, None, None  # offset: the input's bytes before this line
     while raw := sys.stdin.buffer.readline():
         number += 1
         if number == 1:
             encoding = wide_encoding(raw + ready_bytes(sys.stdin.buffer))
             place = WidePlace(encoding) if encoding else None
         try:  # warnings name the session's line
+            if encoding and len(raw) <= unit_rest(encoding, offset):
+                continue  # the rest of a character the line before cut, refused with that line
             line = (decode_lines(raw, "<stdin>", first_line=number, encoding=encoding, place=place) or [""])[0]
             # start: a seeded session samples line N as a file's line N is sampled
             with read_from_files():  # decode_lines warned of a line not in NFC
                 out = _output_lines(number - 1, translator.translate([line], decode, start=number - 1)[0], columns)
         except DataError as exc:  # "<stdin>:N: ..." or "input line 1: ...": say which line of the session
+            if number > 1 and encoding is None and (shown := later_wide_encoding(raw, offset)):
+                exc, encoding = misread_wide_error("<stdin>", shown, offset, number), shown  # and every line after
             # N: the line decode_lines names, the session's (of UTF-16/32 input, where the column is)
             named = re.match(r"<stdin>:(\d+): ", str(exc))
             where = named.group(1) if named else number
             print(f"cometnmt: error: line {where}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
             continue
         finally:
+            offset += len(raw)
             if place is not None:
                 place.advance(raw)
         sys.stdout.write(out)

@@ -39,6 +39,12 @@ class DataError(_KeyedError):
     override or a file gave them; empty where none did (a file given on the command line)."""
 
 
+class MisreadInputError(DataError):
+    """An input read in pieces that was misread from its start: UTF-16 or UTF-32 whose first bytes
+    did not show it, split at 0x0a bytes and read as UTF-8 (corpus.misread_wide_error). What was
+    made of the pieces before is no translation of its text, and is not kept for a resumed run."""
+
+
 class CheckpointError(CometNMTError):
     """A missing, truncated or incompatible checkpoint file."""
 

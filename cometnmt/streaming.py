@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from cometnmt.atomic import _fsync_folder, atomic_write, make_folder, output_path, replace_keeping_mode
-from cometnmt.data.corpus import (GZIP_MAGIC, WidePlace, decode_lines, gzip_errors, not_nfc_lines, open_bytes,
-                                  ready_bytes, warn_not_nfc_count, wide_encoding)
+from cometnmt.data.corpus import (GZIP_MAGIC, decode_lines, gzip_errors, later_wide_encoding, misread_wide_error,
+                                  not_nfc_lines, open_bytes, ready_bytes, warn_not_nfc_count, wide_encoding)
 from cometnmt.data.multi30k import sha256_file
 from cometnmt.errors import CometNMTError, DataError
 from cometnmt.interrupts import deferred
@@ -60,11 +60,14 @@ class ChunkedInput:
     warnings name the line of the whole input). A running SHA-256 of the bytes read identifies the
     lines done for a resumed run. Lines not in Unicode NFC are warned of once, as read_lines warns
     of a file's, when the input is closed: how many of the lines read, and the first (a warning per
-    chunk was one per 10,000 lines of a large file). UTF-16 or UTF-32 input is judged once, from
-    the first chunk and the bytes after it (wide_encoding), and named for every chunk: split at
-    b"\\n", its characters holding a 0x0a byte (U+4E0A) are cut, and a chunk alone may show
-    another byte order, or none. Its chunks' errors count lines and columns in its own characters
-    (WidePlace, moved past the lines skipped), not in the 0x0a bytes read."""
+    chunk was one per 10,000 lines of a large file). UTF-16 or UTF-32 input is judged from the
+    first chunk and the bytes after it (wide_encoding), and that chunk is refused naming it: split
+    at b"\\n", its characters holding a 0x0a byte (U+4E0A) are cut, and a chunk alone may show
+    another byte order, or none. So no chunk of such an input is translated, nor kept for --resume
+    to skip: its errors need no place in its own lines (corpus.WidePlace, --interactive's). An
+    input whose start did not show it (a pipe whose first line came alone) is refused at the later
+    chunk that does, judged from the byte where that chunk starts (later_wide_encoding), as misread
+    from the start: what the chunks before made of it is not kept either (MisreadInputError)."""
 
     def __init__(self, path: str | None, size: int) -> None:
         self.path, self.size = path, size
@@ -76,7 +79,7 @@ class ChunkedInput:
         self.sha256 = hashlib.sha256()
         self.not_nfc, self.first_not_nfc = 0, 0  # lines read not in NFC: how many, the first (1-based)
         self.encoding: str | None = None  # UTF-16/32, as the input's start shows (wide_encoding)
-        self.place: WidePlace | None = None  # where the next chunk starts in such an input's lines
+        self.bytes_read = 0  # of the input, through the last line read
 
     def close(self) -> None:
         """Close the file, and warn of the lines read that are not in NFC (at the end of the input,
@@ -99,9 +102,9 @@ class ChunkedInput:
         if not self.lines_read and lines:  # judged before the first chunk is decoded, or skipped by --resume
             with gzip_errors(self.name):
                 self.encoding = wide_encoding(b"".join(lines) + ready_bytes(self.stream))
-            self.place = WidePlace(self.encoding) if self.encoding else None
         for line in lines:
             self.sha256.update(line)
+            self.bytes_read += len(line)
         self.lines_read += len(lines)
         self.at_end = len(lines) < count
         return lines
@@ -120,18 +123,23 @@ class ChunkedInput:
 
     def skip(self, count: int) -> None:
         """Pass over the first ``count`` lines (those a resumed run has done), hashing them."""
-        while self.lines_read < count and (raw := self._raw(min(self.size, count - self.lines_read))):
-            if self.place is not None:
-                self.place.advance(b"".join(raw))
+        while self.lines_read < count and self._raw(min(self.size, count - self.lines_read)):
+            pass
 
     def chunks(self) -> Iterator[tuple[int, list[str], str]]:
         """(the 0-based place of the chunk's first line, its lines, the SHA-256 of every line up to
         its last) for each chunk of ``size`` lines."""
         while raw := (self._ahead if self._ahead is not None else self._raw(self.size)):
             self._ahead = None
-            start = self.lines_read - len(raw)
-            lines = decode_lines(b"".join(raw), self.name, first_line=start + 1, check_nfc=False,  # close() warns
-                                 encoding=self.encoding, place=self.place)  # refused where wide: moved by skip() alone
+            start, data = self.lines_read - len(raw), b"".join(raw)
+            try:
+                lines = decode_lines(data, self.name, first_line=start + 1, check_nfc=False,  # close() warns
+                                     encoding=self.encoding)  # refused where wide
+            except DataError:
+                offset = self.bytes_read - len(data)
+                if start and self.encoding is None and (shown := later_wide_encoding(data, offset)):
+                    raise misread_wide_error(self.name, shown, offset, start + 1) from None
+                raise
             if bad := not_nfc_lines(lines, start + 1):
                 self.first_not_nfc = self.first_not_nfc or bad[0]
                 self.not_nfc += len(bad)
@@ -304,13 +312,14 @@ class PartialOutput:
                             f"{self.partial}") from None
         _fsync_folder(self.target.parent)
 
-    def abandon(self) -> bool:
-        """After a failure or an interrupt: keep what is done (True), or, where nothing was done,
-        remove the partial output and its record as if the run had never started (False)."""
+    def abandon(self, keep: bool = True) -> bool:
+        """After a failure or an interrupt: keep what is done (True), or, where nothing was done or
+        it is not to be kept (``keep`` False: the input was misread), remove the partial output and
+        its record as if the run had never started (False)."""
         if self.file is None:
             return False
         self.file.close()
-        if self.lines_done:
+        if self.lines_done and keep:
             return True
         for path in (self.partial, self.record):
             path.unlink(missing_ok=True)

@@ -1009,10 +1009,12 @@ def test_an_interactive_sessions_warnings_and_errors_name_its_line(monkeypatch, 
     assert out == "x\nx\n" and "cometnmt: error: line 3: not valid UTF-8 (byte 0xff at column 6)" in err
 
 
-def _interactive_errors(monkeypatch, capsys, stdin_bytes) -> list[str]:
+def _interactive_errors(monkeypatch, capsys, stdin_bytes, ready: bool = True) -> list[str]:
     """The error lines a translate --interactive session writes for standard input ``stdin_bytes``
-    (read from a file, as `translate --interactive < FILE` reads it), no model needed: a stand-in
-    translator answers 'x'."""
+    (read from a file, as `translate --interactive < FILE` reads it; not ``ready``: from a stream
+    whose next bytes cannot be seen before they are read, as a pipe's whose writer sends a line at a
+    time), no model needed: a stand-in translator answers 'x'."""
+    import io
     import sys
     import tempfile
     import types
@@ -1020,13 +1022,13 @@ def _interactive_errors(monkeypatch, capsys, stdin_bytes) -> list[str]:
     from cometnmt.cli import _translate_interactively
     from cometnmt.inference import Translation
 
+    translator = types.SimpleNamespace(translate=lambda texts, decode, start: [[Translation("x", 0.0, [])]
+                                                                               for _ in texts])
     with tempfile.TemporaryFile() as f:
         f.write(stdin_bytes)
         f.seek(0)
-        with open(f.fileno(), "rb", closefd=False) as buffer:
+        with open(f.fileno(), "rb", closefd=False) if ready else io.BytesIO(stdin_bytes) as buffer:
             monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=buffer, isatty=lambda: False))
-            translator = types.SimpleNamespace(translate=lambda texts, decode, start: [[Translation("x", 0.0, [])]
-                                                                                       for _ in texts])
             assert _translate_interactively(translator, None, False) == 0
     out, err = capsys.readouterr()
     return err.splitlines()
@@ -1037,11 +1039,11 @@ def test_interactive_keeps_the_byte_order_its_first_line_shows(monkeypatch, caps
     after the first that opens with a character below U+0100 ("\\0Two men") is the same bytes as a
     UTF-16LE line cut after its b"\\n" and was named UTF-16LE, with an iconv command that garbles
     the file (line 1: UTF-16BE). The encoding is judged once, from line 1, and every line is named
-    so, at its line of the input (little-endian's last piece, the NULs ending line 3's line break,
-    at line 3); an input without NUL bytes is read as before."""
+    so, at its line of the input, once: little-endian's last piece, the NULs ending line 3's line
+    break (b"\\n" | b"\\0"), got a second error of line 3; an input without NUL bytes is read as before."""
     for encoding in ("UTF-16BE", "UTF-32BE", "UTF-16LE", "UTF-32LE"):
         errors = _interactive_errors(monkeypatch, capsys, "A dog runs.\nTwo men talk.\nЕще.\n".encode(encoding))
-        numbers = [1, 2, 3] + ([3] if encoding.endswith("LE") else [])
+        numbers = [1, 2, 3]
         assert len(errors) == len(numbers), (encoding, errors)
         for number, error in zip(numbers, errors):
             assert error.startswith(f"cometnmt: error: line {number}: "), (encoding, error)
@@ -1116,6 +1118,51 @@ def test_cjk_utf16_and_utf32_are_named_by_every_reader_that_splits_its_input(mon
         assert errors and errors[0].startswith("cometnmt: error: line 1: "), (encoding, errors)  # not translated
         for error in errors:
             assert error.endswith(f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8"), (encoding, error)
+
+
+def test_utf16_whose_start_does_not_show_it_is_refused_by_the_later_piece_that_does(monkeypatch, capsys):
+    """Of a pipe whose first line comes alone (no bytes there after it to judge: a writer sending a
+    line at a time) the readers that split at b"\\n" judge UTF-16 from that line only. CJK text
+    without a byte order mark whose first character is 上 (U+4E0A: b"\\x0a\\x4e" in UTF-16LE) gives
+    a first piece of b"\\x0a", an empty line (UTF-16BE's b"N\\n": the line 'N'), which shows nothing
+    and is translated. The pieces after it were read alone, from a byte inside a character: the
+    second chunk was named UTF-16BE for UTF-16LE text, and --interactive translated the pieces that
+    happened to be UTF-8 ('NTY\u044d0'), named others WINDOWS-1252 or a stray NUL, and numbered
+    them by 0x0a bytes. The first piece that shows UTF-16, read from its first whole code unit, is
+    refused saying the input is UTF-16 in the byte order it has, that its start did not show it,
+    and how to convert it; --interactive refuses every piece after it too, naming it."""
+    import io
+    import re
+    import sys
+    import types
+
+    from cometnmt.errors import DataError
+    from cometnmt.streaming import ChunkedInput
+
+    text = "上海的一只狗在草地上奔跑。\n两个男人在街上说话。\n"
+    for order in ("LE", "BE"):
+        data = text.encode(f"utf-16-{order.lower()}")
+        iconv = f"convert it with iconv -f UTF-16{order} -t UTF-8 FILE > FILE.utf8"
+        misread = (rf"the input is probably UTF-16{order} without a byte order mark, which its first (byte|\d+ bytes) "
+                   rf"did not show: .*; {iconv}$")
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))  # translate --buffer-size 1
+        chunks = ChunkedInput(None, 1).chunks()
+        assert next(chunks)[1] == ["" if order == "LE" else "N"]  # the start shows nothing
+        with pytest.raises(DataError, match=f"^<stdin>:2: {misread}"):
+            next(chunks)
+        errors = _interactive_errors(monkeypatch, capsys, data, ready=False)
+        assert re.match(f"cometnmt: error: line 2: {misread}", errors[0]), (order, errors[0])
+        assert all(error.endswith(iconv) for error in errors), (order, errors)
+        # every piece after the first refused, once (LE's last piece, the NUL ending the line break, is none)
+        numbers = [int(re.match(r"cometnmt: error: line (\d+): ", error).group(1)) for error in errors]
+        assert numbers == [2, 3, 4, 5], (order, numbers)
+    for later, error in (("Zwei\0 Männer.\n".encode(), "stray byte in UTF-8 text"),  # still named as they were
+                         ("Zwei Männer.\n".encode("cp1252"), "it looks like WINDOWS-1252")):
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(b"Ein Hund.\n" + later)))
+        chunks = ChunkedInput(None, 1).chunks()
+        assert next(chunks)[1] == ["Ein Hund."]
+        with pytest.raises(DataError, match=f"^<stdin>:2: .*{error}"):
+            next(chunks)
 
 
 def test_seeded_interactive_sampling_is_the_file_modes(trained, data_dir):

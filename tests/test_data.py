@@ -317,8 +317,7 @@ WIDE = [("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE"), ("utf-32-le", "UTF
 
 
 def test_a_later_piece_of_a_utf16_or_utf32_input_counts_its_lines_and_columns_in_its_characters() -> None:
-    """A reader that splits its input after each 0x0a byte (translate's chunks, --interactive's
-    lines) counted a later piece's first line in 0x0a bytes, which stand inside characters (U+0A0A
+    """A reader that splits its input after each 0x0a byte (--interactive's lines) counted a later piece's first line in 0x0a bytes, which stand inside characters (U+0A0A
     is b"\\x0a\\x0a", U+010A b"\\x0a\\x01" in UTF-16LE, a surrogate of U+1280A b"\\x0a\\xd8") and are one
     byte of a 2- or 4-byte line break, and its columns in UTF-8's characters. WidePlace follows the
     pieces in the input's own encoding: every byte of every piece gets the line and column it has
@@ -341,34 +340,6 @@ def test_a_later_piece_of_a_utf16_or_utf32_input_counts_its_lines_and_columns_in
             place.advance(piece)
             offset += len(piece)
         assert (place.line, place.column) == (text.count("\n") + 1, 2)  # before the last character's cut unit
-
-
-def test_a_later_chunk_of_a_utf16_or_utf32_input_names_its_line_and_column(tmp_path: Path) -> None:
-    """translate's chunks are split after each 0x0a byte: the chunk a resumed run reads first
-    (after ChunkedInput.skip) numbered its lines by the 0x0a bytes before it, in UTF-16 and UTF-32
-    more than one a line (U+0A0A, U+010A hold them, and the line break), and counted its columns
-    in UTF-8's characters: the CJK character on line 41 (U+72D7, whose 0xd7 byte is no UTF-8) was
-    named at line 164, column 2 or 4. It is named at line 41, column 3, at every chunk size."""
-    from cometnmt.streaming import ChunkedInput
-
-    text = "ਊĊ ein Hund.\n" * 40 + "ਊĊ狗\n" + "ਊĊ.\n"
-    for codec, encoding in WIDE:
-        path = tmp_path / f"{codec}.txt"
-        path.write_bytes(text.encode(codec))
-        pieces = path.read_bytes().split(b"\n")
-        bad = next(i for i, piece in enumerate(pieces) if b"\xd7" in piece)  # pieces before the one holding it
-        assert bad > 120, (codec, bad)
-        for size, skip in ((1, bad), (4, bad - 2), (1000, bad // 2)):  # skipped in chunks of size; 0xd7 in the next
-            chunked = ChunkedInput(str(path), size)
-            try:
-                chunked.skip(skip)
-                with pytest.raises(DataError) as info:
-                    next(chunked.chunks())
-            finally:
-                chunked.close()
-            assert str(info.value).startswith(f"{path}:41: not valid UTF-8 (byte 0xd7 at column 3)"), (
-                codec, size, str(info.value))
-            assert str(info.value).endswith(f"iconv -f {encoding} -t UTF-8 {path} > {path}.utf8"), str(info.value)
 
 
 def test_a_tiny_utf16_file_is_named_utf16_not_a_stray_byte(tmp_path: Path, monkeypatch) -> None:

@@ -218,6 +218,23 @@ def test_an_error_in_a_later_chunk_names_its_line_in_the_input_and_keeps_the_chu
     assert (tmp_path / "long.en.partial").read_text(encoding="utf-8").count("\n") == 2
 
 
+def test_a_later_chunk_showing_utf16_keeps_no_misread_output_to_resume(ckpt, tmp_path, capsys, monkeypatch):
+    """UTF-16 whose start did not show it (a pipe whose first line came alone: CJK text opening with
+    上, U+4E0A, whose b"\\x0a\\x4e" gave the first chunk b"\\x0a", an empty line) was refused at
+    its second chunk naming the wrong byte order (UTF-16BE), and the first chunk's translation, of
+    misread text, was kept in FILE.partial "to continue with --resume once the input is fixed",
+    which the converted input, other bytes, could never do. The error names UTF-16LE and that the
+    start did not show it, and nothing is kept: no run resumes a translation of misread text."""
+    data = "上海的一只狗在草地上奔跑。\n两个男人在街上说话。\n".encode("utf-16-le")
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(data), isatty=lambda: False))
+    out = tmp_path / "zh.en"
+    code, _, err = translate(capsys, ckpt, "-o", str(out), "--buffer-size", "1")
+    assert code == 2 and "<stdin>:2: the input is probably UTF-16LE without a byte order mark, which its first byte " \
+                         "did not show" in err, err
+    assert "--resume" not in err and "iconv -f UTF-16LE -t UTF-8 FILE > FILE.utf8" in err, err
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # no FILE, FILE.partial or record
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs named pipes (POSIX)")
 def test_a_pipe_is_read_as_a_file_is(tmp_path):
     """`cometnmt translate best.pt -i <(zcat src.de.gz)` (and `attention -i`, `evaluate --hyp`

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Literal
 
 from cometnmt.atomic import atomic_write
-from cometnmt.errors import DataError
+from cometnmt.errors import DataError, MisreadInputError
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def _wide_line_and_column(data: bytes, pos: int, encoding: str) -> tuple[int, in
     or its byte order is unknown ("UTF-16" without the byte order mark)."""
     if not encoding.startswith(("UTF-16", "UTF-32")):
         return None
-    unit, order = int(encoding[4:6]) // 8, encoding[6:]
+    unit, order = _code_unit(encoding), encoding[6:]
     boms = _byte_order_marks(unit)
     skip = 0
     if not order:  # named by its byte order mark: the mark says which
@@ -184,6 +184,43 @@ def wide_encoding(head: bytes) -> str | None:
     return _clear_utf16_order(sample)  # not by where a few NULs stand: every piece is refused by it
 
 
+def later_wide_encoding(piece: bytes, offset: int) -> str | None:
+    """The UTF-16 or UTF-32 encoding (iconv's name) that ``piece``, bytes ``offset`` on of an input
+    split after each 0x0a byte, shows where the input's start did not (:func:`wide_encoding` gave
+    None: a pipe whose first line came alone, CJK text whose first piece is b"\\x0a", the first half
+    of U+4E0A in UTF-16LE), or None. It is judged as an input's start is, from the piece's first
+    whole code unit: cut after such a 0x0a, the piece opens with the character's other byte
+    (b"\\x4e..."), and read from there UTF-16LE looked like UTF-16BE. A piece that is not UTF-8
+    needs no more than to be clearly UTF-16 or UTF-32 (:func:`_clear_utf16_order`), as its own
+    error would name it anyway: a single NUL byte in it (U+4E00 is b"\\0\\x4e") is no stray byte."""
+    sample = piece[-offset % 4:][:WIDE_SAMPLE]  # UTF-32's units start there, and UTF-16's (the same parity)
+    return wide_encoding(sample) if _decodes(sample, "utf-8") else _clear_utf16_order(sample)
+
+
+def misread_wide_error(name: str | Path, encoding: str, offset: int, line: int) -> MisreadInputError:
+    """The error for an input split after each 0x0a byte and read as UTF-8 up to byte ``offset``,
+    where a later piece, its line ``line`` as split, showed ``encoding`` (:func:`later_wide_encoding`):
+    the lines before were cut inside its characters too and may have been translated as misread
+    text, and its line numbers count 0x0a bytes, not its lines."""
+    first = "byte" if offset == 1 else f"{offset} bytes"
+    return MisreadInputError(f"{name}:{line}: the input is probably {_without_bom(encoding)}, which its first "
+                             f"{first} did not show: read as UTF-8, it was split into lines at its 0x0a bytes, inside "
+                             f"its characters, so this line's number counts those and the lines before it may have "
+                             f"been translated from misread text; convert it with {_iconv_command(name, encoding)}")
+
+
+def unit_rest(encoding: str, offset: int) -> int:
+    """How many bytes from ``offset`` of an input in ``encoding`` (UTF-16 or UTF-32, iconv's name)
+    finish a code unit begun before it: the rest of a line break cut after its 0x0a byte (one NUL
+    of UTF-16LE's b"\\n\\0", three of UTF-32LE's), or of a character holding a 0x0a byte."""
+    return -offset % _code_unit(encoding)
+
+
+def _code_unit(encoding: str) -> int:
+    """The bytes of a code unit of ``encoding``, UTF-16 or UTF-32 (iconv's name): 2 or 4."""
+    return int(encoding[4:6]) // 8
+
+
 def ready_bytes(stream: BinaryIO) -> bytes:
     """Up to WIDE_SAMPLE bytes that ``stream`` will read next, neither consumed nor waited for: a
     file's (plain or gzip) next bytes, what a pipe already holds; b"" where more must be waited
@@ -199,8 +236,9 @@ def ready_bytes(stream: BinaryIO) -> bytes:
 
 class WidePlace:
     """Where the next piece of a UTF-16 or UTF-32 input split after each 0x0a byte starts (as
-    ``translate``'s chunks and ``--interactive``'s lines split theirs before decoding), in the
-    input's own lines and characters. The splitter's count of pieces is one of 0x0a bytes, which
+    ``--interactive``'s lines split theirs before decoding, refusing each; ``translate``'s chunks
+    refuse such an input at the first, where no place is needed), in the input's own lines and
+    characters. The splitter's count of pieces is one of 0x0a bytes, which
     stand inside characters too (U+0A0A is b"\\x0a\\x0a" in UTF-16, U+010A b"\\x0a\\x01" in
     UTF-16LE) and are one byte of a 2- or 4-byte line break: an error in a later piece named a
     line far past the file's end, and a column of UTF-8's characters. The splitter passes each
@@ -211,7 +249,7 @@ class WidePlace:
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding
-        self.unit = int(encoding[4:6]) // 8  # bytes of a code unit
+        self.unit = _code_unit(encoding)
         self.order = encoding[6:]  # "" until the byte order mark opening the input names it
         self.decoder: codecs.IncrementalDecoder | None = None  # made at the first piece, the order known
         self.offset = 0  # bytes of the input before the next piece
@@ -236,10 +274,9 @@ class WidePlace:
         self.column = len(text) - text.rfind("\n") if breaks else self.column + len(text)
 
     def rest(self) -> int:
-        """How many of the next piece's first bytes finish a code unit the piece before began: the
-        rest of a line break (one NUL byte of UTF-16LE's b"\\n\\0", three of UTF-32LE's), or of a
-        character holding a 0x0a byte."""
-        return -self.offset % self.unit
+        """How many of the next piece's first bytes finish a code unit the piece before began
+        (:func:`unit_rest`)."""
+        return unit_rest(self.encoding, self.offset)
 
     def line_and_column(self, data: bytes, pos: int) -> tuple[int, int] | None:
         """The line and 1-based character column of byte ``pos`` of ``data``, the next piece (as
@@ -538,7 +575,7 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: 
     deprecates U+FEFF as a zero-width no-break space (U+2060 is that), so no text is lost.
     ``check_nfc`` False: no warning of text not in NFC (a reader of pieces warning once, for all).
     ``encoding``: UTF-16 or UTF-32, as a reader that splits its input judged it from the input's
-    start (:func:`wide_encoding`): every piece of such an input is refused naming it, one that
+    start (:func:`wide_encoding`) or a later piece (:func:`later_wide_encoding`): every piece of such an input is refused naming it, one that
     decodes as UTF-8 (a character cut at its 0x0a byte) too. ``place``: where ``data`` starts in
     such an input (:class:`WidePlace`), whose lines and columns the errors count, not
     ``first_line`` (the splitter's count of 0x0a bytes)."""
@@ -551,7 +588,7 @@ def decode_lines(data: bytes, name: str | Path, first_line: int = 1, check_nfc: 
     if encoding is not None:
         line = first_line if place is None else place.piece_line(data)
         raise DataError(f"{name}:{line}: the input is probably {_without_bom(encoding)} (judged from its "
-                        f"first bytes), read as UTF-8 and split inside its characters; convert it with "
+                        f"bytes), read as UTF-8 and split inside its characters; convert it with "
                         f"{_iconv_command(name, encoding)}")
     lines = _split_lines(text)
     if "\ufeff" in text:
