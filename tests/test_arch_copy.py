@@ -1,9 +1,21 @@
 """Every architecture and COMET variant learns to copy (the source SOS/EOS variant is a data option
 on the COMET model, covered by "comet") (DESIGN.md rule 10: a copy task every
 architecture learns): random sequences of 3-8 symbols, target = source, a few hundred Adam steps
-on the CPU, then greedy search must reproduce >= 90% of held-out sequences exactly."""
+on the CPU, then greedy search must reproduce >= 90% of held-out sequences exactly.
+
+The learning rate warms up linearly over WARMUP steps, then decays on a cosine to a tenth of LR by
+the last step. At a constant LR the worst of five seeds copied only 175-185 of 200 for comet,
+comet_bn_length, comet_conv4, transformer and rnn_gru_additive (2026-11-28), a margin one float32
+rounding change crossed (6d378cc); with the schedule the worst of seeds 0-4 (torch seed s, batch
+generator seed 1 + s) copies 198-200 for every variant, in the same 300 steps (2026-11-29).
+
+What it catches: an encoder that ignores the source copies nothing. What it does not catch: padding
+leaking into batch norm or a convolution (the model still learns to copy); tests/test_models.py's
+padding-invariance tests do."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -16,7 +28,7 @@ from conftest import load_plugins_as_cases
 
 PAD, BOS, EOS = 0, 2, 3
 FIRST_SYMBOL, VOCAB = 4, 16  # 12 symbols: ids 4..15
-STEPS, BATCH, LR = 300, 64, 3e-3
+STEPS, WARMUP, BATCH, LR = 300, 30, 64, 3e-3
 
 SMALL_TRANSFORMER = {"d_model": 64, "n_heads": 4, "enc_layers": 2, "dec_layers": 2, "d_ff": 128, "dropout": 0.0}
 ARCHS = {
@@ -54,11 +66,19 @@ def copy_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor
     return src, tgt_in, gold
 
 
+def lr_factor(step: int) -> float:
+    """Linear warm-up to 1 over WARMUP steps, then a cosine from 1 down to 0.1 at step STEPS."""
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - WARMUP) / (STEPS - WARMUP)))
+
+
 @pytest.mark.parametrize("name", sorted(ARCHS))
 def test_learns_to_copy(name, one_thread):
     torch.manual_seed(0)
     model = build_model(from_dict(ModelConfig, ARCHS[name], "model"), VOCAB, VOCAB, PAD)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     gen = torch.Generator().manual_seed(1)
     model.train()
     for _ in range(STEPS):
@@ -69,6 +89,7 @@ def test_learns_to_copy(name, one_thread):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
 
     model.eval()
     src, _, _ = copy_batch(200, torch.Generator().manual_seed(99))
