@@ -708,18 +708,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cometnmt", description="Neural machine translation: COMET, Transformer and friends.",
-                                     epilog="environment: COMETNMT_PLUGINS=MODULE[,FILE.py...] imports modules that register "
-                                            "architectures of your own in cometnmt.models.REGISTRY before any command (and in "
-                                            "the training processes compare and reproduce start); README, Adding an architecture")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    from cometnmt import __version__
-
-    parser.add_argument("--version", action="version", version=f"cometnmt {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="train a model from a YAML config")
+def _train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML file, e.g. configs/multi30k/transformer.yaml; every key with its default and "
                                   "meaning: configs/reference.yaml; for your own parallel text (data.corpus: files, "
                                   "data.train_src, ...) see README, 'Your own parallel text'")
@@ -728,9 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", dest="init_from", metavar="CKPT",
                    help="start a new run from a trained checkpoint's weights and vocabularies (fine-tuning; fresh optimizer "
                         "and schedule); the config's model and vocabulary keys must fit the checkpoint")
-    p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("translate", help="translate text with a checkpoint (stdin -> stdout by default)")
+
+def _translate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble (their probabilities averaged)")
     p.add_argument("-i", "--input", help="source file (plain or gzip); default (or -) stdin")
     p.add_argument("-o", "--output", help="output file, written through FILE.partial (see --resume) and complete or not "
@@ -745,10 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with -o FILE: continue the interrupted translation kept in FILE.partial (and FILE.partial.json), "
                         "from its first unfinished line; the input, checkpoints and search settings must be the same")
     _add_decode_args(p)
-    p.set_defaults(func=cmd_translate)
 
-    p = sub.add_parser("logprob", help="forced decoding: a checkpoint's log-probability of given translations "
-                                       "(rescoring, perplexity)")
+
+def _logprob_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble (their probabilities averaged)")
     p.add_argument("-i", "--input", required=True, help="source file (plain or gzip), one sentence per line")
     p.add_argument("-t", "--target", required=True,
@@ -760,10 +748,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the totals (tokens, nats per token, perplexity) and every score here")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.set_defaults(func=cmd_logprob)
 
-    p = sub.add_parser("attention", help="where each target token looks in the source: attention weights as "
-                                         "JSON lines and heatmap PNGs")
+
+def _attention_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a checkpoint")
     p.add_argument("-i", "--input", required=True, help="source file (plain or gzip), one sentence per line")
     p.add_argument("-t", "--target", help="line-aligned translations to attend with (default: the model's own, "
@@ -776,9 +763,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", type=int, default=20, help="heatmaps for the first N lines (default 20; 0: none)")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.set_defaults(func=cmd_attention)
 
-    p = sub.add_parser("evaluate", help="score translations (sacreBLEU BLEU/chrF and the COMET paper's metric)")
+
+def _evaluate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hyp", help="hypothesis file (-: standard input, e.g. piped from translate)")
     p.add_argument("--ref", help="reference file")
     p.add_argument("--src", help="source file (adds BLEU by source length)")
@@ -795,17 +782,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score lowercased text (with --checkpoint: follows the model's data.lowercase)")
     p.add_argument("--json", help="write all results to this JSON file")
     _add_decode_args(p)
-    p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("average", help="average the weights of several checkpoints")
+
+def _average_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoints", nargs="*", help="checkpoints of one run to average (or --dir and --last)")
     p.add_argument("--dir", help="run folder holding epochNNN.pt files")
     p.add_argument("--last", type=int, help="average the last N epoch checkpoints of --dir")
     p.add_argument("-o", "--output", required=True,
                    help="the averaged checkpoint to write (in the run's folder, a name of its own such as avg.pt)")
-    p.set_defaults(func=cmd_average)
 
-    p = sub.add_parser("serve", help="serve a checkpoint over HTTP: POST /translate (and /logprob) with JSON")
+
+def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="+", help="a checkpoint; several are an ensemble")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
@@ -831,27 +818,72 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the longest a batch waits for more requests after its first while the model is busy; a batch "
                         "that finds the model free is decoded at once (default 5; 0: no batching)")
     _add_decode_args(p)
-    p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("reproduce", help="rerun the COMET paper's Table 1 rows and write a report")
+
+def _reproduce_options(p: argparse.ArgumentParser) -> None:
     from cometnmt.reproduce import add_arguments
 
     add_arguments(p)
-    p.set_defaults(func=cmd_reproduce)
 
-    p = sub.add_parser("compare", help="train configs with several seeds; test the first against the others (paired bootstrap)")
-    from cometnmt.compare import add_arguments as compare_arguments
 
-    compare_arguments(p)
-    p.set_defaults(func=cmd_compare)
+def _compare_options(p: argparse.ArgumentParser) -> None:
+    from cometnmt.compare import add_arguments
 
-    p = sub.add_parser("render", help="rewrite a reproduce or compare report's report.md and figures from its report.json "
-                                      "(no training, decoding or scoring)")
+    add_arguments(p)
+
+
+def _render_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("report_json", metavar="REPORT_JSON", help="the report.json of a reproduce or compare report folder")
     p.add_argument("--out", help="folder for report.md and the figures (report.json is copied there); default: "
                                  "REPORT_JSON's folder, whose report.json is left as it is")
-    p.set_defaults(func=cmd_render)
+
+
+# each command: its help line in `cometnmt --help` and what adds its options; cmd_NAME runs it
+_COMMANDS = {
+    "train": ("train a model from a YAML config", _train_options),
+    "translate": ("translate text with a checkpoint (stdin -> stdout by default)", _translate_options),
+    "logprob": ("forced decoding: a checkpoint's log-probability of given translations (rescoring, perplexity)",
+                _logprob_options),
+    "attention": ("where each target token looks in the source: attention weights as JSON lines and heatmap PNGs",
+                  _attention_options),
+    "evaluate": ("score translations (sacreBLEU BLEU/chrF and the COMET paper's metric)", _evaluate_options),
+    "average": ("average the weights of several checkpoints", _average_options),
+    "serve": ("serve a checkpoint over HTTP: POST /translate (and /logprob) with JSON", _serve_options),
+    "reproduce": ("rerun the COMET paper's Table 1 rows and write a report", _reproduce_options),
+    "compare": ("train configs with several seeds; test the first against the others (paired bootstrap)",
+                _compare_options),
+    "render": ("rewrite a reproduce or compare report's report.md and figures from its report.json "
+               "(no training, decoding or scoring)", _render_options),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. ``command``: build that command's options alone (``main`` passes
+    the one typed, :func:`_command_at`): the other commands get their name and help line only, all
+    that ``cometnmt --help`` and argparse's "invalid choice" show. Every command's options (reproduce's
+    and compare's import their modules) were half the CPU time of a ``cometnmt translate --help``
+    (bench/startup.py --parser). A name that is no command ('' say) builds none; None builds all."""
+    parser = argparse.ArgumentParser(prog="cometnmt", description="Neural machine translation: COMET, Transformer and friends.",
+                                     epilog="environment: COMETNMT_PLUGINS=MODULE[,FILE.py...] imports modules that register "
+                                            "architectures of your own in cometnmt.models.REGISTRY before any command (and in "
+                                            "the training processes compare and reproduce start); README, Adding an architecture")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    from cometnmt import __version__
+
+    parser.add_argument("--version", action="version", version=f"cometnmt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (line, add_options) in _COMMANDS.items():
+        p = sub.add_parser(name, help=line)
+        if command is None or command == name:
+            add_options(p)
+        p.set_defaults(func=globals()[f"cmd_{name}"])  # looked up now: a test may replace cmd_NAME
     return parser
+
+
+def _command_at(argv: list[str]) -> str:
+    """The command typed in ``argv``: its first argument that is not an option (the global options,
+    -v/--verbose, --version and -h/--help, take no value), '' where there is none."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
 
 
 # what a command takes by position, which other toolkits' habits give as an option (`--config`):
@@ -865,9 +897,10 @@ _POSITIONAL_AS_OPTION = {"train": ("config", ("--config",)),
 def _positional_as_option(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """Exit 2 with the command line to type where a command's positional argument was given as
     an option (``cometnmt train --config X.yaml``): the same line without the option name."""
-    cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)  # the subcommand (after -v)
-    if cmd is None or argv[cmd] not in _POSITIONAL_AS_OPTION:
+    command = _command_at(argv)
+    if command not in _POSITIONAL_AS_OPTION:
         return
+    cmd = argv.index(command)  # the first argument not an option is the first of its name
     what, names = _POSITIONAL_AS_OPTION[argv[cmd]]
     fixed, given = list(argv[:cmd + 1]), None
     for arg in argv[cmd + 1:]:
@@ -887,8 +920,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. SIGTERM is Ctrl-C for every command (exit 143, not 130): train saves
     last.pt, serve stops cleanly, and any command's half-written output file is removed
     (``atomic_write``) rather than left as a temporary file, as a process killed outright would."""
-    parser = build_parser()
-    _positional_as_option(parser, sys.argv[1:] if argv is None else list(argv))
+    given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_at(given))
+    _positional_as_option(parser, given)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

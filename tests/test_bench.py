@@ -708,3 +708,21 @@ def test_bench_startup_times_a_spacy_checkpoints_load_and_first_translation(data
     assert all(run_[key] > 0 for key in ("import_s", "from_checkpoint_s", "first_translation_s", "total_s", "total_cpu_s"))
     assert run_["modules_after_load"] == ["spacy"] and run_["modules_after_translation"] == ["sacremoses", "spacy"]
     assert tree["summary"]["total_s"]["median"] == run_["total_s"] and "from_checkpoint_s" in proc.stdout
+
+
+def test_bench_startup_times_the_whole_parser_against_the_typed_commands(tmp_path, monkeypatch):
+    """bench/startup.py --parser with one run: build_parser() against build_parser(COMMAND), each in a
+    fresh interpreter, and `cometnmt COMMAND --help` through main with each parser; the two helps
+    must be the same, or the script stops (a faster parser that printed another help timed nothing)."""
+    out = tmp_path / "parser.json"
+    proc = run("startup.py", "--parser", "evaluate", "--runs", "1", "--out", str(out))
+    result = json.loads(out.read_text())
+    [timed] = result["runs"]
+    startup = _script("startup.py")
+    assert result["command"] == "evaluate" and list(timed) == list(startup.PARSER_TIMES)
+    assert all(value > 0 for value in timed.values()) and result["summary"]["help_typed_ms"]["median"] == timed["help_typed_ms"]
+    assert result["whole_over_typed"]["build_cpu"] == timed["build_whole_cpu_ms"] / timed["build_typed_cpu_ms"]
+    assert "whole/typed" in proc.stdout
+    monkeypatch.setitem(startup.HELP, "typed", "print('usage: cometnmt evaluate')")
+    with pytest.raises(SystemExit, match="printed another help"):
+        startup.time_parser_once("evaluate")

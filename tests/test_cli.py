@@ -59,6 +59,69 @@ def _help_of(command: str) -> str:
     return next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command].format_help()
 
 
+COMMANDS = ["train", "translate", "logprob", "attention", "evaluate", "average", "serve", "reproduce", "compare", "render"]
+# each command's help, a bad option and a missing argument (or, where none is required, what it
+# parses to); the top level's help, no command, a typo, -v before the command, an invalid choice
+# and a bad number
+LINES = [*([command, *rest] for command in COMMANDS for rest in (["--help"], ["--no-such-option"], [])),
+         ["--help"], [], ["-v"], ["tranlsate", "a.pt"], ["-v", "translate", "--help"], ["--verbose", "render"],
+         ["evaluate", "--split", "dev"], ["translate", "a.pt", "--beam", "five"], ["-v", "--", "average", "-o"]]
+
+
+def _subcommands(parser):
+    import argparse
+
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_the_commands_are_the_ones_listed_here():
+    from cometnmt.cli import build_parser
+
+    assert list(_subcommands(build_parser())) == COMMANDS
+
+
+@pytest.mark.parametrize("argv", LINES, ids=" ".join)
+def test_the_typed_commands_parser_says_what_the_whole_parser_says(capsys, argv):
+    """main builds the typed command's options alone (the others' took most of a `translate --help`):
+    its help, errors and exit status are the whole parser's, byte for byte, and so is what it parses."""
+    from cometnmt.cli import _command_at, build_parser
+
+    def outcome(parser):
+        try:
+            result = vars(parser.parse_args(argv))
+        except SystemExit as exit:
+            result = exit.code
+        out = capsys.readouterr()
+        return result, out.out, out.err
+
+    whole, typed = outcome(build_parser()), outcome(build_parser(_command_at(argv)))
+    assert typed == whole and (whole[1] or whole[2] or isinstance(whole[0], dict))
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "tranlsate", ""])
+def test_a_commands_parser_holds_its_own_options_alone(command):
+    """build_parser(COMMAND): every command is there, with its help line, but only COMMAND has options
+    (a name that is no command: none has)."""
+    from cometnmt.cli import build_parser
+
+    def options(parser):
+        return [(a.dest, a.option_strings) for a in parser._actions]
+
+    whole, typed = _subcommands(build_parser()), _subcommands(build_parser(command))
+    assert list(typed) == list(whole)
+    for name, parser in typed.items():
+        assert options(parser) == (options(whole[name]) if name == command else [("help", ["-h", "--help"])])
+        assert parser.get_default("func") is whole[name].get_default("func")
+
+
+@pytest.mark.parametrize("argv, command", [(["translate", "a.pt", "-i", "x"], "translate"), (["-v", "train", "c.yaml"], "train"),
+                                           (["--verbose", "--version", "serve"], "serve"), (["-v", "--help"], ""), ([], "")])
+def test_the_command_typed_is_found_after_the_global_options(argv, command):
+    from cometnmt.cli import _command_at
+
+    assert _command_at(argv) == command
+
+
 def test_train_writes_run_folder(trained):
     for name in ("best.pt", "last.pt", "metrics.jsonl", "config.yaml", "train.log"):
         assert (trained / name).exists(), name
