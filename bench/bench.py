@@ -96,7 +96,8 @@ CPU_SDPA_FLOPS = {
 VARIANTS = {
     "unfused": "COMET's GPU training path before the operator cuts of 2026-11-27: every GatedConv trains through "
                "autograd of F.conv1d and the gate (fused_gate=False, not _GatedConv1d) and every ConvUnit casts its "
-               "input once per consumer under autocast (cast_once=False, not _CastForTwo)",
+               "input and parameters once per consumer under autocast (cast_once=False, not _CastForTwo and one cast of "
+               "the unit's parameters)",
     "conv1d": "every GatedConv takes F.conv1d, CUDA's path, on any device (use_conv1d=True; the CPU takes im2col), "
               "so the CPU counts the GPU path's ops/step",
 }

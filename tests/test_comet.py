@@ -4,6 +4,7 @@ keeps an O(kernel) cache."""
 
 from __future__ import annotations
 
+import collections
 import copy
 
 import pytest
@@ -38,7 +39,7 @@ def test_invariance_test_fails_when_padding_leaks_into_batch_norm(leaky):
 def test_invariance_tests_fail_when_padding_is_not_zeroed_before_convolution(monkeypatch):
     from cometnmt.models import comet
 
-    def no_zeroing(self, x, pad_mask, src_lengths=None, padding=None):
+    def no_zeroing(self, x, pad_mask, src_lengths=None, padding=None, weights=None):
         maps, h = [], x
         for conv, norm in zip(self.convs, self.norms):
             h = norm(conv(h), pad_mask)
@@ -542,9 +543,9 @@ def test_channels_first_training_path_equals_the_masked_path(bounds, kind, causa
     calls = []
     original = MultiLayerConv._train_channels_first
 
-    def spy(self, h, lengths=None):
+    def spy(self, h, lengths=None, weights=None):
         calls.append(h.shape)
-        return original(self, h, lengths)
+        return original(self, h, lengths, weights)
 
     results = []
     with pytest.MonkeyPatch.context() as mp:
@@ -696,15 +697,18 @@ def test_a_float64_unit_trains_under_bf16_autocast_in_float64(kind, bounds):
 
 
 class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
-    """How many times each ATen operator a block dispatches."""
+    """How many times each ATen operator a block dispatches; ``views=False``: views apart, as
+    bench/count_ops.py counts (no kernel)."""
 
-    def __init__(self) -> None:
+    def __init__(self, views: bool = True) -> None:
         super().__init__()
         self.count = {}
+        self.views = views
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        self.count[name] = self.count.get(name, 0) + 1
+        if self.views or not (func.is_view or name == "_unsafe_view"):
+            self.count[name] = self.count.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
 
 
@@ -808,3 +812,64 @@ def test_padding_derived_once_a_forward_not_once_a_unit_changes_nothing(monkeypa
     # evaluation with the encoder's per-length statistics: the real lengths, once a forward not once a unit
     saved = 3 - 1 if comet.get("bn_length_bounds") else 0
     assert ops[False, "own"]["bitwise_not"] - ops[False, "shared"]["bitwise_not"] == saved
+
+
+@pytest.mark.parametrize("case", ["comet", "comet_bn_length", "comet_ffn2", "comet_4layer", "comet_temporal"])
+def test_gpu_training_path_cuts_equal_the_reference_bit_for_bit(case, monkeypatch):
+    """The operator cuts of the unpadded GPU path (F.conv1d): batch norm as torch.native_batch_norm
+    (F.batch_norm's dispatch added an empty reserve tensor), and under autocast a unit's convolution
+    and linear parameters cast in one cast of their concatenation (cast_params_once; False: a cast
+    each). Against the reference (F.batch_norm, cast_params_once off), a whole model's logits, every
+    parameter's gradient and every buffer are equal bit for bit, float32 and bf16 autocast, train
+    and eval mode; and in training the cuts dispatch fewer operators: an ``empty`` fewer a norm,
+    and under bf16 2 casts forward and 2 backward a unit where there was one each a parameter."""
+    models = [test_models.make(case, seed=3) for _ in range(2)]
+    for m in (m for model in models for m in model.modules()):
+        if isinstance(m, GatedConv):
+            m.use_conv1d = True
+    for m in models[1].modules():
+        if isinstance(m, ConvUnit):
+            m.cast_params_once = False
+    reference_bn = lambda x, w, b, mean, var, training, momentum, eps: (  # noqa: E731
+        torch.nn.functional.batch_norm(x, mean, var, w, b, training, momentum, eps),)
+    gen = torch.Generator().manual_seed(4)
+    src, _ = random_batch([6, 6, 6], test_models.V_SRC, gen)  # one source length: unpadded, the mask None
+    tgt, _ = random_batch([5, 7, 3], test_models.V_TGT, gen)
+    units = [m for m in models[0].encoder.modules() if isinstance(m, ConvUnit)]
+    encoder_norms = sum(isinstance(m, MaskedBatchNorm) for m in models[0].encoder.modules())
+    for precision in ("fp32", "bf16"):
+        for training in (True, False):
+            results, ops = [], []
+            for i, model in enumerate(models):
+                model.train(training)
+                with pytest.MonkeyPatch.context() as mp:
+                    if i == 1:
+                        mp.setattr(torch, "native_batch_norm", reference_bn)
+                    torch.manual_seed(9)  # the same dropout masks
+                    with _Ops(views=False) as seen:
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                            logits = model(src, None, tgt)
+                        logits.float().logsumexp(-1).mean().backward()
+                results.append((logits, {k: p.grad for k, p in model.named_parameters()}))
+                ops.append(collections.Counter(seen.count))
+                model.zero_grad(set_to_none=True)
+            (y0, g0), (y1, g1) = results
+            where = (precision, training)
+            assert torch.equal(y0, y1), where
+            assert g0.keys() == g1.keys() and all(g is not None for g in g0.values()), where
+            for k in g0:
+                assert torch.equal(g0[k], g1[k]), (where, k)
+            for (k, a), (_, b) in zip(state_buffers(models[0]), state_buffers(models[1])):
+                assert torch.equal(a, b), (where, k)
+            if not training:  # evaluation: no batch statistics, no cut
+                assert ops[0] == ops[1], where
+                continue
+            fast, ref = ops
+            cut = ref["empty"] - fast["empty"]
+            assert cut >= encoder_norms > 0, where  # the decoder's norms too, where it has them
+            if precision == "bf16":  # each encoder unit: a cast of its parameters' concatenation each way, not one a parameter
+                params = sum(2 * len(u.convs.convs) + 2 * (u.kind == "conv") for u in units)
+                assert ref["_to_copy"] - fast["_to_copy"] == 2 * params - 2 * len(units), where
+                assert fast["cat"] - ref["cat"] == 2 * len(units), where  # the concatenation and its gradients'
+                cut += 2 * params - 4 * len(units)
+            assert sum(ref.values()) - sum(fast.values()) == cut, where  # nothing else changed

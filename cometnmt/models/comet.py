@@ -188,7 +188,7 @@ class MaskedBatchNorm(nn.Module):
         self.register_buffer("recorded", torch.zeros(2 * channels + 1), persistent=False)
         # (bucket_batches as last written here, its version then, its values as a host list): see _host_counts
         self._counts_mirror: Optional[tuple[torch.Tensor, int, list[int]]] = None
-        # the last unpadded training batch's mean and unbiased variance, written by F.batch_norm
+        # the last unpadded training batch's mean and unbiased variance, written by the batch-norm kernel
         # (momentum 1) for the per-length and deferred updates (:meth:`_native`)
         self.register_buffer("batch_mean", torch.zeros(channels), persistent=False)
         self.register_buffer("batch_var", torch.ones(channels), persistent=False)
@@ -238,7 +238,7 @@ class MaskedBatchNorm(nn.Module):
         return lengths.float().mean()
 
     def _train_unpadded(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Training mode on a batch without padding: ``F.batch_norm`` over the B*L positions in
+        """Training mode on a batch without padding: PyTorch's batch norm over the B*L positions in
         float32 (one kernel forward and one backward on a GPU, against some 30 operators of the
         masked path), the same statistics and float32 output as the masked path with no padding."""
         flat = _statistics_dtype(x).reshape(-1, x.shape[-1])  # B*L,C
@@ -246,20 +246,25 @@ class MaskedBatchNorm(nn.Module):
 
     def train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Training mode on an unpadded batch in the convolutions' own layout, x B,C,L (the GPU
-        path of :class:`MultiLayerConv`): ``F.batch_norm`` as is, in the input's dtype (under bf16
+        path of :class:`MultiLayerConv`): PyTorch's batch norm as is, in the input's dtype (under bf16
         autocast the kernel takes bf16 with float32 weights and statistics and accumulates in
         float32), so no cast or copy goes in or out. The same statistics as :meth:`_train_unpadded`."""
         return self._native(x, x.shape[2] if lengths is None else self._mean_length(lengths))
 
     def _native(self, x: torch.Tensor, length: int | torch.Tensor) -> torch.Tensor:
-        """``F.batch_norm`` of x, channels in dim 1, statistics over every other dim, in training mode;
+        """PyTorch's batch norm of x, channels in dim 1, statistics over every other dim, in training mode;
         ``length`` keys the per-length statistics (every row's length, or a 0-dim tensor of the
         given lengths' mean)."""
+        # torch.native_batch_norm, the kernel F.batch_norm reaches on the CPU and, for bf16, on CUDA,
+        # called directly: F.batch_norm's dispatch also allocates an empty reserve tensor (one
+        # operator more a call, no kernel); the same outputs, gradients and statistics, bit for bit.
+        # (CUDA's float32 took cuDNN's kernel through F.batch_norm; now PyTorch's own, as bf16 does)
         if not self.length_bounds and not self.defer_running:  # PyTorch's running update: momentum, unbiased variance, as ours
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
+            return torch.native_batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, True,
+                                           self.momentum, self.eps)[0]
         # momentum 1: the kernel writes the batch's own mean and unbiased variance into the scratch
         # buffers (no var_mean, no float32 copy of x)
-        y = F.batch_norm(x, self.batch_mean, self.batch_var, self.weight, self.bias, True, 1.0, self.eps)
+        y = torch.native_batch_norm(x, self.weight, self.bias, self.batch_mean, self.batch_var, True, 1.0, self.eps)[0]
         with torch.no_grad():
             self._update_running(self.batch_mean, self.batch_var, length if isinstance(length, torch.Tensor) else float(length))
         return y
@@ -456,18 +461,22 @@ class GatedConv(nn.Module):
         """Whether ``forward`` takes ``F.conv1d`` (CUDA by default) rather than im2col."""
         return x.is_cuda if self.use_conv1d is None else self.use_conv1d
 
-    def forward_channels_first(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_channels_first(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x B,C_in,L (padding already zeroed) -> B,n_f,L with ``F.conv1d``: the layout the
         convolution wants in and gives out, so a stack of them needs no transposes or copies in
-        between; symmetric zero padding goes into the convolution itself."""
+        between; symmetric zero padding goes into the convolution itself. ``weight`` and ``bias``:
+        the convolution's own, already cast (:func:`_cast_together`), or None: the module's."""
+        weight = self.conv.weight if weight is None else weight
+        bias = self.conv.bias if bias is None else bias
         left, right = self.pad
         if left != right:  # causal, or an even kernel: pad first
             x, left = F.pad(x, (left, right)), 0
-        if self.fused_gate and torch.is_grad_enabled() and (x.requires_grad or self.conv.weight.requires_grad):
+        if self.fused_gate and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             # training: convolution and gate as one autograd Function, 4 operators fewer forward and
             # backward (casts apart) than autograd through the ops below
-            return _GatedConv1d.apply(x, self.conv.weight, self.conv.bias, left, self.conv.dilation[0])
-        h = F.conv1d(x, self.conv.weight, self.conv.bias, padding=left, dilation=self.conv.dilation)  # B,2n_f,L
+            return _GatedConv1d.apply(x, weight, bias, left, self.conv.dilation[0])
+        h = F.conv1d(x, weight, bias, padding=left, dilation=self.conv.dilation)  # B,2n_f,L
         return self.gate(h, dim=1)  # B,n_f,L
 
     def step(self, x: torch.Tensor, history: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -539,13 +548,16 @@ class MultiLayerConv(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
-                src_lengths: Optional[torch.Tensor] = None, padding: Optional[SharedPadding] = None) -> list[torch.Tensor]:
+                src_lengths: Optional[torch.Tensor] = None, padding: Optional[SharedPadding] = None,
+                weights: Optional[list[torch.Tensor]] = None) -> list[torch.Tensor]:
         """x B,L,D -> [F_1..F_n]; ``src_lengths`` (B) key the decoder's per-length statistics.
         ``padding``: :meth:`shared_padding` of the same x shape, pad_mask and src_lengths, if the
-        caller computed it once for several stacks (Transformer.encode: once a forward, not once a unit)."""
+        caller computed it once for several stacks (Transformer.encode: once a forward, not once a unit).
+        ``weights``: the convolutions' weight and bias, in turn, already cast (ConvUnit under
+        autocast), for the channels-first path; None: each module's own."""
         lengths = src_lengths if self.wants_source_lengths else None
         if self.trains_channels_first(x, pad_mask):
-            return self._train_channels_first(x, lengths)
+            return self._train_channels_first(x, lengths, weights)
         maps = []
         h = x if pad_mask is None else x.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # B,L,D
         # one pad mask for every norm: what it derives from it computed once, not once a norm
@@ -573,15 +585,17 @@ class MultiLayerConv(nn.Module):
         return (pad_mask is None and self.training and self.batch_norm and self.convs[0].runs_conv1d(x)
                 and x.shape[0] * x.shape[1] > 1)
 
-    def _train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+    def _train_channels_first(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None,
+                              weights: Optional[list[torch.Tensor]] = None) -> list[torch.Tensor]:
         """Training on an unpadded batch with ``F.conv1d`` (the GPU path): the stack runs in the
         convolutions' layout B,C,L from one transpose of x to the maps, and batch norm as PyTorch's
         kernel in the convolution's dtype. The same maps as the B,L,C path; fewer operators a step,
         and a GPU step at Multi30k's batch sizes is bound by kernel launches (bench/README.md)."""
         h = x.transpose(1, 2)  # B,D,L
         maps = []
-        for conv, norm in zip(self.convs, self.norms):
-            h = norm.train_channels_first(conv.forward_channels_first(h), lengths)  # B,n_i,L
+        for i, (conv, norm) in enumerate(zip(self.convs, self.norms)):
+            h = conv.forward_channels_first(h, *(weights[2 * i : 2 * i + 2] if weights else ()))  # B,n_i,L
+            h = norm.train_channels_first(h, lengths)  # B,n_i,L
             maps.append(h.transpose(1, 2))  # B,L,n_i (a view)
         return maps
 
@@ -634,6 +648,17 @@ class _CastForTwo(torch.autograd.Function):
         return da.to(ctx.x_dtype).add_(db), None  # the sum in x's dtype, db widened inside the add
 
 
+def _cast_together(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """``tensors`` (a unit's parameters) cast to ``dtype`` in one cast of their concatenation, as
+    views of it: ``cat`` and ``_to_copy`` forward, ``_to_copy`` and a ``cat`` of the gradients (the
+    split's) backward, where a cast each dispatched one ``_to_copy`` per tensor forward and one
+    backward (8 of each for a 3-layer unit). A cast rounds element by element, so the values and
+    gradients are a cast each's, bit for bit."""
+    flat = torch.cat([t if t.dim() == 1 else t.reshape(-1) for t in tensors]).to(dtype)  # the numbers of all of them
+    # (a bias is 1-D already: no view of it, forward or backward)
+    return [part if t.dim() == 1 else part.view_as(t) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+
 class ConvUnit(nn.Module):
     """The convolution sublayer and its Table 1 variants; B,L,D -> B,L,D.
 
@@ -656,14 +681,19 @@ class ConvUnit(nn.Module):
         else:
             self.reduce = nn.Linear(n_feat + d_model, d_model)
         self.slope = cfg.leaky_slope
-        self.cast_once = True  # the channels-first path under autocast: x cast once for two (False: once each)
+        # the channels-first path under autocast: x cast once for two (False: once per consumer), and
+        # the parameters of the convolutions and the linear in one cast (False: one cast each)
+        self.cast_once = True
+        self.cast_params_once = True
 
     @property
     def wants_source_lengths(self) -> bool:
         """The decoder's per-source-length batch norm: Transformer.decode and step pass source lengths."""
         return self.convs.wants_source_lengths
 
-    def combine(self, maps: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def combine(self, maps: list[torch.Tensor], x: torch.Tensor, reduce: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
+        """The maps and x -> B,L,D. ``reduce``: the conv unit's linear's weight and bias already
+        cast (:meth:`forward` under autocast), or None: the module's own."""
         if self.kind == "ffn1":
             feats = torch.cat(maps, dim=-1)  # B,L,n_feat
             maps = [self.inner_norm(feats + self.inner_dropout(self.inner(feats)))]  # B,L,n_feat
@@ -678,7 +708,7 @@ class ConvUnit(nn.Module):
         joined = torch.cat([*maps, x], dim=-1)  # B,L,n_feat+D
         if self.kind == "ffn2":
             return self.reduce(joined)  # B,L,D
-        return F.leaky_relu(self.reduce(joined), self.slope)  # B,L,D
+        return F.leaky_relu(self.reduce(joined) if reduce is None else F.linear(joined, *reduce), self.slope)  # B,L,D
 
     def shared_padding(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
                        src_lengths: Optional[torch.Tensor] = None) -> SharedPadding:
@@ -689,7 +719,7 @@ class ConvUnit(nn.Module):
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
                 src_lengths: Optional[torch.Tensor] = None, padding: Optional[SharedPadding] = None) -> torch.Tensor:
-        x_conv = x
+        x_conv, weights, reduce = x, None, None
         if self.kind != "ffn1" and self.convs.trains_channels_first(x, pad_mask) and _autocast_on(x):
             # the first convolution and the concatenation both take x in autocast's dtype (the maps
             # of this path are in it; ffn1's LayerNorm gives float32): cast it once, not once each
@@ -697,7 +727,15 @@ class ConvUnit(nn.Module):
             dtype = torch.get_autocast_dtype(x.device.type)
             if self.cast_once and x.dtype not in (dtype, torch.float64):
                 x_conv, x = _CastForTwo.apply(x, dtype)
-        return self.combine(self.convs(x_conv, pad_mask, src_lengths, padding), x)
+                # the convolutions' weights and biases (and the conv unit's linear's) in one cast,
+                # where autocast cast each for its operator: 2 operators forward and 2 backward, not 8 and 8
+                params = [p for conv in self.convs.convs for p in (conv.conv.weight, conv.conv.bias)]
+                if self.kind == "conv":
+                    params += [self.reduce.weight, self.reduce.bias]
+                if self.cast_params_once and all(p.dtype == torch.float32 for p in params):  # what autocast would cast
+                    weights = _cast_together(params, dtype)
+                    weights, reduce = weights[: 2 * len(self.convs.convs)], weights[2 * len(self.convs.convs):] or None
+        return self.combine(self.convs(x_conv, pad_mask, src_lengths, padding, weights), x, reduce)
 
     def step(self, x: torch.Tensor, cache: dict, src_lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
         maps, cache = self.convs.step(x, cache, src_lengths)
