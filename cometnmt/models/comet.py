@@ -727,15 +727,21 @@ class ConvUnit(nn.Module):
             dtype = torch.get_autocast_dtype(x.device.type)
             if self.cast_once and x.dtype not in (dtype, torch.float64):
                 x_conv, x = _CastForTwo.apply(x, dtype)
-                # the convolutions' weights and biases (and the conv unit's linear's) in one cast,
-                # where autocast cast each for its operator: 2 operators forward and 2 backward, not 8 and 8
-                params = [p for conv in self.convs.convs for p in (conv.conv.weight, conv.conv.bias)]
-                if self.kind == "conv":
-                    params += [self.reduce.weight, self.reduce.bias]
-                if self.cast_params_once and all(p.dtype == torch.float32 for p in params):  # what autocast would cast
-                    weights = _cast_together(params, dtype)
-                    weights, reduce = weights[: 2 * len(self.convs.convs)], weights[2 * len(self.convs.convs):] or None
+                if self.cast_params_once:
+                    weights, reduce = self._parameters_cast(dtype)
         return self.combine(self.convs(x_conv, pad_mask, src_lengths, padding, weights), x, reduce)
+
+    def _parameters_cast(self, dtype: torch.dtype) -> tuple[Optional[list[torch.Tensor]], Optional[list[torch.Tensor]]]:
+        """The convolutions' weights and biases, in turn, and the conv unit's linear's (None for
+        ffn2's FeedForward), cast to ``dtype`` in one cast (:func:`_cast_together`) where autocast
+        cast each for its operator: 2 operators forward and 2 backward a unit, not 8 and 8.
+        (None, None) where they are not all float32, the dtype autocast would cast."""
+        convs = [p for conv in self.convs.convs for p in (conv.conv.weight, conv.conv.bias)]
+        linear = [self.reduce.weight, self.reduce.bias] if self.kind == "conv" else []
+        if any(p.dtype != torch.float32 for p in convs + linear):
+            return None, None
+        cast = _cast_together(convs + linear, dtype)
+        return cast[: len(convs)], cast[len(convs):] or None
 
     def step(self, x: torch.Tensor, cache: dict, src_lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
         maps, cache = self.convs.step(x, cache, src_lengths)
