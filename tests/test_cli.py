@@ -736,7 +736,6 @@ def test_attention_writes_weights_and_heatmaps(trained, cli, tmp_path):
     assert "(-t and -i); they must be line-aligned" in err
 
 
-
 def test_attention_refuses_translate_nbest_columns_as_targets(trained, cli, tmp_path):
     """attention -t with translate --nbest 1 output attended with the index and score as the
     first target tokens ('0', '-1.2500', then the translation): rows and labels of words no

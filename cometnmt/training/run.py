@@ -152,7 +152,6 @@ def _resume_alternatives(last: Path, flags: bool) -> str:
             "trained again)")
 
 
-
 def _is_run_file(name: str) -> bool:
     """Whether ``name`` is one of the files the training writes in a run folder through atomic_write
     (temporary files of others, reproduce's test.hyp say, are not the training's to remove), by
