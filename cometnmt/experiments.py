@@ -33,6 +33,7 @@ from cometnmt.progress import progress_bar
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
+PRESETS = Path("configs", "multi30k")  # a checkout's Multi30k presets, from its root: reproduce's --config-dir
 
 
 @dataclass(frozen=True)
@@ -524,13 +525,26 @@ def fmt_p(test: dict) -> str:
     return f"< {1 / n:g}" if p == 0 and n else f"{p:.3f}"
 
 
-def _shown_path(part: str) -> str:
-    """A config path as a reader can rerun it: relative to the current folder when under it,
-    otherwise as recorded."""
-    path = Path(part)
-    if path.is_absolute():
+def _checkout_root(config: str) -> Optional[Path]:
+    """The checkout a run's config came from, where its recorded path alone says so: the folder
+    above ``configs/multi30k/`` for an absolute path of a file in it (reproduce's presets, recorded
+    absolute as its --config-dir defaults to ``REPO / PRESETS``, from wherever that checkout lay:
+    /work/main, a copy in /tmp); None for any other path. A string rule, not a look at the disk or
+    at the current folder: the checkout may be gone, and a report must read the same anywhere. Not
+    any folder named configs: a user's /home/u/configs/mine.yaml shown as configs/mine.yaml would
+    read as a file every checkout ships."""
+    path = Path(config)
+    return path.parents[2] if path.is_absolute() and path.parent.parts[-2:] == PRESETS.parts else None
+
+
+def _shown_path(part: str, root: Optional[Path]) -> str:
+    """A recorded path as a reader reruns it from a checkout's root: relative to ``root`` (the
+    checkout of the run's config, :func:`_checkout_root`) when under it, otherwise as recorded.
+    Never relative to the current folder, which made the same report.json render
+    ``configs/multi30k/comet.yaml`` from /work/main and ``/work/main/configs/...`` anywhere else."""
+    if root is not None and Path(part).is_absolute():
         try:
-            return str(path.relative_to(Path.cwd()))
+            return str(Path(part).relative_to(root))
         except ValueError:
             pass
     return part
@@ -553,8 +567,9 @@ def curve_marker(history: list) -> dict:
 
 def short_command(command: str) -> str:
     """A recorded training command without the interpreter path, shell-quoted, with the config
-    path and run folder as given (made relative to the current folder when under it), and the
-    environment assignments before it (``COMETNMT_PLUGINS=...``) kept."""
+    path and run folder as given (a reproduce preset recorded absolute, and a run folder inside its
+    checkout, relative to that checkout's root: :func:`_shown_path`), and the environment
+    assignments before it (``COMETNMT_PLUGINS=...``) kept."""
     parts = shlex.split(command)
     env = []
     while parts and "=" in parts[0] and parts[0].split("=", 1)[0].isidentifier():
@@ -562,6 +577,8 @@ def short_command(command: str) -> str:
         env.append(f"{name}={shlex.quote(value)}")
     if len(parts) > 2 and parts[1:3] == ["-m", "cometnmt"]:
         parts = ["cometnmt"] + parts[3:]
+    configs = [part for part in parts if part.endswith((".yaml", ".yml"))]
+    root = _checkout_root(configs[0]) if configs else None
     out, skip = [], False
     for i, part in enumerate(parts):
         if skip:
@@ -571,8 +588,8 @@ def short_command(command: str) -> str:
             skip = True
             continue
         if part.startswith("train.save_dir="):  # kept, so that pasted commands of two runs do not collide
-            part = "train.save_dir=" + _shown_path(part.split("=", 1)[1])
-        out.append(_shown_path(part) if part.endswith((".yaml", ".yml")) else part)
+            part = "train.save_dir=" + _shown_path(part.split("=", 1)[1], root)
+        out.append(_shown_path(part, root) if part in configs else part)
     return " ".join(env + [shlex.join(out)])
 
 

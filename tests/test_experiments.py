@@ -24,15 +24,28 @@ def test_one_seed_has_no_spread():
 
 
 def test_report_commands_name_the_config_as_it_can_be_rerun(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cmd = ["/venv/bin/python", "-m", "cometnmt", "train", str(tmp_path / "my configs" / "a.yaml"), "--set", "train.seed=2",
-           "--set", f"train.save_dir={tmp_path}/runs/a/seed2", "--set", "train.progress=false", "--set", "model.d_ff=64"]
-    assert experiments.short_command(shlex.join(cmd)) == ("cometnmt train 'my configs/a.yaml' --set train.seed=2 "
-                                                          "--set train.save_dir=runs/a/seed2 --set model.d_ff=64")
+    """A reproduce preset recorded absolute (its --config-dir defaults to the checkout's
+    configs/multi30k) is shown from that checkout's root, and a run folder inside the checkout too,
+    whichever folder the report is written in; any other path as recorded (relative ones were given
+    so), never relative to the current folder, which made a report read otherwise elsewhere."""
+    checkout = tmp_path / "my checkout"
+    cmd = ["/venv/bin/python", "-m", "cometnmt", "train", str(checkout / "configs" / "multi30k" / "comet.yaml"),
+           "--set", "train.seed=2", "--set", f"train.save_dir={checkout}/runs/a b/seed2", "--set", "train.progress=false",
+           "--set", "model.d_ff=64"]
+    outside = [*cmd[:8], "train.save_dir=/srv/runs/seed2"]
+    mine = [*cmd[:4], str(tmp_path / "my configs" / "a.yaml"), "--set", f"train.save_dir={tmp_path}/runs/seed2"]
+    checkout.mkdir()
+    for where in (tmp_path, checkout, Path(tmp_path.anchor)):  # the checkout, a folder above it, the root
+        monkeypatch.chdir(where)
+        assert experiments.short_command(shlex.join(cmd)) == ("cometnmt train configs/multi30k/comet.yaml --set train.seed=2 "
+                                                              "--set 'train.save_dir=runs/a b/seed2' --set model.d_ff=64")
+        assert experiments.short_command(shlex.join(outside)) == ("cometnmt train configs/multi30k/comet.yaml --set train.seed=2 "
+                                                                  "--set train.save_dir=/srv/runs/seed2")
+        assert experiments.short_command(shlex.join(mine)) == "cometnmt train " + shlex.join(mine[4:])
     elsewhere = cmd[:4] + ["/srv/presets/b.yaml"]
     assert experiments.short_command(shlex.join(elsewhere)) == "cometnmt train /srv/presets/b.yaml"
-    relative = cmd[:4] + ["configs/multi30k/comet.yaml"]
-    assert experiments.short_command(shlex.join(relative)) == "cometnmt train configs/multi30k/comet.yaml"
+    relative = cmd[:4] + ["configs/multi30k/comet.yaml", "--set", "train.save_dir=runs/x"]
+    assert experiments.short_command(shlex.join(relative)) == "cometnmt train configs/multi30k/comet.yaml --set train.save_dir=runs/x"
 
 
 def test_a_resumed_run_keeps_the_commit_it_started_from(tmp_path, monkeypatch):

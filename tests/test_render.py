@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from conftest import REPO
 from test_reproduce import TINY
@@ -260,6 +261,24 @@ def test_render_copies_report_json_byte_for_byte(tmp_path):
     path.write_bytes(raw)
     render_report(path, tmp_path / "other")
     assert (tmp_path / "other" / "report.json").read_bytes() == raw
+
+
+def test_every_committed_report_renders_as_committed_from_any_folder(tmp_path, monkeypatch):
+    """The runs' commands in report.md come from report.json alone, not from the folder render runs
+    in: a preset recorded absolute (/work/main/configs/multi30k/comet.yaml in multi30k_table1) was
+    shown relative to the current folder, configs/multi30k/comet.yaml from /work/main only, and
+    work/main/configs/... from the root. Rendered from the root (above every recorded path) and from
+    another folder, every committed report is its committed report.md but for the re-rendered line."""
+    from cometnmt.render import render_report
+
+    found = sorted((REPO / "reports").glob("*/report.json"))
+    assert len(found) >= 7
+    for path in found:
+        committed = _without_rendered_line((path.parent / "report.md").read_text(encoding="utf-8"))
+        for where in (Path(tmp_path.anchor), tmp_path):
+            monkeypatch.chdir(where)
+            text = render_report(path, tmp_path / "rendered" / path.parent.name).read_text(encoding="utf-8")
+            assert _without_rendered_line(text) == committed, (path.parent.name, str(where))
 
 
 def test_every_committed_report_can_be_re_rendered_or_says_it_cannot():
