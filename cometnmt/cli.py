@@ -35,27 +35,31 @@ def _sigterm(signum, frame):  # pragma: no cover - exercised by an interrupted r
 
 def _say_failure(exc: KeyboardInterrupt) -> None:
     """An interrupt that came during a failure (``interrupts.deferred`` raises it from the failure):
-    report the failure first, as it would have been reported alone (the toolkit's errors as one line,
-    others with their traceback); the interrupt's exit status wins (130, 143)."""
+    report the failure first, as it would have been reported alone (another rank's as one line that
+    names it, the toolkit's errors as one line, others with their traceback); the interrupt's exit
+    status wins (130, 143)."""
     cause = exc.__cause__
-    if isinstance(cause, CometNMTError):
-        print(f"cometnmt: error: {cause}", file=sys.stderr)
-    elif (line := _from_another_rank(cause)) is not None:
+    if (line := _from_another_rank(cause)) is not None:
         print(f"cometnmt: error: {line}", file=sys.stderr)
+    elif isinstance(cause, CometNMTError):
+        print(f"cometnmt: error: {cause}", file=sys.stderr)
     elif isinstance(cause, Exception):
         traceback.print_exception(cause)
 
 
 def _from_another_rank(exc: BaseException | None) -> str | None:
     """The line that shows ``exc`` where it is a rank's word of another rank's failure: that the
-    other left the process group (``training.distributed.PeerLeft``), or the error it sent, not the
-    toolkit's own (``RankFailed``: its class, not its message, which the failing rank shows with its
-    traceback). None for any other error. One line, since its traceback, a collective's, says
-    nothing of why. Looked up among the loaded modules: where training never ran, it cannot be one."""
-    distributed = sys.modules.get("cometnmt.training.distributed")
-    if distributed is not None and isinstance(exc, distributed.RankFailed):
+    other left the process group (``training.distributed.PeerLeft``), or the error it sent
+    (``training.distributed.rank_error``: a toolkit error of the same class, or ``RankFailed``),
+    as its ``relayed_line``, which names the rank, what it was doing and the error's class, not its
+    message: the failing rank shows the error itself. None for any other error. One line, since
+    its traceback, a collective's, says nothing of why, and the message would repeat the failing
+    rank's. PeerLeft is looked up among the loaded modules: where training never ran, it cannot be one."""
+    relayed = getattr(exc, "relayed_line", None)
+    if relayed is not None:
         rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
-        return f"rank {rank} of {world} stopped training: {exc.line}"
+        return f"rank {rank} of {world} stopped training: {relayed}"
+    distributed = sys.modules.get("cometnmt.training.distributed")
     if distributed is not None and isinstance(exc, distributed.PeerLeft):
         return str(exc)
     return None
@@ -941,8 +945,8 @@ def main(argv: list[str] | None = None) -> int:
 
                     load_plugins()
                 code = args.func(args)
-            except CometNMTError as exc:
-                print(f"cometnmt: error: {exc}", file=sys.stderr)
+            except CometNMTError as exc:  # another rank's (train under torchrun): named, not shown again
+                print(f"cometnmt: error: {_from_another_rank(exc) or exc}", file=sys.stderr)
                 code = 2
             except KeyboardInterrupt as exc:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
                 _say_failure(exc)

@@ -923,6 +923,38 @@ def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "cometnmt translate: interrupted"
 
 
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_another_ranks_usage_error_is_named_in_one_line_not_shown_again(monkeypatch, capsys, tmp_path, interrupted):
+    """Rank 1 of 2 stops with rank 0's usage error (a DataError rank 0 sent while it prepared the
+    data), alone or with an interrupt it held: ``cometnmt train`` on rank 1 says which rank failed
+    doing what, and not the error, which rank 0 shows on the terminal the ranks share (exit 2, as
+    rank 0's; 130 for the interrupt). Before, it showed the error a second time ("rank 0 failed
+    preparing the data: data/train.de:7: ..."). A Python caller still gets a DataError with the
+    whole message."""
+    from cometnmt import cli
+    from cometnmt.errors import DataError
+    from cometnmt.training import run as run_module
+    from cometnmt.training.distributed import rank_error
+
+    error = rank_error(0, "DataError", "data/train.de:7: a tab in the line", "Traceback ...", "preparing the data")
+    assert type(error) is DataError and str(error) == "rank 0 failed preparing the data: data/train.de:7: a tab in the line"
+
+    def train(cfg, **kwargs):
+        if not interrupted:
+            raise error
+        raise KeyboardInterrupt from error  # as interrupts.deferred raises a signal held during a failure
+
+    monkeypatch.setattr(run_module, "train", train)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["train", "configs/tiny.yaml", "--set", f"train.save_dir={tmp_path / 'run'}"]) == (
+        130 if interrupted else 2)
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == ("cometnmt: error: rank 1 of 2 stopped training: rank 0 failed preparing the data "
+                                   "(DataError); that rank's own output shows the error"), err
+    assert "a tab in the line" not in err, err
+
+
 def test_ctrl_c_while_train_starts_says_nothing_was_written(monkeypatch, capsys):
     """Importing torch and checking the config take seconds; Ctrl-C then escaped cmd_train's
     handler (only 'cometnmt train: interrupted', no word on what to do)."""

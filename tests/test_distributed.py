@@ -736,40 +736,54 @@ def test_a_failure_of_rank_one_while_decoding_validation_stops_every_rank(tmp_pa
         "RankFailed: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke on rank 1")
 
 
-RANK_ONE_DECODER_BREAKS = """\
+RANK_ONE_DECODER_BREAKS = """\\
 import os
 
+from cometnmt import errors
 from cometnmt.training import trainer
 
 if os.environ["RANK"] == "1":
     def failing(self, *args, **kwargs):
-        raise ValueError("the decoder " + "broke on rank 1")  # the message is not this line's text
+        raise {kind}("{where}the decoder " + "broke on rank 1")  # the message is not this line's text
 
     trainer.Translator.translate_ids = failing
 """
 
 
-def test_a_ranks_bug_is_shown_once_under_torchrun(tmp_path, data_dir):
-    """Rank 1's decoding of its share of the validation set fails with a bug (a ValueError) under
-    torchrun: rank 1 shows it with its traceback, and rank 0, which learns of it in the gather,
-    says in one line which rank failed doing what, not the error again. Before, rank 0 showed it
-    a second time, with the traceback of the gather, which says nothing. torchrun itself exits 1
-    (its ChildFailedError, listing each rank's own exit status: 1 here), as the README says."""
+@pytest.mark.parametrize("kind, where, status", [("ValueError", "", 1), ("errors.DataError", "data/valid.de:3: ", 2)])
+def test_a_ranks_error_is_shown_once_under_torchrun(tmp_path, data_dir, kind, where, status):
+    """Rank 1's decoding of its share of the validation set fails under torchrun, with a bug (a
+    ValueError) or a usage error (the toolkit's DataError): rank 1 shows it (a bug with its
+    traceback, a usage error as its one line), and rank 0, which learns of it in the gather, says
+    in one line which rank failed doing what, not the error again. Before, rank 0 showed it a
+    second time: a bug with the traceback of the gather, which says nothing, a usage error as a
+    second line ("rank 1 failed decoding ...: data/valid.de:3: ..."). Both exit as rank 1 does
+    (1, 2); torchrun itself exits 1 (its ChildFailedError, listing each rank's own exit status),
+    as the README says. Rank 0's train.log (rank 1 writes none) keeps the whole message, and for a
+    bug rank 1's traceback, which rank 1 sent with the error (before, the message alone), not the
+    gather's."""
     plugin = tmp_path / "breaks.py"
-    plugin.write_text(RANK_ONE_DECODER_BREAKS, encoding="utf-8")
+    plugin.write_text(RANK_ONE_DECODER_BREAKS.format(kind=kind, where=where), encoding="utf-8")
     proc = torchrun(data_dir, tmp_path / "ddp", "train.max_steps=1", "train.valid_bleu=true",
                     "train.valid_bleu_max_sentences=4", plugin=plugin)
     out, _ = proc.communicate(timeout=300)
-    assert out.count("ValueError: the decoder broke on rank 1") == 1, out
-    assert out.count("Traceback (most recent call last)") == 2, out  # rank 1's and torchrun's own
-    assert ("cometnmt: error: rank 0 of 2 stopped training: rank 1 failed decoding its share of the validation set "
-            "(ValueError); that rank's own output shows the error with its traceback") in out, out
+    name = kind.split(".")[-1]
+    message = f"{where}the decoder broke on rank 1"
+    assert out.count(message) == 1, out
+    bug = status == 1
+    assert out.count("Traceback (most recent call last)") == 1 + bug, out  # torchrun's own, and a bug's on rank 1
+    assert (f"cometnmt: error: rank 0 of 2 stopped training: rank 1 failed decoding its share of the validation set "
+            f"({name}); that rank's own output shows the error") in out, out
+    assert out.count("that rank's own output shows the error with its traceback") == bug, out
     assert proc.returncode == 1, out
-    assert "ChildFailedError" in out and "exitcode  : 1 " in out, out
-    # rank 0's train.log (rank 1 writes none) keeps the error's message, not the gather's traceback
+    assert "ChildFailedError" in out and f"exitcode  : {status} " in out, out
     log = (tmp_path / "ddp" / "train.log").read_text(encoding="utf-8")
-    assert ("the run stopped: rank 1 failed decoding its share of the validation set: ValueError: the decoder broke "
-            "on rank 1") in log and "Traceback" not in log, log
+    said = f"the run stopped: rank 1 failed decoding its share of the validation set: {name + ': ' if bug else ''}{message}"
+    assert said in log and "all_gather" not in log, log
+    if bug:  # rank 1's traceback, its source line and all
+        assert f"{said}\nTraceback (most recent call last)" in log and '"the decoder " + "broke on rank 1"' in log, log
+    else:
+        assert "Traceback" not in log, log
 
 
 def _rank_zero_fails_plotting(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:

@@ -9,6 +9,7 @@ import inspect
 import os
 import re
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -127,33 +128,53 @@ class RankFailed(RuntimeError):
     """Another rank's error that is not the toolkit's own (a bug, an OSError, PyTorch's RuntimeError),
     as a rank that learnt of it in a collective raises it (:func:`rank_error`): its message names
     the rank, what it was doing, the error's class and message ("rank 1 failed DOING: ValueError:
-    ..."), for a Python caller and rank 0's train.log. ``cometnmt train`` shows it as :attr:`line`,
-    without the error's message: the failing rank shows the error itself, with its traceback, on the
-    terminal the ranks share, and the copy (with the traceback of the collective, which says
-    nothing) showed it twice; it exits 1, as the failing rank does."""
+    ..."), for a Python caller and rank 0's train.log, which also keeps :attr:`trace`, the failing
+    rank's formatted traceback (the failing rank writes no train.log of its own). ``cometnmt
+    train`` shows it as :attr:`relayed_line`, without the error's message: the failing rank shows
+    the error itself, with its traceback, on the terminal the ranks share, and the copy (with the
+    traceback of the collective, which says nothing) showed it twice; it exits 1, as the failing
+    rank does."""
 
-    def __init__(self, rank: int, kind: str, message: str, doing: str) -> None:
+    def __init__(self, rank: int, kind: str, message: str, trace: str, doing: str) -> None:
         super().__init__(f"rank {rank} failed {doing}: {kind}: {message}")
-        self.line = f"rank {rank} failed {doing} ({kind}); that rank's own output shows the error with its traceback"
+        self.trace = trace
+        self.relayed_line = _relayed_line(rank, kind, doing, "the error with its traceback")
 
 
-def rank_error(rank: int, kind: str, message: str, doing: str) -> Exception:
+def _relayed_line(rank: int, kind: str, doing: str, shown: str) -> str:
+    """The line ``cometnmt train`` shows for another rank's error in place of the error itself."""
+    return f"rank {rank} failed {doing} ({kind}); that rank's own output shows {shown}"
+
+
+def rank_error(rank: int, kind: str, message: str, trace: str, doing: str) -> Exception:
     """The error another rank raises for one rank ``rank`` had while ``doing`` (its class name
-    ``kind`` and its message, as that rank sent them): the same class for the toolkit's own errors
-    (the CLI shows them as one line), a :class:`RankFailed` otherwise."""
+    ``kind``, its message and its formatted traceback ``trace``, as that rank sent them:
+    :func:`sent`): the same class for the toolkit's own errors, a :class:`RankFailed` otherwise.
+    Either's message is the whole error ("rank 0 failed DOING: data/train.de:7: ..."), for a
+    Python caller and rank 0's train.log; either carries ``relayed_line``, the one line ``cometnmt
+    train`` shows in its place, since the failing rank shows the error itself on the terminal the
+    ranks share (a usage error was shown twice)."""
     cls = getattr(errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, errors.CometNMTError):
-        return cls(f"rank {rank} failed {doing}: {message}")
-    return RankFailed(rank, kind, message, doing)
+        error = cls(f"rank {rank} failed {doing}: {message}")
+        error.relayed_line = _relayed_line(rank, kind, doing, "the error")
+        return error
+    return RankFailed(rank, kind, message, trace, doing)
+
+
+def sent(exc: BaseException) -> tuple[str, str, str]:
+    """What another rank receives of this rank's error ``exc`` (pickled) to raise as :func:`rank_error`:
+    its class name, its message and its formatted traceback (from where this rank caught it)."""
+    return type(exc).__name__, str(exc), "".join(traceback.format_exception(exc))
 
 
 def _attempt(compute: Callable[[], T]) -> tuple[tuple, Exception | None]:
     """``compute()`` as an outcome another rank can receive (pickled): ``(True, result)``, or
-    ``(False, (class name, message))`` with the error itself beside it for this rank to raise."""
+    ``(False, sent(error))`` with the error itself beside it for this rank to raise."""
     try:
         return (True, compute()), None
     except Exception as exc:  # the other ranks learn of it from the outcome
-        return (False, (type(exc).__name__, str(exc))), exc
+        return (False, sent(exc)), exc
 
 
 def _raise_failure(outcomes: list[tuple | None], error: Exception | None, doing: str) -> None:

@@ -34,7 +34,7 @@ from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CH
                                          LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
                                          weights_misfit)
 from cometnmt.training.distributed import (DistInfo, RankFailed, all_reduce_sum, any_rank, broadcast_object,
-                                          broadcast_result, init_from_env, rank_error, shutdown, waited_out)
+                                          broadcast_result, init_from_env, rank_error, sent, shutdown, waited_out)
 from cometnmt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -356,11 +356,13 @@ def _write_held(holder: logging.handlers.MemoryHandler, handler: logging.Handler
 
 def _log_failure(handler: logging.Handler, exc: Exception) -> None:
     """Write the error that stopped a run to its ``train.log`` only (the console gets it once, from
-    the CLI or the caller): the message of a usage error or of another rank's error (whose traceback
-    here would be the collective's, which says nothing), the traceback of anything else."""
+    the CLI or the caller): the message of a usage error, the traceback of anything else; for
+    another rank's error (:class:`RankFailed`) the traceback that rank sent, not this rank's, the
+    collective's, which says nothing."""
     record = logging.makeLogRecord({
         "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR", "msg": "the run stopped: %s", "args": (exc,),
         "exc_info": None if isinstance(exc, (CometNMTError, RankFailed)) else (type(exc), exc, exc.__traceback__),
+        "exc_text": exc.trace.rstrip("\n") if isinstance(exc, RankFailed) else None,  # Formatter adds it below the message
     })
     handler.handle(record)
 
@@ -479,8 +481,7 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         if failed or interrupted:
             setup.met = True  # the ranks met here; none meets the others again on its way out
         if failed and not interrupted:
-            kind, message, doing = broadcast_object(None if error is None else (type(error).__name__, str(error), doing),
-                                                    dist)
+            kind, message, trace, doing = broadcast_object(None if error is None else (*sent(error), doing), dist)
         elif not failed and not interrupted:
             shared = broadcast_object(prepared.shareable() if dist.is_main else None, dist)
     if error is not None:
@@ -489,7 +490,7 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         log.warning("rank %d: another rank was interrupted while rank 0 prepared the data; every rank stops", dist.rank)
         raise KeyboardInterrupt
     if failed:
-        raise rank_error(0, kind, message, doing)
+        raise rank_error(0, kind, message, trace, doing)
     return prepared if dist.is_main else shared.received()
 
 
