@@ -40,11 +40,20 @@ def _say_failure(exc: KeyboardInterrupt) -> None:
     status wins (130, 143)."""
     cause = exc.__cause__
     if (line := _from_another_rank(cause)) is not None:
-        print(f"cometnmt: error: {line}", file=sys.stderr)
+        _say_error(line)
     elif isinstance(cause, CometNMTError):
-        print(f"cometnmt: error: {cause}", file=sys.stderr)
+        _say_error(cause)
     elif isinstance(cause, Exception):
         traceback.print_exception(cause)
+
+
+def _say_error(error: object) -> None:
+    """``cometnmt: error: ERROR`` and its newline on standard error in one write: print() writes the
+    text and the end apart, and where standard error is unbuffered (PYTHONUNBUFFERED=1, as torchrun
+    runs are often launched) two ranks' lines on the terminal they share ran together ("...a bad
+    linecometnmt: error: rank 1 of 2 ...")."""
+    sys.stderr.write(f"cometnmt: error: {error}\n")
+    sys.stderr.flush()
 
 
 def _from_another_rank(exc: BaseException | None) -> str | None:
@@ -105,7 +114,7 @@ def cmd_train(args) -> int:
     except RuntimeError as exc:
         if (line := _from_another_rank(exc)) is None:
             raise
-        print(f"cometnmt: error: {line}", file=sys.stderr)  # under torchrun, beside the error of the rank that failed
+        _say_error(line)  # under torchrun, beside the error of the rank that failed
         return 1
     best = summary["best"]
     if not main_rank:
@@ -346,7 +355,7 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
             # N: the line decode_lines names, the session's (of UTF-16/32 input, where the column is)
             named = re.match(r"<stdin>:(\d+): ", str(exc))
             where = named.group(1) if named else number
-            print(f"cometnmt: error: line {where}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr, flush=True)
+            _say_error(f"line {where}: {str(exc).split(': ', 1)[-1]}")
             continue
         finally:
             offset += len(raw)
@@ -946,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
                     load_plugins()
                 code = args.func(args)
             except CometNMTError as exc:  # another rank's (train under torchrun): named, not shown again
-                print(f"cometnmt: error: {_from_another_rank(exc) or exc}", file=sys.stderr)
+                _say_error(_from_another_rank(exc) or exc)
                 code = 2
             except KeyboardInterrupt as exc:  # Ctrl-C in translate, evaluate, serve's start-up...: one line, not a traceback
                 _say_failure(exc)

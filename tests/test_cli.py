@@ -955,6 +955,37 @@ def test_another_ranks_usage_error_is_named_in_one_line_not_shown_again(monkeypa
     assert "a tab in the line" not in err, err
 
 
+def test_an_error_line_is_one_write(monkeypatch, tmp_path):
+    """``cometnmt: error: ...`` reaches standard error in one write, its newline included: print()
+    wrote the text and the newline apart, so with an unbuffered standard error (PYTHONUNBUFFERED=1)
+    two ranks' lines on a shared terminal ran together."""
+    import io
+    import sys
+
+    from cometnmt import cli
+    from cometnmt.training import run as run_module
+    from cometnmt.training.distributed import rank_error
+
+    class Unbuffered(io.StringIO):  # every write as it came, as an unbuffered stream passes them on
+        writes: list[str] = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return super().write(text)
+
+    def train(cfg, **kwargs):
+        raise rank_error(0, "DataError", "data/train.de:7: a tab in the line", "", "preparing the data")
+
+    monkeypatch.setattr(run_module, "train", train)
+    monkeypatch.setattr(sys, "stderr", Unbuffered())
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["train", "configs/tiny.yaml", "--set", f"train.save_dir={tmp_path / 'run'}"]) == 2
+    line = ("cometnmt: error: rank 1 of 2 stopped training: rank 0 failed preparing the data (DataError); "
+            "that rank's own output shows the error\n")
+    assert line in Unbuffered.writes, Unbuffered.writes
+
+
 def test_ctrl_c_while_train_starts_says_nothing_was_written(monkeypatch, capsys):
     """Importing torch and checking the config take seconds; Ctrl-C then escaped cmd_train's
     handler (only 'cometnmt train: interrupted', no word on what to do)."""
