@@ -134,13 +134,12 @@ def time_parser_once(command: str) -> dict:
 
 def time_parser(command: str, runs: int) -> dict:
     timed = [time_parser_once(command) for _ in range(runs)]
-    summary_ = {key: {"median": statistics.median(r[key] for r in timed), "min": min(r[key] for r in timed),
-                      "max": max(r[key] for r in timed)} for key in PARSER_TIMES}
-    ratios = {name: summary_[key.format("whole")]["median"] / summary_[key.format("typed")]["median"]
+    times = spread(timed, PARSER_TIMES)
+    ratios = {name: times[key.format("whole")]["median"] / times[key.format("typed")]["median"]
               for name, (_, key) in PARSER_ROWS.items()}
     return {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "python": sys.version.split()[0],
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None, "commit": commit(REPO),
-            "command": command, "summary": summary_, "whole_over_typed": ratios, "runs": timed}
+            "command": command, "summary": times, "whole_over_typed": ratios, "runs": timed}
 
 
 def parser_table(result: dict) -> str:
@@ -164,9 +163,14 @@ def commit(tree: Path) -> str | None:
     return head.stdout.strip() + ("+" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
 
 
+def spread(runs: list[dict], keys) -> dict:
+    """Each of ``keys``' median, min and max over ``runs``."""
+    return {key: {"median": statistics.median(r[key] for r in runs), "min": min(r[key] for r in runs),
+                  "max": max(r[key] for r in runs)} for key in keys}
+
+
 def summary(runs: list[dict]) -> dict:
-    out = {key: {"median": statistics.median(r[key] for r in runs), "min": min(r[key] for r in runs),
-                 "max": max(r[key] for r in runs)} for key in TIMES}
+    out = spread(runs, TIMES)
     out["modules_after_load"] = runs[-1]["modules_after_load"]
     out["modules_after_translation"] = runs[-1]["modules_after_translation"]
     return out

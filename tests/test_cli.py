@@ -966,11 +966,11 @@ def test_an_error_line_is_one_write(monkeypatch, tmp_path):
     from cometnmt.training import run as run_module
     from cometnmt.training.distributed import rank_error
 
-    class Unbuffered(io.StringIO):  # every write as it came, as an unbuffered stream passes them on
-        writes: list[str] = []
+    writes = []
 
+    class Unbuffered(io.StringIO):  # every write as it came, as an unbuffered stream passes them on
         def write(self, text):
-            self.writes.append(text)
+            writes.append(text)
             return super().write(text)
 
     def train(cfg, **kwargs):
@@ -983,7 +983,7 @@ def test_an_error_line_is_one_write(monkeypatch, tmp_path):
     assert cli.main(["train", "configs/tiny.yaml", "--set", f"train.save_dir={tmp_path / 'run'}"]) == 2
     line = ("cometnmt: error: rank 1 of 2 stopped training: rank 0 failed preparing the data (DataError); "
             "that rank's own output shows the error\n")
-    assert line in Unbuffered.writes, Unbuffered.writes
+    assert line in writes, writes
 
 
 def test_ctrl_c_while_train_starts_says_nothing_was_written(monkeypatch, capsys):
