@@ -210,13 +210,42 @@ class SpacyTokenizer:
         return {"kind": self.kind, "version": _STATE_VERSION, "lang": self.lang, "lowercase": self.lowercase}
 
 
+_THREAD = threading.local()  # the paper metric's spaCy pipelines built on this thread, by language
+
+
+def _thread_pipeline(lang: str) -> spacy.tokenizer.Tokenizer:
+    """``_blank_tokenizer(lang)``, built once a thread and kept for the thread's life. The paper
+    metric's tokenizer is asked for at every evaluation (each run and split of reproduce and compare,
+    the trainer's, ``score``), and ``spacy.blank`` cost 0.1-0.2 s each time. One a thread, not one
+    for all: spaCy's tokenizer adds to its vocabulary and cache as it reads, in Python callbacks
+    where another thread may run, and reproduce and compare score runs on several threads."""
+    pipelines = _THREAD.__dict__.setdefault("pipelines", {})
+    if (pipeline := pipelines.get(lang)) is None:
+        pipeline = pipelines[lang] = _blank_tokenizer(lang)
+    return pipeline
+
+
+class _MetricTokenizer(SpacyTokenizer):
+    """:class:`SpacyTokenizer` that tokenises with the calling thread's pipeline of its language
+    (:func:`_thread_pipeline`): one made on a thread and used on another uses the other's."""
+
+    def __init__(self, lang: str, lowercase: bool = False) -> None:
+        super().__init__(lang, lowercase, unk_word=True, lazy=True)
+        _thread_pipeline(lang)  # a language spaCy cannot tokenise is refused now
+
+    @property
+    def _tokenizer(self) -> spacy.tokenizer.Tokenizer:
+        return _thread_pipeline(self.lang)
+
+
 def metric_tokenizer(lang: str, lowercase: bool = False) -> SpacyTokenizer:
     """The tokenizer the COMET paper's metric (and BLEU by length) is computed with: spaCy's words
     of ``lang``, the text ``<unk>`` read as one word (``unk_word``). The paper scores the model's
     tokens, where the unknown word is one token; spaCy alone cut it into "<", "unk", ">" (three
     unmatched tokens) and glued it onto a neighbour ("<unk>-shirt" -> "<", "unk>-shirt", losing the
-    match of "shirt"). Raises :class:`DataError` where spaCy cannot tokenise ``lang``."""
-    return SpacyTokenizer(lang, lowercase=lowercase, unk_word=True)
+    match of "shirt"). Its spaCy pipeline is built once a thread (:func:`_thread_pipeline`).
+    Raises :class:`DataError` where spaCy cannot tokenise ``lang``."""
+    return _MetricTokenizer(lang, lowercase)
 
 
 _WARNED_LOCK = threading.Lock()  # reproduce and compare score runs in threads (--jobs)
