@@ -580,7 +580,10 @@ def name_origin(exc: ConfigError | DataError, path: str | Path | None, overrides
         text = _in_file(Path(path).expanduser(), refused, exc)
     except (OSError, ValueError, AttributeError, RecursionError, yaml.YAMLError, ConfigError):
         text = None
-    return (DataError if isinstance(exc, DataError) else ConfigError)(text or f"{path}: {exc}", keys=exc.keys)
+    named = (DataError if isinstance(exc, DataError) else ConfigError)(text or f"{path}: {exc}", keys=exc.keys)
+    if hasattr(exc, "relayed_line"):  # another rank's error (distributed.rank_error): still one line in the CLI
+        named.relayed_line = exc.relayed_line
+    return named
 
 
 @contextlib.contextmanager

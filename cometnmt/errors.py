@@ -11,7 +11,7 @@ class CometNMTError(Exception):
     """Base class: a user-facing error with a message that is complete on its own."""
 
 
-class _KeyedError(CometNMTError):
+class KeyedError(CometNMTError):
     """An error that may name config keys: ``keys``, the dotted keys its message names, the refused
     one first (``("model.n_heads", "model.d_model")``), so that :func:`cometnmt.config.name_origin`
     can say whether a ``--set`` override or a file (and which file of its base chain) gave them;
@@ -22,9 +22,9 @@ class _KeyedError(CometNMTError):
         self.keys = tuple(keys)
 
 
-class ConfigError(_KeyedError):
+class ConfigError(KeyedError):
     """An unknown config key, a wrong type or a value outside the allowed choices; ``keys`` as
-    :class:`_KeyedError`'s (load_config names the origin of its rules' errors by them)."""
+    :class:`KeyedError`'s (load_config names the origin of its rules' errors by them)."""
 
     @classmethod
     def at(cls, key: str, text: str, also: tuple[str, ...] = ()) -> ConfigError:
@@ -33,7 +33,7 @@ class ConfigError(_KeyedError):
         return cls(f"config key '{key}': {text}", keys=(key, *also))
 
 
-class DataError(_KeyedError):
+class DataError(KeyedError):
     """A missing, malformed, misaligned or corrupt data file. ``keys``: the config keys that named
     the file (``("data.train_src",)``), so that training's own checks can say whether a ``--set``
     override or a file gave them; empty where none did (a file given on the command line)."""

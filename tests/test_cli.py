@@ -955,6 +955,37 @@ def test_another_ranks_usage_error_is_named_in_one_line_not_shown_again(monkeypa
     assert "a tab in the line" not in err, err
 
 
+def test_another_ranks_usage_error_keeps_the_config_keys_it_names(monkeypatch, capsys, tmp_path):
+    """A usage error relayed from another rank kept its message and lost ``keys``, the config keys
+    it names: on the failing rank the error names the file (or --set) that gave them, on the others
+    (a Python caller's) it named none. The keys travel with it now (distributed.sent), so the relayed
+    error is named as the failing rank's, and ``cometnmt train`` still shows its one line."""
+    from cometnmt import cli
+    from cometnmt.config import name_origin
+    from cometnmt.errors import DataError
+    from cometnmt.training import run as run_module
+    from cometnmt.training.distributed import rank_error, sent
+
+    found = DataError("config key 'data.max_train_pairs': 2000 is more than the corpus holds",
+                      keys=("data.max_train_pairs",))
+    kind, message, trace, keys = sent(found)
+    error = rank_error(0, kind, message, trace, "preparing the data", keys)
+    assert type(error) is DataError and error.keys == ("data.max_train_pairs",)  # before: ()
+    named = name_origin(error, "configs/tiny.yaml", [])
+    assert str(named) == f"configs/tiny.yaml: {error}" and named.relayed_line == error.relayed_line
+    assert name_origin(error, "configs/tiny.yaml", ["data.max_train_pairs=5"]) is error  # the override's
+
+    def train(cfg, **kwargs):
+        raise error
+
+    monkeypatch.setattr(run_module, "train", train)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["train", "configs/tiny.yaml", "--set", f"train.save_dir={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err == ("cometnmt: error: rank 1 of 2 stopped training: rank 0 failed preparing "
+                                       "the data (DataError); that rank's own output shows the error\n")
+
+
 def test_an_error_line_is_one_write(monkeypatch, tmp_path):
     """``cometnmt: error: ...`` reaches standard error in one write, its newline included: print()
     wrote the text and the newline apart, so with an unbuffered standard error (PYTHONUNBUFFERED=1)

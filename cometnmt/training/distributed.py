@@ -146,26 +146,30 @@ def _relayed_line(rank: int, kind: str, doing: str, shown: str) -> str:
     return f"rank {rank} failed {doing} ({kind}); that rank's own output shows {shown}"
 
 
-def rank_error(rank: int, kind: str, message: str, trace: str, doing: str) -> Exception:
+def rank_error(rank: int, kind: str, message: str, trace: str, doing: str, keys: tuple[str, ...] = ()) -> Exception:
     """The error another rank raises for one rank ``rank`` had while ``doing`` (its class name
     ``kind``, its message and its formatted traceback ``trace``, as that rank sent them:
     :func:`sent`): the same class for the toolkit's own errors, a :class:`RankFailed` otherwise.
     Either's message is the whole error ("rank 0 failed DOING: data/train.de:7: ..."), for a
     Python caller and rank 0's train.log; either carries ``relayed_line``, the one line ``cometnmt
     train`` shows in its place, since the failing rank shows the error itself on the terminal the
-    ranks share (a usage error was shown twice)."""
+    ranks share (a usage error was shown twice). ``keys``: the config keys the error names (a
+    ConfigError's or DataError's), kept so that the relayed error names, as the failing rank's does,
+    the file or ``--set`` that gave them (:func:`cometnmt.config.name_origin`)."""
     cls = getattr(errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, errors.CometNMTError):
-        error = cls(f"rank {rank} failed {doing}: {message}")
+        keyed = {"keys": keys} if issubclass(cls, errors.KeyedError) else {}
+        error = cls(f"rank {rank} failed {doing}: {message}", **keyed)
         error.relayed_line = _relayed_line(rank, kind, doing, "the error")
         return error
     return RankFailed(rank, kind, message, trace, doing)
 
 
-def sent(exc: BaseException) -> tuple[str, str, str]:
+def sent(exc: BaseException) -> tuple[str, str, str, tuple[str, ...]]:
     """What another rank receives of this rank's error ``exc`` (pickled) to raise as :func:`rank_error`:
-    its class name, its message and its formatted traceback (from where this rank caught it)."""
-    return type(exc).__name__, str(exc), "".join(traceback.format_exception(exc))
+    its class name, its message, its formatted traceback (from where this rank caught it) and the
+    config keys it names (empty for an error that names none)."""
+    return type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)), tuple(getattr(exc, "keys", ()))
 
 
 def _attempt(compute: Callable[[], T]) -> tuple[tuple, Exception | None]:
@@ -185,7 +189,8 @@ def _raise_failure(outcomes: list[tuple | None], error: Exception | None, doing:
         raise error
     for rank, outcome in enumerate(outcomes):
         if outcome is not None and not outcome[0]:
-            raise rank_error(rank, *outcome[1], doing)
+            kind, message, trace, keys = outcome[1]
+            raise rank_error(rank, kind, message, trace, doing, keys)
 
 
 def broadcast_result(compute: Callable[[], T], info: DistInfo, doing: str) -> T:

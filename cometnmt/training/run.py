@@ -481,7 +481,7 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         if failed or interrupted:
             setup.met = True  # the ranks met here; none meets the others again on its way out
         if failed and not interrupted:
-            kind, message, trace, doing = broadcast_object(None if error is None else (*sent(error), doing), dist)
+            kind, message, trace, keys, doing = broadcast_object(None if error is None else (*sent(error), doing), dist)
         elif not failed and not interrupted:
             shared = broadcast_object(prepared.shareable() if dist.is_main else None, dist)
     if error is not None:
@@ -490,7 +490,7 @@ def _prepare_once(dist: DistInfo, setup: "_SetUp", prepare: Callable[[], Prepare
         log.warning("rank %d: another rank was interrupted while rank 0 prepared the data; every rank stops", dist.rank)
         raise KeyboardInterrupt
     if failed:
-        raise rank_error(0, kind, message, trace, doing)
+        raise rank_error(0, kind, message, trace, doing, keys)
     return prepared if dist.is_main else shared.received()
 
 
