@@ -164,6 +164,30 @@ def test_what_training_could_only_meet_at_its_end_is_refused_before_it(tmp_path,
     assert summary["save_dir"] == str(tmp_path / "home" / "tilde") and (tmp_path / "home" / "tilde" / "last.pt").exists()
 
 
+def test_a_split_without_pairs_is_refused_before_the_run_folder(tmp_path, data_dir):
+    """An empty training or validation file, or a training file whose every pair is empty on a side,
+    was refused only after the vocabularies were built, leaving a run folder holding train.log
+    (a bad data file leaves none), and an empty validation file was named "no validation pairs
+    (data.max_valid_pairs=None)"."""
+    files = _files(tmp_path, data_dir)  # data.train_src=..., train_tgt, valid_src, valid_tgt
+    empty_de, empty_en, blank_en = tmp_path / "empty.de", tmp_path / "empty.en", tmp_path / "blank.en"
+    empty_de.write_bytes(b"")
+    empty_en.write_bytes(b"")
+    blank_en.write_text(" \n" * 60, encoding="utf-8")  # as many lines as _files' train.de
+    refused = [
+        ([f"data.train_src={empty_de}", f"data.train_tgt={empty_en}"], r"empty.de: no training pairs \(an empty file\)"),
+        ([f"data.train_tgt={blank_en}"],
+         r"train.de: no training pairs \(all 60 line pairs are empty or whitespace-only on a side\)"),
+        ([f"data.valid_src={empty_de}", f"data.valid_tgt={empty_en}"], r"empty.de: no validation pairs \(an empty file\)"),
+        (["data.max_valid_pairs=0"], r"valid.de: no validation pairs \(data.max_valid_pairs=0\)"),
+    ]
+    for overrides, needle in refused:
+        save = tmp_path / "run"
+        with pytest.raises(cometnmt.DataError, match=needle):
+            cometnmt.train(tiny_train_cfg(save, data_dir, *files, "train.num_threads=1", *overrides))
+        assert not save.exists()
+
+
 def test_a_checkpoint_whose_weights_do_not_fit_its_model_is_named(run_dir, data_dir, tmp_path):
     """A damaged (or hand-edited) checkpoint whose weights do not fit the model its config
     describes was torch's size-mismatch traceback in translate, and in a resume."""

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from cometnmt.atomic import make_folder, remove_stale_temporaries, same_file
-from cometnmt.config import (DATA_PATH_KEYS, Config, changed_keys, check_unread_files, config_from_dict, max_len_keys,
-                             positions_key, to_dict, unread_multi30k_dir, unused_model_keys, yaml_dump)
+from cometnmt.config import (DATA_PATH_KEYS, Config, DataConfig, changed_keys, check_unread_files, config_from_dict,
+                             max_len_keys, positions_key, to_dict, unread_multi30k_dir, unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import ParallelCorpus, write_text_file
 from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split, unknown_share
 from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag_record
@@ -396,18 +396,31 @@ Splits = tuple[ParallelCorpus, ParallelCorpus, ParallelCorpus | None]  # train, 
 
 def read_splits(cfg: Config) -> Splits:
     """Read the training, validation and test splits, with every check of their files (found,
-    readable, text, the same number of lines a side, no empty evaluation line). ``train`` calls it
-    before it makes ``train.save_dir`` or its train.log: a run whose data file was missing or bad
-    left an empty run folder behind, holding a train.log with the error alone."""
+    readable, text, the same number of lines a side, no empty evaluation line, a pair at least in
+    each). ``train`` calls it before it makes ``train.save_dir`` or its train.log: a run whose data
+    file was missing, bad or empty left an empty run folder behind, holding a train.log with the
+    error alone."""
     train_corpus = read_split(cfg.data, "train")
     valid_corpus = read_split(cfg.data, "valid")
     # the test pair is scored only after training (cometnmt evaluate --split test), but a missing
     # file, a folder, a line-count mismatch, an empty line or an empty file there is known now
     test_corpus = read_split(cfg.data, "test") if has_test_split(cfg.data) else None
-    if test_corpus is not None and not len(test_corpus):  # evaluate: "the reference set is empty", no file named
-        raise DataError(f"{test_corpus.src_path}: no test pairs (an empty file; evaluate --split test would have "
-                        "nothing to score)")
+    for name, corpus, key in (("training", train_corpus, "max_train_pairs"), ("validation", valid_corpus,
+                              "max_valid_pairs"), ("test", test_corpus, None)):
+        if corpus is not None and not len(corpus):
+            raise DataError(f"{corpus.src_path}: no {name} pairs ({_why_no_pairs(corpus, key, cfg.data)})")
     return train_corpus, valid_corpus, test_corpus
+
+
+def _why_no_pairs(corpus: ParallelCorpus, key: str | None, data: DataConfig) -> str:
+    """Why a split read no pair: its limit key at 0, every line pair empty on a side (training
+    skips them; the other splits refuse the first), or an empty file."""
+    if key is not None and getattr(data, key) == 0:
+        return f"data.{key}=0"
+    if corpus.skipped:
+        return f"all {corpus.skipped} line pairs are empty or whitespace-only on a side"
+    # evaluate --split test met the test pair's as "the reference set is empty", naming no file
+    return "an empty file" + ("; evaluate --split test would have nothing to score" if key is None else "")
 
 
 def prepare_data(cfg: Config, splits: Splits, payload: dict | None, source: dict | None, flags: bool) -> PreparedData:
@@ -658,8 +671,6 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
             raise DataError(f"{train_corpus.src_path}: no training pairs left of {len(train_corpus.src) + train_corpus.skipped} "
                             f"read (data.max_train_pairs={cfg.data.max_train_pairs}, data.max_len={cfg.data.max_len}; "
                             "empty pairs are skipped)")
-        if not len(valid_data):
-            raise DataError(f"{valid_corpus.src_path}: no validation pairs (data.max_valid_pairs={cfg.data.max_valid_pairs})")
 
         if init_model is not None:
             model = init_model.to(device)
