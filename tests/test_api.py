@@ -188,6 +188,27 @@ def test_a_split_without_pairs_is_refused_before_the_run_folder(tmp_path, data_d
         assert not save.exists()
 
 
+def test_evaluation_pairs_that_are_training_pairs_too_are_warned_of(tmp_path, data_dir, caplog):
+    """A corpus cut into training and dev files without deduplicating first: the dev pairs the
+    training files hold too were scored like the others (dev BLEU, early stopping), and nothing
+    said so. A pair counts when both sentences match, spaces at their ends aside."""
+    from cometnmt.training.run import read_splits
+
+    files = _files(tmp_path, data_dir)  # the first 60 training and 6 validation pairs of Multi30k
+    train_de = (tmp_path / "train.de").read_text(encoding="utf-8").splitlines()
+    train_en = (tmp_path / "train.en").read_text(encoding="utf-8").splitlines()
+    for lang, extra in (("de", [train_de[2], train_de[9], train_de[3]]),
+                        ("en", [train_en[2] + " ", train_en[9], "Not the training target."])):
+        with open(tmp_path / f"valid.{lang}", "a", encoding="utf-8") as f:  # lines 7, 8 and 9
+            f.write("".join(line + "\n" for line in extra))
+    test = [f"data.test_src={data_dir / 'val.de.gz'}", f"data.test_tgt={data_dir / 'val.en.gz'}"]
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):
+        read_splits(tiny_train_cfg(tmp_path / "run", data_dir, *files, *test))
+    warned = [r.getMessage() for r in caplog.records if "training pairs too" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"{tmp_path / 'valid.de'} / {tmp_path / 'valid.en'}: 2 of the 9 "
+                                                     "validation pairs are training pairs too (first: line 7)")
+
+
 def test_a_checkpoint_whose_weights_do_not_fit_its_model_is_named(run_dir, data_dir, tmp_path):
     """A damaged (or hand-edited) checkpoint whose weights do not fit the model its config
     describes was torch's size-mismatch traceback in translate, and in a resume."""

@@ -166,6 +166,25 @@ def read_split(cfg, split: str) -> ParallelCorpus:
     return corpus
 
 
+def warn_training_pairs_in(train: ParallelCorpus, held_out: ParallelCorpus, split: str) -> None:
+    """Warn of the pairs of an evaluation split that the training split holds too (the same two
+    sentences, spaces at their ends aside). A corpus cut into training and dev files without
+    deduplicating first scores such pairs by what the model memorised, its dev BLEU and early
+    stopping with them, and nothing said so.
+    Multi30k's val and test share no pair with its train. The set holds the (small) evaluation
+    split, not the training one; evaluation splits keep every line, so a pair's index is its line."""
+    lines = {}  # (source, target) -> the lines of the evaluation split holding it
+    for i, (s, t) in enumerate(zip(held_out.src, held_out.tgt), start=1):
+        lines.setdefault((s.strip(), t.strip()), []).append(i)
+    shared = set()
+    for s, t in zip(train.src, train.tgt):
+        shared.update(lines.get((s.strip(), t.strip()), ()))
+    if shared:
+        log.warning("%s / %s: %d of the %d %s pairs are training pairs too (first: line %d): their scores measure "
+                    "what the model memorised; remove them from the training files (or the %s files)",
+                    held_out.src_path, held_out.tgt_path, len(shared), len(held_out), split, min(shared), split)
+
+
 def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
     """Fit tokenizers and vocabularies on the training split; also return its tokens."""
     def fit(key: str, lang: str, texts: list[str]):

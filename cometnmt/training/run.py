@@ -22,7 +22,8 @@ from cometnmt.atomic import make_folder, remove_stale_temporaries, same_file
 from cometnmt.config import (DATA_PATH_KEYS, Config, DataConfig, changed_keys, check_unread_files, config_from_dict,
                              max_len_keys, positions_key, to_dict, unread_multi30k_dir, unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import ParallelCorpus, write_text_file
-from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split, unknown_share
+from cometnmt.data.pipeline import (Examples, TextCodec, build_codec, encode_pairs, read_split, unknown_share,
+                                    warn_training_pairs_in)
 from cometnmt.data.tagging import attach_training_tags, check_training_tags, tag_record
 from cometnmt.data.vocab import PAD
 from cometnmt.errors import CheckpointError, CometNMTError, ConfigError, DataError, setting
@@ -409,6 +410,9 @@ def read_splits(cfg: Config) -> Splits:
                               "max_valid_pairs"), ("test", test_corpus, None)):
         if corpus is not None and not len(corpus):
             raise DataError(f"{corpus.src_path}: no {name} pairs ({_why_no_pairs(corpus, key, cfg.data)})")
+    for split, corpus in (("validation", valid_corpus), ("test", test_corpus)):
+        if corpus is not None:
+            warn_training_pairs_in(train_corpus, corpus, split)
     return train_corpus, valid_corpus, test_corpus
 
 
