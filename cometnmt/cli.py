@@ -369,6 +369,13 @@ def _translate_interactively(translator, decode, columns: bool) -> int:
 _NBEST_LINE = re.compile(r"\d+\t[-+0-9.eEinfINFa]+\t")  # translate --nbest: index, score, text
 
 
+def _refuse_nbest_columns(name: str, lines: list[str] | None, hint: str) -> None:
+    """translate --nbest's columns (index, score, text) read as text scored the index and score as
+    words. Checked before the line count: N lines per source line would be refused as misaligned."""
+    if lines and all(_NBEST_LINE.match(line) for line in lines):
+        raise DataError(f"{name}: every line is 'index<TAB>score<TAB>text', translate --nbest output; {hint}")
+
+
 def _read_nbest(path: str, n_sources: int) -> tuple[list[int], list[str]]:
     """``translate --nbest`` output (index, score, text; tab-separated) -> source indices and texts."""
     from cometnmt.data.corpus import read_lines
@@ -394,12 +401,10 @@ def _logprob_pairs(args) -> tuple[list[str], list[str], list[int]]:
         index, targets = _read_nbest(args.target, len(sources))
     else:
         targets = read_lines(args.target)
+        _refuse_nbest_columns(args.target, targets, "give --nbest-input to rescore it (or the translations alone: cut -f3)")
         if len(targets) != len(sources):
             raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)} "
                             "(-t and -i); they must be line-aligned (or give --nbest-input for translate --nbest output)")
-        if targets and all(_NBEST_LINE.match(t) for t in targets):  # translate --nbest 1's columns were scored as words
-            raise DataError(f"{args.target}: every line is 'index<TAB>score<TAB>text', translate --nbest output; "
-                            "give --nbest-input to rescore it (or the translations alone: cut -f3)")
         index = list(range(len(sources)))
     return [sources[i] for i in index], targets, index
 
@@ -496,12 +501,10 @@ def cmd_attention(args) -> int:
             raise CometNMTError(f"{option} {value}: must be at least {low}")
     sources = read_lines(args.input)
     targets = read_lines(args.target) if args.target else None
+    _refuse_nbest_columns(args.target, targets, "give the translations alone (cut -f3 of --nbest 1's lines)")
     if targets is not None and len(targets) != len(sources):
         raise DataError(f"{args.target} has {len(targets)} lines but {args.input} has {len(sources)} (-t and -i); "
                         "they must be line-aligned")
-    if targets and all(_NBEST_LINE.match(t) for t in targets):  # translate --nbest 1's columns were attended as words
-        raise DataError(f"{args.target}: every line is 'index<TAB>score<TAB>text', translate --nbest output; "
-                        "give the translations alone (cut -f3 of --nbest 1's lines)")
     translator = Translator.from_checkpoint(args.checkpoint, args.device)
     try:
         with read_from_files():  # the readers warned of text not in NFC, naming the file and line
@@ -581,13 +584,12 @@ def cmd_evaluate(args) -> int:
             raise DataError(f"{args.ref}: no references (an empty file)")
         hyps = read_stdin_lines() if hyp_stdin else read_lines(args.hyp)
         src = read_text_file(args.src) if args.src else None
+        _refuse_nbest_columns("<stdin>" if hyp_stdin else args.hyp, hyps,
+                              "give the translations alone (cut -f3 of --nbest 1's lines)")
         for option, name, lines in (("--hyp", "<stdin>" if hyp_stdin else args.hyp, hyps), ("--src", args.src, src)):
             if lines is not None and len(lines) != len(refs):
                 raise DataError(f"{name} has {len(lines)} lines but {args.ref} has {len(refs)} ({option} and --ref); "
                                 "they must be line-aligned")
-        if hyps and all(_NBEST_LINE.match(h) for h in hyps):  # translate --nbest's columns were scored as text
-            raise DataError(f"{'<stdin>' if hyp_stdin else args.hyp}: every line is 'index<TAB>score<TAB>text', "
-                            "translate --nbest output; give the translations alone (cut -f3 of --nbest 1's lines)")
         if args.lang is None:
             log.info("tokenised metrics (the paper's, BLEU by length) use spaCy's English rules, and BLEU sacreBLEU's "
                      "tokeniser for English (13a): give --lang for another target language")

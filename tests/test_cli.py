@@ -563,6 +563,10 @@ def test_evaluate_refuses_translate_nbest_columns_as_hypotheses(cli, tmp_path):
     ref.write_text("a dog\na cat\n", encoding="utf-8")
     err = _err(cli("evaluate", "--hyp", str(hyp), "--ref", str(ref), check=False))
     assert f"{hyp}: every line is 'index<TAB>score<TAB>text'" in err and "Traceback" not in err
+    # translate --nbest 2: two lines a reference, named as n-best output, not as misaligned
+    hyp.write_text("0\t-1.25\ta dog\n0\t-2.5\tdog\n1\t-0.5\ta cat\n1\t-0.75\tcat\n", encoding="utf-8")
+    err = _err(cli("evaluate", "--hyp", str(hyp), "--ref", str(ref), check=False))
+    assert f"{hyp}: every line is 'index<TAB>score<TAB>text'" in err and "line-aligned" not in err
     hyp.write_text("0\t-1.25\ta dog\na cat\n", encoding="utf-8")  # one such line is text
     assert cli("evaluate", "--hyp", str(hyp), "--ref", str(ref), check=False).returncode == 0
 
@@ -747,6 +751,9 @@ def test_attention_refuses_translate_nbest_columns_as_targets(trained, cli, tmp_
     err = _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(out), check=False))
     assert f"{tgt}: every line is 'index<TAB>score<TAB>text'" in err and "Traceback" not in err
     assert not (out / "attention.jsonl").exists()
+    tgt.write_text("0\t-1.2500\tA dog.\n0\t-2.5000\tDog.\n1\t-0.5000\tTwo cats.\n1\t-0.7500\tCats.\n", encoding="utf-8")
+    err = _err(cli("attention", ckpt, "-i", str(src), "-t", str(tgt), "--out", str(out), check=False))
+    assert f"{tgt}: every line is 'index<TAB>score<TAB>text'" in err and "line-aligned" not in err
 
 def test_attention_of_blank_lines_and_a_rerun_into_the_same_folder(trained, cli, tmp_path):
     """Without -t, a blank or whitespace-only line was decoded ('<unk>' x 11 where translate leaves
