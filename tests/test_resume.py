@@ -564,7 +564,9 @@ def test_a_resume_may_keep_its_tags_in_another_cache_folder(tmp_path, data_dir):
                               f"model.transformer_pp.tag_cache_dir={folder}", *more)
 
     (tmp_path / "run").mkdir()
-    torch.save({"format_version": FORMAT_VERSION, "config": to_dict(cfg(tmp_path / "a")), "codec": {}, "model": {}},
+    state = {"optimizer": {}, "scheduler": {}, "scaler": {}, "rng": {}, "step": 0, "epoch": 0,  # what a resume reads
+             "trainer": {"consumed": 0, "history": [], "best": None, "stale": 0, "finished": False}}
+    torch.save({"format_version": FORMAT_VERSION, "config": to_dict(cfg(tmp_path / "a")), "codec": {}, "model": {}, **state},
                tmp_path / "run" / "last.pt")
     assert run_module._check_save_dir(cfg(tmp_path / "b"), resume=True)["config"]["model"]["transformer_pp"][
         "tag_cache_dir"] == str(tmp_path / "a")
@@ -673,6 +675,40 @@ def test_a_resume_without_a_readable_last_pt_names_the_checkpoints_to_continue_f
     assert resumed["step"] == 10 and resumed["trainer"]["history"] == reference["trainer"]["history"]
     for key, value in reference["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
+
+
+def test_a_resume_from_an_averaged_checkpoint_says_it_lacks_the_training_state(tmp_path, data_dir):
+    """An average (weights alone) copied over last.pt, or among the epoch checkpoints: --resume read
+    the data, built the model and then failed in Trainer.load_state_dict with a traceback ending in
+    KeyError: 'optimizer', and the error of a missing last.pt offered such a file to continue from.
+    Now the error names last.pt and what it lacks, before any data is read, and offers only the
+    checkpoints that hold a run's whole state."""
+    import shutil
+
+    import cometnmt
+    from cometnmt.errors import CheckpointError
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_train_cfg(run_dir, data_dir, "train.max_epochs=2", "train.keep_checkpoints=2")
+    run_module.train(cfg)
+    avg = cometnmt.average_checkpoints([run_dir / "epoch001.pt", run_dir / "epoch002.pt"], tmp_path / "avg.pt")
+    shutil.copy(avg, run_dir / "last.pt")
+    shutil.copy(avg, run_dir / "epoch003.pt")  # no run's state: not offered
+    more = tiny_train_cfg(run_dir, data_dir, "train.max_epochs=3", "train.keep_checkpoints=2")
+    with pytest.raises(CheckpointError) as info:
+        run_module.train(more, resume=True)
+    message = str(info.value)
+    assert message.startswith(f"--resume: {run_dir / 'last.pt'}: it is an average of 2 checkpoints (cometnmt average), "
+                              "which keeps the weights alone: it lacks the training state a resume continues "
+                              "(optimizer, scheduler, scaler, rng, trainer); --init-from "), message
+    assert "holds checkpoints that load: epoch002.pt (step 10" in message and "epoch003.pt" not in message, message
+    assert not (run_dir / "train.log").read_text(encoding="utf-8").count("resumed from")
+    payload = load_checkpoint(run_dir / "epoch002.pt")
+    del payload["trainer"]["stale"]  # a hand-edited file
+    torch.save(payload, run_dir / "last.pt")
+    with pytest.raises(CheckpointError, match=r"not a checkpoint the trainer wrote: it lacks the training state a resume "
+                       r"continues \(trainer.stale\); init_from="):
+        run_module.train(more, resume=True, flags=False)
 
 
 def test_a_resume_refuses_train_keys_the_checkpoint_fixes(tmp_path, data_dir):
