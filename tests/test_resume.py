@@ -429,6 +429,39 @@ def test_an_interrupt_among_an_epochs_checkpoints_leaves_them_consistent(tmp_pat
     assert [h["epoch"] for h in last["trainer"]["history"]] == [1]
 
 
+def test_a_kill_among_an_epochs_checkpoints_resumes_to_the_same_best_pt(tmp_path, data_dir, monkeypatch):
+    """kill -9 (here an exit no handler catches) while best.pt was written at an epoch's end:
+    last.pt, written first, already counted the epoch done and its validation the best, so the
+    resume never wrote best.pt again and it kept epoch 1's model (here the run's last epoch: the
+    resume had nothing left to train). last.pt is now written last: the resume trains the epoch
+    again and ends with the uninterrupted run's best.pt."""
+    from cometnmt.training import trainer as trainer_module
+
+    run_module.train(tiny_cfg(tmp_path / "full", data_dir))
+    reference = load_checkpoint(tmp_path / "full" / "best.pt")
+    history = load_checkpoint(tmp_path / "full" / "last.pt")["trainer"]["history"]
+    best_epoch = min(history, key=lambda h: h["val_loss"])["epoch"]
+    assert reference["epoch"] == best_epoch == 2  # the loss falls in both epochs: epoch 2 is written as best
+    original_save = trainer_module.save_checkpoint
+
+    def killed_in_best_pt(payload, path):
+        if Path(path).name == "best.pt" and payload["epoch"] == best_epoch:
+            raise SystemExit("killed")
+        original_save(payload, path)
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", killed_in_best_pt)
+    cfg = tiny_cfg(tmp_path / "cut", data_dir)
+    with pytest.raises(SystemExit):
+        run_module.train(cfg)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", original_save)
+    run_module.train(cfg, resume=True)
+    best = load_checkpoint(tmp_path / "cut" / "best.pt")
+    assert best["step"] == reference["step"]
+    for key, value in reference["model"].items():
+        assert torch.equal(value, best["model"][key]), key
+    assert logged(tmp_path / "cut") == logged(tmp_path / "full")
+
+
 def test_trainer_drops_the_source_mask_exactly_for_unpadded_batches(tmp_path, data_dir, monkeypatch):
     """Training batches without source padding reach COMET (unpadded_source_as_none) with
     src_pad_mask None, so its batch norm runs as F.batch_norm; every batch with padding keeps it."""

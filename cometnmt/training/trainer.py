@@ -844,10 +844,14 @@ class Trainer:
         )
 
     def _write_epoch(self, metrics: dict, improved: bool) -> None:
-        """Rank 0's files at an epoch's end: its record, last.pt, best.pt if ``improved``, the epoch's
-        own checkpoint (train.keep_checkpoints)."""
+        """Rank 0's files at an epoch's end: its record, best.pt if ``improved``, the epoch's own
+        checkpoint (train.keep_checkpoints), and last.pt last. last.pt is what a resume continues
+        from, so it is written once the files it counts as done are there: written before best.pt,
+        a run killed between the two (``kill -9``, a lost machine) resumed from a last.pt whose best
+        was that epoch's, and best.pt kept an older epoch for good (a later epoch replaced it only if
+        it beat the lost one; a run killed in its last epoch trained nothing more). Killed before
+        last.pt, the resume trains the epoch again and writes the same files."""
         self.log_metrics(metrics)
-        self.save(LAST_CHECKPOINT)
         if improved:
             self.save(BEST_CHECKPOINT)
         if self.tc.keep_checkpoints:
@@ -857,6 +861,7 @@ class Trainer:
             if self.dist.is_main:
                 for path in epoch_checkpoints(self.save_dir)[: -self.tc.keep_checkpoints]:
                     path.unlink()
+        self.save(LAST_CHECKPOINT)
 
     def end_at_max_steps(self) -> None:
         """train.max_steps stopped the run inside an epoch: validate there (a record of its own,
@@ -883,11 +888,12 @@ class Trainer:
             self._write_on_rank_zero(lambda: self.save(LAST_CHECKPOINT), f"writing {LAST_CHECKPOINT} at step {self.step}")
 
     def _write_mid_epoch(self, metrics: dict, improved: bool) -> None:
-        """Rank 0's files at max_steps inside an epoch: the validation's record, last.pt, best.pt if ``improved``."""
+        """Rank 0's files at max_steps inside an epoch: the validation's record, best.pt if ``improved``,
+        and last.pt last (as :meth:`_write_epoch`)."""
         self.log_metrics(metrics)
-        self.save(LAST_CHECKPOINT)
         if improved:
             self.save(BEST_CHECKPOINT)
+        self.save(LAST_CHECKPOINT)
 
     def improves(self, m: dict) -> bool:
         """Whether validation metrics ``m`` beat the best so far (BLEU under bleu_patience, else the loss)."""
