@@ -254,6 +254,29 @@ def test_keep_checkpoints_keeps_the_last_n_after_a_resume_with_a_smaller_n(tmp_p
     assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch003.pt"]
 
 
+def test_a_resume_from_an_older_epoch_checkpoint_keeps_the_epochs_it_writes(tmp_path, data_dir, monkeypatch):
+    """Three epochs kept, then epoch001.pt copied over last.pt (as --resume advises where last.pt is
+    lost) and resumed with keep_checkpoints=1: epoch 2's checkpoint was deleted the moment it was
+    written, as the older run's epoch003.pt counted as the newest. Now the epochs up to the one
+    written are counted; epoch003.pt is written anew when the run reaches it."""
+    import shutil
+
+    from cometnmt.training.trainer import Trainer
+
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.keep_checkpoints=3", "train.max_epochs=3"))
+    shutil.copy(tmp_path / "epoch001.pt", tmp_path / "last.pt")
+    seen = []
+    end_epoch = Trainer.end_epoch
+
+    def listed(self):
+        end_epoch(self)
+        seen.append(sorted(p.name for p in tmp_path.glob("epoch*.pt")))
+
+    monkeypatch.setattr(Trainer, "end_epoch", listed)
+    run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.keep_checkpoints=1", "train.max_epochs=3"), resume=True)
+    assert seen == [["epoch002.pt", "epoch003.pt"], ["epoch003.pt"]]
+
+
 def test_a_save_every_checkpoint_write_is_not_counted_as_training_time(tmp_path, data_dir, monkeypatch):
     """With a clock that moves 1 s per reading and 1,000 s while ``last.pt`` is written, every
     window's tokens/s is its tokens over a few seconds. Before, the write of step s's save_every

@@ -94,12 +94,13 @@ def missing_training_state(payload: dict[str, Any]) -> list[str]:
     return missing
 
 
-def epoch_checkpoints(folder: str | Path) -> list[Path]:
+def epoch_checkpoints(folder: str | Path, up_to: int | None = None) -> list[Path]:
     """A run folder's epoch checkpoints, oldest first: by epoch number, as epoch999.pt comes
     before epoch1000.pt (sorted by name, epoch1000.pt came first, and the last N were not the
-    newest N); names the trainer does not write (``epoch_avg.pt``) are not its epochs."""
+    newest N); names the trainer does not write (``epoch_avg.pt``) are not its epochs. ``up_to``:
+    only those of epochs up to that one."""
     found = [(int(m.group(1)), p) for p in Path(folder).glob(EPOCH_CHECKPOINT_GLOB) if (m := EPOCH_CHECKPOINT.fullmatch(p.name))]
-    return [p for _, p in sorted(found)]
+    return [p for epoch, p in sorted(found) if up_to is None or epoch <= up_to]
 
 
 def _model_config(payload: dict[str, Any]) -> dict[str, Any]:

@@ -857,9 +857,10 @@ class Trainer:
         if self.tc.keep_checkpoints:
             self.save(epoch_checkpoint_name(self.epoch))
             # every older one, not just the one N epochs back: a resume with a smaller N left
-            # the epochs between behind
+            # the epochs between behind. Later epochs' files (a resume from an older checkpoint
+            # copied over last.pt) are not counted: counted, they pruned the epoch just written
             if self.dist.is_main:
-                for path in epoch_checkpoints(self.save_dir)[: -self.tc.keep_checkpoints]:
+                for path in epoch_checkpoints(self.save_dir, up_to=self.epoch)[: -self.tc.keep_checkpoints]:
                     path.unlink()
         self.save(LAST_CHECKPOINT)
 
