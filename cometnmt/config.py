@@ -904,8 +904,8 @@ def _check_split_files(data: DataConfig) -> None:
         if data.corpus == "files" and split != "test" and src is None:
             # a corpus of one's own often comes as one pair of files: say how to make a dev set of it
             hold_out = ("; without a validation set, hold out a few hundred training pairs, the same lines of both "
-                        "files (tail -n 500 FILE > dev.FILE; head -n -500 FILE > train.FILE, for data.train_src and "
-                        "data.train_tgt)") if split == "valid" else ""
+                        "files (tail -n 500 FILE > dev.FILE; head -n $(($(wc -l < FILE) - 500)) FILE > train.FILE, "
+                        "for data.train_src and data.train_tgt)") if split == "valid" else ""
             raise ConfigError(f"{keys}: required when data.corpus is 'files'{hold_out}",
                               keys=(f"data.{split}_src", f"data.{split}_tgt", "data.corpus"))
 

@@ -180,9 +180,10 @@ def warn_training_pairs_in(train: ParallelCorpus, held_out: ParallelCorpus, spli
     for s, t in zip(train.src, train.tgt):
         shared.update(lines.get((s.strip(), t.strip()), ()))
     if shared:
-        log.warning("%s / %s: %d of the %d %s pairs are training pairs too (first: line %d): their scores measure "
-                    "what the model memorised; remove them from the training files (or the %s files)",
-                    held_out.src_path, held_out.tgt_path, len(shared), len(held_out), split, min(shared), split)
+        log.warning("%s / %s: %d of the %d %s pairs %s too (first: line %d): their scores measure what the model "
+                    "memorised; remove them from the training files (or the %s files)", held_out.src_path,
+                    held_out.tgt_path, len(shared), len(held_out), split,
+                    "is a training pair" if len(shared) == 1 else "are training pairs", min(shared), split)
 
 
 def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
