@@ -155,10 +155,10 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path, *, flag
     """Average the weights of checkpoints of one run (e.g. :func:`last_epoch_checkpoints`) into
     ``output``, a checkpoint that ``Translator.from_checkpoint`` loads; written atomically.
     ``output`` may be in the run folder under a name of its own (``avg.pt``), not one of ``paths``
-    nor a name the trainer gives its checkpoints there (``best.pt``, ``last.pt``, ``epoch*.pt``,
-    which ``last_epoch_checkpoints`` would pick up). Errors name the arguments as keywords, or with
+    nor a name the trainer gives its checkpoints there or in another run's folder (``best.pt``,
+    ``last.pt``, ``epoch*.pt``, which a resume or ``last_epoch_checkpoints`` would pick up). Errors name the arguments as keywords, or with
     ``flags`` as ``cometnmt average``'s ``-o``."""
-    from cometnmt.training.checkpoint import (BEST_CHECKPOINT, EPOCH_CHECKPOINT_GLOB, LAST_CHECKPOINT,
+    from cometnmt.training.checkpoint import (BEST_CHECKPOINT, EPOCH_CHECKPOINT_GLOB, LAST_CHECKPOINT, METRICS_FILE,
                                              average_checkpoints as average, save_checkpoint)
 
     if isinstance(paths, (str, Path)):
@@ -172,12 +172,14 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path, *, flag
     refuse_overwrite([("-o" if flags else "output", output)],
                      [("checkpoint" if flags else f"paths[{i}]", p) for i, p in enumerate(paths)], flags=flags,
                      error=CheckpointError)
-    name = Path(output).name
+    name, folder = Path(output).name, Path(output).parent
     if name in (BEST_CHECKPOINT, LAST_CHECKPOINT) or fnmatch(name, EPOCH_CHECKPOINT_GLOB):
-        run = next((p for p in paths if same_file(Path(p).parent, Path(output).parent)), None)
+        run = next((f"the folder of {p}" for p in paths if same_file(Path(p).parent, folder)), None)
+        if run is None and any((folder / f).exists() for f in (LAST_CHECKPOINT, METRICS_FILE)):
+            run = f"{folder}, another run's folder"  # its last.pt is what --resume continues from
         if run is not None:
             raise CheckpointError(f"{setting('output', output, flags, flag='-o')}: a name the trainer gives the run's own "
-                                  f"checkpoints, in the folder of {run}; the average would replace one of them or be "
+                                  f"checkpoints, in {run}; the average would replace one of them or be "
                                   "taken for one (by a resumed training, or an average of the last epochs): give it a "
                                   "name of its own such as avg.pt")
     save_checkpoint(average(paths), output)

@@ -597,11 +597,25 @@ def test_a_translation_has_single_spaces(translator, monkeypatch):
     assert translator("Ein Hund.") == "A dog\u00a0? runs."
 
 
-def test_average_checkpoints(run_dir, tmp_path):
+def test_average_checkpoints(run_dir, tmp_path, caplog):
+    from cometnmt.training.checkpoint import load_checkpoint, save_checkpoint
+
     paths = cometnmt.last_epoch_checkpoints(run_dir, 1)
     assert [p.name for p in paths] == ["epoch001.pt"]
-    out = cometnmt.average_checkpoints([run_dir / "best.pt", *paths], tmp_path / "avg.pt")
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):
+        out = cometnmt.average_checkpoints([run_dir / "best.pt", *paths], tmp_path / "avg.pt")
     assert cometnmt.Translator.from_checkpoint(out, device="cpu")("Zwei Hunde.")
+    assert [r.getMessage() for r in caplog.records] == [  # the one epoch is also the best: it weighed double
+        f"{run_dir / 'best.pt'} and {paths[0]} hold the same weights (step {load_checkpoint(out)['step']}; best.pt is a copy "
+        "of its epoch's): the average counts them twice"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):  # another model of the same step: no word
+        payload = load_checkpoint(paths[0])
+        first = next(k for k, v in payload["model"].items() if v.is_floating_point())
+        payload["model"][first] = payload["model"][first] + 1
+        save_checkpoint(payload, tmp_path / "changed.pt")
+        cometnmt.average_checkpoints([tmp_path / "changed.pt", *paths], tmp_path / "avg2.pt")
+    assert not caplog.records
     with pytest.raises(cometnmt.CheckpointError, match=r"^last=3: only 1 epoch checkpoints"):
         cometnmt.last_epoch_checkpoints(run_dir, 3)
     with pytest.raises(cometnmt.CheckpointError, match=r"^last=0: must be an integer at least 1"):
@@ -822,9 +836,18 @@ def test_averaging_over_an_input_is_refused(tmp_path):
     for name in ("best.pt", "last.pt", "epoch003.pt"):
         with pytest.raises(cometnmt.CheckpointError, match=rf"^output=\S+{name}: a name the trainer gives the run's own"):
             cometnmt.average_checkpoints(paths, run / name)
+    other = tmp_path / "other"  # another run's folder: its last.pt is what its --resume continues from
+    other.mkdir()
+    (other / "last.pt").write_bytes(b"PK\x03\x04 other")
+    with pytest.raises(cometnmt.CheckpointError, match=rf"^output=\S+last.pt: a name the trainer gives the run's own "
+                                                       rf"checkpoints, in {other}, another run's folder"):
+        cometnmt.average_checkpoints(paths, other / "last.pt")  # before: replaced, with no training state
     assert all(p.read_bytes() == b"PK\x03\x04 dummy" for p in [*paths, run / "best.pt"])
+    assert (other / "last.pt").read_bytes() == b"PK\x03\x04 other"
     with pytest.raises(cometnmt.CheckpointError, match="not a readable cometnmt checkpoint"):  # avg.pt: its own name
         cometnmt.average_checkpoints(paths, run / "avg.pt")
+    with pytest.raises(cometnmt.CheckpointError, match="not a readable cometnmt checkpoint"):  # best.pt where no run is
+        cometnmt.average_checkpoints(paths, tmp_path / "serve" / "best.pt")
 
 
 def test_sentencepiece_models_of_languages_spacy_cannot_tokenise(tmp_path, data_dir, monkeypatch, caplog):

@@ -5,6 +5,7 @@ file behind."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from cometnmt.training.run_files import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CHE
                                          LAST_CHECKPOINT, METRICS_FILE)
 
 FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def epoch_checkpoint_name(epoch: int) -> str:
@@ -113,7 +115,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """Element-wise mean of the model weights of ``paths`` (floating tensors; integer buffers from
     the last file). Config, codec and metadata come from the last file; training state is dropped.
     The checkpoints must share the weights' names and shapes, the model config (dropout aside) and
-    the vocabularies: else a CheckpointError names the file and what differs."""
+    the vocabularies: else a CheckpointError names the file and what differs. Two files of the same
+    step and weights (best.pt and the epoch checkpoint it copies) are warned of: the mean counts that model twice."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     loaded = [load_checkpoint(p) for p in paths]
@@ -136,6 +139,11 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
                                   "checkpoints of one run can be averaged")
         if ck["codec"] != loaded[-1]["codec"]:
             raise CheckpointError(f"{p}: its vocabularies differ from those of {paths[-1]}; only checkpoints of one run can be averaged")
+    for i, j in ((i, j) for i in range(len(loaded)) for j in range(i)):
+        if loaded[i].get("step") == loaded[j].get("step") and all(
+                torch.equal(loaded[i]["model"][k], loaded[j]["model"][k]) for k in keys):
+            log.warning("%s and %s hold the same weights (step %s; best.pt is a copy of its epoch's): the average "
+                        "counts them twice", paths[j], paths[i], loaded[i].get("step"))
     avg = {}
     for key in keys:
         last = loaded[-1]["model"][key]
