@@ -142,8 +142,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     for i, j in ((i, j) for i in range(len(loaded)) for j in range(i)):
         if loaded[i].get("step") == loaded[j].get("step") and all(
                 torch.equal(loaded[i]["model"][k], loaded[j]["model"][k]) for k in keys):
-            log.warning("%s and %s hold the same weights (step %s; best.pt is a copy of its epoch's): the average "
-                        "counts them twice", paths[j], paths[i], loaded[i].get("step"))
+            log.warning("%s and %s hold the same weights (step %s; %s is a copy of its epoch's): the average "
+                        "counts them twice", paths[j], paths[i], loaded[i].get("step"), BEST_CHECKPOINT)
     avg = {}
     for key in keys:
         last = loaded[-1]["model"][key]
