@@ -22,6 +22,12 @@ from cometnmt.training.trainer import Trainer
 from conftest import tiny_train_cfg
 
 
+def assert_same_weights(reference: dict, payload: dict) -> None:
+    """Every weight of checkpoint ``payload`` equals ``reference``'s, bit for bit (named where not)."""
+    for key, value in reference["model"].items():
+        assert torch.equal(value, payload["model"][key]), key
+
+
 def tiny_cfg(save_dir, data_dir, arch="transformer"):
     return tiny_train_cfg(save_dir, data_dir, "train.max_epochs=2", f"model.arch={arch}")
 
@@ -51,8 +57,7 @@ def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
     resumed = load_checkpoint(tmp_path / "cut" / "last.pt")
 
     assert resumed["step"] == reference["step"] and resumed["epoch"] == reference["epoch"] == 2
-    for key, value in reference["model"].items():
-        assert torch.equal(value, resumed["model"][key]), key
+    assert_same_weights(reference, resumed)
     assert resumed["trainer"]["history"] == reference["trainer"]["history"]
     # the log window open at the interrupt (epoch 2's, logged at its end) is carried over: its
     # record covers the same steps as the uninterrupted run's (it covered only the steps after the resume)
@@ -86,8 +91,7 @@ def test_an_interrupt_during_validation_resumes_exactly(tmp_path, data_dir, monk
     resumed = load_checkpoint(tmp_path / "cut" / "last.pt")
     assert resumed["trainer"]["history"] == reference["trainer"]["history"]
     assert [h["epoch"] for h in resumed["trainer"]["history"]] == [1, 2]
-    for key, value in reference["model"].items():
-        assert torch.equal(value, resumed["model"][key]), key
+    assert_same_weights(reference, resumed)
     assert load_checkpoint(tmp_path / "cut" / "best.pt")["step"] == load_checkpoint(tmp_path / "full" / "best.pt")["step"]
 
 
@@ -165,8 +169,7 @@ def test_a_signal_inside_a_step_stops_after_it_and_resumes_exactly(tmp_path, dat
     run_module.train(cfg, resume=True)
     resumed = load_checkpoint(tmp_path / "cut" / "last.pt")
     assert resumed["step"] == reference["step"]
-    for key, value in reference["model"].items():
-        assert torch.equal(value, resumed["model"][key]), key
+    assert_same_weights(reference, resumed)
     assert logged(tmp_path / "cut") == logged(tmp_path / "full")
 
 
@@ -457,8 +460,7 @@ def test_a_kill_among_an_epochs_checkpoints_resumes_to_the_same_best_pt(tmp_path
     run_module.train(cfg, resume=True)
     best = load_checkpoint(tmp_path / "cut" / "best.pt")
     assert best["step"] == reference["step"]
-    for key, value in reference["model"].items():
-        assert torch.equal(value, best["model"][key]), key
+    assert_same_weights(reference, best)
     assert logged(tmp_path / "cut") == logged(tmp_path / "full")
 
 
@@ -706,8 +708,7 @@ def test_a_resume_without_a_readable_last_pt_names_the_checkpoints_to_continue_f
     run_module.train(cfg, resume=True)
     resumed = load_checkpoint(run_dir / "last.pt")
     assert resumed["step"] == 10 and resumed["trainer"]["history"] == reference["trainer"]["history"]
-    for key, value in reference["model"].items():
-        assert torch.equal(value, resumed["model"][key]), key
+    assert_same_weights(reference, resumed)
 
 
 def test_a_resume_from_an_averaged_checkpoint_says_it_lacks_the_training_state(tmp_path, data_dir):
