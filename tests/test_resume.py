@@ -745,6 +745,41 @@ def test_a_resume_from_an_averaged_checkpoint_says_it_lacks_the_training_state(t
         run_module.train(more, resume=True, flags=False)
 
 
+def test_the_trainers_resume_keys_are_what_load_state_dict_reads(tmp_path, data_dir):
+    """Trainer.missing_state lists the keys load_state_dict reads with no default; the resume's
+    refusal names them. Bound here to what load_state_dict does: without any listed key it fails,
+    and without any other key (beyond the weights) it loads, so a key added to state_dict and read
+    without a default must be listed, or this fails."""
+    import copy
+
+    from cometnmt.data.pipeline import encode_pairs, read_split
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_train_cfg(run_dir, data_dir, "train.max_epochs=1")
+    run_module.train(cfg)
+    payload = load_checkpoint(run_dir / "last.pt")
+    assert Trainer.missing_state(payload) == []
+    codec, train = run_module.training_examples(cfg, read_split(cfg.data, "train"))
+    valid = encode_pairs(codec, read_split(cfg.data, "valid"), None)
+    model = run_module.build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), run_module.PAD)
+    trainer = Trainer(cfg, model, codec, train, valid, torch.device("cpu"))
+
+    def loads(without: str) -> bool:
+        edited = copy.deepcopy(payload)
+        section, _, key = without.rpartition(".")
+        del (edited[section] if section else edited)[key]
+        try:
+            trainer.load_state_dict(edited)
+        except (KeyError, TypeError):
+            return False
+        return True
+
+    keys = [key for key in payload if key not in ("model", "config", "codec")]
+    keys += [f"trainer.{key}" for key in payload["trainer"]]
+    listed = set(Trainer.RESUME_KEYS) | {f"trainer.{key}" for key in Trainer.RESUME_TRAINER_KEYS}
+    assert {key for key in keys if not loads(key)} == listed
+
+
 def test_a_resume_refuses_train_keys_the_checkpoint_fixes(tmp_path, data_dir):
     """--resume --set train.lr=10 trained on at the run's rate (the optimizer's state holds it)
     while config.yaml recorded 10; a new seed or batch size would silently reshuffle the epoch the

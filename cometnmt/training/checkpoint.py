@@ -78,24 +78,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return payload
 
 
-# what a trainer's checkpoint holds beyond the weights, config and codec, and Trainer.load_state_dict reads:
-# a resume needs it all (an averaged checkpoint keeps none of the optimizer's, the schedule's or the trainer's)
-TRAINING_STATE_KEYS = ("optimizer", "scheduler", "scaler", "rng", "step", "epoch", "trainer")
-TRAINER_KEYS = ("consumed", "history", "best", "stale", "finished")
-
-
-def missing_training_state(payload: dict[str, Any]) -> list[str]:
-    """The parts of a training run's state that ``payload`` lacks (``trainer.consumed`` for a key
-    of its trainer section), in :data:`TRAINING_STATE_KEYS`' order; [] where a resume can continue it."""
-    missing = [key for key in TRAINING_STATE_KEYS if key not in payload]
-    trainer = payload.get("trainer")
-    if isinstance(trainer, dict):
-        missing += [f"trainer.{key}" for key in TRAINER_KEYS if key not in trainer]
-    elif "trainer" not in missing:
-        missing.append("trainer")
-    return missing
-
-
 def epoch_checkpoints(folder: str | Path, up_to: int | None = None) -> list[Path]:
     """A run folder's epoch checkpoints, oldest first: by epoch number, as epoch999.pt comes
     before epoch1000.pt (sorted by name, epoch1000.pt came first, and the last N were not the

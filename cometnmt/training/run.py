@@ -33,7 +33,7 @@ from cometnmt.models import BUILTIN_ARCHS, build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, CONFIG_FILE, EPOCH_CHECKPOINT, EPOCH_CHECKPOINT_GLOB,
                                          LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoints, load_checkpoint,
-                                         missing_training_state, weights_misfit)
+                                         weights_misfit)
 from cometnmt.training.distributed import (DistInfo, RankFailed, all_reduce_sum, any_rank, broadcast_object,
                                           broadcast_result, init_from_env, rank_error, sent, shutdown, waited_out)
 from cometnmt.training.trainer import Trainer
@@ -111,7 +111,7 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
                               "optimizer, its schedule and the order of the epochs' batches continue from the "
                               f"checkpoint, so these keys must keep the run's values (to change them, start a new "
                               f"run from its weights with {restart})")
-        missing = missing_training_state(payload)
+        missing = Trainer.missing_state(payload)
         if missing:  # an averaged checkpoint copied there: Trainer.load_state_dict failed with KeyError: 'optimizer'
             averaged = payload.get("averaged_from")
             what = (f"an average of {len(averaged)} checkpoints (cometnmt average), which keeps the weights alone"
@@ -149,7 +149,7 @@ def _resume_alternatives(last: Path, flags: bool) -> str:
             payload = load_checkpoint(path, mmap=True)  # its step: the weights are not read
         except CheckpointError:
             continue
-        if missing_training_state(payload):  # no resume continues it
+        if Trainer.missing_state(payload):  # no resume continues it
             continue
         found.append((payload["step"], payload["epoch"], path))
     if not found:

@@ -197,6 +197,23 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------------
 
+    # what load_state_dict reads beyond the weights, config and codec, with no default (the trainer
+    # section's keys under "trainer"): a resume needs it all, and an averaged checkpoint keeps none of it
+    RESUME_KEYS = ("optimizer", "scheduler", "scaler", "rng", "step", "epoch", "trainer")
+    RESUME_TRAINER_KEYS = ("consumed", "history", "best", "stale", "finished")
+
+    @classmethod
+    def missing_state(cls, payload: dict[str, Any]) -> list[str]:
+        """The parts of a run's state that ``payload`` lacks (``trainer.consumed`` for a key of its
+        trainer section), in :attr:`RESUME_KEYS`' order; [] where load_state_dict can continue it."""
+        missing = [key for key in cls.RESUME_KEYS if key not in payload]
+        trainer = payload.get("trainer")
+        if isinstance(trainer, dict):
+            missing += [f"trainer.{key}" for key in cls.RESUME_TRAINER_KEYS if key not in trainer]
+        elif "trainer" not in missing:
+            missing.append("trainer")
+        return missing
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "config": to_dict(self.cfg),
@@ -236,9 +253,7 @@ class Trainer:
         self.step, self.epoch = payload["step"], payload["epoch"]
         self.init_from = payload.get("init_from")
         t = payload["trainer"]
-        self.consumed, self.history, self.best, self.stale, self.finished = (
-            t["consumed"], t["history"], t["best"], t["stale"], t["finished"]
-        )
+        self.consumed, self.history, self.best, self.stale, self.finished = (t[key] for key in self.RESUME_TRAINER_KEYS)
         self.mid_epoch = t.get("mid_epoch", [])  # checkpoints before it was kept: none
         self._saved_window = t.get("window")
         self.validated_step = t.get("validated_step")
