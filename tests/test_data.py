@@ -1037,6 +1037,23 @@ def test_a_sentencepiece_vocabulary_too_small_for_the_text_names_its_key():
         _train_sentencepiece(corpus.src, 6, "unigram", 1.0, 1)
 
 
+def test_pairs_dropped_as_too_long_are_counted_naming_both_files_and_sides(caplog):
+    """The message named the source file alone, so a target side too long (or tokenised into more
+    pieces) looked like the source's fault; it now names both files and counts each side."""
+    from cometnmt.config import load_config
+    from cometnmt.data.corpus import ParallelCorpus
+    from cometnmt.data.pipeline import build_codec, encode_pairs
+
+    cfg = load_config(None, []).data  # spaCy: a word a token here
+    corpus = ParallelCorpus(["a b", "a b c d", "a", "a b c d"], ["x", "x y", "x y z w", "x y z w"], "t.de", "t.en", 0)
+    codec = build_codec(cfg, corpus)[0]
+    with caplog.at_level(logging.INFO, logger="cometnmt"):
+        kept = encode_pairs(codec, corpus, 3)
+    assert kept.src_text == ["a b"]
+    assert ("t.de / t.en: dropped 3 pairs longer than data.max_len=3 tokens (2 over it on the source side, "
+            "2 on the target side)") in caplog.text
+
+
 def test_a_folder_as_a_data_file_names_the_config_key(tmp_path: Path) -> None:
     """data.train_tgt=/some/folder said only '<folder>: is a directory', without the key."""
     from cometnmt.config import DataConfig

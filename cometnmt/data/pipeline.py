@@ -221,17 +221,22 @@ def encode_pairs(
     """Tokenise and index a corpus; pairs longer than ``max_len`` on either side are dropped (training)."""
     src_tokens, tgt_tokens = tokens or (codec.src_tok.tokenize_many(corpus.src), codec.tgt_tok.tokenize_many(corpus.tgt))
     out = Examples([], [], [], [])
+    too_long = [0, 0]  # pairs over max_len on the source side, on the target side (a pair may count in both)
     dropped = 0
     for s_tok, t_tok, s_txt, t_txt in zip(src_tokens, tgt_tokens, corpus.src, corpus.tgt):
         if max_len is not None and (len(s_tok) > max_len or len(t_tok) > max_len):
             dropped += 1
+            too_long[0] += len(s_tok) > max_len
+            too_long[1] += len(t_tok) > max_len
             continue
         out.src_ids.append(codec.encode_src(s_tok))
         out.tgt_ids.append(codec.encode_tgt(t_tok))
         out.src_text.append(s_txt)
         out.tgt_text.append(t_txt)
     if dropped:
-        log.info("%s: dropped %d pairs longer than data.max_len=%d tokens", corpus.src_path, dropped, max_len)
+        # both files named: the target side's sentences (or its tokenizer) may be the long ones
+        log.info("%s / %s: dropped %d pairs longer than data.max_len=%d tokens (%d over it on the source side, "
+                 "%d on the target side)", corpus.src_path, corpus.tgt_path, dropped, max_len, *too_long)
     return out
 
 
