@@ -668,6 +668,11 @@ def test_logprob_refuses_translate_nbest_columns_as_targets(trained, cli, tmp_pa
     err = _err(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), check=False))
     assert f"{tgt}: every line is 'index<TAB>score<TAB>text'" in err and "--nbest-input" in err and "Traceback" not in err
     assert len(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), "--nbest-input").stdout.splitlines()) == 2
+    # translate --nbest 2: two lines a source, named as n-best output, not as misaligned
+    tgt.write_text("0\t-1.2500\tA dog.\n0\t-2.5000\tDog.\n1\t-0.5000\tTwo cats.\n1\t-0.7500\tCats.\n", encoding="utf-8")
+    err = _err(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), check=False))
+    assert f"{tgt}: every line is 'index<TAB>score<TAB>text'" in err and "line-aligned" not in err
+    assert len(cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), "--nbest-input").stdout.splitlines()) == 4
     tgt.write_text("0\t-1.2500\tA dog.\nTwo cats.\n", encoding="utf-8")  # one such line is text
     assert cli("logprob", ckpt, "-i", str(src), "-t", str(tgt), check=False).returncode == 0
 
