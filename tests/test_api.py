@@ -626,6 +626,28 @@ def test_average_checkpoints(run_dir, tmp_path, caplog):
         cometnmt.average_checkpoints(str(run_dir / "best.pt"), tmp_path / "x.pt")
 
 
+def test_averaging_checkpoints_of_different_runs_is_warned_of(run_dir, tmp_path, data_dir, caplog):
+    """Two runs of other seeds share every config and vocabulary check, and their average was
+    written without a word, though separately trained weights do not average into a working model.
+    Each run's checkpoints now carry its id (kept by a resume), and average warns of several."""
+    from cometnmt.training.checkpoint import load_checkpoint
+
+    other = tmp_path / "seed2"
+    cometnmt.train(tiny_train_cfg(other, data_dir, "train.keep_checkpoints=2", "train.num_threads=1", "train.seed=2"))
+    mine, theirs = run_dir / "epoch001.pt", other / "epoch001.pt"
+    assert re.fullmatch(r"[0-9a-f]{32}", load_checkpoint(mine)["run_id"])
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):
+        cometnmt.average_checkpoints([mine, theirs, run_dir / "best.pt"], tmp_path / "avg.pt")
+    assert f"the checkpoints are of 2 training runs ({mine} and {theirs} are of different ones)" in caplog.text
+    caplog.clear()
+    cometnmt.train(tiny_train_cfg(other, data_dir, "train.keep_checkpoints=2", "train.num_threads=1", "train.seed=2",
+                                  "train.max_epochs=2"), resume=True)
+    assert load_checkpoint(other / "epoch002.pt")["run_id"] == load_checkpoint(theirs)["run_id"]
+    with caplog.at_level(logging.WARNING, logger="cometnmt"):  # one run, resumed: no word
+        cometnmt.average_checkpoints([theirs, other / "epoch002.pt"], tmp_path / "avg2.pt")
+    assert "training runs" not in caplog.text
+
+
 def test_the_last_epoch_checkpoints_are_the_newest_past_epoch_999(tmp_path):
     """epoch999.pt, epoch1000.pt, ...: sorted by name, epoch1000.pt came first, so --last 2
     averaged epochs 998 and 999 and left out the newest; a file of another name is no epoch."""

@@ -98,7 +98,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     the last file). Config, codec and metadata come from the last file; training state is dropped.
     The checkpoints must share the weights' names and shapes, the model config (dropout aside) and
     the vocabularies: else a CheckpointError names the file and what differs. Two files of the same
-    step and weights (best.pt and the epoch checkpoint it copies) are warned of: the mean counts that model twice."""
+    step and weights (best.pt and the epoch checkpoint it copies) are warned of: the mean counts that model twice;
+    so are checkpoints of several training runs (their ``run_id``s differ)."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     loaded = [load_checkpoint(p) for p in paths]
@@ -121,6 +122,17 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
                                   "checkpoints of one run can be averaged")
         if ck["codec"] != loaded[-1]["codec"]:
             raise CheckpointError(f"{p}: its vocabularies differ from those of {paths[-1]}; only checkpoints of one run can be averaged")
+    runs: dict[str, Path] = {}  # a run's id -> its first file (checkpoints from before ids were kept: unchecked)
+    for p, ck in zip(paths, loaded):
+        runs.setdefault(ck.get("run_id") or "", Path(p))
+    runs.pop("", None)
+    if len(runs) > 1:
+        # separately trained models do not average into one that works (their units need not line up);
+        # a warning, not a refusal: runs fine-tuned from one checkpoint (--init-from) may average well
+        log.warning("the checkpoints are of %d training runs (%s are of different ones): the weights of separately "
+                    "trained models do not in general average into a working model; average one run's checkpoints, "
+                    "or decode the runs as an ensemble (translate A.pt B.pt)", len(runs),
+                    " and ".join(str(p) for p in runs.values()))
     for i, j in ((i, j) for i in range(len(loaded)) for j in range(i)):
         if loaded[i].get("step") == loaded[j].get("step") and all(
                 torch.equal(loaded[i]["model"][k], loaded[j]["model"][k]) for k in keys):

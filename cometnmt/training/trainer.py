@@ -30,6 +30,7 @@ import os
 import math
 import random
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -165,6 +166,8 @@ class Trainer:
         self.best_behind: Optional[dict] = None
         self.data_digests: dict[str, str] = {}  # split -> SHA-256 of its pairs (set by run.train)
         self.init_from: Optional[str] = None  # train --init-from: the checkpoint this run started from
+        # which training run the checkpoints are of (kept by a resume): `average` warns of inputs of several
+        self.run_id = uuid.uuid4().hex
         self.tag_record: dict[str, dict[str, str]] = {}  # Transformer++: task -> tagger and digest of its tags (set by run.train)
         # spaCy's tokenizer of the target language for the paper metric in validation; None (BLEU and
         # chrF alone, with a warning) for a SentencePiece model of a language spaCy cannot tokenise
@@ -229,6 +232,7 @@ class Trainer:
             "device": device_name(self.device),  # a resume on another is warned of: it cannot continue bit-exactly
             "data_digests": self.data_digests,  # a --resume on changed files is refused
             "init_from": self.init_from,  # the checkpoint a fine-tuning run started from (None: from scratch)
+            "run_id": self.run_id,
             "tags": self.tag_record,  # Transformer++: the taggers ('auto' resolved); a --resume on other tags is refused
             "trainer": {
                 "consumed": self.consumed,
@@ -252,6 +256,7 @@ class Trainer:
             self.scaler.load_state_dict(payload["scaler"])
         self.step, self.epoch = payload["step"], payload["epoch"]
         self.init_from = payload.get("init_from")
+        self.run_id = payload.get("run_id") or self.run_id  # a run from before ids were kept: one from now on
         t = payload["trainer"]
         self.consumed, self.history, self.best, self.stale, self.finished = (t[key] for key in self.RESUME_TRAINER_KEYS)
         self.mid_epoch = t.get("mid_epoch", [])  # checkpoints before it was kept: none
