@@ -448,8 +448,9 @@ class Translator:
         return (f"Translator({model}, {data.src_lang}->{data.tgt_lang}, {params:.2f}M parameters, "
                 f"{search}, device={str(self.device)!r}{where})")
 
-    def _batches(self, ids: list[list[int]], size: int) -> Iterator[list[int]]:
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    def _batches(self, ids: list[list[int]], size: int, among: list[int] | None = None) -> Iterator[list[int]]:
+        """Places in ``ids`` (those ``among``; default all), by length, ``size`` to a batch."""
+        order = sorted(range(len(ids)) if among is None else among, key=lambda i: len(ids[i]))
         for start in range(0, len(order), size):
             yield order[start : start + size]
 
@@ -502,20 +503,25 @@ class Translator:
         one greedy hypothesis here and three of a beam from translate, and ``attention`` without
         targets attended the greedy one. ``shard`` (k, n): decode only the k-th of every n batches
         (a DDP rank's share of validation); the other sentences get no translation (``[]``). Each
-        batch holds the sentences it holds unsharded, so a sentence's translation is the same."""
+        batch holds the sentences it holds unsharded, so a sentence's translation is the same.
+        An empty sentence (a blank line) is not decoded: its ``nbest`` translations are blank, score 0
+        (it was decoded from a source of ``</s>`` alone, at a search's cost, and the output dropped)."""
         decode_cfg = decode_config(decode_cfg or self.cfg.decode, flags=False)
         self._check_positions(src_ids, "input", "source", 0)
-        out: list[list[Translation]] = [[] for _ in src_ids]
+        out: list[list[Translation]] = [
+            [] if ids else [Translation("", 0.0, []) for _ in range(decode_cfg.nbest)] for ids in src_ids]
+        todo = [i for i, ids in enumerate(src_ids) if ids]
         seed = sampling_seed(decode_cfg)  # one per call; each sentence's stream is keyed by its place in src_ids
         own = not isinstance(progress, tqdm)
         bar = progress_bar(total=len(src_ids), desc="translate", unit="sent", disable=not progress,
                            leave=False) if own else progress
+        bar.update(len(src_ids) - len(todo))  # the blank ones: done
         self.model.eval()
-        for b, idx in enumerate(self._batches(src_ids, decode_cfg.batch_sentences)):
+        for b, idx in enumerate(self._batches(src_ids, decode_cfg.batch_sentences, among=todo)):
             if b % shard[1] != shard[0]:
                 bar.update(len(idx))
                 continue
-            batch = collate([src_ids[i] or [EOS] for i in idx], None, idx).to(self.device)
+            batch = collate([src_ids[i] for i in idx], None, idx).to(self.device)
             results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
                              src_specials=2 if self.codec.src_sos_eos else 0, seed=seed,
                              keys=[start + i for i in idx])  # bound on words
@@ -640,7 +646,7 @@ class Translator:
         self._check_attention_layer(layer, flags)
         check_batch_size(batch_size, flags)  # before the model's own translations are decoded
         if targets is None:  # a blank line's translation is empty, as translate() leaves it, not decoded
-            tgt_ids = self._best_ids(src_ids, progress, skip=[not text.strip() for text in sources])
+            tgt_ids = self._best_ids(src_ids, progress)
         else:
             targets = _sentence_list(targets, "targets", "Translator.attention")
             if len(targets) != len(sources):
@@ -664,12 +670,10 @@ class Translator:
                               f"to the source (0..{layers - 1}, or -1 for the last)")
         return layers
 
-    def _best_ids(self, src_ids: list[list[int]], progress: bool, skip: list[bool] | None = None) -> list[list[int]]:
+    def _best_ids(self, src_ids: list[list[int]], progress: bool) -> list[list[int]]:
         """The model's best translation of each source, as ids (no detokenise/tokenise round trip);
-        empty, without decoding, where ``skip`` says so."""
-        skip = skip or [False] * len(src_ids)
-        found = iter(self.translate_ids([ids for ids, s in zip(src_ids, skip) if not s], progress=progress))
-        return [[] if s else self.codec.tgt_vocab.encode(next(found)[0].tokens) for s in skip]
+        empty, undecoded, for an empty source (:meth:`translate_ids`)."""
+        return [self.codec.tgt_vocab.encode(hyps[0].tokens) for hyps in self.translate_ids(src_ids, progress=progress)]
 
     @_one_call_at_a_time
     def attention_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]] | None = None, *, layer: int = -1,
@@ -776,8 +780,7 @@ class Translator:
         results = self.translate_ids(sources.ids, decode_cfg, progress, start=start)
         if decode_cfg.replace_unk:
             self._replace_unknown(sources.words, sources.ids, results)
-        blank = [Translation("", 0.0, []) for _ in range(decode_cfg.nbest)]  # as many rows as any other sentence
-        return [r if text.strip() else list(blank) for r, text in zip(results, sources.texts)]
+        return results  # a blank text has no ids: nbest blank translations, as many rows as any other (translate_ids)
 
     def __call__(self, text: str | Sequence[str], *, beam: int | None = None, length_penalty: float | None = None,
                  batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,

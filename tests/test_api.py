@@ -803,6 +803,35 @@ def test_a_byte_order_mark_opening_a_sentence_is_not_text_to_the_translator(tran
     assert translator(["\ufeff", "A\ufeffB"]) == ["", translator("A\ufeffB")]  # a mark alone is a blank line
 
 
+def test_a_blank_line_is_not_decoded(translator, monkeypatch):
+    """A blank line has nothing to translate: its nbest translations are blank, score 0, and no
+    search runs for it (README: translate leaves it blank, undecoded). It was searched from a
+    source of </s> alone, a whole beam search up to the length bound, and the output dropped. A
+    line's translations and samples do not depend on the blank lines beside it."""
+    import cometnmt.inference as inference
+
+    searched = []
+
+    def counting(model, src, src_pad_mask, *args, **kwargs):
+        searched.append(src.size(0))  # sentences in this search
+        return real(model, src, src_pad_mask, *args, **kwargs)
+
+    real = inference.search
+    monkeypatch.setattr(inference, "search", counting)
+    texts = ["", "Ein Hund läuft.", " \t ", "Zwei Männer."]
+    results = translator.translate(texts, beam=3, nbest=2)
+    assert sum(searched) == 2  # before: 4
+    assert [[(h.text, h.score, h.tokens) for h in results[i]] for i in (0, 2)] == [[("", 0.0, [])] * 2] * 2
+    assert [h.text for h in results[1] + results[3]] == \
+           [h.text for r in translator.translate([texts[1], texts[3]], beam=3, nbest=2) for h in r]
+    searched.clear()
+    assert translator.translate_ids([[]], translator.search_config(nbest=3)) == [[inference.Translation("", 0.0, [])] * 3]
+    assert searched == []
+    sampled = translator.translate(texts, sampling=True, seed=5, nbest=2)  # keyed by place, blank lines counted
+    alone = translator.translate(texts[3:], sampling=True, seed=5, nbest=2, start=3)[0]
+    assert [h.tokens for h in sampled[3]] == [h.tokens for h in alone]
+
+
 def test_sentences_not_in_nfc_are_warned_about_as_the_file_readers_warn(translator, caplog):
     """The file readers warn of text not in Unicode NFC (decomposed accents, as macOS writes
     them: its words are not the vocabulary's); the Python API took such sentences without a word.
