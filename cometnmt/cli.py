@@ -881,7 +881,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cometnmt", description="Neural machine translation: COMET, Transformer and friends.",
                                      epilog="environment: COMETNMT_PLUGINS=MODULE[,FILE.py...] imports modules that register "
                                             "architectures of your own in cometnmt.models.REGISTRY before any command (and in "
-                                            "the training processes compare and reproduce start); README, Adding an architecture")
+                                            "the training processes compare and reproduce start); docs/architectures.md")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     from cometnmt import __version__
 

@@ -77,7 +77,7 @@ class DataConfig:
 class ModelConfig:
     """Shared Transformer-family sizes plus one section per architecture."""
 
-    arch: str = "transformer"  # transformer, comet, transformer_pp, convs2s or rnn (the last two read only their own section), or one registered (README)
+    arch: str = "transformer"  # transformer, comet, transformer_pp, convs2s or rnn (the last two read only their own section), or one registered (docs/architectures.md)
     d_model: int = 256  # transformer, comet, transformer_pp: width of embeddings and every unit's output; a multiple of n_heads
     n_heads: int = 8  # heads of every attention sublayer (transformer_pp self-attention: dot-product and convolution heads together)
     enc_layers: int = 3  # encoder units (N)
@@ -265,7 +265,7 @@ def _coerce(value: Any, tp: Any, key: str, build: bool = True) -> Any:
                 return _coerce(value, arg, key, build)
             except ConfigError:
                 continue
-        # the hints of the one type a null-or-X key takes (data.multi30k_dir=2024 had none, README promises it)
+        # the hints of the one type a null-or-X key takes (data.multi30k_dir=2024 had none, docs/errors.md promises it)
         hint = _yaml_hint(value, key) if str in args else _list_hint(value) if any(typing.get_origin(a) is list for a in args) else ""
         raise ConfigError.at(key, f"expected {_type_name(tp)}, got {value!r}{hint}")
     if origin is Literal:

@@ -10,7 +10,7 @@ scores three versions of the same outputs with ``cometnmt.score``:
 * ``replace_unk``: the source word the decoder attends to most (``decode.replace_unk``);
 
 and counts how many copied words occur in their reference (lowercased, split on spaces after
-punctuation is taken off). README.md's table came from
+punctuation is taken off). docs/translation.md's table came from
 
     python scripts/replace_unk_effect.py runs/multi30k/comet/best.pt --splits valid test [--json out.json]
 """

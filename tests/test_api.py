@@ -805,7 +805,7 @@ def test_a_byte_order_mark_opening_a_sentence_is_not_text_to_the_translator(tran
 
 def test_a_blank_line_is_not_decoded(translator, monkeypatch):
     """A blank line has nothing to translate: its nbest translations are blank, score 0, and no
-    search runs for it (README: translate leaves it blank, undecoded). It was searched from a
+    search runs for it (docs/translation.md: translate leaves it blank, undecoded). It was searched from a
     source of </s> alone, a whole beam search up to the length bound, and the output dropped. A
     line's translations and samples do not depend on the blank lines beside it."""
     import cometnmt.inference as inference

@@ -222,7 +222,7 @@ def test_a_compile_that_fell_back_to_eager_says_so(data_dir, tmp_path, monkeypat
 def test_the_cpu_speed_ratio_is_measured_side_by_side_by_default():
     """The COMET/Transformer ratio came on the CPU from one model's run after the other's unless
     --rounds was given (its default was 8 with --gpu, else 0), so a drift of the machine's speed
-    between the two runs went into the verdict (README: 1.04 one after the other where the rounds
+    between the two runs went into the verdict (docs/benchmarks.md: 1.04 one after the other where the rounds
     gave a median of 1.23 on the 2-core machine). The rounds are now the default everywhere; --rounds
     0 still turns them off."""
     bench = _script("bench.py")

@@ -110,7 +110,7 @@ def test_reference_yaml_says_what_the_less_evident_keys_do():
 
 
 def test_reference_yaml_comments_every_key():
-    """README says reference.yaml gives every key's meaning, but some 60 of its keys (name, data.corpus,
+    """docs/configuration.md says reference.yaml gives every key's meaning, but some 60 of its keys (name, data.corpus,
     model.d_model, train.clip_norm, decode.beam_size, ...) were listed bare: their dataclass fields had
     no inline comment for the generator to read. A new field without one fails here."""
     from cometnmt.config import reference_yaml
@@ -431,7 +431,7 @@ def test_keys_the_architecture_does_not_read_are_listed():
 
 
 def test_an_architecture_a_script_registered_reads_the_shared_keys_and_may_tie_embeddings(monkeypatch):
-    """README: a script's architecture (REGISTRY["mine"] = build_mine) reads the shared model.*
+    """docs/architectures.md: a script's architecture (REGISTRY["mine"] = build_mine) reads the shared model.*
     keys. train still warned "model.arch=mine does not use model.d_model=64, model.n_heads=4, ...
     (trained without them: check model.arch)" of the very sizes it was built with, and refused
     model.tie_embeddings ("applies to the transformer, comet, transformer_pp architectures, not

@@ -920,7 +920,7 @@ def test_sentencepiece_reads_every_whitespace_as_a_space_as_spacy_does(train_pai
 
 
 def test_sentencepiece_keeps_runs_of_spaces_and_spacy_does_not() -> None:
-    """README's *Whitespace*: SentencePiece is trained with remove_extra_whitespaces off (its own
+    """docs/data.md's *Whitespace*: SentencePiece is trained with remove_extra_whitespaces off (its own
     default collapses a run of spaces into one piece and trims both ends), so a run of spaces, and
     spaces at either end, come back from detokenize as written; spaCy's words come back with single
     spaces. A tab is a space to both."""

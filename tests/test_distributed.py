@@ -759,7 +759,7 @@ def test_a_ranks_error_is_shown_once_under_torchrun(tmp_path, data_dir, kind, wh
     second time: a bug with the traceback of the gather, which says nothing, a usage error as a
     second line ("rank 1 failed decoding ...: data/valid.de:3: ..."). Both exit as rank 1 does
     (1, 2); torchrun itself exits 1 (its ChildFailedError, listing each rank's own exit status),
-    as the README says. Rank 0's train.log (rank 1 writes none) keeps the whole message, and for a
+    as docs/training.md says. Rank 0's train.log (rank 1 writes none) keeps the whole message, and for a
     bug rank 1's traceback, which rank 1 sent with the error (before, the message alone), not the
     gather's."""
     plugin = tmp_path / "breaks.py"

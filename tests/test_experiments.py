@@ -770,7 +770,7 @@ def _forget_plugins() -> None:
 
 
 def test_an_architecture_of_ones_own_reaches_the_runs_processes_through_cometnmt_plugins(tmp_path, monkeypatch, cli):
-    """README's way to try an architecture without editing the package (REGISTRY["mine"] = ...
+    """docs/architectures.md's way to try an architecture without editing the package (REGISTRY["mine"] = ...
     in a script) trained nothing in compare or reproduce: each run is a new `cometnmt train`
     process, which refused it ("config key 'model.arch': 'mine' is not allowed", in the run's
     stdout.log) while the others trained, and the report listed it as not finished. The CLI now

@@ -485,7 +485,7 @@ def test_a_builder_reading_shared_keys_its_uses_does_not_name_is_warned_of(monke
     """register_architecture(..., uses=(...)) was trusted: a builder reading model.d_ff that its
     uses left out trained with a d_ff the loader never checked and train called unused. Building
     now records the shared keys and package sections the builder reads and warns of those uses
-    does not name; README's declaration for build_transformer is exact, and dataclasses.replace's
+    does not name; docs/architectures.md's declaration for build_transformer is exact, and dataclasses.replace's
     reads of every field are not the builder's."""
     import dataclasses
 

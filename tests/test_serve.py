@@ -272,7 +272,7 @@ def test_a_body_without_content_type_is_taken_if_json_else_415_naming_the_type(s
             assert status == 400 and accept is None and out["error"].endswith(needle), (headers, out)
 
 def test_the_readmes_curl_and_requests_examples_are_answered(server):
-    """README's examples as sent: curl -H "Content-Type: application/json" -d '...' and
+    """docs/serving.md's examples as sent: curl -H "Content-Type: application/json" -d '...' and
     requests.post(url, json=...) (which sends application/json); curl -d and urllib.request without
     the header send application/x-www-form-urlencoded, refused saying so."""
     import shutil

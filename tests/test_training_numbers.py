@@ -1,5 +1,5 @@
 """The numbers training reports: the metrics log's learning rate, loss and token counts mean what
-the README says."""
+docs/training.md says."""
 
 from __future__ import annotations
 
