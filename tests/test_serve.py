@@ -106,6 +106,29 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     assert got == {s: (200, {"translation": expected[s]}) for s in sentences}
 
 
+def test_a_burst_of_new_connections_is_answered_every_one(server):
+    """Forty clients connecting at once, each on a new connection: socketserver's listen backlog
+    of 5 overflowed, and about half of them got a connection reset (the rest 1 s SYN retries)."""
+    sentences = [f"Ein Hund läuft {n} Meter." for n in range(40)]
+    expected = {s: call(server, "/translate", {"text": s})[1]["translation"] for s in sentences}
+    got, start = {}, threading.Event()
+
+    def ask(s):
+        start.wait()
+        try:
+            got[s] = call(server, "/translate", {"text": s})
+        except OSError as exc:  # urllib's URLError included
+            got[s] = repr(exc)
+
+    threads = [threading.Thread(target=ask, args=(s,)) for s in sentences]
+    for t in threads:
+        t.start()
+    start.set()
+    for t in threads:
+        t.join()
+    assert got == {s: (200, {"translation": expected[s]}) for s in sentences}
+
+
 @pytest.mark.parametrize("body, raw, status, needle", [
     (None, b"{not json", 400, "not valid JSON"),
     # curl -d '' or a client that forgot the body: said 'not valid JSON: Expecting value: line 1 column 1 (char 0)'
