@@ -822,6 +822,11 @@ class _Reads(io.RawIOBase):
         return self._handler.receive_into(buffer)
 
 
+def _significant(length: str) -> str:
+    """A Content-Length of digits (and spaces or tabs around them) without its leading zeros."""
+    return length.strip(" \t").lstrip("0") or "0"
+
+
 _ALLOW = {"/health": "GET, HEAD", **{route: "POST" for route in _POST}}  # route -> its methods (Allow header)
 # What the header parser notes for a multipart Content-Type alone (curl -F's multipart/form-data; boundary=...):
 # it looks for the parts in a body it is not given. The headers themselves are well formed.
@@ -917,7 +922,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._in_head = False  # the head is here: a stop now lets the request finish, its body included
         with self._answer_lock:
             self._in_request = True
-        problem = None
+        problem, status = None, HTTPStatus.BAD_REQUEST
         lengths = self.headers.get_all("Content-Length") or []
         # a line that is not "Name: value" ends the headers there; a multipart Content-Type was taken for one
         # ("malformed header line ''", 400), where it is a type this server does not read (415, _read_body)
@@ -928,9 +933,13 @@ class _Handler(BaseHTTPRequestHandler):
             problem = f"{len(lengths)} Content-Length headers ({', '.join(map(repr, lengths))}); send one"
         elif lengths and not re.fullmatch(r"[0-9]+", lengths[0].strip(" \t")):
             problem = f"Content-Length {lengths[0]!r} is invalid: send the body's size in bytes, digits only"
+        elif lengths and len(digits := _significant(lengths[0])) > 18:  # past any body; past 4300 digits, int()'s
+            # limit, it was a ValueError: a traceback in the log, and the connection dropped without an answer
+            problem, status = (f"the body's Content-Length has {len(digits)} digits, more than this server takes "
+                               f"({self.server.max_body_bytes} bytes)"), HTTPStatus.REQUEST_ENTITY_TOO_LARGE
         if problem:
             self.close_connection = True
-            self._send(HTTPStatus.BAD_REQUEST, {"error": problem})
+            self._send(status, {"error": problem})
             return False
         expect = ", ".join(self.headers.get_all("Expect") or [])
         expectations = {e.strip(" \t").lower() for e in expect.split(",")} - {""}
@@ -944,7 +953,7 @@ class _Handler(BaseHTTPRequestHandler):
         # "100-continue " sent no 100 Continue and its client waited); an HTTP/1.0 request's is
         # ignored (RFC 9110)
         self._expect_continue = bool(expectations) and self.request_version not in ("HTTP/0.9", "HTTP/1.0")
-        self._length = int(lengths[0]) if lengths else None
+        self._length = int(_significant(lengths[0])) if lengths else None
         return True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:

@@ -663,6 +663,24 @@ def test_an_ambiguous_length_is_400_and_closes(server, headers, needle, method, 
     assert call(server, "/translate", {"text": "a"})[0] == 200  # and the server still answers
 
 
+@pytest.mark.parametrize("length", [b"9" * 19, b"9" * 5000, b"0" * 4400 + b"1" * 19])
+@pytest.mark.parametrize("method, path", [("POST", "/translate"), ("GET", "/health")])
+def test_a_content_length_of_too_many_digits_is_413(server, length, method, path):
+    """int() reads at most 4300 digits: a Content-Length of more raised ValueError in parse_request,
+    a traceback in the log and the connection dropped without an answer."""
+    request = b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n{}" % (method.encode(), path.encode(), length)
+    status, connection, out = answer_then_close(server, request)
+    assert (status, connection) == (413, "close"), out
+    assert out["error"] == "the body's Content-Length has 19 digits, more than this server takes (10000 bytes)" or \
+        length == b"9" * 5000 and "has 5000 digits" in out["error"], out
+    assert call(server, "/translate", {"text": "a"})[0] == 200  # and the server still answers
+    # leading zeros are no size: 21 bytes written in 4,400 digits are read as 21
+    body = b'{"text": "Ein Hund."}'
+    request = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n" \
+              b"Content-Length: %s%d\r\n\r\n%s" % (b"0" * 4400, len(body), body)
+    assert answer_then_close(server, request)[0] == 200
+
+
 def test_head_answers_as_get_without_a_body(server):
     """Health checkers often send HEAD /health: GET's status and headers, no body, and the
     connection stays usable. 405s name the methods allowed (Allow)."""
