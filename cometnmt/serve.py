@@ -440,9 +440,10 @@ class RequestBatcher:
             self._closing = True
             self._cond.notify_all()
 
-    def stop(self) -> None:
+    def stop(self) -> list[_Pending]:
         """Fail the requests still queued (503, send again) and refuse new ones; a batch being
-        decoded is answered when it is done (the worker is not interrupted inside the model)."""
+        decoded is answered when it is done (the worker is not interrupted inside the model).
+        Returns the requests failed."""
         with self._cond:
             self._closing = self._stopped = True
             left, self._queue = self._queue, []
@@ -451,6 +452,7 @@ class RequestBatcher:
             pending.finish(error=RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the server stopped before this request "
                                                                               "was decoded; send it again",
                                               {"Retry-After": "5"}))
+        return left
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
@@ -616,7 +618,12 @@ class TranslationServer(ThreadingHTTPServer):
         for thread in running:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self.batcher is not None:  # those still queued after the wait get 503 (send again), not a wait without end
-            self.batcher.stop()
+            # and are given a moment to send it: left to their threads, `cometnmt serve`'s exit (os._exit when
+            # requests are still running) raced the answers, and 42 of 60 clients queued got none
+            failed = [p.handler for p in self.batcher.stop() if p.handler is not None]
+            deadline = time.monotonic() + 1.0
+            for handler in failed:
+                handler.answered.wait(max(0.0, deadline - time.monotonic()))
         with self._handlers_lock:
             self._close_wake_when_done()  # else the last handler to end closes it
 
@@ -637,11 +644,14 @@ class TranslationServer(ThreadingHTTPServer):
         being worked on, whose answer has not begun, with 503 Service Unavailable and a Retry-After
         header, so its client knows to send it again (to this server once restarted, or to another
         behind the same proxy) rather than seeing its connection close without an answer. Returns
-        (requests refused so, request threads cut off otherwise: an answer half sent, a drain)."""
+        (requests refused so, request threads cut off otherwise: an answer half sent, a connection
+        waiting for its next request). A thread whose answer was sent, its connection lingering
+        (:meth:`_Handler._drain`), is neither: it was counted as cut off "without an answer"."""
         with self._handlers_lock:
             running = [(thread, handler) for thread, handler in self._handlers.items() if thread.is_alive()]
         refused = sum(handler is not None and handler.refuse(retry_after) for _, handler in running)
-        return refused, len(running) - refused
+        answered = sum(handler is not None and handler.answered.is_set() for _, handler in running)
+        return refused, len(running) - refused - answered
 
     def client_gone(self, handler: _Handler | None = None) -> bool:
         """Whether the client of the calling request thread (or of ``handler``) has closed (or reset) its connection: it
@@ -854,10 +864,12 @@ class _Handler(BaseHTTPRequestHandler):
     _in_request = False  # a request's head has arrived and its answer is being worked out
     _answering = False  # this request's answer has begun (or the server refused it: _refused)
     _refused = False  # the server, stopping, answered 503 in this handler's place (refuse)
+    answered: threading.Event  # this request's answer has been sent (its connection may still linger: _drain)
 
     def setup(self) -> None:
         super().setup()
         self._answer_lock = threading.Lock()  # the answer is begun by this thread or by refuse, not both
+        self.answered = threading.Event()
         self.server.register(self)
         self.rfile.close()  # the socket's own reader, replaced by one whose reads of a head a stop can end
         self.rfile = io.BufferedReader(_Reads(self))
@@ -891,6 +903,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._length, self._body_read, self._linger = None, False, False
         with self._answer_lock:
             self._in_request = self._answering = False
+        self.answered.clear()
         self._head_deadline = time.monotonic() + self.timeout
         self.requestline = ""  # the last request's, until this one's is read
         try:
@@ -994,6 +1007,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":  # HEAD: GET's status and headers, Content-Length included, no body
             self.wfile.write(data)
+        self.answered.set()
 
     def _route(self) -> str:
         return urlsplit(self.path).path  # a query string is ignored

@@ -1808,6 +1808,58 @@ def test_closing_drains_queued_requests_and_fails_those_left_after_the_wait(chec
             srv.translate({"text": "Ein Hund."})
 
 
+def test_requests_failed_by_the_stop_are_answered_before_it_returns(checkpoint, monkeypatch):
+    """server_close fails the requests still queued after its wait with 503 (RequestBatcher.stop),
+    and `cometnmt serve` then exits at once (os._exit) if requests are still running: those 503s were
+    left to their threads, which the exit raced (of 60 clients queued behind a long batch at a
+    SIGTERM, most got a reset or half an answer), and the stop line counted them as cut off without
+    an answer. server_close now waits for them to be sent, and refuse_running does not count a
+    connection whose answer was sent (lingering) as cut off."""
+    import select
+    import time
+
+    from cometnmt.serve import _Handler
+
+    send_response = _Handler.send_response
+
+    def slow(self, code, message=None):  # a loaded machine: the thread woken by stop() writes its 503 late
+        if code == 503:
+            time.sleep(0.3)
+        send_response(self, code, message)
+
+    monkeypatch.setattr(_Handler, "send_response", slow)
+    monkeypatch.setattr(_Handler, "linger_idle", 30.0)  # the client below keeps its connection: its handler lingers
+    monkeypatch.setattr(_Handler, "linger_seconds", 30.0)
+    body = json.dumps({"text": "Eine Katze."}).encode()
+    with batching_server(checkpoint, max_batch_sentences=2) as (srv, calls), \
+            socket.create_connection(("127.0.0.1", srv.server_port), timeout=60) as second:
+        answers = {}
+        with srv.lock:  # the model busy: the worker holds the first request's (full) batch, waiting for the model
+            first = threading.Thread(target=lambda: answers.__setitem__("first", call(srv, "/translate",
+                                                                                     {"texts": ["Ein Hund.", "Ein Mann."]})))
+            first.start()
+            while srv.lock.waiting() < 2:  # this thread's and the worker's
+                threading.Event().wait(0.01)
+            second.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            while not srv.batcher.queued():
+                threading.Event().wait(0.01)
+            srv.shutdown()
+            srv.server_close(wait=0.5)
+            assert select.select([second], [], [], 0)[0], "server_close returned before the queued request's 503 was sent"
+        first.join(60)
+        assert answers["first"][0] == 200  # the batch being decoded is answered
+        for _ in range(6000):  # the first request's thread ends with its answer
+            if srv.still_running() == 1:
+                break
+            threading.Event().wait(0.01)
+        assert srv.refuse_running() == (0, 0)  # the second's, lingering after its 503: neither refused nor cut off
+        resp = http.client.HTTPResponse(second)
+        resp.begin()
+        assert (resp.status, resp.getheader("Retry-After")) == (503, "5")
+        assert json.loads(resp.read())["error"] == "the server stopped before this request was decoded; send it again"
+
+
 def test_a_batch_closes_at_its_character_budget(checkpoint):
     """Batches were bounded by their sentences alone: 64 requests of one 10,000-character sentence
     each (--max-chars) were one batch, one search over 640,000 characters. With --max-batch-chars
