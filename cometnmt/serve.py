@@ -864,6 +864,7 @@ class _Handler(BaseHTTPRequestHandler):
     _in_request = False  # a request's head has arrived and its answer is being worked out
     _answering = False  # this request's answer has begun (or the server refused it: _refused)
     _refused = False  # the server, stopping, answered 503 in this handler's place (refuse)
+    _blank_line = False  # the line read in place of a request line was empty: the next is read in its place
     answered: threading.Event  # this request's answer has been sent (its connection may still linger: _drain)
 
     def setup(self) -> None:
@@ -904,7 +905,9 @@ class _Handler(BaseHTTPRequestHandler):
         with self._answer_lock:
             self._in_request = self._answering = False
         self.answered.clear()
-        self._head_deadline = time.monotonic() + self.timeout
+        if not self._blank_line:  # empty lines before a request line are part of its head's time
+            self._head_deadline = time.monotonic() + self.timeout
+        self._blank_line = False
         self.requestline = ""  # the last request's, until this one's is read
         try:
             super().handle_one_request()
@@ -924,6 +927,12 @@ class _Handler(BaseHTTPRequestHandler):
         A proxy in front that reads such a request otherwise would pass its rest on as another
         request on the same connection (request smuggling)."""
         self._expect_continue = False
+        if not self._cut and self.raw_requestline in (b"\r\n", b"\n"):
+            # RFC 9112 2.2: an empty line before a request line is ignored, as a client may send a CRLF after a
+            # body, beyond its Content-Length; http.server closed the connection without a word, so the request
+            # that followed on it was never answered. The next line is read as this request's line.
+            self._blank_line, self.close_connection = True, False
+            return False
         if not self._cut and not super().parse_request():
             return False
         if self._cut:  # the server stopped as this request arrived: what did arrive may end anywhere

@@ -412,6 +412,18 @@ def test_a_body_left_unread_never_becomes_the_next_request(server):
     assert raw_exchange(server, ok) == [(200, None)]
 
 
+def test_empty_lines_before_a_request_line_are_ignored(server):
+    """RFC 9112 2.2: a server ignores empty lines before a request line (a client may send a CRLF
+    after a POST body, beyond its Content-Length). The connection was closed without an answer, so
+    the request after such a body was lost."""
+    body = b'{"text":"a"}'
+    post = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body), body)
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert raw_exchange(server, post + b"\r\n", health, b"\r\n\n\r\n" + post) == [(200, None)] * 3
+    assert raw_exchange(server, b"\r\n" + health) == [(200, None)]  # first thing on a new connection too
+
+
 def test_an_ensemble_is_served(checkpoint):
     """Several checkpoints serve as one ensemble: /health says so and lists them, and a checkpoint
     served with itself answers as it does alone; a list of one is that checkpoint."""
@@ -1329,7 +1341,9 @@ def test_a_client_resetting_its_connection_is_one_log_line(server, monkeypatch, 
     assert call(server, "/health")[0] == 200  # and the server still answers
 
 
-def test_a_request_head_sent_a_byte_at_a_time_is_cut_at_the_timeout(server, monkeypatch):
+@pytest.mark.parametrize("head", [b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 30,  # 60 bytes: 12 s
+                                  b"\r\n" * 30])  # empty lines, ignored before a request line, count too
+def test_a_request_head_sent_a_byte_at_a_time_is_cut_at_the_timeout(server, monkeypatch, head):
     """The handler's timeout applied to each read alone, so a client that sent a byte of a request's
     head now and then (slow-loris) kept its connection and thread as long as it liked. The wait and
     the head's arrival now share one timeout: the connection is closed once it has passed."""
@@ -1338,7 +1352,6 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_at_the_timeout(server, monk
     from cometnmt.serve import _Handler
 
     monkeypatch.setattr(_Handler, "timeout", 1.0)  # for connections made from now on
-    head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 30  # 60 bytes: 12 s
     sock = socket.create_connection(("127.0.0.1", server.server_port), timeout=60)
     closed_after = None
     try:
