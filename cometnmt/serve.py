@@ -995,8 +995,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus(code), {"error": message or phrase})
 
     def _send(self, status: HTTPStatus, payload: dict | None, headers: dict[str, str] | None = None) -> None:
-        # allow_nan=False: never NaN or Infinity, which is not JSON (a bug that lets one through is a 500)
-        data = b"" if payload is None else json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        # allow_nan=False: never NaN or Infinity, which is not JSON (a bug that lets one through is a 500);
+        # backslashreplace: a lone surrogate (a key "\ud800" an error names) is written as JSON's own escape of it,
+        # where encoding it failed, a traceback in the log and the connection dropped without an answer
+        data = b"" if payload is None else \
+            json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8", "backslashreplace")
         with self._answer_lock:
             if self._refused:  # the stopping server has answered 503 in its place: the connection is over
                 self.close_connection, self._linger = True, False

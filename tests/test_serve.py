@@ -195,6 +195,9 @@ def test_a_burst_of_new_connections_is_answered_every_one(server):
     # a key given twice was resolved to its last value without a word (json.loads keeps the last)
     (None, b'{"texts": ["a", "b"], "texts": ["c"]}', 400, 'the body\'s JSON gives the key "texts" twice in one object'),
     (None, b'{"text": "a", "beam": 2, "beam": 3}', 400, 'the body\'s JSON gives the key "beam" twice in one object'),
+    # a key an error names holding a lone surrogate: encoding the answer failed, and the connection dropped unanswered
+    (None, b'{"text": "a", "\\ud800x": 1}', 400, "unknown field(s) \ud800x;"),
+    (None, b'{"text": "a", "\\udfff": 1, "\\udfff": 2}', 400, 'the body\'s JSON gives the key "\udfff" twice'),
 ])
 def test_bad_requests_name_the_problem(server, body, raw, status, needle):
     got_status, out = call(server, "/translate", body, raw=raw)
