@@ -933,6 +933,13 @@ class _Handler(BaseHTTPRequestHandler):
             # that followed on it was never answered. The next line is read as this request's line.
             self._blank_line, self.close_connection = True, False
             return False
+        if not self._cut and not self.raw_requestline.strip():  # spaces or tabs alone: http.server closed the
+            # connection without an answer, as for an empty line
+            self.command, self.request_version = None, self.default_request_version  # not the last request's
+            line = self.raw_requestline.decode("latin-1").rstrip("\r\n")
+            self.send_error(HTTPStatus.BAD_REQUEST, f"bad request line {line!r}: send METHOD PATH HTTP/1.1, e.g. "
+                                                    "GET /health HTTP/1.1")
+            return False
         if not self._cut and not super().parse_request():
             return False
         if self._cut:  # the server stopped as this request arrived: what did arrive may end anywhere

@@ -425,6 +425,15 @@ def test_empty_lines_before_a_request_line_are_ignored(server):
     health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     assert raw_exchange(server, post + b"\r\n", health, b"\r\n\n\r\n" + post) == [(200, None)] * 3
     assert raw_exchange(server, b"\r\n" + health) == [(200, None)]  # first thing on a new connection too
+    # a line of spaces is no empty line but a bad request line: it was closed without an answer too
+    for line in (b" \r\n", b"\t \n"):
+        status, connection, out = answer_then_close(server, line + health)
+        assert (status, connection) == (400, "close") and out["error"].startswith("bad request line"), out
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=60) as sock:  # after a HEAD: with its body
+        sock.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n \r\n")
+        answers = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert answers.startswith(b"HTTP/1.1 200 OK") and answers.endswith(b"\r\n\r\n{\"error\": \"bad request line ' ': send "
+                                                                      b'METHOD PATH HTTP/1.1, e.g. GET /health HTTP/1.1"}'), answers
 
 
 def test_an_ensemble_is_served(checkpoint):
