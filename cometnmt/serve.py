@@ -1230,6 +1230,10 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
     Call ``serve_forever()`` on the result to serve."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"{setting('port', port, flags)}: must be a port number, 0 to 65535")
+    if not isinstance(host, str) or not host.strip(" \t"):  # "" is every interface to bind(): an unset $HOST
+        # in --host "$HOST" exposed the server, which has no authentication, where 127.0.0.1 was meant
+        raise ConfigError(f"{setting('host', repr(host), flags)}: give an address to listen on (default 127.0.0.1; "
+                          "0.0.0.0 for every interface)")
     for name, value in (("max_sentences", max_sentences), ("max_beam", max_beam), ("max_chars", max_chars)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{setting(name, value, flags)}: must be at least 1")

@@ -628,6 +628,17 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line(checkpoint):
     assert "Traceback" not in bad.stderr
 
 
+def test_an_empty_host_is_refused_not_every_interface(checkpoint):
+    """--host "" (an unset $HOST in --host "$HOST") is every interface to bind(): the server, which
+    has no authentication, listened on 0.0.0.0 where 127.0.0.1 was meant."""
+    bad = serve_command(str(checkpoint), "--host", "", "--port", "0")
+    assert bad.returncode == 2 and "--host '': give an address to listen on (default 127.0.0.1; 0.0.0.0 for every " \
+                                   "interface)" in bad.stderr and "serving" not in bad.stderr, bad.stderr
+    for host in (" ", None):
+        with pytest.raises(cometnmt.ConfigError, match=rf"host={host!r}: give an address"):
+            make_server(str(checkpoint), host=host, port=0, device="cpu")
+
+
 def test_the_port_is_taken_before_the_model_loads_and_given_back_if_it_fails(checkpoint, tmp_path, monkeypatch):
     """A port in use was reported only after the whole model had loaded; and a model that fails
     to load leaves the port free for the next try."""
