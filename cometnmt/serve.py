@@ -1029,7 +1029,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.answered.set()
 
     def _route(self) -> str:
-        return urlsplit(self.path).path  # a query string is ignored
+        """The request's path, a query string ignored. http.server reads the request line as Latin-1:
+        a path sent in UTF-8 ("/heälth") was named in the 404 as mojibake ("/heÃ¤lth")."""
+        return urlsplit(self.path).path.encode("latin-1").decode("utf-8", "backslashreplace")
 
     def _has_body(self) -> bool:
         return "Transfer-Encoding" in self.headers or bool(self._length)

@@ -341,6 +341,12 @@ def test_unknown_paths_and_methods(server):
     status, out = call(server, "/health", {"text": "a"})
     assert status == 405 and out["error"] == "POST is not supported; use GET", out
     assert call(server, "/health")[0] == 200  # and the server still answers
+    # a path sent in UTF-8 is named as sent, not as its bytes read as Latin-1 ("/heÃ¤lth"); bytes that are no
+    # UTF-8 as escapes
+    for path, named in (("/heälth".encode(), "/heälth"), (b"/h\xe4lth", "/h\\xe4lth")):
+        request = b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path
+        status, _, out = answer_then_close(server, request)
+        assert status == 404 and out["error"].startswith(f"no such endpoint {named}; use GET /health"), out
 
 
 def test_the_command_serves_and_checks_its_options(checkpoint, tmp_path):
@@ -1365,7 +1371,8 @@ def test_a_client_resetting_its_connection_is_one_log_line(server, monkeypatch, 
 
 
 @pytest.mark.parametrize("head", [b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 30,  # 60 bytes: 12 s
-                                  b"\r\n" * 30])  # empty lines, ignored before a request line, count too
+                                  b"\r\n" * 30],  # empty lines, ignored before a request line, count too
+                         ids=["a-header", "empty-lines"])
 def test_a_request_head_sent_a_byte_at_a_time_is_cut_at_the_timeout(server, monkeypatch, head):
     """The handler's timeout applied to each read alone, so a client that sent a byte of a request's
     head now and then (slow-loris) kept its connection and thread as long as it liked. The wait and
