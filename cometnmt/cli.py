@@ -955,6 +955,10 @@ def main(argv: list[str] | None = None) -> int:
                     from cometnmt.models import load_plugins
 
                     load_plugins()
+                if getattr(args, "device", "auto") != "auto":  # named as the flag, and before any checkpoint is read
+                    from cometnmt.inference import resolve_device
+
+                    resolve_device(args.device, "--device", flag=True)
                 code = args.func(args)
             except CometNMTError as exc:  # another rank's (train under torchrun): named, not shown again
                 _say_error(_from_another_rank(exc) or exc)

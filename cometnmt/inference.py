@@ -73,19 +73,21 @@ def _sentence_list(texts, name: str, method: str) -> list:
         raise TypeError(f"{method}: {name} must be a list of sentences, got {a_type(texts)}") from None
 
 
-def resolve_device(name: str, key: str = "device") -> torch.device:
+def resolve_device(name: str, key: str = "device", flag: bool = False) -> torch.device:
     """``auto`` (a GPU when there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; a device
-    this machine does not have is a :class:`ConfigError` naming ``key``."""
+    this machine does not have is a :class:`ConfigError` naming ``key`` (a command line's flag
+    where ``flag``: ``--device cuda``, not ``device='cuda'``)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shown = f"{key} {name}" if flag else f"{key}={name!r}"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"{key}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+        raise ConfigError(f"{shown} is not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"{key}={name!r}: cometnmt runs on auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"{shown}: cometnmt runs on auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{key}={name!r}, but CUDA is not available here (torch {torch.__version__}); use auto or cpu")
+        raise ConfigError(f"{shown}, but CUDA is not available here (torch {torch.__version__}); use auto or cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ConfigError(f"{key}={name!r}, but this machine has {torch.cuda.device_count()} GPU(s)")
     return device

@@ -483,6 +483,22 @@ def test_evaluate_says_which_language_counts_the_source_words(cli, tmp_path):
     assert "--src-lang" not in cli(*args, "--src-lang", "fr").stderr
 
 
+def test_a_device_this_machine_lacks_is_named_as_the_flag_before_the_checkpoint_is_read(cli, tmp_path):
+    """--device cuda on a machine without CUDA was refused as "device='cuda'" (the Python keyword),
+    after the checkpoint was read; each command with --device now names the flag, first."""
+    import torch
+
+    missing = str(tmp_path / "none.pt")  # not read: the device is checked first
+    src = tmp_path / "src.de"
+    src.write_text("Ein Hund.\n", encoding="utf-8")
+    bad = "cuda:x" if torch.cuda.is_available() else "cuda"
+    for command in (["translate", missing, "-i", str(src)], ["logprob", missing, "-i", str(src), "-t", str(src)],
+                    ["attention", missing, "-i", str(src), "--out", str(tmp_path / "att")],
+                    ["evaluate", "--checkpoint", missing, "--split", "test"], ["serve", missing]):
+        err = _err(cli(*command, "--device", bad, check=False))
+        assert f"error: --device {bad}" in err and "none.pt" not in err and "Traceback" not in err, (command, err)
+
+
 def test_average_without_checkpoints_says_how_to_give_them(cli, tmp_path):
     """`cometnmt average -o avg.pt` alone said only "no checkpoints to average", and --last N on a run
     that kept no epoch checkpoints (train.keep_checkpoints' default, 0) did not say how to keep them:
