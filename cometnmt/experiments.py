@@ -569,7 +569,9 @@ def short_command(command: str) -> str:
     """A recorded training command without the interpreter path, shell-quoted, with the config
     path and run folder as given (a reproduce preset recorded absolute, and a run folder inside its
     checkout, relative to that checkout's root: :func:`_shown_path`), and the environment
-    assignments before it (``COMETNMT_PLUGINS=...``) kept."""
+    assignments before it (``COMETNMT_PLUGINS=...``) kept. A resumed run's ``--resume`` is left out:
+    the command is the run's recipe, and pasted with it a reader's new run failed with no
+    checkpoint to resume."""
     parts = shlex.split(command)
     env = []
     while parts and "=" in parts[0] and parts[0].split("=", 1)[0].isidentifier():
@@ -586,6 +588,8 @@ def short_command(command: str) -> str:
             continue
         if part == "--set" and i + 1 < len(parts) and parts[i + 1].split("=")[0] == "train.progress":
             skip = True
+            continue
+        if part == "--resume":
             continue
         if part.startswith("train.save_dir="):  # kept, so that pasted commands of two runs do not collide
             part = "train.save_dir=" + _shown_path(part.split("=", 1)[1], root)

@@ -48,6 +48,16 @@ def test_report_commands_name_the_config_as_it_can_be_rerun(tmp_path, monkeypatc
     assert experiments.short_command(shlex.join(relative)) == "cometnmt train configs/multi30k/comet.yaml --set train.save_dir=runs/x"
 
 
+def test_a_resumed_run_s_command_is_shown_as_a_new_run_trains(tmp_path):
+    """A run an earlier call left unfinished recorded the command that finished it, with --resume;
+    shown so in report.md's training commands, it failed where a reader reruns it ('--resume: no
+    checkpoint at ...'). The recipe is the command without it."""
+    cmd = ["/venv/bin/python", "-m", "cometnmt", "train", "mine.yaml", "--set", "train.seed=3", "--set",
+           "train.save_dir=runs/x/seed3", "--set", "train.progress=false", "--set", "model.d_ff=64", "--resume"]
+    assert experiments.short_command(shlex.join(cmd)) == ("cometnmt train mine.yaml --set train.seed=3 --set "
+                                                          "train.save_dir=runs/x/seed3 --set model.d_ff=64")
+
+
 def test_a_resumed_run_keeps_the_commit_it_started_from(tmp_path, monkeypatch):
     run = tmp_path / "seed1"
     run.mkdir()
