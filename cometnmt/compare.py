@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, curve_marker, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -401,6 +401,7 @@ def _markdown(report: dict) -> str:
                      + f"{'–' if tps[0] is None else f'{tps[0]:,.0f}'} |")
     lines += capped_lines(report["runs"], lambda r: r["row"])
     lines += best_behind_lines(report["runs"], lambda r: r["row"])
+    lines += mixed_recipe_lines(report["runs"], lambda r: r["row"])
     lines += ["", "Training tokens/s is the median over the run's log windows (target tokens). Runs trained side by "
               "side (`--jobs` > 1) share the machine: compare speeds with `bench/`, not this column.", "",
               "## Every run", "", "| system | seed | epochs | dev BLEU | test BLEU | test chrF |"
@@ -430,5 +431,5 @@ def _markdown(report: dict) -> str:
     for name in names:
         recs = sorted((r for r in report["runs"] if r["row"] == name), key=lambda r: r["seed"])
         if recs:
-            lines.append(f"- {name}: `{short_command(recs[0]['command'])}`")
+            lines += command_lines(name, recs)
     return "\n".join(lines) + "\n"

@@ -597,6 +597,64 @@ def short_command(command: str) -> str:
     return " ".join(env + [shlex.join(out)])
 
 
+# The --set keys each run's command gives itself (its seed and folder), or that do not change what it
+# learns (the device, which the report's hardware line names; the progress bar): runs that differ
+# only in these, and in --resume, were trained by one recipe
+_PER_RUN_KEYS = ("train.seed", "train.save_dir", "train.device", "train.progress")
+
+
+def _own(override: str) -> bool:
+    return override.split("=", 1)[0] in _PER_RUN_KEYS
+
+
+def _recipe(command: str) -> tuple:
+    """A run's training command as :func:`short_command` shows it, less the overrides of _PER_RUN_KEYS."""
+    parts = shlex.split(short_command(command))
+    own = {i for i, part in enumerate(parts) if part == "--set" and i + 1 < len(parts) and _own(parts[i + 1])}
+    return tuple(part for i, part in enumerate(parts) if i not in own and i - 1 not in own)
+
+
+def _by_recipe(runs: list[dict]) -> list[list[dict]]:
+    """One row's runs by seed, grouped by :func:`_recipe`: the first seed's group first."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        groups.setdefault(_recipe(r["command"]), []).append(r)
+    return list(groups.values())
+
+
+def command_lines(name: str, runs: list[dict]) -> list[str]:
+    """report.md's lines on how a row's ``runs`` were trained: the first seed's command, and where
+    some seeds were trained otherwise, the first command of each recipe with the seeds it trained."""
+    groups = _by_recipe(runs)
+    if len(groups) == 1:
+        return [f"- {name}: `{short_command(groups[0][0]['command'])}`"]
+    return [f"- {name}, seed{'s' * (len(g) > 1)} {', '.join(str(r['seed']) for r in g)}: `{short_command(g[0]['command'])}`"
+            for g in groups]
+
+
+def mixed_recipe_lines(runs: list[dict], name: Callable[[dict], str]) -> list[str]:
+    """A report's line on the seeds of a row trained otherwise than its first seed, with the
+    overrides that differ. A finished run is reused whatever a later call's --set says: seeds
+    trained with model.d_ff=64 and one trained by a call without it made one row, its mean and sd
+    over two models, under seed 1's command alone."""
+    rows: dict[str, list[dict]] = {}
+    for r in runs:
+        rows.setdefault(r["row"], []).append(r)
+    said = []
+    for recs in rows.values():
+        groups = _by_recipe(recs)
+        first = [o for o in _overrides(groups[0][0]["command"]) if not _own(o)]
+        for group in groups[1:]:
+            given = [o for o in _overrides(group[0]["command"]) if not _own(o)]
+            differ = [f"{how} {', '.join(found)}" for how, found in (("without", [o for o in first if o not in given]),
+                                                                    ("with", [o for o in given if o not in first])) if found]
+            seeds = ", ".join(str(r["seed"]) for r in group)
+            said.append(f"{name(group[0])} seed{'s' * (len(group) > 1)} {seeds} "
+                        f"({'; '.join(differ) or 'another config or environment'})")
+    return ["", "- **seeds of a row trained otherwise than its first (the row's mean and sd pool them; their commands are "
+            f"below): {', '.join(said)}**"] if said else []
+
+
 # -- provenance ---------------------------------------------------------------------------------
 
 
@@ -644,6 +702,12 @@ def _report_commit(out: Optional[str] = None) -> str:
     return head + (" (uncommitted changes)" if _git("status", "--porcelain", *paths) else "")
 
 
+def _overrides(command: str) -> list[str]:
+    """The ``--set`` overrides of a recorded training command, in order."""
+    parts = shlex.split(command)
+    return [parts[i + 1] for i, part in enumerate(parts[:-1]) if part == "--set"]
+
+
 def _runs_without(records: list[dict], overrides: list[str]) -> dict[str, list[str]]:
     """For each run whose recorded training command lacks some of ``overrides`` (a run trained by
     another call, e.g. merged from an earlier report or reported with --report-only), the ones it
@@ -652,8 +716,7 @@ def _runs_without(records: list[dict], overrides: list[str]) -> dict[str, list[s
     for r in records:
         if "command" not in r:
             continue
-        parts = shlex.split(r["command"])
-        given = {parts[i + 1] for i, part in enumerate(parts[:-1]) if part == "--set"}
+        given = set(_overrides(r["command"]))
         lacking = [o for o in overrides if o not in given]
         if lacking:
             out[f"{r['row']} seed {r['seed']}"] = lacking

@@ -32,7 +32,7 @@ from typing import Optional
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, curve_marker, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, provenance, provenance_lines, run_and_report, short_command, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -575,11 +575,12 @@ def _markdown(args, report: dict) -> str:
     lines += _not_computed_lines(report["runs"])
     lines += capped_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
     lines += best_behind_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
+    lines += mixed_recipe_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
     lines += ["", "## How each row was trained (seed of the first run; other seeds differ only in train.seed)", ""]
     for e in report["table"]:
         recs = sorted((r for r in report["runs"] if r["row"] == e["row"]), key=lambda r: r["seed"])
         if recs:
-            lines.append(f"- {e['label']}: `{short_command(recs[0]['command'])}`")
+            lines += command_lines(e["label"], recs)
     name = short_label(report.get("candidate", "comet"))
     if report.get("significance"):
         lines += ["", f"## Paired bootstrap: {name} vs Transformer (test)", "",

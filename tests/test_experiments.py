@@ -986,3 +986,39 @@ def test_run_config_checks_name_the_origin_of_a_keyed_error_and_the_file_of_any_
         with pytest.raises(CometNMTError) as caught:
             experiments.check_run_configs([(path, cfg)], overrides)
         assert str(caught.value) == expected and type(caught.value) is kind, (error, overrides)  # keyed DataError: was "PATH: ..."
+
+
+@pytest.mark.parametrize("kind,name,label", [("reproduce", "multi30k_label_smoothing_cpu", "COMET"),
+                                              ("compare", "tie_embeddings_cpu", "comet_bn_length_tied")])
+def test_seeds_of_a_row_trained_otherwise_are_said_and_their_commands_shown(kind, name, label):
+    """Finished runs are reused whatever this call's --set says: seeds 1-2 trained by a call with
+    model.d_ff=64 and seed 3 by a later one without it were one table row, their mean and sd over
+    two models, under 'other seeds differ only in train.seed' and seed 1's command alone. The report
+    now names the seeds trained otherwise than the row's first, with the overrides that differ, and
+    shows each recipe's command; a seed differing only in seed, run folder, device and --resume does
+    not count."""
+    from cometnmt import compare, reproduce
+    from conftest import REPO
+
+    report = json.loads((REPO / "reports" / name / "report.json").read_text(encoding="utf-8"))
+    first = report["runs"][0]
+    parts = shlex.split(first["command"])
+    assert "train.lr=5e-4" in parts
+
+    def seed(s: int, command: list[str]) -> dict:
+        command = [p.replace("train.seed=1", f"train.seed={s}").replace("seed1", f"seed{s}") for p in command]
+        return {**first, "seed": s, "command": shlex.join(command)}
+
+    same = seed(2, [p.replace("train.device=cpu", "train.device=cuda") for p in parts if p != "--resume"] + ["--resume"])
+    lr = parts.index("train.lr=5e-4")
+    other = seed(3, parts[: lr - 1] + parts[lr + 1:] + ["--set", "model.d_ff=64"])
+    report["runs"] = [first, same, other, *report["runs"][1:]]
+    text = reproduce._markdown(None, report) if kind == "reproduce" else compare._markdown(report)
+    assert (f"- **seeds of a row trained otherwise than its first (the row's mean and sd pool them; their commands are "
+            f"below): {label} seed 3 (without train.lr=5e-4; with model.d_ff=64)**") in text
+    assert f"- {label}, seeds 1, 2: `cometnmt train " in text
+    assert f"- {label}, seed 3: `cometnmt train " in text and "--set model.d_ff=64`" in text
+    # one recipe: one line, as before
+    report["runs"] = [first, same, *report["runs"][3:]]
+    text = reproduce._markdown(None, report) if kind == "reproduce" else compare._markdown(report)
+    assert "trained otherwise than its first" not in text and f"- {label}: `cometnmt train " in text
