@@ -393,7 +393,8 @@ def _markdown(report: dict) -> str:
               "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if paper else "") + "---|"]
     for e in report["table"]:
         ckpt = _checkpoint_label(e)
-        params = f"{e['parameters'] / 1e6:.1f}M" if "parameters" in e else "–"
+        params = "–" if "parameters" not in e else (  # a tiny model's 41,558 read "0.0M"
+            f"{e['parameters'] / 1e6:.1f}M" if e["parameters"] >= 1e5 else f"{e['parameters']:,}")
         tps = e["train_tokens_per_s"]
         lines.append(f"| {e['system']} | {e.get('arch', '–')} | {params} | {len(e['seeds'])} | {fmt(e['epochs'])} | {ckpt} | "
                      f"{e.get('search', '–')} | {fmt(e['valid_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} | "

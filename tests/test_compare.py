@@ -277,6 +277,25 @@ def test_every_run_lists_the_papers_metric_when_asked_for(tmp_path):
         assert every[-1] == row
 
 
+def test_a_small_model_s_parameters_are_not_shown_as_none(tmp_path):
+    """A tiny config's 41,558 parameters were shown as '0.0M', a model of no parameters; below 0.1M
+    they are counted in full, and from there in millions as before."""
+    import argparse
+
+    from cometnmt import compare
+    from cometnmt.experiments import provenance
+
+    split = {"bleu": 30.0, "chrf": 55.0, "n_sentences": 3}
+    runs = [{"row": name, "seed": 1, "epochs": 4, "valid": dict(split), "test": dict(split), "arch": "transformer",
+             "parameters": n, "decode": {"method": "greedy"}, "checkpoint": ["best.pt"], "train_tokens_per_s": 100.0,
+             "history": [], "command": f"cometnmt train {name}.yaml"} for name, n in (("a", 41558), ("b", 11381615))]
+    args = argparse.Namespace(out=str(tmp_path), device="cpu", set=[], eval_limit=None)
+    report = {"provenance": provenance(args, 1.0, runs, []), "systems": ["a", "b"], "metrics": ["bleu"],
+              "table": compare.summarise(["a", "b"], runs), "significance": [], "aux_losses": {}, "runs": runs}
+    text = compare._markdown(report)
+    assert "| a | transformer | 41,558 |" in text and "| b | transformer | 11.4M |" in text
+
+
 def test_configs_sharing_a_name_are_told_how_to_name_them(capsys, tmp_path):
     """Two variants of one preset (`base: .../tiny.yaml` and a changed key, no name of their own)
     were refused with "share the name 'tiny'; runs are kept by name, so give each its own", which
