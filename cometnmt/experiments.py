@@ -241,7 +241,7 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     """The body of `reproduce` and `compare`: train and evaluate ``specs`` (unless
     ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones, their
     hypotheses copied beside it first (:func:`keep_hypotheses`); a call that finished no run where
-    OUT already holds a report keeps that report.
+    OUT already holds a report of every finished run keeps that report.
     Returns 1 when a run failed (the others still ran and are reported), else 0; runs left
     unfinished by the deadline are not failures (they are listed as missing and resume later)."""
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -255,7 +255,7 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
         failed = run_all(specs, jobs=args.jobs, overrides=args.set, device=args.device, stop_at=stop_at,
                          evaluate=lambda run: {**options, **evaluate(run)})
     records, missing = finished(specs)
-    if not args.report_only and len(records) == before and (Path(args.out) / "report.json").exists():
+    if not args.report_only and len(records) == before and _reports_all(Path(args.out) / "report.json", records):
         # nothing new to report: a call the deadline cut short keeps the report already there
         log.warning("no run finished in this call; %s is left as it was (--report-only rewrites it)",
                     Path(args.out) / "report.md")
@@ -266,6 +266,19 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
     if failed:
         log.error("failed: %s", ", ".join(failed))
     return 1 if failed else 0
+
+
+def _reports_all(path: Path, records: list[dict]) -> bool:
+    """Whether the report.json at ``path`` reports every finished run of ``records``. One that
+    does not was written before some finished: by a call Ctrl-C stopped after its last run's
+    evaluation wrote done.json but before its report (an evaluation runs to its end), or before a
+    run finished elsewhere was copied in. Kept, it named such a run 'not finished' after every
+    later call of the same command."""
+    try:
+        held = {(r["row"], r["seed"]) for r in json.loads(path.read_text(encoding="utf-8"))["runs"]}
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not a report this code wrote
+        return False
+    return all((r["row"], r["seed"]) in held for r in records)
 
 
 # The options that decide how a finished run is evaluated, with their defaults; a run's done.json

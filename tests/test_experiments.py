@@ -111,7 +111,7 @@ def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path, capsys):
 
     def report(records, missing, seconds):
         calls.append((records, missing))
-        (out / "report.json").write_text(json.dumps({"missing": missing}))
+        (out / "report.json").write_text(json.dumps({"runs": records, "missing": missing}))
 
     assert run_and_report(_args(out, False), specs, lambda run: {}, report) == 0
     assert calls == [([], ["comet seed 1"])]  # no report yet: the first one is written, run missing
@@ -121,13 +121,18 @@ def test_a_call_that_finishes_nothing_keeps_the_report(tmp_path, capsys):
     assert len(calls) == 1  # nothing finished and a report is there: kept
     assert not specs[0].run_dir.exists()  # and nothing trained
 
-    done = specs[0].run_dir / "done.json"  # a run finished by another call (or copied from another machine)
+    # a run finished by a call Ctrl-C stopped before its report (its last evaluation ran to its end
+    # and wrote done.json), or copied from another machine: the report there names it 'not
+    # finished', so a call that finishes nothing writes it anew (it was kept, after every call)
+    done = specs[0].run_dir / "done.json"
     done.parent.mkdir(parents=True)
     done.write_text(json.dumps({"row": "comet", "seed": 1}))
     run_and_report(_args(out, False), specs, lambda run: {}, report)
-    assert len(calls) == 1  # still nothing finished in this call
+    assert calls[-1] == ([{"row": "comet", "seed": 1}], [])
+    run_and_report(_args(out, False), specs, lambda run: {}, report)
+    assert len(calls) == 2  # that report holds every finished run: kept
     run_and_report(_args(out, True), specs, lambda run: {}, report)
-    assert calls[-1] == ([{"row": "comet", "seed": 1}], [])  # --report-only always rewrites
+    assert len(calls) == 3 and calls[-1] == ([{"row": "comet", "seed": 1}], [])  # --report-only always rewrites
 
 
 def test_every_report_has_its_runs_hypotheses_beside_it(tmp_path):
