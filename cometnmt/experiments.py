@@ -117,6 +117,9 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
            "--set", f"train.save_dir={run}", "--set", f"train.device={device}", "--set", "train.progress=false"]
     for override in overrides:
         cmd += ["--set", override]
+    start = time.time()
+    if (stop_at is not None and start >= stop_at) or _stopping.is_set():  # before the run's files are touched
+        return None
     if (run / LAST_CHECKPOINT).exists():
         cmd.append("--resume")
     elif (run / METRICS_FILE).exists():  # killed before its first checkpoint: nothing to resume, start again
@@ -124,9 +127,6 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
         (run / METRICS_FILE).rename(stale)
         log.warning("%s seed %d stopped before its first checkpoint; training it from the start (old log: %s)",
                     spec.name, spec.seed, stale)
-    start = time.time()
-    if (stop_at is not None and start >= stop_at) or _stopping.is_set():
-        return None
     run.mkdir(parents=True, exist_ok=True)
     commits = _call_commits(run)
     earlier = run / "train_seconds_before.txt"  # time spent in the calls the deadline cut short

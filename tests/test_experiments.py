@@ -212,6 +212,19 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path, monkeyp
     assert old.read_text(encoding="utf-8") == '{"event": "train", "step": 1}\n'
 
 
+def test_a_run_the_deadline_leaves_is_not_said_to_start_again(tmp_path, caplog):
+    """Past the deadline (or after Ctrl-C) no run starts, but a run killed before its first
+    checkpoint had its metrics log moved aside first, with the warning that it was 'training it
+    from the start', which it was not."""
+    run = tmp_path / "comet" / "seed1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"event": "train", "step": 1}\n', encoding="utf-8")
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, run)
+    assert experiments.train_run(spec, overrides=[], device="cpu", stop_at=0.0, evaluate=lambda r: {}) is None
+    assert (run / "metrics.jsonl").exists() and not list(run.glob("metrics.before-*.jsonl"))
+    assert "from the start" not in caplog.text
+
+
 def test_a_report_keeps_the_eval_limit_its_runs_were_decoded_with(tmp_path, monkeypatch):
     """Runs decoded on the first 60 sentences (a smoke --eval-limit) cannot be reported against
     the whole test set: before, --report-only without the limit died in the bootstrap test."""
