@@ -414,7 +414,8 @@ def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, l
     ax.set_xlabel("source sentence length (spaCy tokens)")
     ax.set_ylabel(f"BLEU difference ({short_label(cand)} − Transformer)")
     n = max((c["test"].get("n_sentences", 0) for c, _ in _paired_runs(records, cand)), default=0)
-    first = f"\nthe first {n} test sentences only (--eval-limit {limit})" if limit is not None else ""
+    # a limit the test set is shorter than decoded all of it (n < limit): no note
+    first = f"\nthe first {n} test sentences only (--eval-limit {limit})" if limit is not None and n >= limit else ""
     ax.set_title(f"Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ {BY_LENGTH_MIN_COUNT} sentences{first}")
     fig.tight_layout()
     fig.savefig(out / "figure4_bleu_by_length.png", dpi=120)

@@ -546,8 +546,11 @@ def test_figure_4_says_when_it_plots_a_few_test_sentences(monkeypatch, tmp_path)
     records = [{"row": row, "seed": 1, "test": {"n_sentences": 40, "bleu_by_length": by_length}} for row in ("comet", "transformer")]
     reproduce._figure4(tmp_path, records, "comet", 40)
     reproduce._figure4(tmp_path, records, "comet")
+    # a limit above the test set's size decoded all of it: 40 of 40 is not 'the first 40 only'
+    reproduce._figure4(tmp_path, records, "comet", 5000)
     assert titles == ["Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences\n"
                       "the first 40 test sentences only (--eval-limit 40)",
+                      "Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences",
                       "Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences"]
 
 
