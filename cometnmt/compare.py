@@ -324,7 +324,7 @@ def build_report(args, names: list[str], records: list[dict], missing: list[str]
 
 
 def _curves(out: Path, names: list[str], records: list[dict]) -> None:
-    from cometnmt.plots import pyplot, whole_epochs
+    from cometnmt.plots import pyplot, save_figure, whole_epochs
 
     plt = pyplot()
 
@@ -351,7 +351,7 @@ def _curves(out: Path, names: list[str], records: list[dict]) -> None:
         axes[2].set(xlabel="step", ylabel="tag cross-entropy (nats / token)", title="auxiliary task losses")
         axes[2].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "learning_curves.png", dpi=120)
+    save_figure(fig, out / "learning_curves.png", dpi=120)
     plt.close(fig)
 
 

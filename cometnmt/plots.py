@@ -16,6 +16,16 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path, dpi: int) -> None:
+    """``fig`` as a PNG at ``path``, whole or not at all (:func:`~cometnmt.atomic.atomic_write`): a
+    report's figure cut short by a kill or a full disk was kept, half drawn, beside the report a
+    later call that finished nothing keeps as it was."""
+    from cometnmt.atomic import atomic_write
+
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=dpi)
+
+
 def whole_epochs(*axes) -> None:
     """Ticks at whole epochs only on each axis's x axis: left to matplotlib, the epoch axis of
     one-epoch runs read 0.96, 0.98, 1.00, 1.02, 1.04, and of two-epoch runs 1.0, 1.2, ... 2.0."""
@@ -39,5 +49,5 @@ def plot_attention(amap, path: Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.04).set_label("attention weight")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

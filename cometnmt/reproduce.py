@@ -389,7 +389,7 @@ def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, l
     """figure4_bleu_by_length.png of :func:`_figure4`'s ``rows`` (and the lengths ``left_out`` for too
     few sentences): by the run or, from report.json's ``figure4``, by `cometnmt render`."""
     from cometnmt.evaluation import BY_LENGTH_MIN_COUNT
-    from cometnmt.plots import pyplot
+    from cometnmt.plots import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -418,7 +418,7 @@ def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, l
     first = f"\nthe first {n} test sentences only (--eval-limit {limit})" if limit is not None and n >= limit else ""
     ax.set_title(f"Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ {BY_LENGTH_MIN_COUNT} sentences{first}")
     fig.tight_layout()
-    fig.savefig(out / "figure4_bleu_by_length.png", dpi=120)
+    save_figure(fig, out / "figure4_bleu_by_length.png", dpi=120)
     plt.close(fig)
 
 
@@ -475,7 +475,7 @@ def _examples(args, out: Path, records: list[dict], prev: dict, cand: str) -> li
 
 
 def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
-    from cometnmt.plots import pyplot, whole_epochs
+    from cometnmt.plots import pyplot, save_figure, whole_epochs
 
     plt = pyplot()
 
@@ -498,7 +498,7 @@ def _learning_curves(out: Path, rows: list[str], records: list[dict]) -> None:
     if a1.get_legend_handles_labels()[0]:  # a report of no finished run has nothing to label
         a1.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "learning_curves.png", dpi=120)
+    save_figure(fig, out / "learning_curves.png", dpi=120)
     plt.close(fig)
 
 

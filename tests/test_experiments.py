@@ -1040,3 +1040,29 @@ def test_seeds_of_a_row_trained_otherwise_are_said_and_their_commands_shown(kind
     report["runs"] = [first, same, *report["runs"][3:]]
     text = reproduce._markdown(None, report) if kind == "reproduce" else compare._markdown(report)
     assert "trained otherwise than its first" not in text and f"- {label}: `cometnmt train " in text
+
+
+@pytest.mark.parametrize("kind", ["reproduce", "compare"])
+def test_a_report_figure_cut_short_leaves_the_one_before(kind, tmp_path, monkeypatch):
+    """A kill or a full disk while learning_curves.png was drawn left half a PNG, and the next call
+    of the same command, finishing nothing, kept the report folder as it was, that PNG included.
+    Figures are written whole or not at all, as report.json and report.md are."""
+    import matplotlib.figure
+
+    from cometnmt import compare, reproduce
+
+    png = tmp_path / "learning_curves.png"
+    png.write_bytes(b"the earlier figure")
+
+    def cut_short(fig, fname, *args, **kwargs):
+        (open(fname, "wb") if isinstance(fname, (str, Path)) else fname).write(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", cut_short)
+    records = [{"row": "comet", "seed": 1, "history": [{"epoch": 1, "val_loss": 5.0}]}]
+    with pytest.raises(OSError):
+        if kind == "reproduce":
+            reproduce._learning_curves(tmp_path, ["comet"], records)
+        else:
+            compare._curves(tmp_path, ["comet"], records)
+    assert png.read_bytes() == b"the earlier figure" and [p.name for p in tmp_path.iterdir()] == [png.name]
