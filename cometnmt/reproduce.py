@@ -235,6 +235,9 @@ def _previous_report(args, rows: list[str]) -> dict:
         raise CometNMTError(f"--merge-report {path}: is a folder; name its report.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise CometNMTError(f"--merge-report: {path} is not a cometnmt reproduce report.json ({exc!r})") from None
+    if "systems" in prev:  # compare's: its runs of presets' names decoded with their configs' search, no Figure 4 scores
+        raise CometNMTError(f"--merge-report: {path} is a cometnmt compare report.json: its runs were decoded with each "
+                            "config's search and scored without Figure 4's per-sentence scores; merge a reproduce report")
     # the runs it may merge (asked for, and not finished in OUT) must have been decoded as this call
     # decodes; its other runs are not reported, whatever their settings
     mergeable = [(f"{r['row']} seed {r['seed']}", r) for r in runs if r["row"] in rows and r["seed"] in args.seeds

@@ -714,3 +714,23 @@ def test_figure_4_names_the_lengths_left_out_outside_its_range(monkeypatch, tmp_
     assert reproduce._figure4_left_out(older, "comet") is None
     reproduce._figure4(tmp_path, older, "comet")
     assert legends[-1][1] == "not plotted, fewer than 3 sentences: 8; those outside 6–9 not recorded"
+
+
+def test_a_compare_report_is_not_merged_into_table_1(tmp_path):
+    """`compare configs/multi30k/comet.yaml configs/multi30k/transformer.yaml` keeps runs named comet
+    and transformer, which --merge-report took into Table 1 as reproduce's: decoded with each
+    config's search (or --beam, --average-last), and scored without the paper's per-sentence
+    scores and lengths, so Figure 4 and the examples were left out without a word, and without
+    --metrics paper their paper-metric column averaged the other seeds alone."""
+    import argparse
+
+    from cometnmt import reproduce
+    from cometnmt.errors import CometNMTError
+
+    run = {"row": "comet", "seed": 2, "test": {"bleu": 30.0, "chrf": 55.0}, "decode": {"method": "beam"}}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"provenance": {}, "systems": ["comet", "transformer"], "table": [], "runs": [run]}))
+    args = argparse.Namespace(merge_report=path, seeds=[1, 2], out=str(tmp_path / "out"), eval_limit=None)
+    with pytest.raises(CometNMTError) as err:
+        reproduce._previous_report(args, ["comet", "transformer"])
+    assert str(err.value).startswith(f"--merge-report: {path} is a cometnmt compare report.json")
