@@ -344,8 +344,11 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
             _, refs, cfg = _test_corpus(args, out, comet)
             tok = paper_tokenizer(cfg.data.tgt_lang)  # None where spaCy lacks the language (warned): BLEU alone
             names = ("paper", "bleu") if tok else ("bleu",)
+            # lowercased where either row was trained so (a run reused from a call with data.lowercase), as
+            # its table row was scored: a lowercased Transformer scored cased lost to COMET (compare's rule)
+            lowercase = cfg.data.lowercase or any("case:lc" in r["test"].get("bleu_signature", "") for pair in pairs for r in pair)
             kw = {"n_samples": args.bootstrap, "tokenize": tok.tokenize if tok else None,
-                  "lowercase": cfg.data.lowercase, "lang": cfg.data.tgt_lang}
+                  "lowercase": lowercase, "lang": cfg.data.tgt_lang}
         for metric in names:
             results.append({"seed": comet["seed"], **paired_bootstrap(
                 c_h, t_h, refs, metric=metric, names=(f"{short_label(cand)} seed {comet['seed']}", f"Transformer seed {trans['seed']}"), **kw)})

@@ -734,3 +734,27 @@ def test_a_compare_report_is_not_merged_into_table_1(tmp_path):
     with pytest.raises(CometNMTError) as err:
         reproduce._previous_report(args, ["comet", "transformer"])
     assert str(err.value).startswith(f"--merge-report: {path} is a cometnmt compare report.json")
+
+
+def test_the_bootstrap_scores_a_lowercased_transformer_as_its_table_row(monkeypatch):
+    """The bootstrap took data.lowercase from the candidate's run alone: a Transformer row trained
+    with it (a run reused from a call with --set data.lowercase=true) was scored cased against cased
+    references, far below its own table row, and COMET declared better. As compare does, both are
+    scored lowercased where either was."""
+    import argparse
+    import types
+    from pathlib import Path
+
+    import cometnmt.data.tokenizers
+    from cometnmt import reproduce
+
+    refs = [f"A Dog runs on the Beach number {i} ." for i in range(6)]
+    hyps = {"comet": refs, "transformer": [r.lower() for r in refs]}
+    monkeypatch.setattr(reproduce, "test_hyps", lambda out, rec: hyps[rec["row"]])
+    cfg = types.SimpleNamespace(data=types.SimpleNamespace(tgt_lang="en", lowercase=False))  # COMET's run
+    monkeypatch.setattr(reproduce, "_test_corpus", lambda args, out, rec: (None, refs, cfg))
+    monkeypatch.setattr(cometnmt.data.tokenizers, "paper_tokenizer", lambda lang: None)  # BLEU alone, no spaCy
+    records = [{"row": "comet", "seed": 1, "test": {"bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a"}},
+               {"row": "transformer", "seed": 1, "test": {"bleu_signature": "nrefs:1|case:lc|eff:no|tok:13a"}}]
+    [row] = reproduce._significance(argparse.Namespace(bootstrap=20), Path("."), records, {}, "comet")
+    assert row["delta"] == 0.0 and row["p_value"] == 1.0 and "case:lc" in row["label"]
