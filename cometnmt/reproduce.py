@@ -346,7 +346,8 @@ def _significance(args, out: Path, records: list[dict], prev: dict, cand: str) -
             names = ("paper", "bleu") if tok else ("bleu",)
             # lowercased where either row was trained so (a run reused from a call with data.lowercase), as
             # its table row was scored: a lowercased Transformer scored cased lost to COMET (compare's rule)
-            lowercase = cfg.data.lowercase or any("case:lc" in r["test"].get("bleu_signature", "") for pair in pairs for r in pair)
+            lowercase = cfg.data.lowercase or any("case:lc" in r.get("test", {}).get("bleu_signature", "")
+                                                  for pair in pairs for r in pair)
             kw = {"n_samples": args.bootstrap, "tokenize": tok.tokenize if tok else None,
                   "lowercase": lowercase, "lang": cfg.data.tgt_lang}
         for metric in names:
