@@ -931,6 +931,9 @@ def _positional_as_option(parser: argparse.ArgumentParser, argv: list[str]) -> N
                        f"{what} by position: {shlex.join(['cometnmt', *fixed])}\n")
 
 
+_LOADS_A_MODEL = ("translate", "logprob", "attention", "evaluate", "serve")  # and take --device
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. SIGTERM is Ctrl-C for every command (exit 143, not 130): train saves
     last.pt, serve stops cleanly, and any command's half-written output file is removed
@@ -955,7 +958,9 @@ def main(argv: list[str] | None = None) -> int:
                     from cometnmt.models import load_plugins
 
                     load_plugins()
-                if getattr(args, "device", "auto") != "auto":  # named as the flag, and before any checkpoint is read
+                # a command that loads a model here: its device named as the flag, before any checkpoint is read
+                # (reproduce and compare pass theirs to their runs' training, and --report-only uses none)
+                if args.command in _LOADS_A_MODEL and args.device != "auto":
                     from cometnmt.inference import resolve_device
 
                     resolve_device(args.device, "--device", flag=True)
