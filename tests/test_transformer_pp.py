@@ -218,6 +218,11 @@ def test_missing_tagger_is_a_config_error_naming_key_and_package():
         resolve_tagger("ner", "hanta", "de")
     with pytest.raises(ConfigError, match=r"model\.transformer_pp\.pos_tagger.*expected auto, hanta or spacy"):
         resolve_tagger("pos", "nltk", "en")
+    # not a package name: a path or a dotted name (find_spec imported "en_core_web_sm" or refused a
+    # relative name, a ModuleNotFoundError or ImportError traceback from cometnmt train)
+    for spec in ("spacy:./my_pipeline", "spacy:en_core_web_sm.x", "spacy: en_core_web_sm"):
+        with pytest.raises(ConfigError, match=r"model\.transformer_pp\.pos_tagger.*package name of an installed spaCy pipeline"):
+            resolve_tagger("pos", spec, "en")
 
 
 def test_a_missing_tagger_is_refused_before_the_corpus_is_read(data_dir, tmp_path, monkeypatch):

@@ -240,8 +240,12 @@ def resolve_tagger(task: str, spec: str, lang: str) -> str:
         )
     if spec == "hanta" and task == "ner":
         raise ConfigError.at(key, "HanTa tags POS only; name a spaCy pipeline with NER or leave 'ner' out of model.transformer_pp.tasks")
-    if spec != "hanta" and not (spec.startswith("spacy:") and len(spec) > len("spacy:")):
-        raise ConfigError.at(key, f"{spec!r} is not allowed; expected auto, hanta or spacy:<pipeline name>")
+    # the pipeline is found as a module (_installed): a path or a dotted name made find_spec import
+    # its first part or refuse a relative name, a traceback instead of this error
+    if spec != "hanta" and not (spec.startswith("spacy:") and spec[len("spacy:"):].isidentifier()):
+        raise ConfigError.at(key, f"{spec!r} is not allowed; expected auto, hanta or spacy:<pipeline name>, the package "
+                                  "name of an installed spaCy pipeline (a Python module name such as en_core_web_sm; "
+                                  "a path is not read)")
     if not _installed(spec):
         raise _missing(key, spec, task)
     if spec == "hanta" and lang != "de":
