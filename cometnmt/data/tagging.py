@@ -171,7 +171,18 @@ class SpacyAnnotator:
 
     def annotate(self, texts: list[str]) -> dict[str, list[list[Span]]]:
         out: dict[str, list[list[Span]]] = {t: [] for t in self.tasks}
-        for doc in self.nlp.pipe(texts, batch_size=256):
+        # spaCy refuses a text longer than nlp.max_length (10^6 characters; its parser and NER need
+        # ~1 GB a 10^5): a ValueError (E088) traceback after the corpus was read and tokenised. Such
+        # a line passes data.max_len where spaCy's tokenizer makes a few long words of it; it is not
+        # tagged (no words: its tokens are unlabelled), as a sentence that cannot be aligned is not.
+        limit = self.nlp.max_length
+        too_long = [i for i, text in enumerate(texts) if len(text) > limit]
+        if too_long:
+            log.warning("tags (%s): %d of %d sentences are longer than spaCy's limit of %d characters (the first: "
+                        "the %d. sentence tagged, %d characters, %r...); they are not tagged, their tokens are unlabelled",
+                        self.name, len(too_long), len(texts), limit, too_long[0] + 1, len(texts[too_long[0]]),
+                        texts[too_long[0]][:40])
+        for doc in self.nlp.pipe(("" if len(text) > limit else text for text in texts), batch_size=256):
             words = [tok for tok in doc if not tok.is_space]
             if "pos" in self.tasks:
                 out["pos"].append([(w.idx, w.idx + len(w), w.pos_ if w.pos_ in UPOS else "X") for w in words])
