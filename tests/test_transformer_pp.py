@@ -73,6 +73,23 @@ def test_word_tags_on_spacy_tokens_with_hyphen_marker_and_lowercase():
     assert failed == 1 and ids[1] == [IGNORE]  # unalignable sentence: unlabelled, counted
 
 
+def test_a_literal_hyphen_marker_of_moses_tokenised_text_is_located():
+    """Text tokenised by Moses before (many prepared corpora) holds "@-@" itself, which spaCy keeps
+    as a token "@-@": it was read as SpacyTokenizer's marker of an intra-word "-", not found in the
+    text, and the whole sentence was left unlabelled. A "-" glued inside a word is still the marker."""
+    from cometnmt.data.tokenizers import SpacyTokenizer
+
+    tokenizer = SpacyTokenizer("en")
+    text = "A well @-@ known man in a T-shirt ."
+    words = [(0, 1, "DET"), (2, 6, "ADV"), (7, 10, "PUNCT"), (11, 16, "VERB"), (17, 20, "NOUN"), (21, 23, "ADP"),
+             (24, 25, "DET"), (26, 27, "NOUN"), (27, 28, "PUNCT"), (28, 33, "NOUN"), (34, 35, "PUNCT")]
+    tokens = tokenizer.tokenize(text)
+    assert tokens == ["A", "well", "@-@", "known", "man", "in", "a", "T", "@-@", "shirt", "."]
+    spans = token_spans(text, tokens)
+    assert spans is not None and spans[2] == (7, 10) and spans[8] == (27, 28)
+    assert align_labels(spans, words) == ["DET", "ADV", "PUNCT", "VERB", "NOUN", "ADP", "DET", "NOUN", "PUNCT", "NOUN", "PUNCT"]
+
+
 def test_stts_maps_onto_upos():
     assert [stts_to_upos(t) for t in ("ART", "NN", "VV(FIN)", "VA(FIN)", "ADJ(A)", "$.", "APPRART", "NN_VAR", "??")] == [
         "DET", "NOUN", "VERB", "AUX", "ADJ", "PUNCT", "ADP", "NOUN", "X"]

@@ -25,8 +25,9 @@ The flow, run once before training (``attach_training_tags``):
    not tagged again.
 3. The word labels are carried onto the tokens of our tokenizer: each token is located in the raw
    sentence by its characters (SentencePiece's "▁" is a space, the spaCy tokenizer's "@-@" is a
-   hyphen), takes the label of the first word it overlaps, and a token that starts inside a word
-   turns that word's ``B-`` into ``I-``. Tokens that overlap no word, and sentences whose tokens
+   hyphen, unless the text holds "@-@" itself, as Moses-tokenised text does), takes the label of
+   the first word it overlaps, and a token that starts inside a word turns that word's ``B-``
+   into ``I-``. Tokens that overlap no word, and sentences whose tokens
    cannot be located, get :data:`IGNORE` (counted and logged).
 4. Label strings become ids of the fixed label sets of ``cometnmt.models.transformer_pp``
    (``tag_labels``), which are what the checkpoint's config describes.
@@ -443,12 +444,14 @@ def token_spans(text: str, tokens: list[str], lowercase: bool = False) -> Option
     if len(hay) != len(text):
         return None
     for tok in tokens:
-        core = "-" if tok == HYPHEN_MARKER else tok.replace(SP_SPACE, " ").strip()
+        core = tok.replace(SP_SPACE, " ").strip()
         if not core:
             spans.append(None)
             continue
         while pos < len(hay) and hay[pos].isspace():
             pos += 1
+        if tok == HYPHEN_MARKER and hay[pos : pos + len(core)] != core:  # not Moses-tokenised text's own "@-@"
+            core = "-"  # but SpacyTokenizer's mark of a "-" inside a word
         if hay[pos : pos + len(core)] != core:
             return None
         spans.append((pos, pos + len(core)))
