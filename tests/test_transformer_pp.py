@@ -73,6 +73,22 @@ def test_word_tags_on_spacy_tokens_with_hyphen_marker_and_lowercase():
     assert failed == 1 and ids[1] == [IGNORE]  # unalignable sentence: unlabelled, counted
 
 
+def test_tags_of_lowercased_text_with_a_dotted_capital_i():
+    """"İ".lower() is two characters ("i" and a combining dot above), so the lowercased text was
+    longer than the text the word spans are in, and the whole sentence was left unlabelled."""
+    from cometnmt.data.tokenizers import SpacyTokenizer
+
+    text = "Two men visit İzmir."
+    words = [(0, 3, "NUM"), (4, 7, "NOUN"), (8, 13, "VERB"), (14, 19, "PROPN"), (19, 20, "PUNCT")]
+    tokens = SpacyTokenizer("en", lowercase=True).tokenize(text)
+    assert tokens == ["two", "men", "visit", "i\u0307zmir", "."]
+    assert token_spans(text, tokens, lowercase=True) == [(0, 3), (4, 7), (8, 13), (14, 19), (19, 20)]
+    pieces = ["▁two", "▁men", "▁visit", "▁i", "\u0307", "zmir", "."]  # the dot a piece of its own
+    spans = token_spans(text, pieces, lowercase=True)
+    assert spans == [(0, 3), (4, 7), (8, 13), (14, 15), (14, 15), (15, 19), (19, 20)]
+    assert align_labels(spans, words) == ["NUM", "NOUN", "VERB", "PROPN", "PROPN", "PROPN", "PUNCT"]
+
+
 def test_a_literal_hyphen_marker_of_moses_tokenised_text_is_located():
     """Text tokenised by Moses before (many prepared corpora) holds "@-@" itself, which spaCy keeps
     as a token "@-@": it was read as SpacyTokenizer's marker of an intra-word "-", not found in the

@@ -441,7 +441,10 @@ def token_spans(text: str, tokens: list[str], lowercase: bool = False) -> Option
     spans: list[Optional[tuple[int, int]]] = []
     pos = 0
     hay = text.lower() if lowercase else text
-    if len(hay) != len(text):
+    # "İ" lowercases into two characters, "i" and a combining dot (the only one that changes length):
+    # then the text position of each of hay's (a sentence holding one was left unlabelled whole)
+    at = None if len(hay) == len(text) else [i for i, c in enumerate(text) for _ in c.lower()]
+    if at is not None and len(at) != len(hay):
         return None
     for tok in tokens:
         core = tok.replace(SP_SPACE, " ").strip()
@@ -454,7 +457,7 @@ def token_spans(text: str, tokens: list[str], lowercase: bool = False) -> Option
             core = "-"  # but SpacyTokenizer's mark of a "-" inside a word
         if hay[pos : pos + len(core)] != core:
             return None
-        spans.append((pos, pos + len(core)))
+        spans.append((pos, pos + len(core)) if at is None else (at[pos], at[pos + len(core) - 1] + 1))
         pos += len(core)
     return spans
 
