@@ -87,6 +87,8 @@ def test_tags_of_lowercased_text_with_a_dotted_capital_i():
     spans = token_spans(text, pieces, lowercase=True)
     assert spans == [(0, 3), (4, 7), (8, 13), (14, 15), (14, 15), (15, 19), (19, 20)]
     assert align_labels(spans, words) == ["NUM", "NOUN", "VERB", "PROPN", "PROPN", "PROPN", "PUNCT"]
+    ner = [(0, 3, "B-CARDINAL"), (4, 7, "O"), (8, 13, "O"), (14, 19, "B-GPE"), (19, 20, "O")]
+    assert align_labels(spans, ner) == ["B-CARDINAL", "O", "O", "B-GPE", "I-GPE", "I-GPE", "O"]  # one B- a word
 
 
 def test_a_literal_hyphen_marker_of_moses_tokenised_text_is_located():

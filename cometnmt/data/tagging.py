@@ -464,9 +464,10 @@ def token_spans(text: str, tokens: list[str], lowercase: bool = False) -> Option
 
 def align_labels(spans: list[Optional[tuple[int, int]]], words: list[Span]) -> list[Optional[str]]:
     """Label of each token: that of the first word it overlaps (``B-`` -> ``I-`` when the token
-    starts inside the word); None where it overlaps no word."""
+    starts inside the word, or the token before took its label from the word too: two tokens of
+    one character, as :func:`token_spans` gives the lowercased "İ"); None where it overlaps no word."""
     out: list[Optional[str]] = []
-    w = 0
+    w, prev = 0, -1  # prev: the word the last labelled token took its label from
     for span in spans:
         if span is None:
             out.append(None)
@@ -478,7 +479,8 @@ def align_labels(spans: list[Optional[tuple[int, int]]], words: list[Span]) -> l
             out.append(None)
             continue
         w_start, _, label = words[w]
-        out.append("I-" + label[2:] if start > w_start and label.startswith("B-") else label)
+        out.append("I-" + label[2:] if (start > w_start or w == prev) and label.startswith("B-") else label)
+        prev = w
     return out
 
 
