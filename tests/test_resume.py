@@ -28,13 +28,23 @@ def assert_same_weights(reference: dict, payload: dict) -> None:
         assert torch.equal(value, payload["model"][key]), key
 
 
-def tiny_cfg(save_dir, data_dir, arch="transformer"):
-    return tiny_train_cfg(save_dir, data_dir, "train.max_epochs=2", f"model.arch={arch}")
+# Transformer++ with its POS and NER tasks, tagged by an English pipeline (its log window holds the tag losses)
+PP_TAGGED = ("model.enc_layers=3", "model.transformer_pp.conv_heads=2", "data.src_lang=en", "data.tgt_lang=de")
 
 
-@pytest.mark.parametrize("arch", ["transformer", "comet"])
+def tiny_cfg(save_dir, data_dir, arch="transformer", *more):
+    return tiny_train_cfg(save_dir, data_dir, "train.max_epochs=2", f"model.arch={arch}", *more)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "comet", "transformer_pp"])
 def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
-    run_module.train(tiny_cfg(tmp_path / "full", data_dir, arch))
+    more = ()
+    if arch == "transformer_pp":
+        from test_transformer_pp import english_pipeline_or_skip
+
+        english_pipeline_or_skip()
+        more = (*PP_TAGGED, f"model.transformer_pp.tag_cache_dir={tmp_path / 'tags'}")
+    run_module.train(tiny_cfg(tmp_path / "full", data_dir, arch, *more))
     reference = load_checkpoint(tmp_path / "full" / "last.pt")
 
     calls = {"n": 0}
@@ -47,7 +57,7 @@ def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
         return original(self, group)
 
     monkeypatch.setattr(Trainer, "train_step", interrupt_on_seventh)
-    cfg = tiny_cfg(tmp_path / "cut", data_dir, arch)
+    cfg = tiny_cfg(tmp_path / "cut", data_dir, arch, *more)
     with pytest.raises(KeyboardInterrupt):
         run_module.train(cfg)
     saved = load_checkpoint(tmp_path / "cut" / "last.pt")
@@ -62,6 +72,8 @@ def test_resume_continues_exactly(tmp_path, data_dir, monkeypatch, arch):
     # the log window open at the interrupt (epoch 2's, logged at its end) is carried over: its
     # record covers the same steps as the uninterrupted run's (it covered only the steps after the resume)
     assert logged(tmp_path / "cut") == logged(tmp_path / "full")
+    if arch == "transformer_pp":  # the tag losses of the window open at the interrupt are carried over too
+        assert all({"loss_pos", "loss_ner"} <= set(r) for r in logged(tmp_path / "cut") if r["event"] == "train")
 
 
 def logged(save_dir: Path) -> list[dict]:
