@@ -314,6 +314,11 @@ def test_training_without_tags_is_an_error_not_a_silent_skip():
         build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 2}, "model"), 11, 11, PAD)
     with pytest.raises(ConfigError, match="model.transformer_pp.kernel_sizes"):
         build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 6}, "model"), 11, 11, PAD)
+    # a type listed twice made a head with a second B-/I- pair for it, which no gold tag names (the
+    # labels' index keeps the last), without a word
+    with pytest.raises(ConfigError, match=r"model\.transformer_pp\.ner_types.*\['PERSON'\] more than once"):
+        build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "enc_layers": 3, "transformer_pp": {
+            "kernel_sizes": [3, 3, 3, 3, 3, 3], "dilations": [1] * 6, "ner_types": ["PERSON", "GPE", "PERSON"]}}, "model"), 11, 11, PAD)
     for key, value in (("pos_weight", -1.0), ("ner_weight", float("nan"))):  # a negative weight unlearns the tags
         with pytest.raises(ConfigError, match=f"'model.transformer_pp.{key}': must be a finite number at least 0, got"):
             build_model(from_dict(ModelConfig, {"arch": "transformer_pp", "transformer_pp": {key: value}}, "model"), 11, 11, PAD)

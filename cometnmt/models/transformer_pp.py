@@ -421,6 +421,9 @@ def check_config(cfg) -> None:
     if "ner" in c.tasks and not c.ner_types:
         raise ConfigError.at("model.transformer_pp.ner_types", "empty, but 'ner' is in model.transformer_pp.tasks",
                              also=("model.transformer_pp.tasks",))
+    if len(set(c.ner_types)) != len(c.ner_types):  # a second B-/I- pair of a type that no tag ever names
+        twice = sorted({t for t in c.ner_types if c.ner_types.count(t) > 1})
+        raise ConfigError.at("model.transformer_pp.ner_types", f"lists {twice} more than once")
     if c.tag_cache_dir is not None and not c.tag_cache_dir.strip():  # `--set ...tag_cache_dir=$UNSET` was the default
         raise ConfigError.at("model.transformer_pp.tag_cache_dir", "empty; give a folder, or null for the default")
 
