@@ -8,6 +8,8 @@ import importlib.util
 import json
 import logging
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -353,12 +355,17 @@ def test_a_tag_cache_dir_that_is_a_file_is_refused_before_any_tagging(data_dir, 
     assert taken.read_text() == "{}"
 
     c = cfg.model.transformer_pp
-    monkeypatch.setattr(tagging.os, "access", lambda path, mode: False)  # a parent that cannot be written to
+    monkeypatch.setattr(tagging.os, "access", lambda path, mode: not mode & os.W_OK)  # folders that cannot be written to
     c.tag_cache_dir = str(tmp_path / "new" / "tags")
     with pytest.raises(ConfigError, match=f"{tmp_path / 'new' / 'tags'} cannot be created: {tmp_path} is not writable"):
         tagging.check_cache_dir(c)
     c.tag_cache_dir = str(tmp_path)  # an existing folder: a read-only cache may hold every annotation needed
     assert tagging.check_cache_dir(c) == tmp_path
+    # one that cannot be read or searched (another user's, mode 700; the tests may run as root, whom no
+    # mode stops): Path.exists() of a file in it raised PermissionError, a traceback after the corpus was read
+    monkeypatch.setattr(tagging.os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(ConfigError, match=f"model.transformer_pp.tag_cache_dir': {tmp_path} cannot be read"):
+        tagging.check_cache_dir(c)
 
     def unwritable(path, mode="w"):
         raise PermissionError(13, "Permission denied")

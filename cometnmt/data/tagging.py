@@ -304,9 +304,10 @@ def cache_dir(configured: Optional[str]) -> Path:
 
 def check_cache_dir(c) -> Path:
     """The tag cache folder of ``model.transformer_pp`` section ``c``, checked before anything is
-    tagged: a path that is a file, or lies under one, and a folder that cannot be created (its
-    nearest existing parent is not writable) are a ConfigError naming the key and the path (the
-    annotations were computed first, then writing them failed with a traceback)."""
+    tagged: a path that is a file, or lies under one, a folder that cannot be created (its
+    nearest existing parent is not writable) and one that cannot be read are a ConfigError naming
+    the key and the path (the annotations were computed first, then writing them failed with a
+    traceback)."""
     folder = cache_dir(c.tag_cache_dir)
     key = ("config key 'model.transformer_pp.tag_cache_dir'" if c.tag_cache_dir else
            "the tag cache (model.transformer_pp.tag_cache_dir: null, so $COMETNMT_CACHE/tags, $XDG_CACHE_HOME/cometnmt/tags "
@@ -323,6 +324,11 @@ def check_cache_dir(c) -> Path:
             raise ConfigError(f"{key}: {part} is a file, not a folder{inside}; {fix}", keys=keys)
         if part != folder and not os.access(part, os.W_OK | os.X_OK):
             raise ConfigError(f"{key}: {folder} cannot be created: {part} is not writable; {fix} you can write to", keys=keys)
+        # a folder that may not be written to is a read-only cache (a miss is tagged, not cached), but one
+        # that may not be read or searched (another user's, mode 700) made Path.exists() of its files
+        # raise PermissionError, a traceback after the corpus was read
+        if part == folder and not os.access(part, os.R_OK | os.X_OK):
+            raise ConfigError(f"{key}: {folder} cannot be read (its permissions); {fix} you can read", keys=keys)
         break
     return folder
 
