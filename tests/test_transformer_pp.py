@@ -274,6 +274,14 @@ def test_missing_tagger_is_a_config_error_naming_key_and_package():
         resolve_tagger("ner", "hanta", "de")
     with pytest.raises(ConfigError, match=r"model\.transformer_pp\.pos_tagger.*expected auto, hanta or spacy"):
         resolve_tagger("pos", "nltk", "en")
+    # an installed module that is no spaCy pipeline: resolved (it is installed), then spacy.load raised
+    # OSError (E050) or, calling the module's own load(), AttributeError, a traceback after the corpus was read
+    from cometnmt.data.tagging import SpacyAnnotator
+
+    for module in ("string", "sentencepiece"):
+        assert resolve_tagger("pos", f"spacy:{module}", "en") == f"spacy:{module}"
+        with pytest.raises(ConfigError, match=rf"model\.transformer_pp\.pos_tagger.*cannot load '{module}' as a pipeline"):
+            SpacyAnnotator(module, ("pos",), "en", "model.transformer_pp.pos_tagger")
     # not a package name: a path or a dotted name (find_spec imported "en_core_web_sm" or refused a
     # relative name, a ModuleNotFoundError or ImportError traceback from cometnmt train)
     for spec in ("spacy:./my_pipeline", "spacy:en_core_web_sm.x", "spacy: en_core_web_sm"):

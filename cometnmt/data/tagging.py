@@ -156,7 +156,13 @@ class SpacyAnnotator:
             exclude.append("parser")
         if "ner" not in tasks:
             exclude.append("ner")
-        self.nlp = spacy.load(pipeline, exclude=exclude)
+        try:
+            self.nlp = spacy.load(pipeline, exclude=exclude)
+        except (OSError, ValueError, TypeError, AttributeError, ImportError) as exc:
+            # an installed module that is no pipeline (E050; or its load() is another function), or a pipeline
+            # this spaCy cannot build (a component's package missing: E002): a traceback after the corpus was read
+            raise ConfigError.at(key, f"spaCy cannot load {pipeline!r} as a pipeline ({type(exc).__name__}: {exc}); "
+                                      "name an installed spaCy pipeline") from None
         if self.nlp.lang != lang:
             raise ConfigError.at(key, f"spaCy pipeline {pipeline!r} is for language {self.nlp.lang!r}, the source is {lang!r}",
                                  also=("data.src_lang",))
