@@ -270,6 +270,9 @@ def test_missing_tagger_is_a_config_error_naming_key_and_package():
         resolve_tagger("pos", "spacy:xx_no_such_pipeline", "en")
     with pytest.raises(ConfigError, match=r"model\.transformer_pp\.ner_tagger.*no installed NER tagger.*fi"):
         resolve_tagger("ner", "auto", "fi")
+    for lang in ("e.n", ".en"):  # auto's candidates spacy:e.n_core_web_sm, ...: find_spec imported "e" (a traceback)
+        with pytest.raises(ConfigError, match=rf"model\.transformer_pp\.pos_tagger.*no installed POS tagger.*'{lang}'"):
+            resolve_tagger("pos", "auto", lang)
     with pytest.raises(ConfigError, match=r"model\.transformer_pp\.ner_tagger.*POS only"):
         resolve_tagger("ner", "hanta", "de")
     with pytest.raises(ConfigError, match=r"model\.transformer_pp\.pos_tagger.*expected auto, hanta or spacy"):

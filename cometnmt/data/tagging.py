@@ -232,7 +232,10 @@ class HanTaAnnotator:
 
 def _installed(name: str) -> bool:
     module = "HanTa" if name == "hanta" else name.split(":", 1)[1]
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a dotted or relative name (auto's of a data.src_lang "e.n"): none such
+        return False
 
 
 def _missing(key: str, name: str, task: str) -> ConfigError:
@@ -258,8 +261,8 @@ def resolve_tagger(task: str, spec: str, lang: str) -> str:
         )
     if spec == "hanta" and task == "ner":
         raise ConfigError.at(key, "HanTa tags POS only; name a spaCy pipeline with NER or leave 'ner' out of model.transformer_pp.tasks")
-    # the pipeline is found as a module (_installed): a path or a dotted name made find_spec import
-    # its first part or refuse a relative name, a traceback instead of this error
+    # the pipeline is found as a module (_installed): a path or a dotted name is none, and said so here
+    # rather than as "not installed" with a pip command for it
     if spec != "hanta" and not (spec.startswith("spacy:") and spec[len("spacy:"):].isidentifier()):
         raise ConfigError.at(key, f"{spec!r} is not allowed; expected auto, hanta or spacy:<pipeline name>, the package "
                                   "name of an installed spaCy pipeline (a Python module name such as en_core_web_sm; "
