@@ -1810,6 +1810,17 @@ def test_check_sources_refuses_what_translate_refuses_without_decoding(checkpoin
     assert calls == []
 
 
+def _hold_a_full_batch(srv, answers: dict) -> threading.Thread:
+    """Called with ``srv.lock`` held (the model busy): a first request's full batch (max_batch_sentences=2)
+    is taken by the worker, which waits for the model; its answer goes to ``answers["first"]``."""
+    first = threading.Thread(target=lambda: answers.__setitem__("first", call(srv, "/translate",
+                                                                             {"texts": ["Ein Hund.", "Ein Mann."]})))
+    first.start()
+    while srv.lock.waiting() < 2:  # this thread's and the worker's
+        threading.Event().wait(0.01)
+    return first
+
+
 def test_closing_drains_queued_requests_and_fails_those_left_after_the_wait(checkpoint):
     """A stopping server decodes the requests queued without waiting for their batch to fill (a
     minute here); a request still queued after server_close's wait (the model busy) gets 503 and
@@ -1832,11 +1843,7 @@ def test_closing_drains_queued_requests_and_fails_those_left_after_the_wait(chec
     with batching_server(checkpoint, max_batch_sentences=2) as (srv, calls):
         answers = {}
         with srv.lock:  # the model busy: the worker holds the first request's (full) batch, waiting for the model
-            first = threading.Thread(target=lambda: answers.__setitem__("first", call(srv, "/translate",
-                                                                                     {"texts": ["Ein Hund.", "Ein Mann."]})))
-            first.start()
-            while srv.lock.waiting() < 2:  # this thread's and the worker's
-                threading.Event().wait(0.01)
+            first = _hold_a_full_batch(srv, answers)
             second = threading.Thread(target=lambda: answers.__setitem__("second", call(srv, "/translate", {"text": "Eine Katze."})))
             second.start()
             while not srv.batcher.queued():
@@ -1878,11 +1885,7 @@ def test_requests_failed_by_the_stop_are_answered_before_it_returns(checkpoint, 
             socket.create_connection(("127.0.0.1", srv.server_port), timeout=60) as second:
         answers = {}
         with srv.lock:  # the model busy: the worker holds the first request's (full) batch, waiting for the model
-            first = threading.Thread(target=lambda: answers.__setitem__("first", call(srv, "/translate",
-                                                                                     {"texts": ["Ein Hund.", "Ein Mann."]})))
-            first.start()
-            while srv.lock.waiting() < 2:  # this thread's and the worker's
-                threading.Event().wait(0.01)
+            first = _hold_a_full_batch(srv, answers)
             second.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             while not srv.batcher.queued():
