@@ -116,6 +116,10 @@ def _check_test_sets(args, configs) -> None:
         keys = ("src_lang", "tgt_lang", "test_split") if data.corpus == "multi30k" else ("test_src", "test_tgt")
         return {"corpus": data.corpus, **{key: getattr(data, key) for key in keys}}
 
+    def dev_set(data) -> dict:
+        keys = ("src_lang", "tgt_lang") if data.corpus == "multi30k" else ("valid_src", "valid_tgt")
+        return {"corpus": data.corpus, "max_valid_pairs": data.max_valid_pairs, **{key: getattr(data, key) for key in keys}}
+
     first = test_set(configs[0].data)
     for path, cfg in zip(args.configs[1:], configs[1:]):
         other = test_set(cfg.data)
@@ -125,6 +129,16 @@ def _check_test_sets(args, configs) -> None:
             raise CometNMTError(f"{path}: its test set is not that of {args.configs[0]} ({'; '.join(differ)}); compare "
                                 "tests every system against the first on the first one's test references, so all must "
                                 "translate the same test set")
+    # the dev set is each run's own (validation, its stopping rule): another one is allowed, but its BLEU
+    # column then compares scores of other sentences, which the report did not say
+    first = dev_set(configs[0].data)
+    for path, cfg in zip(args.configs[1:], configs[1:]):
+        other = dev_set(cfg.data)
+        differ = [f"data.{key} {first.get(key)!r} there, {other.get(key)!r} here" for key in {**first, **other}
+                  if first.get(key) != other.get(key)]
+        if differ:
+            log.warning("%s: its dev set is not that of %s (%s): the report's dev BLEU compares scores of other "
+                        "sentences", path, args.configs[0], "; ".join(differ))
 
 
 def _check_average_last(args, configs) -> None:

@@ -108,6 +108,20 @@ def test_a_name_that_is_not_one_folder_name_is_refused_before_anything_trains(cl
     assert not (tmp_path / "x").exists() and not (out / "runs").exists()
 
 
+def test_configs_of_another_dev_set_are_warned_of(cli, tmp_path):
+    """The dev set is each run's own (validation and its stopping rule), so another is allowed, but
+    the report's dev BLEU column then set scores of other sentences side by side without a word."""
+    from conftest import REPO
+
+    other = tmp_path / "other.yaml"
+    other.write_text(f"base: {REPO / PRESETS[1]}\nname: fewer_dev\ndata:\n  max_valid_pairs: 30\n", encoding="utf-8")
+    proc = cli("compare", PRESETS[0], str(other), "--out", str(tmp_path / "r"), "--deadline", "0", check=False)
+    assert (f"{other}: its dev set is not that of {PRESETS[0]} (data.max_valid_pairs None there, 30 here)"
+            in proc.stderr), proc.stderr
+    proc = cli("compare", *PRESETS, "--out", str(tmp_path / "r2"), "--deadline", "0", check=False)
+    assert "dev set" not in proc.stderr
+
+
 def test_compare_reports_failed_runs_and_exits_1(cli, tmp_path):
     out = tmp_path / "fail"
     proc = cli("compare", *PRESETS, "--seeds", "1", "--out", str(out), "--device", "cuda", *_tiny(tmp_path), check=False)
