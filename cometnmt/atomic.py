@@ -25,6 +25,40 @@ from cometnmt.errors import CometNMTError, setting
 from cometnmt.interrupts import deferred
 
 
+class FolderLock:
+    """An exclusive ``flock`` on a folder itself (no file is written in it), held from :meth:`take`
+    to :meth:`release` or the process's end (the kernel drops it then, on ``kill -9`` too). Where
+    there is no flock (Windows) or the file system takes none, nothing is held."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+
+    def take(self, folder: Path) -> bool:
+        """Hold the lock of ``folder`` (nothing done where it is no folder yet, or held already):
+        False where another open of it (a live process) holds it, else True."""
+        if self._fd is not None or fcntl is None or not folder.is_dir():
+            return True
+        try:
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:  # not readable: what reads or writes there next says so
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except OSError:  # no locks on this file system: unchecked
+            os.close(fd)
+            return True
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # drops the flock
+            self._fd = None
+
+
 def output_path(path: str | Path) -> Path:
     """The file an output path names: a symbolic link is written through, as the shell's ``>``
     does (the file it names, through every link; a dangling one: where it points)."""

@@ -792,6 +792,38 @@ def test_the_trainers_resume_keys_are_what_load_state_dict_reads(tmp_path, data_
     assert {key for key in keys if not loads(key)} == listed
 
 
+def test_a_run_folder_another_process_trains_in_is_refused(tmp_path, data_dir):
+    """A reproduce stopped by kill -9 leaves its training running; rerun, it started a second
+    trainer in the same folder, refused as a run already there ("pass --resume": the wrong cause)
+    or, with --resume, writing over the first's checkpoints. A trainer now holds a lock on its run
+    folder (flock, dropped by the kernel when the process ends, however): another is refused
+    naming the folder, before anything is read or written, and goes ahead once it is free."""
+    import subprocess
+    import sys
+
+    from cometnmt.errors import ConfigError
+
+    run_dir = tmp_path / "run"
+    run_module.train(tiny_train_cfg(run_dir, data_dir, "train.max_epochs=1"))
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(run_dir)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        more = tiny_train_cfg(run_dir, data_dir, "train.max_epochs=2")
+        for resume in (True, False):
+            with pytest.raises(ConfigError, match=rf"^config key 'train.save_dir': {re.escape(str(run_dir))} is in use: "
+                               "another process is training there"):
+                run_module.train(more, resume=resume)
+        assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    run_module.train(more, resume=True)  # the lock gone with its process
+    assert load_checkpoint(run_dir / "last.pt")["epoch"] == 2
+
+
 def test_a_resume_refuses_train_keys_the_checkpoint_fixes(tmp_path, data_dir):
     """--resume --set train.lr=10 trained on at the run's rate (the optimizer's state holds it)
     while config.yaml recorded 10; a new seed or batch size would silently reshuffle the epoch the

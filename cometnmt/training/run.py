@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from cometnmt.atomic import make_folder, remove_stale_temporaries, same_file
+from cometnmt.atomic import FolderLock, make_folder, remove_stale_temporaries, same_file
 from cometnmt.config import (DATA_PATH_KEYS, Config, DataConfig, changed_keys, check_unread_files, config_from_dict,
                              max_len_keys, positions_key, to_dict, unread_multi30k_dir, unused_model_keys, yaml_dump)
 from cometnmt.data.corpus import ParallelCorpus, write_text_file
@@ -71,8 +71,20 @@ TAGGER_KEYS = {"transformer_pp.pos_tagger": "pos", "transformer_pp.ner_tagger": 
 RESUME_FREE_MODEL_KEYS = ("transformer_pp.tag_cache_dir",)
 
 
-def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | None:
-    """Never overwrite a run by accident; on --resume, return the last checkpoint."""
+def _lock_run_folder(lock: FolderLock, save_dir: Path) -> None:
+    """Hold ``save_dir``'s lock while this process trains there (a folder not made yet: nothing).
+    Two trainers in one folder (a reproduce stopped by kill -9 leaves its trainings running; rerun,
+    it started a second) wrote over each other's checkpoints, or the second was refused as a run
+    already there ("pass --resume"), hiding the cause."""
+    if not lock.take(save_dir):
+        raise ConfigError.at("train.save_dir", f"{save_dir} is in use: another process is training there (`fuser -v "
+                             f"{shlex.quote(str(save_dir))}` names it); wait for it to end, or stop it (a reproduce or "
+                             "compare stopped by kill -9 leaves its trainings running)")
+
+
+def _check_save_dir(cfg: Config, resume: bool, flags: bool = True, lock: FolderLock | None = None) -> dict | None:
+    """Never overwrite a run by accident; on --resume, return the last checkpoint. ``lock``: the
+    run folder's, taken first (:func:`_lock_run_folder`; None under DDP, where rank 0 takes it)."""
     if not cfg.train.save_dir.strip():  # Path("") is the current folder: `--set train.save_dir=` trained into it
         raise ConfigError.at("train.save_dir", "empty; name a folder for the run's checkpoints and logs")
     for folder in (Path(cfg.train.save_dir), *Path(cfg.train.save_dir).parents):  # was a traceback at mkdir
@@ -80,6 +92,8 @@ def _check_save_dir(cfg: Config, resume: bool, flags: bool = True) -> dict | Non
             within = "" if folder == Path(cfg.train.save_dir) else f" (in {cfg.train.save_dir})"
             raise ConfigError.at("train.save_dir", f"{folder}{within} is a file, not a folder; name a folder "
                                  "for the run's checkpoints and logs")
+    if lock is not None:
+        _lock_run_folder(lock, Path(cfg.train.save_dir))
     last = Path(cfg.train.save_dir) / LAST_CHECKPOINT
     option = _resume_option(flags)
     if resume:
@@ -631,12 +645,14 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         set_cuda_backends(cfg.train.cudnn_attention)
     handler, clean, trainer, model, init_model = None, False, None, None, None
     setup = _SetUp(dist, device)
+    lock = FolderLock()
     try:
         raise_noted([signum for signum in joining if signum not in setup.skip])
         if resume and init_from is not None:
             raise ConfigError(f"{'--init-from' if flags else 'init_from'} starts a new run from a checkpoint's weights; "
                               f"{_resume_option(flags)} continues the run in train.save_dir; give one of them")
-        payload = _check_save_dir(cfg, resume, flags)  # before anything is written to the folder
+        # before anything is written to the folder; under DDP rank 0 locks it below, its failure relayed
+        payload = _check_save_dir(cfg, resume, flags, None if dist.enabled else lock)
         check_unread_files(cfg.data)  # file pairs that data.corpus multi30k would ignore
         check_training_tags(cfg)  # Transformer++'s tag cache and taggers: before the corpus is read and tagged
         init, init_model = (None, None) if init_from is None else _load_init(cfg, init_from, flags)
@@ -645,12 +661,15 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         reading = time.monotonic()  # under DDP the others wait from about now: their timeout counts rank 0's reading
         if dist.is_main:
             save_dir = Path(cfg.train.save_dir)
-            doing = "reading the data"
+            doing = f"locking the run folder {save_dir}"
             try:
+                _lock_run_folder(lock, save_dir)  # held already in a single process
+                doing = "reading the data"
                 with _held_log_lines() as held:  # before the folder: a missing or bad file leaves no run folder
                     splits = read_splits(cfg)
                 doing = f"making the run folder {save_dir}"
                 make_folder(save_dir)
+                _lock_run_folder(lock, save_dir)  # a new folder's
                 doing = f"opening {save_dir / 'train.log'}"
                 handler = _log_file(save_dir / "train.log")
                 _write_held(held, handler)
@@ -731,6 +750,7 @@ def train(cfg: Config, resume: bool = False, init_from: str | Path | None = None
         raise
     finally:
         setup.close()
+        lock.release()
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
