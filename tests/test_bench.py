@@ -219,6 +219,23 @@ def test_a_compile_that_fell_back_to_eager_says_so(data_dir, tmp_path, monkeypat
     assert "transformer_pp and transformer: --compile default FELL BACK TO EAGER" in capsys.readouterr().out
 
 
+def test_the_cpu_peak_memory_holds_no_matmul_probe(data_dir, tmp_path):
+    """On the CPU the bench times a 2048^3 matmul after every timed step (MFU/step), inside the window
+    whose peak resident size is the table's ``peak mem``. The probe allocated two random matrices
+    and their product at every call, and the trainer's keep_freed_memory keeps freed memory
+    resident, so the column counted them as the model's: 81-94 MiB for this tiny model, whose
+    training needs about 16 (found comparing the column with the probe stubbed out; the paper-size
+    Transformer: 616 against 589 MiB). The probe's matrices are now made before the peak is reset,
+    so the column is below what the probe's three matrices alone take."""
+    bench = _script("bench.py")
+    out = tmp_path / "cpu.json"
+    run("bench.py", "--models", "transformer", "--steps", "2", "--warmup", "1", "--rounds", "0", "--no-decode",
+        "--threads", "1", *TINY, "--out", str(out))
+    training = json.loads(out.read_text())["models"][0]["training"]
+    assert len(training["mfu_interleaved"]["matmul_gflops"]) == 2  # the probe still ran after each timed step
+    assert training["memory"]["delta_mib"] < 3 * bench.PROBE_N**2 * 4 / 2**20  # 48 MiB
+
+
 def test_the_cpu_speed_ratio_is_measured_side_by_side_by_default():
     """The COMET/Transformer ratio came on the CPU from one model's run after the other's unless
     --rounds was given (its default was 8 with --gpu, else 0), so a drift of the machine's speed
