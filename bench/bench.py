@@ -355,7 +355,7 @@ def _malloc_trim() -> None:
 
 
 class PeakMemory:
-    """GPU: torch.cuda.max_memory_allocated. CPU: peak resident set size (Linux VmHWM, reset through
+    """GPU: torch.cuda.max_memory_allocated minus the memory allocated before. CPU: peak resident set size (Linux VmHWM, reset through
     /proc/self/clear_refs right before the run) minus the resident size before it; where the peak
     cannot be reset, getrusage's lifetime peak (an upper bound), and the JSON says which."""
 
@@ -380,7 +380,10 @@ class PeakMemory:
         if self.device.type == "cuda":
             sync(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
-            return {"method": "torch.cuda.max_memory_allocated (reset before the run)", "peak_mib": peak / 2**20,
+            # the method names what delta_mib (the table's column) is: the label said max_memory_allocated
+            # alone, under a column that had the memory allocated before (the model's weights) taken off
+            return {"method": "torch.cuda.max_memory_allocated (reset before the run) minus memory allocated before",
+                    "peak_mib": peak / 2**20,
                     "before_mib": self.before / 2**20, "delta_mib": (peak - self.before) / 2**20,
                     "reserved_peak_mib": torch.cuda.max_memory_reserved(self.device) / 2**20}
         hwm = _status_kib("VmHWM")
@@ -887,7 +890,8 @@ def format_report(res: dict) -> str:
     if models:
         t = models[0]["training"]
         lines.append(f"  batch_tokens {t['batch_tokens']}, accum {t['accum_steps']}, {t['precision']}"
-                     f"{_compiled_note(t)}; matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
+                     f"{_compiled_note(t)}; tok/s = target tokens (words + </s>, padding excluded) a second;"
+                     f" matmul = best {t['mfu_reference']}; MFU = achieved / matmul;"
                      f" peak mem = {t['memory']['method']}; ops/step = ATen operators (views apart) one training"
                      " step dispatches, about the kernels it launches on a GPU (the CPU output layer's"
                      " blocked product, a custom operator, counts as 1)")

@@ -55,6 +55,8 @@ def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
     transformer, comet = (m["training"]["flops_per_target_token"] for m in result["models"])
     assert ratio["mfu_ratio"] == pytest.approx(ratio["ratio"] * comet / transformer)
     assert "COMET/Transformer training tokens/s" in proc.stdout
+    # which tokens tok/s counts is said under the table, not only in bench/README.md
+    assert "tok/s = target tokens (words + </s>, padding excluded)" in proc.stdout
 
 
 def test_comet_variants_take_turns_in_the_rounds_each_with_its_ratio(data_dir, tmp_path):
@@ -234,6 +236,28 @@ def test_the_cpu_peak_memory_holds_no_matmul_probe(data_dir, tmp_path):
     training = json.loads(out.read_text())["models"][0]["training"]
     assert len(training["mfu_interleaved"]["matmul_gflops"]) == 2  # the probe still ran after each timed step
     assert training["memory"]["delta_mib"] < 3 * bench.PROBE_N**2 * 4 / 2**20  # 48 MiB
+
+
+def test_the_gpu_peak_memory_label_says_what_the_column_holds(monkeypatch):
+    """The table's ``peak mem`` is ``delta_mib``: on a GPU, max_memory_allocated minus the memory
+    allocated before the run (the model's weights). The note under the table, the JSON's
+    ``method``, said "torch.cuda.max_memory_allocated (reset before the run)" alone, so 427 MiB in
+    bench/results/gpu_h200/2026-11-27-opcut read as the peak where the peak was 514 (found reading
+    that file's report beside its JSON). Checked with stand-ins for torch.cuda's counters."""
+    import torch
+
+    bench = _script("bench.py")
+    allocated = {"now": 87 * 2**20, "peak": 514 * 2**20}
+    for name, fake in {"synchronize": lambda device=None: None, "reset_peak_memory_stats": lambda device=None: None,
+                       "memory_allocated": lambda device=None: allocated["now"],
+                       "max_memory_allocated": lambda device=None: allocated["peak"],
+                       "max_memory_reserved": lambda device=None: 1132 * 2**20}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    memory = bench.PeakMemory(torch.device("cuda"))
+    memory.start()
+    mem = memory.stop()
+    assert (mem["peak_mib"], mem["before_mib"], mem["delta_mib"]) == (514, 87, 427)
+    assert "minus memory allocated before" in mem["method"]
 
 
 def test_the_cpu_speed_ratio_is_measured_side_by_side_by_default():
