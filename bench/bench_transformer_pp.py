@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -168,7 +169,10 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "training tokens/s, Transformer++ vs same-size Transformer",
         "pair": args.pair,
-        "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+        # the interpreter and the script's path, each argument quoted: the command as run (it was the script's
+        # bare name, which no folder but bench/ runs, and "--set model.transformer_pp.tasks=[]" unquoted)
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, str(Path(__file__).resolve()),
+                                                     *(argv if argv is not None else sys.argv[1:])]),
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -185,6 +189,7 @@ def main(argv=None) -> int:
         "results": results,
         "ratio_pp_over_transformer": ratio,
     }
+    print(f"command: {report['command']}")
     print(f"{'model':<16}{'params':>12}{'tgt tok/s':>12}{'src+tgt tok/s':>15}{'median step s':>15}")
     for name, r in results.items():
         print(f"{name:<16}{r['parameters']:>12,}{r['tgt_tokens_per_s']:>12.0f}{r['src_tgt_tokens_per_s']:>15.0f}{r['median_step_s']:>15.4f}")

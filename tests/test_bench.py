@@ -312,11 +312,17 @@ def test_count_ops_compares_two_presets_operator_by_operator():
 
 def test_bench_transformer_pp_steps_both_models(data_dir, tmp_path):
     out = tmp_path / "pp.json"
-    run("bench_transformer_pp.py", "--steps", "2", "--warmup", "1", "--no-tags", "--threads", "1", "--max-pairs", "300",
-        "--set", "model.d_model=32", "--set", "model.n_heads=4", "--set", "model.transformer_pp.conv_heads=2",
-        "--set", "model.d_ff=64", "--batch-tokens", "256",
-        "--out", str(out))
+    args = ["--steps", "2", "--warmup", "1", "--no-tags", "--threads", "1", "--max-pairs", "300",
+            "--set", "model.d_model=32", "--set", "model.n_heads=4", "--set", "model.transformer_pp.conv_heads=2",
+            "--set", "model.d_ff=64", "--set", "model.transformer_pp.tasks=[]", "--batch-tokens", "256", "--out", str(out)]
+    proc = run("bench_transformer_pp.py", *args)
     result = json.loads(out.read_text())
+    # the command reruns the bench from any folder: it was "bench_transformer_pp.py --steps ...", the
+    # script's bare name (bench/results/transformer_pp_cpu.json), each argument unquoted
+    import shlex
+
+    assert shlex.split(result["command"]) == [sys.executable, str(REPO / "bench" / "bench_transformer_pp.py"), *args]
+    assert f"command: {result['command']}" in proc.stdout
     assert set(result["results"]) == {"transformer_pp", "transformer"}
     assert all(r["timed_steps"] == 2 for r in result["results"].values()) and result["ratio_pp_over_transformer"] > 0
 
