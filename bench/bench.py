@@ -995,9 +995,16 @@ def start_run(args: argparse.Namespace) -> tuple[torch.device, dict]:
     device = torch.device("cuda" if args.gpu else "cpu")
     if device.type == "cuda":  # as `cometnmt train` sets them (training/run.py)
         set_cuda_backends()
-    return device, {"date": _dt.datetime.now().isoformat(timespec="seconds"),
-                    "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+    return device, {"date": _dt.datetime.now().isoformat(timespec="seconds"), "command": command_line(sys.argv[0]),
                     "machine": machine_info(device)}
+
+
+def command_line(script: str, argv: list[str] | None = None) -> str:
+    """The command that reruns a bench script from any folder: the interpreter, ``script``'s absolute
+    path and the arguments (``argv``, else the process's own), each quoted for the shell. The
+    benchmark scripts import it from here (bench/ is no package)."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(shlex.quote(a) for a in [sys.executable, str(Path(script).resolve()), *args])
 
 
 def main(argv: list[str] | None = None) -> int:

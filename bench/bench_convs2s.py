@@ -41,6 +41,9 @@ from cometnmt.decoding import greedy_search
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import command_line  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = {name: REPO / "configs" / "multi30k" / f"{name}.yaml" for name in ("transformer", "convs2s", "rnn")}
 
@@ -181,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = next(r for r in rows if (r["batch"], r["group"], r["arch"]) == (row["batch"], row["group"], "transformer"))
         row["speed_vs_transformer"] = row["sentences_per_s"] / ref["sentences_per_s"]
 
+    command = command_line(__file__, argv)  # the results files had none
+    print(f"command: {command}")
     print(f"greedy decoding, Multi30k test_2016_flickr source ({len(ids)} sentences), random-init models, "
           f"</s> suppressed, length {args.max_len_a} * S + {args.max_len_b}, device {args.device}, "
           f"threads {torch.get_num_threads()}, best of {args.repeats}")
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ms_per_sentence']:8.2f} {r['tokens_per_s']:9.0f} {r['speed_vs_transformer']:14.2f}x  {json.dumps(r['config'])}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"sentences": len(ids), "src_vocab": v_src, "tgt_vocab": v_tgt, "batches": args.batch, "max_len_a": args.max_len_a,
+    meta = {"command": command, "sentences": len(ids), "src_vocab": v_src, "tgt_vocab": v_tgt, "batches": args.batch, "max_len_a": args.max_len_a,
             "max_len_b": args.max_len_b, "device": args.device, "threads": torch.get_num_threads(), "repeats": args.repeats,
             "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
             "schedule": "the models of a group interleaved batch by batch (a drifting machine slows all alike)",

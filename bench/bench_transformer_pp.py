@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from cometnmt.training.run import training_examples
 from cometnmt.training.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import check_step_counts  # noqa: E402
+from bench import check_step_counts, command_line  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -169,10 +168,8 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "training tokens/s, Transformer++ vs same-size Transformer",
         "pair": args.pair,
-        # the interpreter and the script's path, each argument quoted: the command as run (it was the script's
-        # bare name, which no folder but bench/ runs, and "--set model.transformer_pp.tasks=[]" unquoted)
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, str(Path(__file__).resolve()),
-                                                     *(argv if argv is not None else sys.argv[1:])]),
+        # it was the script's bare name, which no folder but bench/ runs, and the arguments unquoted
+        "command": command_line(__file__, argv),
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -408,9 +408,16 @@ def test_bench_convs2s_decodes_a_few_sentences(tmp_path):
     ids.write_text(json.dumps({"data": _ids_key(), "ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13]], "src_vocab": 20,
                                "tgt_vocab": 20}))
     out = tmp_path / "convs2s.json"
-    run("bench_convs2s.py", "--ids", str(ids), "--which", "preset", "--sentences", "3", "--repeats", "1", "--batch", "2",
-        "--threads", "1", "--out", str(out))
-    rows = json.loads(out.read_text())["rows"]
+    args = ["--ids", str(ids), "--which", "preset", "--sentences", "3", "--repeats", "1", "--batch", "2", "--threads", "1",
+            "--out", str(out)]
+    proc = run("bench_convs2s.py", *args)
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    # the command that reruns it, recorded and printed (the results files had none)
+    import shlex
+
+    assert shlex.split(result["meta"]["command"]) == [sys.executable, str(REPO / "bench" / "bench_convs2s.py"), *args]
+    assert f"command: {result['meta']['command']}" in proc.stdout
     assert [r["arch"] for r in rows] == ["transformer", "convs2s", "rnn"]
     assert all(r["tokens"] == 3 + 2 + 4 + 3 * 2 for r in rows)  # </s> suppressed: 1.0 * S + 2 tokens each
 
