@@ -802,15 +802,16 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
         torch.manual_seed(args.seed)
         warm_up(trainer, groups, device, args)
         runners.append((name, trainer, groups[args.warmup :]))
-        per[name] = {"seconds": [], "tokens": [], "flops": sum(count_flops(cfg, data, groups[args.warmup :]))}
+        per[name] = {"seconds": [], "cpu_seconds": [], "tokens": [], "flops": sum(count_flops(cfg, data, groups[args.warmup :]))}
     by_name = {runner[0]: runner for runner in runners}
     for r, order in enumerate(orders):
         for name, trainer, groups in (by_name[name] for name in order):
             sync(device)
-            t0 = time.perf_counter()
+            cpu0, t0 = _cpu_seconds(), time.perf_counter()
             tokens = sum(trainer.train_step(group)[1] for group in groups[r * per_round : (r + 1) * per_round])
             sync(device)
             per[name]["seconds"].append(time.perf_counter() - t0)
+            per[name]["cpu_seconds"].append(_cpu_seconds() - cpu0)
             per[name]["tokens"].append(tokens)
     for name, trainer, _ in runners:  # false where --compile fell back to eager (as bench_training's)
         per[name]["compiled"] = trainer._compiled
@@ -818,6 +819,8 @@ def bench_rounds(names: list[str], args: argparse.Namespace, device: torch.devic
         p = per[name]
         p["tokens_per_s"] = [n / t for n, t in zip(p["tokens"], p["seconds"])]
         p["pooled_tokens_per_s"] = sum(p["tokens"]) / sum(p["seconds"])
+        # as bench_training's: the verdict comes from here, and other processes' load here went unseen
+        p["cpu_share"] = sum(p.pop("cpu_seconds")) / (sum(p["seconds"]) * torch.get_num_threads())
         p["flops_per_target_token"] = p["flops"] / sum(p["tokens"])
     del runners
     if device.type == "cuda":
@@ -867,8 +870,8 @@ def format_report(res: dict) -> str:
              f" (interop {m['torch_interop_threads']}){'; ' + str(m['env']) if m['env'] else ''}; device {m['device']}"
              + (f" = {m['gpu']} ({m['gpu_memory_gib']} GiB, CUDA {m['cuda']}, TF32 matmul {m['tf32_matmul']})" if "gpu" in m else ""),
              f"load average: start {_fmt_load(m['load_average_start'])}, end {_fmt_load(res['load_average_end'])}"
-             + ("" if m["device"] != "cpu" else "; CPU share of our threads while training: "
-                + ", ".join(f"{r['preset']} {100 * r['training']['cpu_share']:.0f}%" for r in res["models"]))
+             + ("" if m["device"] != "cpu" else "; CPU share of our threads while timed: "
+                + ", ".join(f"{what} {100 * share:.0f}%" for what, share in _cpu_shares(res).items()))
              + ("  << OTHER PROCESSES TOOK CPU TIME: timings unreliable" if _busy(res) else "")]
     mm = res["matmul_start"]
     lines.append("matmul throughput at start: " + "; ".join(
@@ -966,11 +969,25 @@ def _fmt_load(load) -> str:
     return "n/a" if load is None else "/".join(f"{x:.2f}" for x in load)
 
 
+def _cpu_shares(res: dict) -> dict[str, float]:
+    """Each timed part's share of our threads' CPU time, by part: every model's training run, its
+    turns in the rounds (which give issue 3's verdict) and its decoding (the lowest of its methods).
+    Only the training runs were judged before, so a machine loaded while the rounds or the decoding
+    ran left the ratios unflagged. Result files without a part's share (older ones) leave it out."""
+    shares = {f"{r['preset']} training": r["training"]["cpu_share"] for r in res["models"]}
+    for r in res["models"]:
+        decoding = [m["cpu_share"] for m in r.get("decoding", {}).get("methods", {}).values() if "cpu_share" in m]
+        if decoding:
+            shares[f"{r['preset']} decoding"] = min(decoding)
+    rounds = next((v["rounds"] for v in (res.get("over_transformer") or {}).values() if "rounds" in v), {})
+    shares.update({f"{name} rounds": m["cpu_share"] for name, m in rounds.get("models", {}).items() if "cpu_share" in m})
+    return shares
+
+
 def _busy(res: dict) -> bool:
-    """CPU runs: this process got less than 80% of its threads' time while timed training ran (the
+    """CPU runs: this process got less than 80% of its threads' time while a timed part ran (the
     other processes took the rest; OpenMP threads that wait spin, so an idle machine gives ~100%)."""
-    shares = [r["training"]["cpu_share"] for r in res["models"]]
-    return res["machine"]["device"] == "cpu" and any(s < BUSY_SHARE for s in shares)
+    return res["machine"]["device"] == "cpu" and any(s < BUSY_SHARE for s in _cpu_shares(res).values())
 
 
 def _compiled_note(t: dict) -> str:
