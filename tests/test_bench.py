@@ -577,6 +577,39 @@ def test_decoding_bound_counts_source_words_not_sos_eos():
     assert lengths[True] == lengths[False] == dict.fromkeys(lengths[False], (3 + 2) / 2 + 2)
 
 
+def test_decoding_times_no_methods_first_call(monkeypatch):
+    """bench_decoding timed from the process's first search call on: greedy went first in the first
+    batch, so its time alone held the one-off costs of a first call (lazy initialisation; on a GPU
+    the first load of each kernel that training never ran), and the beam/greedy ratio came out too
+    low by them. Each method now runs once, untimed, on a few sentences first. Checked with stand-in
+    searches on a stand-in clock: the first call of the process costs 10 s, every later call 1 s."""
+    import argparse
+    from types import SimpleNamespace
+
+    import torch
+
+    from cometnmt.data.pipeline import Examples
+
+    bench = _script("bench.py")
+    clock = {"now": 0.0, "calls": 0}
+
+    def search(src, *rest):
+        clock["calls"] += 1
+        clock["now"] += 10.0 if clock["calls"] == 1 else 1.0
+        return [SimpleNamespace(tokens=[5]) for _ in range(src.size(0))]
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(bench, "greedy_search", lambda model, src, *rest: search(src))
+    monkeypatch.setattr(bench, "greedy_search_full_prefix", lambda model, src, *rest: search(src))
+    monkeypatch.setattr(bench, "beam_search", lambda model, src, *rest: [[h] for h in search(src)])
+    cfg = bench.load_config(bench.PRESETS / "transformer.yaml", ["decode.batch_sentences=2"])
+    src = [[5, 6, 7], [8, 9], [10], [11, 12], [13]]  # 3 batches of <= 2 sentences
+    result = bench.bench_decoding(torch.nn.Linear(1, 1), cfg, bench.Data(Examples([], [], [], []), src, 30, 30),
+                                  torch.device("cpu"), argparse.Namespace(decode_sentences=None, beam=5), 1.0, 2)
+    assert {name: m["seconds"] for name, m in result["methods"].items()} == dict.fromkeys(result["methods"], 3.0)
+    assert result["beam5_over_greedy_time"] == 1.0
+
+
 def test_flop_count_equals_the_transformer_written_out():
     """bench.py's model FLOPs (FlopCounterMode on a meta-device copy) are exactly the Transformer's
     matrix products counted by hand: per layer the projections, FFN, QK^T and PV, the decoder's
