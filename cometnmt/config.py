@@ -153,7 +153,7 @@ class TrainConfig:
     label_smoothing: float = 0.0  # eps in [0, 1), training loss only (validation loss and loss_rise: plain cross-entropy); 0: none
     clip_norm: Optional[float] = 1.0  # max total L2 norm of the gradients (all parameters) at each step; 0 or null: no clipping
     stopping: Literal["loss_rise", "bleu_patience", "none"] = "loss_rise"  # loss_rise, bleu_patience: see below; none: max_epochs/max_steps only
-    loss_rise_epochs: int = 2  # paper: stop once validation loss rose this many epochs in a row
+    loss_rise_epochs: int = 2  # paper: stop once validation loss rose this many epochs in a row (a NaN loss counts as a rise)
     patience: int = 5  # bleu_patience: epochs without a better validation BLEU
     valid_bleu: bool = True  # greedy-decode the validation set every epoch
     valid_bleu_max_sentences: Optional[int] = None  # validation BLEU on the first N validation sentences only; null: all

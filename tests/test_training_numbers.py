@@ -156,6 +156,26 @@ def test_a_run_its_stopping_rule_ended_resumes_under_another_rule(tmp_path, data
     assert load_checkpoint(tmp_path / "none" / "best.pt")["epoch"] == 1
 
 
+def test_loss_rise_counts_a_validation_loss_that_is_not_a_number_as_a_rise(tmp_path, data_dir, monkeypatch):
+    """Validation losses 2, NaN, NaN (a diverged model: weights that hold NaN stay NaN) under
+    loss_rise (2 epochs): the run stops after epoch 3 of 6, and best.pt stays epoch 1's. Before,
+    ``NaN > 2`` is False, so no NaN epoch counted as a rise, the count started again at 0 and the
+    run trained its NaN weights to max_epochs. A finite loss after a NaN one is no rise (it is better)."""
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    def run(losses, name):
+        scores = iter([{"val_loss": x, "val_loss_per_100_tokens": 100 * x} for x in losses])
+        monkeypatch.setattr(Trainer, "validate", lambda self: next(scores))
+        cfg = tiny_train_cfg(tmp_path / name, data_dir, "train.stopping=loss_rise", "train.loss_rise_epochs=2",
+                             "train.max_epochs=6", "data.max_train_pairs=30")
+        return run_module.train(cfg)["epochs"], load_checkpoint(tmp_path / name / "best.pt")["epoch"]
+
+    nan = float("nan")
+    assert run([2.0, nan, nan, nan, nan, nan], "diverged") == (3, 1)
+    assert run([2.0, nan, 1.5, nan, 1.0, 0.5], "recovered") == (6, 6)
+
+
 def test_a_resume_under_another_stopping_rule_keeps_a_better_mid_epoch_best(tmp_path, data_dir, monkeypatch):
     """train.max_steps=3 stops epoch 1 inside it; its validation there (loss 2.0) is the best and
     best.pt. Resumed to the epoch's end (loss 3.0) with loss_rise_epochs=3 (the same measure, the

@@ -944,7 +944,10 @@ class Trainer:
         improved = self.improves(m)
         self.best = m["val_loss"] if improved else self.best
         if self.tc.stopping == "loss_rise":
-            self.stale = self.stale + 1 if prev is not None and m["val_loss"] > prev else 0
+            # a NaN loss (a diverged model, whose NaN weights stay NaN) is a rise: `NaN > prev` is
+            # False, so it reset the count and the run trained on to max_epochs
+            rose = prev is not None and (math.isnan(m["val_loss"]) or m["val_loss"] > prev)
+            self.stale = self.stale + 1 if rose else 0
             self.finished = self.stale >= self.tc.loss_rise_epochs
         return improved
 
