@@ -137,7 +137,7 @@ class TrainConfig:
     distributed_timeout_minutes: float = 30.0  # DDP: how long a rank waits for the others (rank 0 preparing the data, say) before it stops
     max_epochs: int = 100  # train at most this many epochs (the stopping rule or max_steps may end sooner)
     max_steps: Optional[int] = None  # optimizer steps taken (fp16: those the loss scaler skipped too); null: no limit. Stopping inside an epoch validates there (best.pt kept)
-    batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side
+    batch_tokens: int = 4096  # per micro-batch, padded tokens of the longer side (target: +1 for BOS/EOS); a longer pair is a micro-batch of its own
     batch_sentences: Optional[int] = None  # cap sentences per micro-batch (the paper: 10); null: batch_tokens alone
     # Training batches are cut from sentences sorted by length in buckets this many tokens wide, so
     # 1 gives batches of one length (least padding) and a width above the longest sentence gives
