@@ -176,6 +176,20 @@ def test_loss_rise_counts_a_validation_loss_that_is_not_a_number_as_a_rise(tmp_p
     assert run([2.0, nan, 1.5, nan, 1.0, 0.5], "recovered") == (6, 6)
 
 
+def test_a_finite_validation_loss_beats_a_best_that_is_not_a_number(tmp_path, data_dir, monkeypatch):
+    """Validation losses NaN, 2, 1.5 (epoch 1's NaN: an fp16 validation that overflowed, say): epoch 3
+    is the best and best.pt. Before, the NaN became the best and ``2 < NaN`` is False, so no later
+    epoch ever improved on it: best.pt stayed epoch 1's NaN model for the whole run."""
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    scores = iter([{"val_loss": x, "val_loss_per_100_tokens": 100 * x} for x in (float("nan"), 2.0, 1.5)])
+    monkeypatch.setattr(Trainer, "validate", lambda self: next(scores))
+    summary = run_module.train(tiny_train_cfg(tmp_path, data_dir, "train.stopping=none", "train.max_epochs=3",
+                                              "data.max_train_pairs=30"))
+    assert summary["best"] == 1.5 and load_checkpoint(tmp_path / "best.pt")["epoch"] == 3
+
+
 def test_a_resume_under_another_stopping_rule_keeps_a_better_mid_epoch_best(tmp_path, data_dir, monkeypatch):
     """train.max_steps=3 stops epoch 1 inside it; its validation there (loss 2.0) is the best and
     best.pt. Resumed to the epoch's end (loss 3.0) with loss_rise_epochs=3 (the same measure, the

@@ -922,7 +922,8 @@ class Trainer:
             if "val_bleu" not in m:
                 raise ValueError("train.stopping=bleu_patience needs train.valid_bleu=true")
             return self.best is None or m["val_bleu"] > self.best
-        return self.best is None or m["val_loss"] < self.best
+        # a NaN best (an fp16 validation that overflowed) is beaten by any number: `loss < NaN` is False
+        return self.best is None or m["val_loss"] < self.best or (math.isnan(self.best) and not math.isnan(m["val_loss"]))
 
     def _update_best(self, m: dict) -> bool:
         """A validation outside the stopping rule (``valid_mid_epoch``): take ``m`` as the best if it
