@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from cometnmt.data.corpus import write_text_file
@@ -111,7 +112,9 @@ def _check_test_sets(args, configs) -> None:
     """The bootstrap test scores every system's test hypotheses against the first system's test
     references: a config of another test set (de-en beside en-de, another split or file) was
     scored against references in another language or of other sentences, silently. Refused
-    before any run trains, naming the keys that differ."""
+    before any run trains, naming the keys that differ. The dev set is each run's own (validation,
+    its stopping rule): another one is allowed, but warned of, as the report's dev BLEU column
+    then compares scores of other sentences."""
     def test_set(data) -> dict:
         keys = ("src_lang", "tgt_lang", "test_split") if data.corpus == "multi30k" else ("test_src", "test_tgt")
         return {"corpus": data.corpus, **{key: getattr(data, key) for key in keys}}
@@ -120,25 +123,23 @@ def _check_test_sets(args, configs) -> None:
         keys = ("src_lang", "tgt_lang") if data.corpus == "multi30k" else ("valid_src", "valid_tgt")
         return {"corpus": data.corpus, "max_valid_pairs": data.max_valid_pairs, **{key: getattr(data, key) for key in keys}}
 
-    first = test_set(configs[0].data)
-    for path, cfg in zip(args.configs[1:], configs[1:]):
-        other = test_set(cfg.data)
-        differ = [f"data.{key} {first.get(key)!r} there, {other.get(key)!r} here" for key in {**first, **other}
-                  if first.get(key) != other.get(key)]
-        if differ:
-            raise CometNMTError(f"{path}: its test set is not that of {args.configs[0]} ({'; '.join(differ)}); compare "
-                                "tests every system against the first on the first one's test references, so all must "
-                                "translate the same test set")
-    # the dev set is each run's own (validation, its stopping rule): another one is allowed, but its BLEU
-    # column then compares scores of other sentences, which the report did not say
-    first = dev_set(configs[0].data)
-    for path, cfg in zip(args.configs[1:], configs[1:]):
-        other = dev_set(cfg.data)
-        differ = [f"data.{key} {first.get(key)!r} there, {other.get(key)!r} here" for key in {**first, **other}
-                  if first.get(key) != other.get(key)]
-        if differ:
-            log.warning("%s: its dev set is not that of %s (%s): the report's dev BLEU compares scores of other "
-                        "sentences", path, args.configs[0], "; ".join(differ))
+    def differing(described) -> Iterator[tuple[str, str]]:
+        """(a config after the first, the keys of its set that differ from the first's) where any do."""
+        first = described(configs[0].data)
+        for path, cfg in zip(args.configs[1:], configs[1:]):
+            other = described(cfg.data)
+            differ = [f"data.{key} {first.get(key)!r} there, {other.get(key)!r} here" for key in {**first, **other}
+                      if first.get(key) != other.get(key)]
+            if differ:
+                yield path, "; ".join(differ)
+
+    for path, differ in differing(test_set):
+        raise CometNMTError(f"{path}: its test set is not that of {args.configs[0]} ({differ}); compare tests every "
+                            "system against the first on the first one's test references, so all must translate the "
+                            "same test set")
+    for path, differ in differing(dev_set):
+        log.warning("%s: its dev set is not that of %s (%s): the report's dev BLEU compares scores of other sentences",
+                    path, args.configs[0], differ)
 
 
 def _check_average_last(args, configs) -> None:
