@@ -35,11 +35,17 @@ def _script(name: str):
     return module
 
 
-def test_bench_py_trains_decodes_and_compares_in_rounds(data_dir, tmp_path):
-    out = tmp_path / "cpu.json"
+@pytest.fixture(scope="module")
+def tiny_bench(data_dir, tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    """One tiny bench.py run (its output and JSON result), which several tests read: a run is ~15 s."""
+    out = tmp_path_factory.mktemp("bench") / "cpu.json"
     proc = run("bench.py", "--steps", "2", "--warmup", "1", "--rounds", "2", "--decode-sentences", "8",
                "--threads", "1", *TINY, "--out", str(out))
-    result = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+def test_bench_py_trains_decodes_and_compares_in_rounds(tiny_bench):
+    proc, result = tiny_bench
     assert [m["arch"] for m in result["models"]] == ["transformer", "comet"]
     for m in result["models"]:
         training, decoding = m["training"], m["decoding"]
@@ -260,18 +266,17 @@ def test_the_gpu_peak_memory_label_says_what_the_column_holds(monkeypatch):
     assert "minus memory allocated before" in mem["method"]
 
 
-def test_a_loaded_machine_during_the_rounds_or_decoding_is_flagged(data_dir, tmp_path):
+def test_a_loaded_machine_during_the_rounds_or_decoding_is_flagged(tiny_bench):
     """The table's "OTHER PROCESSES TOOK CPU TIME" judged the per-model training runs alone, but
     issue 3's verdict comes from the rounds, timed later, and the beam/greedy ratio from the
     decoding: a machine loaded while those ran left them unflagged (found reading _busy against
     what gives the verdict). The rounds now measure their CPU share too, and every timed part is
     listed and judged. A real run records the rounds' share; the verdict is checked on its result
     with one part's share lowered at a time."""
+    import copy
+
     bench = _script("bench.py")
-    out = tmp_path / "cpu.json"
-    run("bench.py", "--steps", "2", "--warmup", "1", "--rounds", "2", "--decode-sentences", "4", "--threads", "1", *TINY,
-        "--out", str(out))
-    res = json.loads(out.read_text())
+    res = copy.deepcopy(tiny_bench[1])  # its shares are lowered below
     rounds = res["over_transformer"]["comet"]["rounds"]["models"]
     assert all(0 < m["cpu_share"] for m in rounds.values())
     assert set(bench._cpu_shares(res)) == {f"{name} {part}" for name in ("transformer", "comet")
