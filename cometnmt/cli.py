@@ -720,7 +720,14 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="put the source word the decoder attends to most in place of each <unk> of the output (word "
                         "vocabularies, data.tokenizer spacy); default: the checkpoint's decode.replace_unk, usually off")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
+    _device_option(p)
+
+
+def _device_option(p: argparse.ArgumentParser) -> None:
+    """--device of a command that loads a model in this process: main checks it before the command
+    runs (reproduce's and compare's go to their runs' training, and --report-only uses none)."""
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.set_defaults(loads_a_model=True)
 
 
 def _train_options(p: argparse.ArgumentParser) -> None:
@@ -762,7 +769,7 @@ def _logprob_options(p: argparse.ArgumentParser) -> None:
                    "summed over the target's tokens and </s>) and the token count, tab-separated")
     p.add_argument("--json", help="also write the totals (tokens, nats per token, perplexity) and every score here")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    _device_option(p)
 
 
 def _attention_options(p: argparse.ArgumentParser) -> None:
@@ -777,7 +784,7 @@ def _attention_options(p: argparse.ArgumentParser) -> None:
                         "whatever model.rnn.dec_layers")
     p.add_argument("--plots", type=int, default=20, help="heatmaps for the first N lines (default 20; 0: none)")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    _device_option(p)
 
 
 def _evaluate_options(p: argparse.ArgumentParser) -> None:
@@ -931,9 +938,6 @@ def _positional_as_option(parser: argparse.ArgumentParser, argv: list[str]) -> N
                        f"{what} by position: {shlex.join(['cometnmt', *fixed])}\n")
 
 
-_LOADS_A_MODEL = ("translate", "logprob", "attention", "evaluate", "serve")  # and take --device
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one command. SIGTERM is Ctrl-C for every command (exit 143, not 130): train saves
     last.pt, serve stops cleanly, and any command's half-written output file is removed
@@ -958,9 +962,9 @@ def main(argv: list[str] | None = None) -> int:
                     from cometnmt.models import load_plugins
 
                     load_plugins()
-                # a command that loads a model here: its device named as the flag, before any checkpoint is read
-                # (reproduce and compare pass theirs to their runs' training, and --report-only uses none)
-                if args.command in _LOADS_A_MODEL and args.device != "auto":
+                # a command that loads a model here (_device_option): its device named as the flag, before any
+                # checkpoint is read
+                if getattr(args, "loads_a_model", False) and args.device != "auto":
                     from cometnmt.inference import resolve_device
 
                     resolve_device(args.device, "--device", flag=True)

@@ -313,6 +313,11 @@ def short_label(row: str) -> str:
     return ROWS[row].label.split(" (")[0]
 
 
+def _run_label(run: dict) -> str:
+    """A run's row as the table names it (a row not of Table 1, merged from an earlier report: its name)."""
+    return ROWS[run["row"]].label if run["row"] in ROWS else run["row"]
+
+
 def _paired_runs(records: list[dict], cand: str) -> list[tuple[dict, dict]]:
     """(candidate, Transformer) run pairs of equal seed, by seed."""
     by = {(r["row"], r["seed"]): r for r in records}
@@ -518,7 +523,7 @@ def _not_computed_lines(runs: list[dict]) -> list[str]:
         test = r.get("test", {})
         if "not_computed" in test:
             tok = next((f for f in test.get("bleu_signature", "").split("|") if f.startswith("tok:")), "tok:?")
-            name = ROWS[r["row"]].label if r["row"] in ROWS else r["row"]
+            name = _run_label(r)
             found.setdefault((test["not_computed"], tok), []).append(f"{name} seed {r['seed']}")
     return [""] * bool(found) + [
         f"- **not computed** for {', '.join(names)}: {why} (the log's warning names the package spaCy needs), so "
@@ -581,9 +586,9 @@ def _markdown(args, report: dict) -> str:
         lines.append(f"| {e['label']} | {len(e['seeds'])} | {fmt(e['epochs'])} | {pd} | {fmt(e['valid_paper_bleu'])} | "
                      f"{fmt(e['valid_bleu'])} | {pt} | {fmt(e['test_paper_bleu'])} | {fmt(e['test_bleu'])} | {fmt(e['test_chrf'])} |")
     lines += _not_computed_lines(report["runs"])
-    lines += capped_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
-    lines += best_behind_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
-    lines += mixed_recipe_lines(report["runs"], lambda r: ROWS[r["row"]].label if r["row"] in ROWS else r["row"])
+    lines += capped_lines(report["runs"], _run_label)
+    lines += best_behind_lines(report["runs"], _run_label)
+    lines += mixed_recipe_lines(report["runs"], _run_label)
     lines += ["", "## How each row was trained (seed of the first run; other seeds differ only in train.seed)", ""]
     for e in report["table"]:
         recs = sorted((r for r in report["runs"] if r["row"] == e["row"]), key=lambda r: r["seed"])

@@ -124,8 +124,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             raise CheckpointError(f"{p}: its vocabularies differ from those of {paths[-1]}; only checkpoints of one run can be averaged")
     runs: dict[str, Path] = {}  # a run's id -> its first file (checkpoints from before ids were kept: unchecked)
     for p, ck in zip(paths, loaded):
-        runs.setdefault(ck.get("run_id") or "", Path(p))
-    runs.pop("", None)
+        if ck.get("run_id"):
+            runs.setdefault(ck["run_id"], Path(p))
     if len(runs) > 1:
         # separately trained models do not average into one that works (their units need not line up);
         # a warning, not a refusal: runs fine-tuned from one checkpoint (--init-from) may average well
