@@ -1,5 +1,6 @@
-"""The CPU speed pieces compute what they replace: the one-pass cross-entropy equals
-F.cross_entropy (values and gradients), the CPU dropout drops with probability p and rescales, the
+"""The CPU speed pieces compute what they replace: the one-pass cross-entropy and the fused output
+layer + cross-entropy equal F.cross_entropy (values and gradients), the trainer uses the fused one
+on the CPU and trains the same weights, the CPU dropout drops with probability p and rescales, the
 blocked output layer equals F.linear (values and gradients), and keeping freed memory changes no
 result."""
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from cometnmt.modules.dropout import Dropout, cpu_dropout
 from cometnmt.modules.output import VocabProjection
 from cometnmt.training.host_memory import keep_freed_memory
-from cometnmt.training.loss import summed_cross_entropy
+from cometnmt.training.loss import _chunk_rows, linear_cross_entropy, summed_cross_entropy
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -33,6 +34,37 @@ def test_summed_cross_entropy_equals_torch(eps):
 def test_summed_cross_entropy_rejects_wrong_shapes():
     with pytest.raises(ValueError, match="N,V"):
         summed_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), 0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_cross_entropy_equals_linear_then_cross_entropy(eps, bias):
+    gen = torch.Generator().manual_seed(1)
+    V = 1500  # 1,398 rows a block: 3,000 rows are three blocks, the last a short one
+    assert 3000 % _chunk_rows(V) != 0 and 3000 > 2 * _chunk_rows(V)
+    hidden = torch.randn(3000, 24, generator=gen).requires_grad_()
+    weight = (0.5 * torch.randn(V, 24, generator=gen)).requires_grad_()
+    b = torch.randn(V, generator=gen).requires_grad_() if bias else None
+    gold = torch.randint(0, V, (3000,), generator=gen)
+    gold[::7] = 1  # ignored positions
+    inputs = [hidden, weight] + ([b] if bias else [])
+    ours = linear_cross_entropy(hidden, weight, b, gold, 1, eps)
+    g_ours = torch.autograd.grad(2.5 * ours, inputs)
+    ref = F.cross_entropy(F.linear(hidden, weight, b), gold, ignore_index=1, label_smoothing=eps, reduction="sum")
+    g_ref = torch.autograd.grad(2.5 * ref, inputs)
+    torch.testing.assert_close(ours, ref)
+    for a, r in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
+    assert g_ours[0][::7].abs().max() == 0  # no gradient from ignored positions
+    with torch.no_grad():  # the loss alone
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, b, gold, 1, eps), ref.detach())
+
+
+def test_linear_cross_entropy_rejects_wrong_shapes():
+    with pytest.raises(ValueError, match="N,D"):
+        linear_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(5, 4), None, torch.zeros(2, 3, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match="N,D"):
+        linear_cross_entropy(torch.zeros(6, 4), torch.zeros(5, 3), None, torch.zeros(6, dtype=torch.long), 0)
 
 
 def test_cpu_dropout_drops_with_probability_p_and_keeps_the_mean():

@@ -406,3 +406,48 @@ def test_a_resume_under_another_measure_makes_best_pt_the_new_best(tmp_path, dat
                                         "train.max_epochs=4"), resume=True)
         assert load_checkpoint(run / "best.pt")["epoch"] == 4  # BLEU 35 beats 30: best.pt is the best again
         assert "best_behind" not in how_it_ended(run)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "comet", "convs2s", "rnn", "transformer_pp"])
+def test_the_cpu_fused_loss_gives_the_gradients_of_logits_and_token_loss(tmp_path, data_dir, arch):
+    """On the CPU in float32 the trainer takes the decoder's features and the output layer's
+    weights into one loss (loss.linear_cross_entropy) instead of the B,T,V logits: the same loss
+    and gradients as the logits path, dropout and label smoothing on (the same masks: each
+    micro-batch is seeded), for every built-in architecture. A model whose own ``decode`` replaces
+    the base class's keeps the logits path."""
+    import torch
+
+    from cometnmt.data.pipeline import encode_pairs, read_split
+    from cometnmt.models import build_model
+    from cometnmt.training.trainer import Trainer
+
+    tags = ["model.transformer_pp.tasks=[]"] if arch == "transformer_pp" else []
+    cfg = tiny_train_cfg(tmp_path, data_dir, f"model.arch={arch}", "train.label_smoothing=0.1",
+                         "data.max_train_pairs=40", *tags)
+    codec, train = run_module.training_examples(cfg, read_split(cfg.data, "train"))
+    valid = encode_pairs(codec, read_split(cfg.data, "valid"), None)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(codec.src_vocab), len(codec.tgt_vocab), 0)
+    trainer = Trainer(cfg, model, codec, train, valid, torch.device("cpu"))
+    assert trainer.fused_loss
+    a, b = list(range(0, 7)), list(range(7, 19))
+    n_tokens = sum(len(train.tgt_ids[i]) + 1 for i in a + b)
+
+    def loss_and_gradients(fused):
+        trainer.fused_loss = fused
+        model.zero_grad(set_to_none=True)
+        loss = trainer.backward([a, b], n_tokens)
+        return loss, [p.grad.clone() for p in model.parameters()]
+
+    fused_loss, fused = loss_and_gradients(True)
+    plain_loss, plain = loss_and_gradients(False)
+    torch.testing.assert_close(fused_loss, plain_loss)
+    for g_fused, g_plain in zip(fused, plain):
+        torch.testing.assert_close(g_fused, g_plain, rtol=1e-4, atol=1e-6)
+
+    class OwnDecode(type(model)):  # a plugin's decode: its logits are its own business
+        def decode(self, tgt_in, memory):
+            return super().decode(tgt_in, memory)
+
+    model.__class__ = OwnDecode
+    assert not Trainer(cfg, model, codec, train, valid, torch.device("cpu")).fused_loss

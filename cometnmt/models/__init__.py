@@ -55,7 +55,9 @@ USES: dict[str, frozenset[str]] = {}
 BUILTIN_ARCHS = tuple(REGISTRY)  # the package's own; others are registered by a script or $COMETNMT_PLUGINS
 PLUGINS_ENV = "COMETNMT_PLUGINS"
 
-PROTOCOL = ("encode", "decode", "init_state", "step")  # what a Seq2Seq must define itself (reorder has a default)
+# what a Seq2Seq must define itself (reorder has a default); decode, or decode_features under the
+# default decode (its output layer out_proj on them)
+PROTOCOL = ("encode", "decode", "init_state", "step")
 
 
 def register_architecture(name: str, builder: Builder, config: type | None = None,
@@ -198,7 +200,8 @@ def _check_built_model(arch: str, builder: Builder, model: object) -> None:
     if not isinstance(model, Seq2Seq):
         raise ConfigError.at("model.arch", f"the builder registered as {arch!r} ({_builder_name(builder)}) returned "
                              f"{a_type(model)}, not a cometnmt.models.base.Seq2Seq (a subclass defining {', '.join(PROTOCOL)})")
-    missing = [name for name in PROTOCOL if getattr(type(model), name) is getattr(Seq2Seq, name)]
+    missing = [name for name in PROTOCOL if getattr(type(model), name) is getattr(Seq2Seq, name)
+               and not (name == "decode" and type(model).decode_features is not Seq2Seq.decode_features)]
     if missing:
         raise ConfigError.at("model.arch", f"{type(model).__name__}, built by the builder registered as {arch!r} "
                              f"({_builder_name(builder)}), does not define {', '.join(missing)} of the Seq2Seq protocol "

@@ -2,6 +2,7 @@
 
     memory = model.encode(src, src_pad_mask)      # whole source, once
     logits = model.decode(tgt_in, memory)         # training: whole target prefix, teacher forcing
+    hidden = model.decode_features(tgt_in, memory)  # the same, before the output layer model.out_proj
     state  = model.init_state(memory)             # search: start incremental decoding
     logits, state = model.step(tokens, state)     # one target position, using cached state
     state  = model.reorder(state, index)          # beam search: reselect/duplicate batch rows
@@ -67,6 +68,12 @@ class Seq2Seq(nn.Module):
 
     def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         """tgt_in B,T long (BOS + prefix) -> logits B,T,V. Position t sees only tgt_in[:, :t+1]."""
+        return self.out_proj(self.decode_features(tgt_in, memory))
+
+    def decode_features(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
+        """What :meth:`decode` feeds the output layer ``self.out_proj`` (an ``nn.Linear`` onto the
+        target vocabulary): B,T,D_out. The trainer's CPU loss takes these and the layer's weights
+        (:func:`cometnmt.training.loss.linear_cross_entropy`), without forming the B,T,V logits."""
         raise NotImplementedError
 
     def init_state(self, memory: State) -> State:
@@ -81,9 +88,11 @@ class Seq2Seq(nn.Module):
         """Keep/duplicate batch rows of the state (index: long, new batch size)."""
         return reorder_nested(state, index)
 
-    def forward(self, src: torch.Tensor, src_pad_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """Training entry point: logits B,T,V (and the hook for DDP/compile wrappers)."""
-        return self.decode(tgt_in, self.encode(src, src_pad_mask))
+    def forward(self, src: torch.Tensor, src_pad_mask: torch.Tensor, tgt_in: torch.Tensor, features_only: bool = False) -> torch.Tensor:
+        """Training entry point: logits B,T,V, or with ``features_only`` what the output layer would
+        take (:meth:`decode_features`); the hook for DDP/compile wrappers."""
+        memory = self.encode(src, src_pad_mask)
+        return self.decode_features(tgt_in, memory) if features_only else self.decode(tgt_in, memory)
 
     def extra_losses(self) -> dict[str, tuple[torch.Tensor, float]]:
         """Auxiliary losses of the last forward as ``name -> (mean loss, weight)`` (e.g.

@@ -339,13 +339,13 @@ class ConvS2S(Seq2Seq):
     def cross_attention_modules(self) -> list[nn.Module]:
         return [layer.attention for layer in self.decoder]
 
-    def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
+    def decode_features(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         mem = self.attention_memory(memory)
         embedded = self.tgt_embed(tgt_in)  # B,T,E
         x = self.dec_in(embedded)  # B,T,C
         for layer in self.decoder:
             x = layer(x, embedded, mem)  # B,T,C
-        return self.out_proj(self.out_dropout(self.dec_out(x)))  # B,T,V
+        return self.out_dropout(self.dec_out(x))  # B,T,E
 
     def init_state(self, memory: State) -> State:
         """The attention memory, zero windows (the decoder's left padding), position 0, and the

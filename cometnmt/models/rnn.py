@@ -223,14 +223,14 @@ class RNNSeq2Seq(Seq2Seq):
     def cross_attention_modules(self) -> list[nn.Module]:
         return [self.attention]  # one attention, after the top layer
 
-    def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
+    def decode_features(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         state = self.init_state(memory)
         embedded = self.dropout(self.tgt_embed(tgt_in))  # B,T,E
         outputs = []
         for t in range(tgt_in.size(1)):
             att, state = self._advance(embedded[:, t], state)  # B,H
             outputs.append(att)
-        return self.out_proj(self.dropout(torch.stack(outputs, dim=1)))  # B,T,V
+        return self.dropout(torch.stack(outputs, dim=1))  # B,T,H
 
     def step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         att, state = self._advance(self.dropout(self.tgt_embed(tokens)), state)  # B,H

@@ -189,14 +189,14 @@ class Transformer(Seq2Seq):
             return torch.full((out.size(0),), out.size(1), dtype=torch.long, device=out.device)
         return (~pad_mask).sum(dim=1)
 
-    def decode(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
+    def decode_features(self, tgt_in: torch.Tensor, memory: State) -> torch.Tensor:
         tgt_pad_mask = tgt_in.eq(self.pad_id)  # B,T
         src_lengths = self._source_lengths(memory) if self._wants_source_lengths() else None
         x = self.tgt_embed(tgt_in)  # B,T,D
         ctx = self.context(self.decoder, x, tgt_pad_mask, memory["pad_mask"], src_lengths)
         for unit in self.decoder:
             x = unit(x, memory["out"], ctx)  # B,T,D
-        return self.out_proj(x)  # B,T,V
+        return x
 
     def init_state(self, memory: State) -> State:
         units = []

@@ -286,7 +286,7 @@ class ConvAttention(nn.Module):
 
 class TransformerPP(Transformer):
     """The Transformer with :class:`ConvAttention` self-attention in every unit and optional POS/NER
-    heads on encoder units 1 and 2. ``forward(src, src_pad_mask, tgt_in, tags=None)``: ``tags``
+    heads on encoder units 1 and 2. ``forward(src, src_pad_mask, tgt_in, features_only=False, tags=None)``: ``tags``
     maps a task to gold tag ids B,S (``IGNORE`` where unlabelled)."""
 
     def __init__(
@@ -344,11 +344,12 @@ class TransformerPP(Transformer):
         return self.encode_with_taps(src, src_pad_mask)[0]
 
     def forward(
-        self, src: torch.Tensor, src_pad_mask: torch.Tensor, tgt_in: torch.Tensor, tags: Optional[dict[str, torch.Tensor]] = None
+        self, src: torch.Tensor, src_pad_mask: torch.Tensor, tgt_in: torch.Tensor, features_only: bool = False,
+        tags: Optional[dict[str, torch.Tensor]] = None,
     ) -> torch.Tensor:
         memory, taps = self.encode_with_taps(src, src_pad_mask)
         self._extra = self.tag_losses(taps, tags)
-        return self.decode(tgt_in, memory)  # B,T,V
+        return self.decode_features(tgt_in, memory) if features_only else self.decode(tgt_in, memory)  # B,T,D / B,T,V
 
     def tag_losses(self, taps: dict[str, torch.Tensor], tags: Optional[dict[str, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, float]]:
         """Mean cross-entropy over labelled source tokens, per task. Training without the gold tags

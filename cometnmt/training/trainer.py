@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch import nn
 
 from cometnmt.atomic import atomic_write, make_folder
 from cometnmt.config import CUDA_GRAPH_MODES, Config, to_dict
@@ -49,13 +50,14 @@ from cometnmt.evaluation import corpus_scores, paper_bleu, paper_label
 from cometnmt.inference import Translator
 from cometnmt.interrupts import HandOver, deferred, first_raises, ignored, raise_noted
 from cometnmt.models.base import Seq2Seq
+from cometnmt.modules.output import VocabProjection
 from cometnmt.progress import progress_bar
 from cometnmt.training.checkpoint import (BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_FILE, epoch_checkpoint_name,
                                          epoch_checkpoints, load_checkpoint, load_weights, save_checkpoint)
 from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, all_reduce_sum, any_rank,
                                           broadcast_result, ddp_buffer_sync, gather_results, peer_left)
 from cometnmt.training.host_memory import keep_freed_memory
-from cometnmt.training.loss import summed_cross_entropy
+from cometnmt.training.loss import linear_cross_entropy, summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -141,6 +143,12 @@ class Trainer:
         self.cuda_graphs = self.tc.compile and self.tc.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
         self.running_stats = SyncedRunningStatistics(model, dist)  # before compiling: it sets defer_running
         self.net = self._wrap(model)
+        # the CPU in float32: the output layer and the loss in one pass over row blocks (loss.py), for a
+        # model whose decode is its output layer out_proj, a linear layer, on decode_features (the base
+        # class's: every built-in one; a plugin's own decode keeps its logits); elsewhere (CUDA,
+        # bf16/fp16) logits and token_loss
+        self.fused_loss = (device.type == "cpu" and self.tc.precision == "fp32" and type(model).decode is Seq2Seq.decode
+                           and type(getattr(model, "out_proj", None)).forward in (nn.Linear.forward, VocabProjection.forward))
         self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
         self.history: list[dict] = []
         self.mid_epoch: list[dict] = []  # the valid_mid_epoch records (max_steps), outside the history
@@ -594,8 +602,15 @@ class Trainer:
                 torch.compiler.cudagraph_mark_step_begin()
             with (nullcontext() if sync else self.net.no_sync()), self.autocast():
                 extra = {"tags": batch.tags} if batch.tags else {}  # Transformer++ POS/NER targets
-                logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V
-                loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
+                if self.fused_loss:  # the output layer inside the loss: no B,T,V logits
+                    hidden = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in,
+                                      features_only=True, **extra)  # B,T,D
+                    proj = self.model.out_proj
+                    loss = linear_cross_entropy(hidden.flatten(0, 1), proj.weight, proj.bias, batch.tgt_out.flatten(),
+                                                PAD, self.tc.label_smoothing)
+                else:
+                    logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V
+                    loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
                 objective = loss / n_tokens
                 for name, (value, weight) in self.model.extra_losses().items():
                     if name in step_tags:
