@@ -489,9 +489,11 @@ class OpCounter(TorchDispatchMode):
     """Counts the ATen operators a step dispatches, views (no kernel, no launch) apart. With the
     small batches of Multi30k a GPU step is bound by kernel launches, not FLOPs, so this count
     explains GPU step times that MFU does not. A custom operator counts once, as the dispatcher
-    sees it: on the CPU the output layer's forward is ``cometnmt::blocked_linear`` (13 ``addmm`` of
+    sees it: on an AVX2 CPU the output layer's forward is ``cometnmt::blocked_linear`` (13 ``addmm`` of
     512 columns for Multi30k's 6,191 words), counted as 1, like the single ``addmm`` of the
-    ``F.linear`` that CUDA runs; its backward (2 ``mm``, 1 ``sum``) is CUDA's too. So the count
+    ``F.linear`` that CUDA runs; its backward (2 ``mm``, 1 ``sum``) is CUDA's too. The counted step
+    takes the logits and ``token_loss``, as CUDA does, not the CPU's fused loss (its row blocks would
+    add about 100 operators). So the count
     stands for a GPU step's kernels, not for the CPU's, and every model with the Transformer's
     output layer (COMET, Transformer++) has it alike. Counted on the CPU, COMET's gated convolutions
     take their CPU path (im2col), more operators than CUDA's ``F.conv1d``; ``count_ops.py --conv1d``
@@ -602,8 +604,10 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
     cpu_share = (_cpu_seconds() - cpu_start) / ((seconds + probe_seconds) * torch.get_num_threads())
     mem = memory.stop()
     counter = OpCounter()  # one more (untimed) step, counting its operators
+    fused, trainer.fused_loss = trainer.fused_loss, False  # with logits and token_loss, as a GPU step
     with counter:
         trainer.train_step(groups[args.warmup])
+    trainer.fused_loss = fused
     flops = count_flops(cfg, data, groups[args.warmup :])
     timed = [i for g in groups[args.warmup :] for idx in g for i in idx]
     padded = sum(len(idx) * (max(len(data.train.tgt_ids[i]) for i in idx) + 1) for g in groups[args.warmup :] for idx in g)

@@ -120,8 +120,27 @@ def test_keep_freed_memory_changes_no_result():
     torch.testing.assert_close(torch.randn(2048, 4096) @ torch.randn(4096, 64), a)
 
 
+@pytest.fixture
+def blocked_here(monkeypatch):
+    """VocabProjection blocks on this machine's CPU whatever its capability (BLOCKED_ON)."""
+    from cometnmt.modules import output
+
+    monkeypatch.setattr(output, "BLOCKED_ON", (torch.backends.cpu.get_cpu_capability(),))
+
+
+def test_vocab_projection_blocks_only_on_the_cpus_named(monkeypatch):
+    from cometnmt.modules import output
+
+    proj, x = VocabProjection(16, 1500), torch.randn(3, 40, 16)
+    monkeypatch.setattr(output, "BLOCKED_ON", (torch.backends.cpu.get_cpu_capability(),))
+    assert proj._blocked(x)
+    monkeypatch.setattr(output, "BLOCKED_ON", ())
+    assert not proj._blocked(x)
+    torch.testing.assert_close(proj(x), F.linear(x, proj.weight, proj.bias))
+
+
 @pytest.mark.parametrize("bias", [True, False])
-def test_vocab_projection_equals_linear(bias):
+def test_vocab_projection_equals_linear(bias, blocked_here):
     torch.manual_seed(5)
     proj = VocabProjection(16, 1500, bias=bias)  # three 512-column blocks, the last one short
     x = torch.randn(3, 40, 16, requires_grad=True)
@@ -138,7 +157,7 @@ def test_vocab_projection_equals_linear(bias):
         torch.testing.assert_close(proj(x), ref)
 
 
-def test_vocab_projection_compiles_to_the_blocked_operator():
+def test_vocab_projection_compiles_to_the_blocked_operator(blocked_here):
     """Under torch.compile the blocked product stays one opaque operator (``cometnmt::blocked_linear``)
     in one graph, and the compiled values and gradients equal F.linear's."""
     import torch._dynamo

@@ -1,9 +1,10 @@
 """The output layer onto the target vocabulary, computed in column blocks on the CPU.
 
 The logits product (tokens x d_model) @ (d_model x V) has a short inner dimension and a wide output
-(V = 6,191 on Multi30k). On the development CPU, MKL ran it at 60-100 GFLOP/s as one call, against
-130-170 for the same product split into 512-column blocks written into one output tensor (2,041
-training tokens: 1.8x; 640 beam rows: 1.4x; bench/README.md). ``VocabProjection`` is an
+(V = 6,191 on Multi30k). On the development CPU (AVX2), MKL ran it at 60-100 GFLOP/s as one call,
+against 130-170 for the same product split into 512-column blocks written into one output tensor
+(2,041 training tokens: 1.8x; 640 beam rows: 1.4x; bench/README.md); on an AVX-512 CPU the one
+call is the faster, so the blocks are used only where ``BLOCKED_ON`` names the CPU's capability. ``VocabProjection`` is an
 ``nn.Linear`` (same parameters and state-dict keys) whose CPU float32 forward does that; the
 backward is the ordinary pair of products, which MKL already runs well. Elsewhere (CUDA, bf16
 autocast, small inputs) it is ``F.linear``. A test checks values and gradients against F.linear.
@@ -22,6 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 BLOCK = 512  # output columns per product
+# the CPUs where the blocks were measured to help: on an AVX2 EPYC 1.4-1.8x; on an AVX-512 Xeon
+# (2026-11-29) MKL's one product was the faster at every size (128 rows: 1.42 against 1.77 ms, 640:
+# 6.1 against 7.2, 2,048: 31.8 against 35.3; bench/README.md), the blocks' strided bias copies
+# included. Other CPUs, unmeasured, take the one product.
+BLOCKED_ON = ("AVX2",)
+CPU_CAPABILITY = torch.backends.cpu.get_cpu_capability()  # read once: torch.compile cannot trace the call
 
 
 def _blocked_addmm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -80,6 +87,7 @@ class VocabProjection(nn.Linear):
     def _blocked(self, x: torch.Tensor) -> bool:
         return (
             x.device.type == "cpu"
+            and CPU_CAPABILITY in BLOCKED_ON
             and x.dtype == self.weight.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu")
             and self.out_features > 2 * BLOCK
