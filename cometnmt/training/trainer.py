@@ -602,15 +602,14 @@ class Trainer:
                 torch.compiler.cudagraph_mark_step_begin()
             with (nullcontext() if sync else self.net.no_sync()), self.autocast():
                 extra = {"tags": batch.tags} if batch.tags else {}  # Transformer++ POS/NER targets
+                out = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in,
+                               **({"features_only": True} if self.fused_loss else {}), **extra)  # B,T,D or B,T,V
                 if self.fused_loss:  # the output layer inside the loss: no B,T,V logits
-                    hidden = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in,
-                                      features_only=True, **extra)  # B,T,D
                     proj = self.model.out_proj
-                    loss = linear_cross_entropy(hidden.flatten(0, 1), proj.weight, proj.bias, batch.tgt_out.flatten(),
+                    loss = linear_cross_entropy(out.flatten(0, 1), proj.weight, proj.bias, batch.tgt_out.flatten(),
                                                 PAD, self.tc.label_smoothing)
                 else:
-                    logits = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,V
-                    loss = token_loss(logits, batch.tgt_out, self.tc.label_smoothing)
+                    loss = token_loss(out, batch.tgt_out, self.tc.label_smoothing)
                 objective = loss / n_tokens
                 for name, (value, weight) in self.model.extra_losses().items():
                     if name in step_tags:
