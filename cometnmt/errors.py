@@ -49,6 +49,13 @@ class CheckpointError(CometNMTError):
     """A missing, truncated or incompatible checkpoint file."""
 
 
+class TrainingDiverged(CometNMTError, FloatingPointError):
+    """Training stopped because its loss or weights stopped being numbers (NaN, an infinity): a
+    diverged model, whose further updates would be NaN too. A FloatingPointError as fairseq's
+    "loss is NaN" is; a CometNMTError because its message is complete on its own (the step, the
+    loss, which checkpoint is kept, what to change), not a traceback's."""
+
+
 def setting(name: str, value: object, flags: bool, flag: str | None = None) -> str:
     """How an error names a setting and its value: as the command line's flag (``--batch-size 0``;
     ``flag`` when it is not the keyword with dashes) or as the Python keyword (``batch_size=0``)."""

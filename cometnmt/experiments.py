@@ -361,11 +361,12 @@ def finished(specs: list[RunSpec]) -> tuple[list[dict], list[str]]:
 
 
 def metrics(run: Path) -> list[dict]:
-    """The run's metrics.jsonl records (train and valid events)."""
-    from cometnmt.training.checkpoint import METRICS_FILE
+    """The run's metrics.jsonl records (train and valid events); a loss that is not a number (a
+    diverged run's) is float NaN, in files written as null with the ``nonfinite`` key as in older
+    ones written as a bare NaN (run_files.read_metrics_record)."""
+    from cometnmt.training.run_files import METRICS_FILE, read_metrics
 
-    path = run / METRICS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_metrics(run / METRICS_FILE)
 
 
 def how_it_ended(run: Path) -> dict:

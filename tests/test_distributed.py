@@ -1360,3 +1360,40 @@ def test_an_interrupted_ddp_run_prints_a_torchrun_resume_command(tmp_path, monke
     assert shlex.split(command) == ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "cometnmt", "train",
                                     "configs/tiny.yaml", "--resume", *sets]
     assert "accum_steps x ranks stays 6 micro-batches a step" in line
+
+
+def _rank_one_diverges(rank: int, world: int, port: int, data_dir: str, save_dir: str, out: str) -> None:
+    """One rank of ``test_a_loss_that_is_not_a_number_on_one_rank_stops_every_rank``: rank 1's loss
+    from step 3 on is NaN, and so is one of its gradients (rank 0's are numbers); each rank writes the
+    error it stopped with to ``out``.RANK, then exits with it (non-zero)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    backward = Trainer.backward
+
+    def diverging(self, group, n_tokens):
+        total = backward(self, group, n_tokens)
+        if rank == 1 and self.step + 1 >= 3:
+            next(self.model.parameters()).grad.view(-1)[0] = float("nan")
+            return total * float("nan")
+        return total
+
+    Trainer.backward = diverging
+    _train_and_record_the_error(rank, out, load_config(REPO / "configs" / "tiny.yaml", overrides(
+        data_dir, save_dir, "train.stopping=none", "train.save_every=2", "train.max_epochs=1")))
+
+
+def test_a_loss_that_is_not_a_number_on_one_rank_stops_every_rank(tmp_path, data_dir):
+    """Rank 1's loss of step 3 is NaN. The step's losses are summed over the ranks (each step's
+    all-reduce), so both ranks read the NaN at step 3's record and stop there with the same
+    TrainingDiverged, no collective of its own: neither waits for the other. last.pt stays step 2's,
+    and rank 0 logged step 3's record (valid JSON)."""
+    out = tmp_path / "error"
+    assert _spawn_until_all_stop(_rank_one_diverges, (2, _free_port(), str(data_dir), str(tmp_path / "ddp"),
+                                                      str(out))) == [1, 1]
+    errors = [(tmp_path / f"error.{rank}").read_text(encoding="utf-8") for rank in (0, 1)]
+    assert errors[0] == errors[1] and errors[0].startswith(
+        "TrainingDiverged: training stopped at step 3 (epoch 1): the training loss is not a number (loss nan; first at "
+        "step 3, 1 of the log window's steps)"), errors
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["step"] == 2
+    lines = (tmp_path / "ddp" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3] and '"nonfinite": {"loss": "NaN"}' in lines[-1]

@@ -1066,3 +1066,19 @@ def test_a_report_figure_cut_short_leaves_the_one_before(kind, tmp_path, monkeyp
         else:
             compare._curves(tmp_path, ["comet"], records)
     assert png.read_bytes() == b"the earlier figure" and [p.name for p in tmp_path.iterdir()] == [png.name]
+
+
+def test_a_runs_metrics_log_reads_with_nan_written_either_way(tmp_path):
+    """`reproduce` and `compare` read a run's metrics.jsonl (experiments.metrics): a loss that is not
+    a number comes back as float NaN from the trainer's lines (null, named under ``nonfinite``) as
+    from those of files written before (bare NaN, which json.loads takes)."""
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"event": "valid", "epoch": 1, "step": 5, "val_loss": NaN, "val_loss_per_100_tokens": Infinity}\n'
+        '{"event": "valid", "epoch": 2, "step": 9, "val_loss": null, "val_loss_per_100_tokens": null, '
+        '"nonfinite": {"val_loss": "NaN", "val_loss_per_100_tokens": "Infinity"}}\n'
+        '{"event": "train", "step": 10, "loss": 2.5}\n', encoding="utf-8")
+    records = experiments.metrics(tmp_path)
+    assert [r["step"] for r in records] == [5, 9, 10] and records[2] == {"event": "train", "step": 10, "loss": 2.5}
+    for r in records[:2]:
+        assert r["val_loss"] != r["val_loss"] and r["val_loss_per_100_tokens"] == float("inf") and "nonfinite" not in r
+    assert experiments.metrics(tmp_path / "none") == []

@@ -1040,3 +1040,35 @@ def test_the_saved_config_loads_back_as_it_was(tmp_path, data_dir, monkeypatch):
     assert "name: '1e5'" in saved.read_text(encoding="utf-8")
     assert load_config(saved) == cfg
     assert run_test_split(tmp_path / "run", 3)[2].name == "1e5"
+
+
+def test_an_interrupt_after_the_weights_diverged_keeps_the_last_good_last_pt(tmp_path, data_dir, monkeypatch, caplog):
+    """Step 3's loss and a gradient are NaN (the weights hold NaN from its update on); Ctrl-C comes in
+    step 4, before any record (train.log_every=10) could stop the run. The interrupt stops it, but
+    last.pt stays step 2's (train.save_every=2), with finite weights, and the log says why. Before,
+    the interrupt saved the NaN weights as last.pt, and the printed --resume continued them."""
+    backward, train_step = Trainer.backward, Trainer.train_step
+
+    def diverging(self, group, n_tokens):
+        total = backward(self, group, n_tokens)
+        if self.step + 1 >= 3:
+            next(self.model.parameters()).grad.view(-1)[0] = float("nan")
+            return total * float("nan")
+        return total
+
+    def interrupted_fourth(self, group):
+        out = train_step(self, group)
+        if self.step == 3:  # inside step 4 (self.step counts it after train_step)
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(Trainer, "backward", diverging)
+    monkeypatch.setattr(Trainer, "train_step", interrupted_fourth)
+    cfg = tiny_train_cfg(tmp_path, data_dir, "train.log_every=10", "train.save_every=2", "train.accum_steps=1",
+                         "train.num_threads=1")
+    with caplog.at_level(logging.ERROR, logger="cometnmt.training.trainer"), pytest.raises(KeyboardInterrupt):
+        run_module.train(cfg)
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["step"] == 2 and all(t.isfinite().all() for t in last["model"].values() if t.is_floating_point())
+    assert "the model's weights are no longer finite" in caplog.text and "not writing last.pt on the interrupt" in caplog.text
+    assert f"{tmp_path / 'last.pt'} (step 2) is the last checkpoint, kept as it was" in caplog.text

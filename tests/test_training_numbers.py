@@ -451,3 +451,166 @@ def test_the_cpu_fused_loss_gives_the_gradients_of_logits_and_token_loss(tmp_pat
 
     model.__class__ = OwnDecode
     assert not Trainer(cfg, model, codec, train, valid, torch.device("cpu")).fused_loss
+
+
+def _nan_from_step(first: int, *, fp16: bool = False):
+    """A Trainer.backward whose steps from ``first`` on have a loss that is not a number: NaN returned
+    as the loss and written into a gradient, as a diverged model's are (under fp16 the loss scaler then
+    skips the step; else the optimizer applies it and the weights hold NaN)."""
+    from cometnmt.training.trainer import Trainer
+
+    backward = Trainer.backward
+
+    def diverging(self, group, n_tokens):
+        total = backward(self, group, n_tokens)
+        if self.step + 1 >= first:
+            next(self.model.parameters()).grad.view(-1)[0] = float("nan")
+            return total * float("nan")
+        return total
+
+    return diverging
+
+
+def _strict_json(line: str) -> dict:
+    """json.loads as jq or JavaScript's JSON.parse read: NaN and Infinity are not JSON."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_training_loss_that_is_not_a_number_stops_the_run_at_its_record(tmp_path, data_dir, monkeypatch):
+    """train.stopping=none, a record a step, last.pt every 2 steps; step 3's loss is NaN (a diverged
+    model). The run stops at step 3's record with TrainingDiverged (a FloatingPointError) naming the
+    step and the loss; the record is logged, in valid JSON (null, named under ``nonfinite``); last.pt
+    stays step 2's, whose weights are finite, and no best.pt is written. Before, nothing looked at the
+    training loss: the run trained its NaN weights to the epoch's end and saved them as last.pt and
+    best.pt."""
+    from cometnmt.errors import TrainingDiverged
+    from cometnmt.training.checkpoint import LAST_CHECKPOINT, load_checkpoint
+    from cometnmt.training.run_files import read_metrics
+    from cometnmt.training.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "backward", _nan_from_step(3))
+    cfg = tiny_train_cfg(tmp_path, data_dir, "train.stopping=none", "train.log_every=1", "train.save_every=2",
+                         "train.accum_steps=1", "train.num_threads=1")
+    with pytest.raises(TrainingDiverged) as caught:
+        run_module.train(cfg)
+    message = str(caught.value)
+    assert isinstance(caught.value, FloatingPointError)
+    assert "training stopped at step 3 (epoch 1): the training loss is not a number (loss nan; first at step 3" in message
+    assert f"{tmp_path / LAST_CHECKPOINT} (step 2) is the last checkpoint, kept as it was" in message
+    last = load_checkpoint(tmp_path / LAST_CHECKPOINT)
+    assert last["step"] == 2 and all(t.isfinite().all() for t in last["model"].values() if t.is_floating_point())
+    assert not (tmp_path / "best.pt").exists()
+    lines = (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [_strict_json(line)["step"] for line in lines] == [1, 2, 3]
+    assert _strict_json(lines[-1])["loss"] is None and _strict_json(lines[-1])["nonfinite"] == {"loss": "NaN"}
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert records[-1]["loss"] != records[-1]["loss"] and "nonfinite" not in records[-1]  # NaN again
+
+
+def test_a_checkpoint_of_weights_that_are_not_finite_is_not_written(tmp_path, data_dir, monkeypatch):
+    """As above, but a record every 10 steps: step 4's last.pt (train.save_every=2) comes before the
+    record that would stop the run. The weights hold NaN since step 3's update, so the run stops there
+    writing nothing: last.pt stays step 2's. Before, last.pt was written with NaN weights, and a
+    --resume continued a diverged model."""
+    from cometnmt.errors import TrainingDiverged
+    from cometnmt.training.checkpoint import LAST_CHECKPOINT, load_checkpoint
+    from cometnmt.training.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "backward", _nan_from_step(3))
+    cfg = tiny_train_cfg(tmp_path, data_dir, "train.stopping=none", "train.log_every=10", "train.save_every=2",
+                         "train.accum_steps=1", "train.num_threads=1")
+    with pytest.raises(TrainingDiverged, match=r"training stopped at step 4 \(epoch 1\): the model's weights are no "
+                                               r"longer finite \(.* holds NaN or an infinity\); the training loss was "
+                                               r"first not a number at step 3: the model diverged; not writing last.pt"):
+        run_module.train(cfg)
+    assert load_checkpoint(tmp_path / LAST_CHECKPOINT)["step"] == 2
+    assert not (tmp_path / "metrics.jsonl").exists()  # no record was due (log_every=10)
+
+
+def test_under_fp16_a_skipped_step_whose_loss_is_not_a_number_does_not_stop_the_run(tmp_path, data_dir, monkeypatch,
+                                                                                    caplog):
+    """train.precision=fp16: step 2's loss is NaN (and a gradient: an overflow). The loss scaler skips
+    the step and halves its scale, the weights are unharmed, and the run goes on to max_steps with
+    a warning; the record of step 2 holds the NaN (valid JSON). With every step overflowing, the run
+    stops once the scale falls below MIN_LOSS_SCALE (here 2**14, reached after 3 skipped steps)."""
+    import logging
+
+    from cometnmt.errors import TrainingDiverged
+    from cometnmt.training import trainer as trainer_module
+    from cometnmt.training.checkpoint import load_checkpoint
+    from cometnmt.training.run_files import read_metrics
+    from cometnmt.training.trainer import Trainer
+
+    backward = Trainer.backward
+    once = _nan_from_step(2)
+    monkeypatch.setattr(Trainer, "backward", lambda self, g, n: (once if self.step == 1 else backward)(self, g, n))
+    cfg = tiny_train_cfg(tmp_path / "once", data_dir, "train.precision=fp16", "train.log_every=1", "train.max_steps=4",
+                         "train.accum_steps=1", "train.num_threads=1")
+    with caplog.at_level(logging.WARNING, logger="cometnmt.training.trainer"):
+        run_module.train(cfg)
+    assert "step 2: the training loss is not a number (loss nan; first at step 2" in caplog.text
+    losses = [r["loss"] for r in read_metrics(tmp_path / "once" / "metrics.jsonl") if r["event"] == "train"]
+    assert [loss != loss for loss in losses] == [False, True, False, False]
+    last = load_checkpoint(tmp_path / "once" / "last.pt")
+    assert last["step"] == 4 and last["scaler"]["scale"] == 2.0**15
+    assert all(t.isfinite().all() for t in last["model"].values() if t.is_floating_point())
+
+    monkeypatch.setattr(Trainer, "backward", _nan_from_step(1))
+    monkeypatch.setattr(trainer_module, "MIN_LOSS_SCALE", 2.0**14)
+    cfg = tiny_train_cfg(tmp_path / "always", data_dir, "train.precision=fp16", "train.log_every=1",
+                         "train.max_steps=10", "train.accum_steps=1", "train.num_threads=1")
+    with pytest.raises(TrainingDiverged, match=r"training stopped at step 3 \(epoch 1\): the fp16 loss scale fell to "
+                                               r"8192, below 16384.*no checkpoint had been written"):
+        run_module.train(cfg)
+
+
+def test_the_metrics_log_is_valid_json_and_reads_back_old_and_new_lines():
+    """metrics_line writes a number that is not finite as null and names it under ``nonfinite``;
+    read_metrics_record gives back the floats, from such a line and from an old one with bare NaN."""
+    from cometnmt.training.run_files import metrics_line, read_metrics_record
+
+    inf = float("inf")
+    line = metrics_line({"event": "valid", "step": 3, "val_loss": float("nan"), "val_loss_per_100_tokens": inf,
+                         "val_bleu": -inf, "val_chrf": 40.5})
+    assert _strict_json(line) == {"event": "valid", "step": 3, "val_loss": None, "val_loss_per_100_tokens": None,
+                                  "val_bleu": None, "val_chrf": 40.5,
+                                  "nonfinite": {"val_loss": "NaN", "val_loss_per_100_tokens": "Infinity",
+                                                "val_bleu": "-Infinity"}}
+    for text in (line, '{"event": "valid", "step": 3, "val_loss": NaN, "val_loss_per_100_tokens": Infinity, '
+                       '"val_bleu": -Infinity, "val_chrf": 40.5}'):
+        record = read_metrics_record(text)
+        assert record["val_loss"] != record["val_loss"] and record["val_loss_per_100_tokens"] == inf
+        assert record["val_bleu"] == -inf and record["val_chrf"] == 40.5 and "nonfinite" not in record
+    assert metrics_line({"event": "train", "loss": 2.5}) == '{"event": "train", "loss": 2.5}'  # finite: as before
+
+
+def test_cometnmt_train_says_in_one_line_that_the_run_diverged(tmp_path, data_dir, cli, monkeypatch):
+    """`cometnmt train` of a run whose loss is NaN from step 2 on (a plugin module patches the
+    trainer in the CLI's process): one line naming the step, exit 2 (a message complete on its own,
+    not a traceback), and train.log says why the run stopped."""
+    plugin = tmp_path / "diverge.py"
+    plugin.write_text(
+        "from cometnmt.training.trainer import Trainer\n"
+        "backward = Trainer.backward\n"
+        "def diverging(self, group, n_tokens):\n"
+        "    total = backward(self, group, n_tokens)\n"
+        "    if self.step + 1 >= 2:\n"
+        "        next(self.model.parameters()).grad.view(-1)[0] = float('nan')\n"
+        "        return total * float('nan')\n"
+        "    return total\n"
+        "Trainer.backward = diverging\n", encoding="utf-8")
+    monkeypatch.setenv("COMETNMT_PLUGINS", str(plugin))
+    run = tmp_path / "run"
+    sets = [f"data.multi30k_dir={data_dir}", "data.max_train_pairs=300", "data.max_valid_pairs=20",
+            "train.batch_tokens=600", "train.valid_bleu=false", "train.progress=false", "train.log_every=1",
+            "train.num_threads=1", f"train.save_dir={run}"]
+    proc = cli("train", "configs/tiny.yaml", *(a for s in sets for a in ("--set", s)), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert ("cometnmt: error: training stopped at step 2 (epoch 1): the training loss is not a number (loss nan; "
+            "first at step 2, 1 of the log window's steps)") in proc.stderr
+    assert "no checkpoint had been written" in proc.stderr and not (run / "last.pt").exists()
+    assert "the run stopped: training stopped at step 2" in (run / "train.log").read_text(encoding="utf-8")

@@ -18,6 +18,12 @@ Stopping (section 4.2 of the COMET paper): ``loss_rise`` stops once the validati
 ``loss_rise_epochs`` epochs in a row and keeps the lowest-loss checkpoint as ``best.pt``;
 ``bleu_patience`` keeps the highest validation BLEU and stops after ``patience`` epochs without a
 better one.
+
+Divergence, under every stopping rule (``none`` too): a training record whose loss is not a number
+(NaN, an infinity) stops the run with :class:`TrainingDiverged`, as fairseq stops with "loss is
+NaN", and no checkpoint is written of weights that are not finite, so the last one saved stays the
+last good one. Under fp16 the loss scaler skips such steps (the weights are unharmed) and the run
+goes on; it stops once the loss scale falls below ``MIN_LOSS_SCALE``. See :meth:`Trainer._diverged`.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import labelled_counts, select_tags
 from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
+from cometnmt.errors import TrainingDiverged
 from cometnmt.evaluation import corpus_scores, paper_bleu, paper_label
 from cometnmt.inference import Translator
 from cometnmt.interrupts import HandOver, deferred, first_raises, ignored, raise_noted
@@ -59,6 +66,7 @@ from cometnmt.training.distributed import (DistInfo, SyncedRunningStatistics, al
 from cometnmt.training.host_memory import keep_freed_memory
 from cometnmt.training.loss import linear_cross_entropy, summed_cross_entropy
 from cometnmt.training.optim import build_optimizer, build_scheduler
+from cometnmt.training.run_files import metrics_line
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,13 @@ class _RanksStop(Exception):
 
 
 STOPPING_KEYS = ("stopping", "loss_rise_epochs", "patience")  # the train keys of the stopping rule
+
+# train.precision fp16: a loss scale below this stops the run (fairseq's --min-loss-scale default). The
+# scaler halves its scale at each step whose gradients overflow and doubles it only after 2,000 clean
+# steps, so from 2**16 it takes about 30 skipped steps in a row: the steps' losses or gradients no
+# longer fit (a diverged model, or activations past float16's 65,504), and every later step would be
+# skipped too, training nothing
+MIN_LOSS_SCALE = 1e-4
 
 
 def compile_module(module: torch.nn.Module, mode: str) -> torch.nn.Module:
@@ -169,6 +184,7 @@ class Trainer:
         self._new_window()
         self._saved_window: Optional[dict] = None  # a checkpoint's open log window, for the next run_epoch
         self.validated_step: Optional[int] = None  # the step of the last validation inside an epoch (max_steps)
+        self.saved_step: Optional[int] = None  # the step of the last last.pt written or resumed from (for _diverged's message)
         # best.pt is not the best validation under the rule: its step, and the best record's epoch, step and
         # value (set by _align_best_checkpoint where that record's weights are gone; cleared when best.pt is next saved)
         self.best_behind: Optional[dict] = None
@@ -263,6 +279,7 @@ class Trainer:
         if payload["scaler"]:  # empty from a run without fp16 (train.precision may change on a resume): a fresh scaler
             self.scaler.load_state_dict(payload["scaler"])
         self.step, self.epoch = payload["step"], payload["epoch"]
+        self.saved_step = self.step
         self.init_from = payload.get("init_from")
         self.run_id = payload.get("run_id") or self.run_id  # a run from before ids were kept: one from now on
         t = payload["trainer"]
@@ -362,8 +379,12 @@ class Trainer:
 
     def _new_window(self) -> None:
         """Start a metrics-log window: the summed loss, auxiliary losses and target tokens of its
-        steps (and the tokens each auxiliary loss averages over), and its start."""
+        steps (and the tokens each auxiliary loss averages over), and its start; and how many of its
+        steps had a loss that is not a number, and the first of them (0: none), counted on the
+        device and read with the record (:meth:`_diverged`)."""
         self.window_loss, self.window_tokens, self.window_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+        self.window_nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.window_first_nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
         self.window_extra: dict[str, torch.Tensor] = {}
         self.window_extra_tokens: dict[str, int] = {}
 
@@ -379,7 +400,8 @@ class Trainer:
         return {"loss": float(self.window_loss), "tokens": self.window_tokens,
                 "extra": {k: float(v) for k, v in self.window_extra.items()},
                 "extra_tokens": dict(self.window_extra_tokens),
-                "seconds": time.perf_counter() - self.window_start}
+                "seconds": time.perf_counter() - self.window_start,
+                "nonfinite_steps": int(self.window_nonfinite), "first_nonfinite_step": int(self.window_first_nonfinite)}
 
     def _resume_window(self, saved: dict) -> None:
         """Reopen a checkpoint's log window. Its sums cover every rank of the run that saved it, as
@@ -388,6 +410,8 @@ class Trainer:
         self.window_start -= saved["seconds"]
         self.window_loss += saved["loss"]
         self.window_extra = {k: torch.tensor(v, device=self.device) for k, v in saved["extra"].items()}
+        self.window_nonfinite += saved.get("nonfinite_steps", 0)  # a window saved before they were counted: none
+        self.window_first_nonfinite += saved.get("first_nonfinite_step", 0)
         # a window saved before the tag losses were averaged over labelled tokens: its sums were per target token
         self.window_extra_tokens = {k: saved.get("extra_tokens", {}).get(k, saved["tokens"]) for k in saved["extra"]}
 
@@ -441,13 +465,15 @@ class Trainer:
         return record.get("step", 0) <= self.step
 
     def log_metrics(self, record: dict) -> None:
-        """Append ``record`` to metrics.jsonl on rank 0. An OSError names the file: a full disk
+        """Append ``record`` to metrics.jsonl on rank 0, as valid JSON: a number that is not finite
+        (a diverged loss) as null, named under ``nonfinite`` (:func:`run_files.metrics_line`); json.dumps
+        wrote a bare NaN, which strict readers refuse. An OSError names the file: a full disk
         failed in the write with "[Errno 28] No space left on device" and no file."""
         if self.dist.is_main:
             path = self.save_dir / METRICS_FILE
             try:
                 with open(path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
+                    f.write(metrics_line(record) + "\n")
             except OSError as exc:
                 if exc.filename is not None or exc.errno is None:
                     raise
@@ -500,6 +526,91 @@ class Trainer:
             raise error
 
         broadcast_result(again, self.dist, doing)
+
+    # -- divergence ----------------------------------------------------------------------------
+
+    def _kept(self) -> str:
+        """What a stop for divergence leaves of the run: which last.pt, and how to go on."""
+        kept = (f"{self.save_dir / LAST_CHECKPOINT} (step {self.saved_step}) is the last checkpoint, kept as it was"
+                if self.saved_step is not None else "no checkpoint had been written")
+        return (f"{kept}; lower train.lr or raise train.warmup_steps (a new run), or set a lower train.clip_norm (a --resume "
+                "may change it: resumed as it was, training is deterministic and diverges again at the same step)")
+
+    def _diverged(self, record: dict, nonfinite: int, first: int) -> Optional[str]:
+        """The message of :class:`TrainingDiverged` for the training ``record`` about to be logged,
+        or None where the run goes on. ``nonfinite``: how many of the record's steps had a loss (or
+        auxiliary loss) that is not a number; ``first``: the first of them (0: not counted, a log
+        window a checkpoint from before this was counted in left open).
+
+        Checked at each record (``train.log_every``, an epoch's end, max_steps): the losses are read
+        back from the device there, not at each step (a host sync a step stalls a GPU's queue), so a
+        run stops at most log_every steps after the first loss that is not a number; no checkpoint
+        is written in between (:meth:`_check_weights`).
+
+        - fp32 and bf16: a loss that is not a number stops the run. Its gradients are not numbers
+          either, the optimizer applied them, and weights that hold NaN stay NaN: before, a run under
+          ``train.stopping: none`` trained on them to max_epochs, overwriting last.pt (and best.pt,
+          whose ``loss < NaN`` comparison no later epoch won: see :meth:`improves`) with NaN weights.
+        - fp16: the loss scaler skips a step whose loss or gradients overflowed, leaving the weights
+          unharmed, so such a record is a warning and the run goes on; it stops once the loss scale
+          falls below MIN_LOSS_SCALE (every step overflowing), as fairseq's "Minimum loss scale
+          reached" does.
+
+        Under DDP every rank takes the same decision without a collective of its own: the losses
+        were all-reduced at each step and every rank's scaler saw the same (all-reduced) gradients."""
+        bad = {k: v for k, v in record.items() if k.startswith("loss") and not math.isfinite(v)}
+        shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+        where = (f"first at step {first}, {nonfinite} of the log window's steps" if first
+                 else "in the log window")
+        if self.scaler.is_enabled():
+            if bad:
+                log.warning("step %d: the training loss is not a number (%s; %s); under train.precision fp16 the "
+                            "loss scaler skipped those steps' updates, and training goes on", self.step, shown, where)
+            scale = self.scaler.get_scale()
+            if scale >= MIN_LOSS_SCALE:
+                return None
+            return (f"training stopped at step {self.step} (epoch {self.epoch + 1}): the fp16 loss scale fell to "
+                    f"{scale:g}, below {MIN_LOSS_SCALE:g}: the loss scaler halves it at every step whose gradients "
+                    f"overflow and skips that step, so the steps kept overflowing"
+                    + (f" (the training loss is not a number: {shown}; {where})" if bad else "")
+                    + "; the model diverged or no longer fits float16 (train.precision bf16 or fp32 holds larger numbers); "
+                    + self._kept())
+        if not bad:
+            return None
+        return (f"training stopped at step {self.step} (epoch {self.epoch + 1}): the training loss is not a number "
+                f"({shown}; {where}): the model diverged, and its weights, updated with that loss's gradients, are "
+                f"no longer finite either; " + self._kept())
+
+    def _nonfinite_weight(self) -> Optional[str]:
+        """The name of the model's first weight or buffer (batch-norm statistics) holding NaN or an
+        infinity, or None. One pass (the largest magnitude of each, which is NaN or infinite where an
+        element is, and finite for any finite weights) and one host sync."""
+        named = [(k, v) for k, v in self.model.state_dict().items() if v.is_floating_point() and v.numel()]
+        if not named:
+            return None
+        peaks = torch._foreach_norm([v for _, v in named], float("inf"))
+        finite = torch.isfinite(torch.stack([p.float() for p in peaks]))
+        if bool(finite.all()):
+            return None
+        return named[int((~finite).nonzero()[0])][0]
+
+    def _weights_message(self, name: str, doing: str) -> str:
+        first = int(self.window_first_nonfinite)
+        loss = f"; the training loss was first not a number at step {first}" if first else ""
+        return (f"training stopped at step {self.step} (epoch {self.epoch + 1}): the model's weights are no longer "
+                f"finite ({name} holds NaN or an infinity){loss}: the model diverged; not {doing}, so the "
+                f"checkpoints hold no such weights; " + self._kept())
+
+    def _check_weights(self, doing: str) -> None:
+        """Before a checkpoint is written (``doing``: what would be): stop with TrainingDiverged where
+        the weights are not finite, writing nothing. A loss that is not a number stops the run at
+        its record (:meth:`_diverged`), but a checkpoint can come first (train.save_every between two
+        records), and a step's update can make the weights NaN from gradients that overflowed while
+        its loss was finite. Every rank checks its own copy (DDP keeps them equal), so every rank stops
+        together; nothing else a step is read back."""
+        name = self._nonfinite_weight()
+        if name is not None:
+            raise TrainingDiverged(self._weights_message(name, doing))
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -746,7 +857,11 @@ class Trainer:
         the signals :func:`first_raises` noted after the first."""
         with deferred(redeliver=False) as noted:
             if self.dist.is_main:
-                save_checkpoint(self.state_dict(), self.save_dir / LAST_CHECKPOINT)
+                weight = self._nonfinite_weight()
+                if weight is None:
+                    save_checkpoint(self.state_dict(), self.save_dir / LAST_CHECKPOINT)
+                else:  # the interrupt still stops the run (130, 143); its resume continues the last good one
+                    log.error("%s", self._weights_message(weight, f"writing {LAST_CHECKPOINT} on the interrupt"))
         if noted or later:
             log.warning("a further interrupt arrived while %s was saved; ignored", self.save_dir / LAST_CHECKPOINT)
 
@@ -819,14 +934,24 @@ class Trainer:
                 for name, value in self.step_extra.items():
                     self.window_extra[name] = self.window_extra.get(name, 0.0) + value
                     self.window_extra_tokens[name] = self.window_extra_tokens.get(name, 0) + self.step_extra_tokens[name]
+                # whether the step's loss or an auxiliary loss is not a number (their sum is not then), counted
+                # on the device: no host sync a step; the record reads it (under DDP the summed losses: every
+                # rank counts alike)
+                bad = ~torch.isfinite(sum((v.float() for v in self.step_extra.values()), loss.float()))
+                self.window_first_nonfinite = torch.where(bad & (self.window_nonfinite == 0), self.step,
+                                                          self.window_first_nonfinite)
+                self.window_nonfinite += bad
                 bar.update(1)
                 # the epoch's last step and max_steps' last step end a window too (a run max_steps ended
                 # inside its first window logged no training loss at all)
                 if self.step % self.tc.log_every == 0 or self.consumed >= len(batches) or not self._steps_left():
                     seconds = time.perf_counter() - self.window_start
                     # the window's loss and auxiliary losses (Transformer++'s tag losses), summed over
-                    # ranks (step by step, above) and read in one host sync
-                    sums = torch.stack([self.window_loss.float(), *self.window_extra.values()]).tolist()
+                    # ranks (step by step, above), and its count of steps whose losses were not numbers and
+                    # the first of them, read in one host sync (float64: the float32 sums as they are)
+                    *sums, nonfinite, first_nonfinite = torch.stack([t.double() for t in (
+                        self.window_loss, *self.window_extra.values(), self.window_nonfinite,
+                        self.window_first_nonfinite)]).tolist()
                     record = {
                         "event": "train", "step": self.step, "epoch": self.epoch + 1,
                         "loss": sums[0] / max(self.window_tokens, 1),
@@ -837,10 +962,13 @@ class Trainer:
                     # objective weights them: the window's mean, not its last micro-batch's
                     record.update({f"loss_{k}": v / max(self.window_extra_tokens.get(k, 0), 1)
                                    for k, v in zip(self.window_extra, sums[1:])})
+                    diverged = self._diverged(record, int(nonfinite), int(first_nonfinite))
                     # another step of this loop comes next, and no checkpoint before it
-                    carry = (not stop and self.consumed < len(batches) and self._steps_left()
+                    carry = (not stop and not diverged and self.consumed < len(batches) and self._steps_left()
                              and not (self.tc.save_every and self.step % self.tc.save_every == 0))
-                    self._log_train_record(record, carry)
+                    self._log_train_record(record, carry)  # logged first: the record shows the loss the error names
+                    if diverged:  # every rank: each read the same summed losses and loss scale
+                        raise TrainingDiverged(diverged)
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tgt_tokens_per_s']:.0f}",
                                     refresh=False)  # shown at the bar's next redraw, not a frame of its own
                     self._new_window()
@@ -849,7 +977,9 @@ class Trainer:
                 raise _RanksStop
             if self.tc.save_every and self.step % self.tc.save_every == 0:
                 saving = time.perf_counter()
+                self._check_weights(f"writing {LAST_CHECKPOINT}")
                 self._write_on_rank_zero(lambda: self.save(LAST_CHECKPOINT), f"writing {LAST_CHECKPOINT} at step {self.step}")
+                self.saved_step = self.step
                 self.window_start += time.perf_counter() - saving  # the write is not training: keep it out of tokens/s
         bar.close()
         return True
@@ -858,6 +988,7 @@ class Trainer:
         """Validate, checkpoint, apply the stopping rule, move to the next epoch. The epoch counts
         as done only after its validation: a run interrupted while validating saves the epoch with
         every batch consumed, and its resume validates it then."""
+        self._check_weights(f"validating epoch {self.epoch + 1} and writing its checkpoints")
         metrics = {"event": "valid", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
         self._stop_together()  # an interrupt while validating: the epoch is not done, as in one process
         # the epoch's record, stopping rule and checkpoints, all or none: an interrupt among them
@@ -870,6 +1001,7 @@ class Trainer:
             self.best_behind = None if improved else self.best_behind  # best.pt is saved below
             self._write_on_rank_zero(lambda: self._write_epoch(metrics, improved),
                                     f"writing the record and checkpoints of epoch {self.epoch}")
+            self.saved_step = self.step
         log.info(
             "epoch %d: val loss %.4f/token (%.2f per 100 tokens)%s",
             self.epoch, metrics["val_loss"], metrics["val_loss_per_100_tokens"],
@@ -907,6 +1039,7 @@ class Trainer:
         reached at an epoch's end, whose validation is the epoch's (it was validated twice, the second
         time as a ``valid_mid_epoch`` of the next epoch, of which it had trained nothing)."""
         at_epoch_end = bool(self.history) and self.history[-1]["step"] == self.step
+        self._check_weights(f"writing {LAST_CHECKPOINT} at train.max_steps")
         if self.validated_step != self.step and not at_epoch_end:
             metrics = {"event": "valid_mid_epoch", "epoch": self.epoch + 1, "step": self.step, **self.validate()}
             self._stop_together()
@@ -917,10 +1050,12 @@ class Trainer:
                 self.best_behind = None if improved else self.best_behind  # best.pt is saved below
                 self._write_on_rank_zero(lambda: self._write_mid_epoch(metrics, improved),
                                         f"writing the record and checkpoints of step {self.step}")
+                self.saved_step = self.step
             log.info("max_steps %d reached inside epoch %d: val loss %.4f/token%s", self.step, self.epoch + 1,
                      metrics["val_loss"], f", val BLEU {metrics['val_bleu']:.2f}" if "val_bleu" in metrics else "")
         else:
             self._write_on_rank_zero(lambda: self.save(LAST_CHECKPOINT), f"writing {LAST_CHECKPOINT} at step {self.step}")
+            self.saved_step = self.step
 
     def _write_mid_epoch(self, metrics: dict, improved: bool) -> None:
         """Rank 0's files at max_steps inside an epoch: the validation's record, best.pt if ``improved``,
