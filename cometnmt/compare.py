@@ -15,7 +15,8 @@ folder gets:
 * ``report.json``: all of it as data. Each run folder keeps its ``valid.hyp`` / ``test.hyp`` and,
   with ``--average-last``, the averaged model ``avg.pt``;
 * ``hypotheses/NAME/seedS/{valid,test}.hyp``: those hypotheses copied beside the report, which a
-  commit of the report folder keeps without the run folders (``runs/``).
+  commit of the report folder keeps without the run folders (``runs/``); those of runs the report
+  does not cover are removed (:func:`~cometnmt.experiments.drop_hypotheses`).
 
 Transformer++ against its same-size Transformer (the paper's recipe: average the last 10
 checkpoints, beam 5, length penalty 0.5, both in the presets)::
@@ -238,6 +239,9 @@ def _evaluate_run(args, run: Path) -> dict:
         (run / f"{split}.hyp").write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
         out[split] = score_with(done.hyps, done.refs, tok, None, lang=data.tgt_lang, src_lang=data.src_lang,
                                 lowercase=data.lowercase, what=f"{run.parent.name} {run.name}, {split}")
+        whole = getattr(done, "split_pairs", None)  # a stand-in for translate_split's result may lack it
+        if whole is not None:  # whether --eval-limit cut the split (experiments.eval_limit_cut)
+            out[split]["split_sentences"] = whole
     events = metrics(run)
     train = [e for e in events if e.get("event") == "train"]
     out["history"] = [e for e in events if e.get("event") == "valid"]

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
+from cometnmt.interrupts import Stopped, stop_on
 from cometnmt.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,17 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
               "commit": commits[0]}
     if len(commits) > 1:  # resumed at other code: every commit the run trained at, in order
         record["commits"] = commits
-    record.update(evaluate(run))
+    try:
+        # Ctrl-C (run_all sets _stopping) stops the decoding within a batch: before, the command
+        # waited for this run's splits to be decoded to their end (the pool's threads get no signal)
+        with stop_on(_stopping):
+            record.update(evaluate(run))
+    except Stopped:
+        # no done.json: the next call evaluates the run again (its training, finished, resumes at
+        # once); the hypothesis files an evaluation writes are its own, rewritten then
+        write_text_file(earlier, f"{record['train_seconds']:.3f}\n")
+        log.warning("%s seed %d: its evaluation was interrupted; it is evaluated on the next call", spec.name, spec.seed)
+        return None
     write_text_file(done, json.dumps(record, indent=1))  # whole or not at all: a torn one stopped every later call
     return record
 
@@ -240,7 +251,8 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
                    report: Callable[[list[dict], list[str], float], object]) -> int:
     """The body of `reproduce` and `compare`: train and evaluate ``specs`` (unless
     ``args.report_only``), then ``report(records, missing, seconds)`` on the finished ones, their
-    hypotheses copied beside it first (:func:`keep_hypotheses`); a call that finished no run where
+    hypotheses copied beside it first (:func:`keep_hypotheses`), and after it the copies of runs
+    the report does not cover removed (:func:`drop_hypotheses`); a call that finished no run where
     OUT already holds a report of every finished run keeps that report.
     Returns 1 when a run failed (the others still ran and are reported), else 0; runs left
     unfinished by the deadline are not failures (they are listed as missing and resume later)."""
@@ -261,7 +273,10 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
                     Path(args.out) / "report.md")
     else:
         keep_hypotheses(Path(args.out), records)  # before the report: one written has them beside it
-        report(records, missing, time.time() - start)
+        written = report(records, missing, time.time() - start)
+        # the runs the report covers: its own list (reproduce's holds runs merged from an earlier
+        # report), else the finished runs
+        drop_hypotheses(Path(args.out), written["runs"] if isinstance(written, dict) and "runs" in written else records)
         print(f"report written to {Path(args.out) / 'report.md'}")
     if failed:
         log.error("failed: %s", ", ".join(failed))
@@ -271,7 +286,7 @@ def run_and_report(args, specs: list[RunSpec], evaluate: Evaluate,
 def _reports_all(path: Path, records: list[dict]) -> bool:
     """Whether the report.json at ``path`` reports every finished run of ``records``. One that
     does not was written before some finished: by a call Ctrl-C stopped after its last run's
-    evaluation wrote done.json but before its report (an evaluation runs to its end), or before a
+    evaluation wrote done.json but before its report, or before a
     run finished elsewhere was copied in. Kept, it named such a run 'not finished' after every
     later call of the same command."""
     try:
@@ -449,7 +464,8 @@ def keep_hypotheses(out: Path, records: list[dict]) -> None:
     reports written before this could not be recomputed after the metric's ``<unk>`` fix. A run
     whose folder is gone (merged from an earlier report written to the same folder) keeps the copy
     that report made; one merged from another folder's report has its copy there. Called by
-    :func:`run_and_report` for every command that writes a report, --report-only included."""
+    :func:`run_and_report` for every command that writes a report, --report-only included, which
+    removes the copies of runs the report does not cover after it (:func:`drop_hypotheses`)."""
     for rec in records:
         run = run_dir(out, rec["row"], rec["seed"])
         for split in ("valid", "test"):
@@ -457,6 +473,54 @@ def keep_hypotheses(out: Path, records: list[dict]) -> None:
             if hyp.exists():
                 write_text_file(out / "hypotheses" / rec["row"] / f"seed{rec['seed']}" / hyp.name,
                                 hyp.read_bytes().decode("utf-8"))
+
+
+HYPOTHESIS_FILES = ("valid.hyp", "test.hyp")  # what keep_hypotheses writes in a run's OUT/hypotheses/NAME/seedS
+
+
+def drop_hypotheses(out: Path, runs: list[dict]) -> list[Path]:
+    """Remove from OUT/hypotheses the copies of runs the report just written does not cover (a row
+    or seed no longer asked for, a config no longer compared, a run whose done.json was deleted or
+    whose evaluation failed): they were kept there after every later report, so the folder, meant
+    to recompute the report's scores, held files of runs the report does not name. ``runs`` are the
+    report's runs, by ``row`` and ``seed``.
+
+    Only what :func:`keep_hypotheses` writes is removed: the files of :data:`HYPOTHESIS_FILES` in a
+    ``NAME/seedS`` folder, then that folder and ``NAME`` where nothing else is left in them; any other
+    file there is kept (with its folders). A copy whose run folder (OUT/runs/NAME/seedS) is gone is
+    kept, with a warning: it is the only copy of that run's hypotheses (a run an earlier report
+    merged), which a later --merge-report of that report needs. Returns the files removed; each
+    is logged."""
+    hyps = out / "hypotheses"
+    if not hyps.is_dir():
+        return []
+    covered = {(str(r["row"]), f"seed{r['seed']}") for r in runs}
+    removed: list[Path] = []
+    only_copies: list[str] = []
+    for name in sorted(p for p in hyps.iterdir() if p.is_dir() and not p.is_symlink()):
+        for seed in sorted(p for p in name.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith("seed")
+                           and p.name[4:].isdigit()):
+            if (name.name, seed.name) in covered:
+                continue
+            files = [seed / f for f in HYPOTHESIS_FILES if (seed / f).is_file() and not (seed / f).is_symlink()]
+            if not files:
+                continue
+            if not (out / "runs" / name.name / seed.name).is_dir():
+                only_copies.append(str(seed))
+                continue
+            for f in files:
+                f.unlink()
+                removed.append(f)
+            for folder in (seed, name):
+                if not any(folder.iterdir()):
+                    folder.rmdir()
+    if removed:
+        log.info("removed the hypotheses copied for runs this report does not cover (their folders in OUT/runs are "
+                 "left as they are): %s", ", ".join(str(f) for f in removed))
+    if only_copies:
+        log.warning("kept the hypotheses of runs this report does not cover, as their run folders are gone (the only "
+                    "copies; delete them by hand if they are not wanted): %s", ", ".join(only_copies))
+    return removed
 
 
 def run_test_split(run: Path, limit: Optional[int]):
@@ -737,6 +801,26 @@ def _runs_without(records: list[dict], overrides: list[str]) -> dict[str, list[s
     return out
 
 
+def eval_limit_cut(records: list[dict], split: str, limit: Optional[int]) -> bool:
+    """Whether ``--eval-limit`` ``limit`` left sentences of ``split`` undecoded for any of
+    ``records``: a run scored fewer than the split holds (``split_sentences``). A limit at or above
+    the split's size decoded all of it: Figure 4 was titled "the first 1000 test sentences only" and
+    report.md said a smoke setting for --eval-limit 1000 on the 1,000 sentences of
+    test_2016_flickr. A run scored before the split's size was recorded counts as cut where it
+    scored as many sentences as the limit (it may have been), not where it scored fewer (the split
+    is shorter than the limit)."""
+    if limit is None:
+        return False
+    for r in records:
+        scored = r.get(split, {})
+        if "n_sentences" not in scored:
+            continue
+        whole = scored.get("split_sentences")
+        if (scored["n_sentences"] < whole) if whole is not None else (scored["n_sentences"] >= limit):
+            return True
+    return False
+
+
 def provenance(args, seconds: float, records: list[dict], missing: list[str]) -> dict:
     """Commit, command, hardware and software of a report; hardware and torch are those the runs
     recorded, else this machine's. ``overrides`` are this call's; ``runs_without_overrides`` names
@@ -754,6 +838,9 @@ def provenance(args, seconds: float, records: list[dict], missing: list[str]) ->
         "overrides": args.set,
         "runs_without_overrides": _runs_without(records, args.set),
         "eval_limit": args.eval_limit,
+        # the splits --eval-limit cut (a limit at or above a split's size decoded all of it): what
+        # report.md calls a smoke setting
+        "eval_limit_cut": [split for split in ("valid", "test") if eval_limit_cut(records, split, args.eval_limit)],
         # as decoded: data.max_valid_pairs cuts the dev split too, below --eval-limit or without it
         "sentences": {split: sorted({r[split]["n_sentences"] for r in records if "n_sentences" in r.get(split, {})})
                       for split in ("valid", "test")},
@@ -778,9 +865,16 @@ def provenance_lines(p: dict) -> list[str]:
                      + "; ".join(f"{run}: {', '.join(o)}" for run, o in p["runs_without_overrides"].items()) + "**")
     if p["missing_runs"]:
         lines.append(f"- **not finished (not in the table): {', '.join(p['missing_runs'])}**")
-    if p["eval_limit"]:
-        lines.append(f"- **smoke setting: at most the first {p['eval_limit']} sentences of each split were decoded**")
     counts = p.get("sentences") or {}  # reports from before it lack the key
+    cut = p.get("eval_limit_cut")
+    if p["eval_limit"] and cut is None:  # a report from before the key: said as it was
+        lines.append(f"- **smoke setting: at most the first {p['eval_limit']} sentences of each split were decoded**")
+    elif cut:
+        which = "each split" if len(cut) > 1 else {"valid": "the dev split", "test": "the test split"}[cut[0]]
+        lines.append(f"- **smoke setting: only the first {p['eval_limit']} sentences of {which} were decoded "
+                     f"(--eval-limit {p['eval_limit']})**")
+    elif p["eval_limit"] and any(counts.values()):  # the command names the limit: said that it cut nothing
+        lines.append(f"- --eval-limit {p['eval_limit']} cut no split: every sentence of the dev and test splits was decoded")
     if any(counts.values()):
         lines.append("- sentences scored per run: " + "; ".join(
             f"{label} {', '.join(f'{n:,}' for n in counts[split]) or '–'}" for split, label in (("valid", "dev"), ("test", "test"))))

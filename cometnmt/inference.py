@@ -26,6 +26,7 @@ from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_fi
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
 from cometnmt.decoding import sampling_seed, search, target_log_probs
+from cometnmt.interrupts import check_stop
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
 from cometnmt.models.ensemble import Ensemble
@@ -291,11 +292,15 @@ class CheckedSources:
 
 @dataclass
 class SplitTranslation:
-    """A data split's sources, references and the best hypothesis for each, line-aligned."""
+    """A data split's sources, references and the best hypothesis for each, line-aligned;
+    ``split_pairs``: the pairs the split holds, more than ``len(src)`` where ``limit`` cut it (a
+    report says "the first N sentences only" from the two, not from the limit alone: --eval-limit
+    1000 on the 1,000 test sentences decoded all of them)."""
 
     src: list[str]
     refs: list[str]
     hyps: list[str]
+    split_pairs: int | None = None
 
 
 def check_split(split: str, limit: int | None = None) -> int | None:
@@ -519,19 +524,24 @@ class Translator:
                            leave=False) if own else progress
         bar.update(len(src_ids) - len(todo))  # the blank ones: done
         self.model.eval()
-        for b, idx in enumerate(self._batches(src_ids, decode_cfg.batch_sentences, among=todo)):
-            if b % shard[1] != shard[0]:
+        try:
+            for b, idx in enumerate(self._batches(src_ids, decode_cfg.batch_sentences, among=todo)):
+                if b % shard[1] != shard[0]:
+                    bar.update(len(idx))
+                    continue
+                # a thread asked to stop (reproduce's evaluations after Ctrl-C: interrupts.stop_on)
+                # stops here, within one batch, not after the whole split
+                check_stop()
+                batch = collate([src_ids[i] for i in idx], None, idx).to(self.device)
+                results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
+                                 src_specials=2 if self.codec.src_sos_eos else 0, seed=seed,
+                                 keys=[start + i for i in idx])  # bound on words
+                for i, hyps in zip(idx, results):
+                    out[i] = [self._text(h.tokens, h.score) for h in hyps]
                 bar.update(len(idx))
-                continue
-            batch = collate([src_ids[i] for i in idx], None, idx).to(self.device)
-            results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
-                             src_specials=2 if self.codec.src_sos_eos else 0, seed=seed,
-                             keys=[start + i for i in idx])  # bound on words
-            for i, hyps in zip(idx, results):
-                out[i] = [self._text(h.tokens, h.score) for h in hyps]
-            bar.update(len(idx))
-        if own:
-            bar.close()
+        finally:
+            if own:
+                bar.close()
         return out
 
     @staticmethod
@@ -819,7 +829,7 @@ class Translator:
                 results = self.translate(src, decode_cfg, progress)
         except DataError as exc:  # name the file ("input line 3: ..." alone names no file)
             raise DataError(f"{corpus.src_path}: {_file_line(exc, corpus)}") from None
-        return SplitTranslation(src, refs, [h[0].text for h in results])
+        return SplitTranslation(src, refs, [h[0].text for h in results], len(corpus.src))
 
 
 def _file_line(exc: DataError, corpus) -> str:

@@ -142,6 +142,39 @@ def _handled_by(handler) -> Iterator[dict]:
             signal.signal(signum, old)
 
 
+class Stopped(KeyboardInterrupt):
+    """Raised by :func:`check_stop` in a thread asked to stop (:func:`stop_on`). A KeyboardInterrupt,
+    so that no ``except Exception`` on the way out takes it for a failure."""
+
+
+_stop = threading.local()  # per thread: the Event that asks it to stop (stop_on), if any
+
+
+@contextmanager
+def stop_on(event: threading.Event) -> Iterator[None]:
+    """Within the block, in this thread, :func:`check_stop` raises :class:`Stopped` once ``event``
+    is set. Python delivers signals to the main thread only, and a worker thread runs on whatever
+    the main thread's handler did: `reproduce` evaluates its runs in a thread pool, and after Ctrl-C
+    the command waited for the running decoding to end (minutes on a CPU) before it stopped. The
+    main thread sets the event (``experiments._stopping``); the worker's loop checks it at points
+    where stopping loses nothing (between decoded batches: :meth:`Translator.translate_ids`).
+    Nested blocks: the inner event holds within it, the outer one after it."""
+    before = getattr(_stop, "event", None)
+    _stop.event = event
+    try:
+        yield
+    finally:
+        _stop.event = before
+
+
+def check_stop() -> None:
+    """Raise :class:`Stopped` where this thread's :func:`stop_on` event is set; nothing otherwise
+    (outside any block, in the main thread too, where Ctrl-C raises by itself)."""
+    event = getattr(_stop, "event", None)
+    if event is not None and event.is_set():
+        raise Stopped("stopped: the command was interrupted")
+
+
 def ignored() -> set[int]:
     """The signals of :data:`SIGNALS` ignored now (SIG_IGN: a run started in the background by a
     script ignores SIGINT): noted inside a block, delivering them does nothing."""

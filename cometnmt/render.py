@@ -92,6 +92,7 @@ _PROVENANCE = _obj(
      "wall_seconds": _NUM, "train_hours": _NUM, "overrides": {**_STRS, "type": ["array", "null"]},
      "missing_runs": _STRS, "eval_limit": {"type": ["integer", "null"]}},
     {"runs_without_overrides": _map(_STRS), "merged_from": {"type": ["string", "null"]},
+     "eval_limit_cut": {**_list({"enum": ["valid", "test"]}), "description": "the splits --eval-limit cut"},
      "sentences": {**_map(_INTS), "if": {"additionalProperties": {"maxItems": 0}},
                    "else": {"required": ["valid", "test"]}}},
     **{"if": {"properties": {"merged_from": {"type": "string", "minLength": 1}}, "required": ["merged_from"]},
@@ -118,7 +119,8 @@ def _reproduce_schema() -> dict:
     significance = {**_obj(pair, {"n_samples": _INT}), "if": pooled,
                     "then": _obj({"seed": _STR, "seeds": _INTS}), "else": _obj({"seed": _INT})}
     paper = {"type": ["number", "null"]}
-    test = _obj({}, {"bleu_signature": _STR, "not_computed": _STR, "sentence_bleu": _NUMS, "n_sentences": _INT})
+    test = _obj({}, {"bleu_signature": _STR, "not_computed": _STR, "sentence_bleu": _NUMS, "n_sentences": _INT,
+                     "split_sentences": _INT})
     return _obj(
         {"provenance": _PROVENANCE,
          "table": _list(_obj({"row": _STR, "label": _STR, "seeds": _INTS, "epochs": _MEAN_SD, "paper_dev": paper,

@@ -14,7 +14,8 @@ greedily (the paper's search) on the validation and test splits, and the report 
 * ``learning_curves.png``: validation loss and BLEU per epoch;
 * ``report.json``: everything above as data;
 * ``hypotheses/ROW/seedS/{valid,test}.hyp``: each finished run's translations, copied from its run
-  folder (``runs/``, too big to commit with its checkpoints), so scores can be recomputed later.
+  folder (``runs/``, too big to commit with its checkpoints), so scores can be recomputed later;
+  those of runs the report does not cover are removed (:func:`~cometnmt.experiments.drop_hypotheses`).
 
 ``--candidate ROW`` sets another row against the Transformer in the bootstrap test, Figure 4 and
 the examples (e.g. ``comet_bn_length``); the default is COMET, as in the paper.
@@ -32,7 +33,7 @@ from typing import Optional
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, eval_limit_cut, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ def _evaluate_run(args, run: Path) -> dict:
         out[split] = score_with(done.hyps, done.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang,
                                 src=done.src, per_sentence=True, lowercase=data.lowercase,
                                 what=f"{run.parent.name} {run.name}, {split}")  # the log line says which run
+        whole = getattr(done, "split_pairs", None)  # a stand-in for translate_split's result may lack it
+        if whole is not None:  # whether --eval-limit cut the split (experiments.eval_limit_cut)
+            out[split]["split_sentences"] = whole
     history = [r for r in metrics(run) if r.get("event") == "valid"]
     out["epochs"] = history[-1]["epoch"] if history else 0  # the last validated epoch (not a count: an old resume bug lost one record)
     out["history"] = history
@@ -425,9 +429,11 @@ def _draw_figure4(out: Path, rows: list[dict], records: list[dict], cand: str, l
         ax.legend(fontsize=8)
     ax.set_xlabel("source sentence length (spaCy tokens)")
     ax.set_ylabel(f"BLEU difference ({short_label(cand)} − Transformer)")
-    n = max((c["test"].get("n_sentences", 0) for c, _ in _paired_runs(records, cand)), default=0)
-    # a limit the test set is shorter than decoded all of it (n < limit): no note
-    first = f"\nthe first {n} test sentences only (--eval-limit {limit})" if limit is not None and n >= limit else ""
+    pairs = _paired_runs(records, cand)
+    n = max((c["test"].get("n_sentences", 0) for c, _ in pairs), default=0)
+    # a limit at or above the test set's size decoded all of it: no note (experiments.eval_limit_cut)
+    cut = eval_limit_cut([r for pair in pairs for r in pair], "test", limit)
+    first = f"\nthe first {n} test sentences only (--eval-limit {limit})" if cut else ""
     ax.set_title(f"Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ {BY_LENGTH_MIN_COUNT} sentences{first}")
     fig.tight_layout()
     save_figure(fig, out / "figure4_bleu_by_length.png", dpi=120)

@@ -594,7 +594,9 @@ def test_the_report_says_how_many_sentences_were_scored(monkeypatch):
 
     args = argparse.Namespace(device="cpu", set=[], eval_limit=30, out=".")
     text = "\n".join(provenance_lines(provenance(args, 1.0, [run(1, 20, 30), run(2, 20, 30)], [])))
-    assert "at most the first 30 sentences of each split" in text and "- sentences scored per run: dev 20; test 30" in text
+    # runs scored before the split's size was recorded: 20 dev sentences, under the limit, are the whole
+    # (max_valid_pairs-cut) dev split; 30 test sentences may be the first 30 of more
+    assert "only the first 30 sentences of the test split were decoded" in text and "- sentences scored per run: dev 20; test 30" in text
     args.eval_limit = None
     text = "\n".join(provenance_lines(provenance(args, 1.0, [run(1, 500, 1000), run(2, 1014, 1000)], [])))
     assert "- sentences scored per run: dev 500, 1,014; test 1,000" in text and "smoke" not in text
@@ -1082,3 +1084,150 @@ def test_a_runs_metrics_log_reads_with_nan_written_either_way(tmp_path):
     for r in records[:2]:
         assert r["val_loss"] != r["val_loss"] and r["val_loss_per_100_tokens"] == float("inf") and "nonfinite" not in r
     assert experiments.metrics(tmp_path / "none") == []
+
+
+def test_an_eval_limit_the_splits_fit_in_is_not_called_a_smoke_setting(monkeypatch):
+    """--eval-limit 1014 decodes every sentence of Multi30k's dev (1,014) and test (1,000) splits,
+    but report.md said "smoke setting: at most the first 1014 sentences of each split were decoded".
+    Each run records the split's size (split_sentences) beside what it scored; report.json names
+    the splits the limit cut, and report.md says a smoke setting for those only."""
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+
+    def run(seed: int, dev: tuple[int, int], test: tuple[int, int]) -> dict:
+        return {"row": "comet", "seed": seed, "valid": {"n_sentences": dev[0], "split_sentences": dev[1]},
+                "test": {"n_sentences": test[0], "split_sentences": test[1]}}
+
+    args = argparse.Namespace(device="cpu", set=[], eval_limit=1014, out=".")
+    p = provenance(args, 1.0, [run(1, (1014, 1014), (1000, 1000))], [])
+    text = "\n".join(provenance_lines(p))
+    assert p["eval_limit_cut"] == [] and "smoke setting" not in text and "first 1014" not in text
+    assert "--eval-limit 1014 cut no split: every sentence of the dev and test splits was decoded" in text
+    args.eval_limit = 1000  # the dev split's first 1,000 of 1,014; the whole test split
+    p = provenance(args, 1.0, [run(1, (1000, 1014), (1000, 1000))], [])
+    assert p["eval_limit_cut"] == ["valid"]
+    assert "smoke setting: only the first 1000 sentences of the dev split were decoded (--eval-limit 1000)" in \
+        "\n".join(provenance_lines(p))
+    args.eval_limit = 30
+    p = provenance(args, 1.0, [run(1, (30, 1014), (30, 1000))], [])
+    assert p["eval_limit_cut"] == ["valid", "test"]
+    assert "smoke setting: only the first 30 sentences of each split were decoded" in "\n".join(provenance_lines(p))
+    del p["eval_limit_cut"]  # a report.json from before the key (cometnmt render): said as it was
+    assert "smoke setting: at most the first 30 sentences of each split were decoded" in "\n".join(provenance_lines(p))
+
+
+def test_the_hypotheses_folder_holds_the_reports_runs_only(tmp_path, caplog):
+    """OUT/hypotheses kept the copies of runs a later report no longer covered (a row or seed not
+    asked for again, a config left out of compare, a run whose done.json was deleted), beside those
+    it does cover: a reader recomputing the report's scores from that folder met runs it does not
+    name. Copies of runs the report does not cover are removed after it is written; a user's other
+    files there are kept, and so is a copy whose run folder is gone (its only copy), with a warning.
+    A run the report took from an earlier one (reproduce --merge-report) keeps its copy."""
+    import logging
+
+    out = tmp_path / "report"
+    hyps = out / "hypotheses"
+
+    def run(name: str, seed: int, done: bool) -> RunSpec:
+        spec = RunSpec(name, Path("configs/multi30k/comet.yaml"), seed, out / "runs" / name / f"seed{seed}")
+        spec.run_dir.mkdir(parents=True)
+        for split in ("valid", "test"):
+            (spec.run_dir / f"{split}.hyp").write_text(f"{name} {seed} {split}\n")
+        if done:
+            (spec.run_dir / "done.json").write_text(json.dumps({"row": name, "seed": seed}))
+        return spec
+
+    a1, a2, b1 = run("a", 1, True), run("a", 2, True), run("b", 1, True)
+    merged = []
+
+    def report(records, missing, seconds):
+        return {"runs": records + merged}
+
+    run_and_report(_args(out, True), [a1, a2, b1], lambda run: {}, report)
+    assert sorted(str(p.relative_to(hyps)) for p in hyps.rglob("*")) == [
+        "a", "a/seed1", "a/seed1/test.hyp", "a/seed1/valid.hyp", "a/seed2", "a/seed2/test.hyp", "a/seed2/valid.hyp",
+        "b", "b/seed1", "b/seed1/test.hyp", "b/seed1/valid.hyp"]
+    (hyps / "b" / "seed1" / "notes.txt").write_text("mine\n")  # a user's own files: kept
+    (hyps / "README.md").write_text("mine\n")
+    # a run whose folder is gone (an earlier report merged it): its copy is the only one
+    (hyps / "c" / "seed3").mkdir(parents=True)
+    (hyps / "c" / "seed3" / "test.hyp").write_text("c 3 test\n")
+    (a2.run_dir / "done.json").unlink()  # to be evaluated again: not in this report
+    with caplog.at_level(logging.INFO, logger="cometnmt.experiments"):
+        run_and_report(_args(out, True), [a1, a2], lambda run: {}, report)  # row b no longer asked for
+    assert sorted(str(p.relative_to(hyps)) for p in hyps.rglob("*")) == [
+        "README.md", "a", "a/seed1", "a/seed1/test.hyp", "a/seed1/valid.hyp", "b", "b/seed1", "b/seed1/notes.txt",
+        "c", "c/seed3", "c/seed3/test.hyp"]
+    assert str(hyps / "a" / "seed2" / "valid.hyp") in caplog.text and str(hyps / "b" / "seed1" / "test.hyp") in caplog.text
+    assert f"run folders are gone (the only copies; delete them by hand if they are not wanted): {hyps / 'c' / 'seed3'}" \
+        in caplog.text
+    assert (a2.run_dir / "test.hyp").exists() and (out / "runs" / "b" / "seed1" / "test.hyp").exists()  # runs/ untouched
+    merged.append({"row": "c", "seed": 3})  # covered by the report (merged): kept, no warning
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cometnmt.experiments"):
+        run_and_report(_args(out, True), [a1], lambda run: {}, report)
+    assert (hyps / "c" / "seed3" / "test.hyp").exists() and "c/seed3" not in caplog.text
+
+
+def test_an_interrupt_stops_a_runs_evaluation_within_a_batch(tmp_path, monkeypatch):
+    """Ctrl-C while a run's splits were decoded stopped the trainings at once, but the command
+    waited for the decoding to end (the pool's thread gets no signal; minutes on a CPU), and then
+    wrote the run's done.json. The decoding stops at its next batch now: the run has no done.json
+    (the next call evaluates it again), and the training time before the evaluation is kept."""
+    import signal
+    import threading
+
+    from cometnmt.interrupts import check_stop
+
+    monkeypatch.setattr(experiments.subprocess, "Popen", _FinishedTraining)
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    batches = []
+
+    def evaluate(run):
+        for b in range(100):  # a decoding loop's batches, as Translator.translate_ids checks between them
+            check_stop()
+            batches.append(b)
+            if b == 0:  # a real SIGINT at the main thread: it wakes from waiting on this run (interrupt_main does not)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            if b == 1:
+                assert experiments._stopping.wait(10)  # the command took the interrupt
+        return {"test": 1}
+
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, tmp_path / "seed1")
+    with pytest.raises(KeyboardInterrupt):
+        experiments.run_all([spec], jobs=1, overrides=[], device="cpu", stop_at=None, evaluate=evaluate)
+    assert batches == [0, 1] and not (spec.run_dir / "done.json").exists()
+    assert float((spec.run_dir / "train_seconds_before.txt").read_text()) >= 0
+
+
+def test_the_decoding_loop_stops_between_batches_when_its_thread_is_asked_to(monkeypatch):
+    """Translator.translate_ids checks interrupts.check_stop before each batch: within a stop_on
+    block whose event is set, it raises Stopped (a KeyboardInterrupt) having decoded no more."""
+    import threading
+    import types
+
+    import torch
+
+    from cometnmt import inference
+    from cometnmt.config import Config
+    from cometnmt.interrupts import Stopped, stop_on
+
+    words = types.SimpleNamespace(kind="spacy", detokenize=" ".join)
+    codec = types.SimpleNamespace(src_tok=words, tgt_tok=words, src_sos_eos=False,
+                                  tgt_vocab=types.SimpleNamespace(decode=lambda ids: [str(i) for i in ids]))
+    translator = inference.Translator(torch.nn.Linear(1, 1), codec, Config(), torch.device("cpu"))
+    monkeypatch.setattr(translator, "_check_positions", lambda *a: None)
+    stop, searched = threading.Event(), []
+
+    def search(model, src, *args, **kwargs):
+        searched.append(src.shape[0])
+        stop.set()  # Ctrl-C during the first batch
+        return [[types.SimpleNamespace(tokens=[5], score=0.0)] for _ in range(src.shape[0])]
+
+    monkeypatch.setattr(inference, "search", search)
+    cfg = translator.search_config(batch_size=1)
+    assert len(translator.translate_ids([[4, 5]] * 3, cfg)) == 3 and searched == [1, 1, 1]  # no block: all decoded
+    searched.clear()
+    stop.clear()
+    with stop_on(stop), pytest.raises(Stopped):
+        translator.translate_ids([[4, 5]] * 3, cfg)
+    assert searched == [1]

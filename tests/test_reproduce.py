@@ -27,6 +27,9 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     assert all(e["comet_bleu"] != e["transformer_bleu"] for e in report["examples"])  # only sentences that differ
     text = (out / "report.md").read_text()
     assert "| COMET | 1 |" in text and "first 30 sentences" in text and report["provenance"]["hardware"]
+    # data.max_valid_pairs=20 left 20 dev sentences, all decoded under --eval-limit 30: only the test split was cut
+    assert report["provenance"]["eval_limit_cut"] == ["test"] and "the first 30 sentences of the test split" in text
+    assert {r["test"]["split_sentences"] for r in report["runs"]} == {1000}
     # the tiny budget (train.max_epochs) ended both runs before the presets' rule (loss_rise): said
     assert {(r["row"], r["stopped_by"], r["stopping"]) for r in report["runs"]} == \
         {("comet", "max_epochs", "loss_rise"), ("transformer", "max_epochs", "loss_rise")}
@@ -94,6 +97,9 @@ def test_reproduce_writes_the_report_and_skips_finished_runs(cli, tmp_path):
     text = (out / "report.md").read_text()
     assert "## Paired bootstrap: COMET, batch norm by length vs Transformer" in text and "| 1, 2 (pooled) | paper |" in text
     assert cand["examples"] and cand["figure4"]
+    # OUT/hypotheses holds the runs this report covers: COMET's copy went with its row (its run folder stays)
+    assert sorted(p.name for p in (out / "hypotheses").iterdir()) == ["comet_bn_length", "transformer"]
+    assert (out / "runs" / "comet" / "seed1" / "test.hyp").exists()
     # a candidate that is not among the rows, or the Transformer itself, is an error naming the option
     for bad_cand in ("rnn", "transformer"):
         bad = cli("reproduce", "--report-only", "--rows", "comet", "transformer", "--seeds", "1", "--out", str(out),
@@ -552,6 +558,16 @@ def test_figure_4_says_when_it_plots_a_few_test_sentences(monkeypatch, tmp_path)
                       "the first 40 test sentences only (--eval-limit 40)",
                       "Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences",
                       "Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences"]
+    # runs that recorded the test set's size: a limit equal to it decoded all of it (--eval-limit 1000
+    # on test_2016_flickr's 1,000 sentences was titled "the first 1000 test sentences only")
+    titles.clear()
+    for n, size, limit in ((1000, 1000, 1000), (40, 1000, 40)):
+        for r in records:
+            r["test"].update(n_sentences=n, split_sentences=size)
+        reproduce._figure4(tmp_path, records, "comet", limit)
+    assert titles == ["Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences",
+                      "Figure 4 (ours): test_2016_flickr, avg sentence BLEU, lengths with ≥ 3 sentences\n"
+                      "the first 40 test sentences only (--eval-limit 40)"]
 
 
 def test_the_validation_bleu_axis_does_not_go_below_zero(monkeypatch, tmp_path):
