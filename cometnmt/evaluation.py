@@ -609,17 +609,9 @@ def write_json(result: dict, path: str | Path) -> None:
     :param path: destination file; its parent folders are created when missing.
     """
     from cometnmt.data.corpus import write_text_file
+    from cometnmt.training.run_files import null_nonfinite
 
-    write_text_file(path, json.dumps(_finite(result), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    write_text_file(path, json.dumps(null_nonfinite(result), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     logger.debug("wrote %s", path)
 
 
-def _finite(value):
-    """``value`` with every float that is not finite (NaN, infinities), at any depth, as None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

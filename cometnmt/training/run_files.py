@@ -30,14 +30,15 @@ def _spelled(value: float) -> str:
     return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
 
 
-def _nulled(value):
-    """``value`` with every float that is not finite, at any depth, as None."""
+def null_nonfinite(value):
+    """``value`` with every float that is not finite (NaN, infinities), at any depth, as None: for
+    JSON that strict readers take (metrics.jsonl here, ``evaluate --json``)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _nulled(v) for k, v in value.items()}
+        return {k: null_nonfinite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_nulled(v) for v in value]
+        return [null_nonfinite(v) for v in value]
     return value
 
 
@@ -46,7 +47,7 @@ def metrics_line(record: dict) -> str:
     not finite is null, its value named under NONFINITE_KEY (see above); one deeper down (no
     record of the trainer has any) is null alone."""
     spelled = {k: _spelled(v) for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
-    out = {k: _nulled(v) for k, v in record.items()}
+    out = {k: null_nonfinite(v) for k, v in record.items()}
     if spelled:
         out[NONFINITE_KEY] = spelled
     return json.dumps(out, allow_nan=False)
