@@ -485,10 +485,10 @@ def test_trainer_drops_the_source_mask_exactly_for_unpadded_batches(tmp_path, da
     seen = []
     original = Seq2Seq.forward
 
-    def spy(self, src, src_pad_mask, tgt_in):
+    def spy(self, src, src_pad_mask, tgt_in, **kwargs):  # features_only on the CPU's fused loss
         if self.training:
             seen.append((src_pad_mask is None, bool(src.eq(PAD).any())))
-        return original(self, src, src_pad_mask, tgt_in)
+        return original(self, src, src_pad_mask, tgt_in, **kwargs)
 
     monkeypatch.setattr(Seq2Seq, "forward", spy)
     cfg = tiny_cfg(tmp_path / "run", data_dir, "comet")
