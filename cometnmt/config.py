@@ -160,7 +160,7 @@ class TrainConfig:
     # at each validation, heatmaps of the first N validation sentences' attention (last decoder layer,
     # heads averaged, on the model's greedy translation) in save_dir/attention/; 0: none
     attention_plots: int = 0  # attention heatmaps of the first N validation sentences at each validation; 0: none
-    log_every: int = 50  # optimizer steps taken (fp16: skipped ones too) between metrics-log lines
+    log_every: int = 50  # optimizer steps taken (fp16: skipped ones too) between metrics-log lines; a loss that is not a number stops the run at the next one
     save_every: Optional[int] = None  # also checkpoint `last` every N optimizer steps taken (fp16: skipped ones too); null: at epoch ends only
     keep_checkpoints: int = 0  # keep the last N epoch checkpoints for averaging
     save_dir: str = "runs/default"  # checkpoints, metrics.jsonl, train.log, config.yaml (relative: to the current folder)

@@ -447,12 +447,18 @@ def run_dir(out: Path, name: str, seed: int) -> Path:
     return out / "runs" / name / f"seed{seed}"
 
 
+def hypothesis_file(split: str) -> str:
+    """The name of a run's hypotheses of ``split`` ("valid", "test"), one line per source: in its run
+    folder (written by reproduce and compare) and in the copy under OUT/hypotheses/NAME/seedS."""
+    return f"{split}.hyp"
+
+
 def test_hyps(out: Path, rec: dict) -> Optional[list[str]]:
     """The test hypotheses of a finished run of the report in ``out``; None when its folder is gone.
     Split on "\\n" only, as the file was written: str.splitlines also splits inside a hypothesis
     holding U+2028, \\x85 or \\x1c, and read_text's universal newlines at "\\r" (a SentencePiece
     model keeps such characters of its training text)."""
-    path = run_dir(out, rec["row"], rec["seed"]) / "test.hyp"
+    path = run_dir(out, rec["row"], rec["seed"]) / hypothesis_file("test")
     return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.exists() else None
 
 
@@ -469,13 +475,13 @@ def keep_hypotheses(out: Path, records: list[dict]) -> None:
     for rec in records:
         run = run_dir(out, rec["row"], rec["seed"])
         for split in ("valid", "test"):
-            hyp = run / f"{split}.hyp"
+            hyp = run / hypothesis_file(split)
             if hyp.exists():
                 write_text_file(out / "hypotheses" / rec["row"] / f"seed{rec['seed']}" / hyp.name,
                                 hyp.read_bytes().decode("utf-8"))
 
 
-HYPOTHESIS_FILES = ("valid.hyp", "test.hyp")  # what keep_hypotheses writes in a run's OUT/hypotheses/NAME/seedS
+HYPOTHESIS_FILES = tuple(map(hypothesis_file, ("valid", "test")))  # what keep_hypotheses writes in a run's OUT/hypotheses/NAME/seedS
 
 
 def drop_hypotheses(out: Path, runs: list[dict]) -> list[Path]:
