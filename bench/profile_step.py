@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from cometnmt.config import load_config  # noqa: E402
 from cometnmt.models import build_model  # noqa: E402
+from cometnmt.training.loss import linear_cross_entropy  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import check_step_counts  # noqa: E402
@@ -38,6 +39,9 @@ def main(argv=None) -> None:
     p.add_argument("--dynamic", action="store_true", help="compile for dynamic shapes, as after a second batch shape")
     p.add_argument("--fallback-random", action="store_true", help="torch._inductor.config.fallback_random (ATen's RNG)")
     p.add_argument("--no-dropout", action="store_true", help="every dropout p = 0")
+    p.add_argument("--loss", choices=("fused", "logits"), default="fused",
+                   help="fused: the CPU trainer's output layer + loss in row blocks (loss.linear_cross_entropy, "
+                        "on the decoder's features); logits: the B,T,V logits and F.cross_entropy (default: fused)")
     p.add_argument("--steps", type=int, default=5, help="timed steps (after 3 untimed)")
     p.add_argument("--rows", type=int, default=22, help="operators listed")
     args = p.parse_args(argv)
@@ -59,8 +63,13 @@ def main(argv=None) -> None:
     net = torch.compile(model, dynamic=args.dynamic or None) if args.compile else model
 
     def step() -> None:
-        logits = net(src, None, tgt)
-        F.cross_entropy(logits.reshape(-1, V_tgt), gold.reshape(-1), reduction="sum").backward()
+        if args.loss == "fused":  # as the trainer on the CPU in fp32
+            hidden = net(src, None, tgt, features_only=True)
+            proj = model.out_proj
+            linear_cross_entropy(hidden.flatten(0, 1), proj.weight, proj.bias, gold.reshape(-1), -1).backward()
+        else:
+            logits = net(src, None, tgt)
+            F.cross_entropy(logits.reshape(-1, V_tgt), gold.reshape(-1), reduction="sum").backward()
         model.zero_grad(set_to_none=True)
 
     for _ in range(3):
@@ -70,6 +79,7 @@ def main(argv=None) -> None:
         step()
     mode = ("compiled, " + ("dynamic" if args.dynamic else "static") + " shapes") if args.compile else "eager"
     mode += "".join(f", {flag}" for flag, on in (("no dropout", args.no_dropout), ("fallback_random", args.fallback_random)) if on)
+    mode += f", {args.loss} loss"
     print(f"{args.preset}, {mode}: {(time.perf_counter() - start) / args.steps:.3f} s/step "
           f"(batch {B} x {S} -> {T}, {torch.get_num_threads()} threads)")
     with torch.profiler.profile() as prof:
