@@ -36,7 +36,7 @@ from pathlib import Path
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, fmt, fmt_p, how_it_ended, hypothesis_file, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, save_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -236,12 +236,9 @@ def _evaluate_run(args, run: Path) -> dict:
         start = time.perf_counter()
         done = translator.translate_split(split, decode, limit=args.eval_limit)
         out[f"{split}_decode_seconds"] = time.perf_counter() - start
-        (run / hypothesis_file(split)).write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
-        out[split] = score_with(done.hyps, done.refs, tok, None, lang=data.tgt_lang, src_lang=data.src_lang,
-                                lowercase=data.lowercase, what=f"{run.parent.name} {run.name}, {split}")
-        whole = getattr(done, "split_pairs", None)  # a stand-in for translate_split's result may lack it
-        if whole is not None:  # whether --eval-limit cut the split (experiments.eval_limit_cut)
-            out[split]["split_sentences"] = whole
+        size = save_split(run, split, done)
+        out[split] = {**score_with(done.hyps, done.refs, tok, None, lang=data.tgt_lang, src_lang=data.src_lang,
+                                   lowercase=data.lowercase, what=f"{run.parent.name} {run.name}, {split}"), **size}
     events = metrics(run)
     train = [e for e in events if e.get("event") == "train"]
     out["history"] = [e for e in events if e.get("event") == "valid"]

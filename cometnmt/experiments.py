@@ -453,6 +453,15 @@ def hypothesis_file(split: str) -> str:
     return f"{split}.hyp"
 
 
+def save_split(run: Path, split: str, done) -> dict:
+    """Write a run's decoded ``split`` (``Translator.translate_split``'s result) to its hypothesis
+    file, and return what the run's record of the split adds to its scores: the split's size
+    (``split_sentences``, for :func:`eval_limit_cut`) where the result carries it."""
+    (run / hypothesis_file(split)).write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
+    whole = getattr(done, "split_pairs", None)  # a stand-in for translate_split's result may lack it
+    return {} if whole is None else {"split_sentences": whole}
+
+
 def test_hyps(out: Path, rec: dict) -> Optional[list[str]]:
     """The test hypotheses of a finished run of the report in ``out``; None when its folder is gone.
     Split on "\\n" only, as the file was written: str.splitlines also splits inside a hypothesis

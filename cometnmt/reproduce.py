@@ -33,7 +33,7 @@ from typing import Optional
 
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, eval_limit_cut, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, hypothesis_file, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, test_hyps, validation_bleu_label
+from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, eval_limit_cut, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, save_split, test_hyps, validation_bleu_label
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +123,10 @@ def _evaluate_run(args, run: Path) -> dict:
     out = {}
     for split in ("valid", "test"):
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
-        (run / hypothesis_file(split)).write_text("".join(h + "\n" for h in done.hyps), encoding="utf-8")
-        out[split] = score_with(done.hyps, done.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang,
-                                src=done.src, per_sentence=True, lowercase=data.lowercase,
-                                what=f"{run.parent.name} {run.name}, {split}")  # the log line says which run
-        whole = getattr(done, "split_pairs", None)  # a stand-in for translate_split's result may lack it
-        if whole is not None:  # whether --eval-limit cut the split (experiments.eval_limit_cut)
-            out[split]["split_sentences"] = whole
+        size = save_split(run, split, done)
+        out[split] = {**score_with(done.hyps, done.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang,
+                                   src=done.src, per_sentence=True, lowercase=data.lowercase,
+                                   what=f"{run.parent.name} {run.name}, {split}"), **size}  # the log line says which run
     history = [r for r in metrics(run) if r.get("event") == "valid"]
     out["epochs"] = history[-1]["epoch"] if history else 0  # the last validated epoch (not a count: an old resume bug lost one record)
     out["history"] = history
