@@ -1028,12 +1028,19 @@ def start_run(args: argparse.Namespace) -> tuple[torch.device, dict]:
                     "machine": machine_info(device)}
 
 
+RERUN_ENV = ("COMETNMT_MULTI30K_DIR", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+"""Environment variables a result depends on: the data a run read, and its threads or GPUs."""
+
+
 def command_line(script: str, argv: list[str] | None = None) -> str:
-    """The command that reruns a bench script from any folder: the interpreter, ``script``'s absolute
-    path and the arguments (``argv``, else the process's own), each quoted for the shell. The
-    benchmark scripts import it from here (bench/ is no package)."""
+    """The command that reruns a bench script from any folder: the set variables of
+    :data:`RERUN_ENV` (without COMETNMT_MULTI30K_DIR the rerun downloads the data, or reads
+    another copy), the interpreter, ``script``'s absolute path and the arguments (``argv``, else
+    the process's own), each quoted for the shell. The benchmark scripts import it from here
+    (bench/ is no package)."""
     args = sys.argv[1:] if argv is None else argv
-    return " ".join(shlex.quote(a) for a in [sys.executable, str(Path(script).resolve()), *args])
+    env = [f"{name}={shlex.quote(os.environ[name])}" for name in RERUN_ENV if name in os.environ]
+    return " ".join([*env, *(shlex.quote(a) for a in [sys.executable, str(Path(script).resolve()), *args])])
 
 
 def main(argv: list[str] | None = None) -> int:

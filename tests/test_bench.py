@@ -878,3 +878,19 @@ def test_bench_startup_times_the_whole_parser_against_the_typed_commands(tmp_pat
     monkeypatch.setitem(startup.HELP, "typed", "print('usage: cometnmt evaluate')")
     with pytest.raises(SystemExit, match="printed another help"):
         startup.time_parser_once("evaluate")
+
+
+def test_the_recorded_command_sets_the_data_folder_it_read(monkeypatch):
+    """A result's command reruns the benchmark on the same data: COMETNMT_MULTI30K_DIR (and the
+    thread count) the run had are part of it, quoted for the shell; unset ones are left out."""
+    import shlex
+
+    bench = _script("bench.py")
+    monkeypatch.setenv("COMETNMT_MULTI30K_DIR", "/data/multi 30k")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    words = shlex.split(bench.command_line("bench/bench.py", ["--steps", "3"]))
+    assert words[0] == "COMETNMT_MULTI30K_DIR=/data/multi 30k"
+    assert words[1:2] == [sys.executable] and words[-2:] == ["--steps", "3"]
+    monkeypatch.delenv("COMETNMT_MULTI30K_DIR")
+    assert shlex.split(bench.command_line("bench/bench.py", []))[0] == sys.executable
