@@ -61,7 +61,7 @@ class DataConfig:
     max_vocab: Optional[int] = None  # cap per language, the 4 special tokens included; most frequent kept
     sp_vocab_size: int = 8000  # sentencepiece: per language
     sp_model_type: Literal["unigram", "bpe"] = "unigram"  # sentencepiece: the model's algorithm, unigram or bpe
-    max_len: int = 100  # training pairs longer than this (tokens, either side) are skipped
+    max_len: int = 100  # training pairs longer than this (tokens, either side) are skipped, and not counted into the vocabularies
     src_sos_eos: bool = False  # COMET Table 1 "source SOS/EOS": wrap source in <s> ... </s>
 
     def __post_init__(self) -> None:

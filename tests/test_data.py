@@ -1054,6 +1054,50 @@ def test_pairs_dropped_as_too_long_are_counted_naming_both_files_and_sides(caplo
             "2 on the target side)") in caplog.text
 
 
+def test_the_vocabularies_count_only_the_pairs_kept_at_max_len():
+    """build_codec counted the vocabularies on every training pair and encode_pairs then dropped those
+    over data.max_len: a word seen only in a dropped pair got a row no gradient reached, and a word in
+    a dropped pair counted towards data.min_freq. Now they count the pairs training keeps; with a
+    max_len that keeps every pair, every word is in."""
+    import dataclasses
+
+    from cometnmt.config import load_config
+    from cometnmt.data.corpus import ParallelCorpus
+    from cometnmt.data.pipeline import build_codec, encode_pairs
+
+    corpus = ParallelCorpus(["ein Hund", "ein Hund rennt", "ein Zebra rennt schnell weg"],
+                            ["a dog", "a dog runs", "a zebra runs away quickly"], "t.de", "t.en", 0)
+    short = load_config(None, ["data.max_len=3", "data.min_freq=1"]).data  # spaCy: a word a token
+    codec, src_tokens, tgt_tokens = build_codec(short, corpus)
+    assert "Zebra" not in codec.src_vocab and "zebra" not in codec.tgt_vocab  # only in the dropped pair
+    assert "rennt" in codec.src_vocab and "runs" in codec.tgt_vocab
+    assert len(src_tokens) == len(corpus)  # every pair's tokens, in order, as encode_pairs takes them
+    assert encode_pairs(codec, corpus, short.max_len, (src_tokens, tgt_tokens)).src_text == corpus.src[:2]
+    # "rennt" / "runs": once in a kept pair, once in the dropped one: rarer than min_freq 2 now
+    codec = build_codec(dataclasses.replace(short, min_freq=2), corpus)[0]
+    assert "rennt" not in codec.src_vocab and "runs" not in codec.tgt_vocab
+    assert "Hund" in codec.src_vocab and "dog" in codec.tgt_vocab
+    every = dataclasses.replace(short, max_len=5)  # keeps the long pair
+    codec = build_codec(every, corpus)[0]
+    assert "Zebra" in codec.src_vocab and "zebra" in codec.tgt_vocab
+    assert "rennt" in build_codec(dataclasses.replace(every, min_freq=2), corpus)[0].src_vocab
+    # a run resumed (or fine-tuned) keeps its checkpoint's codec, counted as it was: not rebuilt
+    from cometnmt.data.pipeline import TextCodec
+    from cometnmt.training.run import training_examples
+
+    saved = TextCodec.from_state(codec.state_dict())
+    run_cfg = load_config(None, ["data.max_len=3", "data.min_freq=1"])
+    kept, data = training_examples(run_cfg, corpus, saved)
+    assert kept is saved and "Zebra" in kept.src_vocab and len(data) == 2
+    # subwords: the SentencePiece model is trained on every pair (the filter counts its pieces), the
+    # vocabulary on the kept pairs' pieces: a character only the dropped pair holds is <unk>
+    pieces = dataclasses.replace(short, tokenizer="sentencepiece", sp_vocab_size=40, max_len=8)
+    codec, src_tokens, _ = build_codec(pieces, corpus)
+    assert len(src_tokens[2]) > 8 >= max(len(src_tokens[0]), len(src_tokens[1]))
+    assert "Z" in codec.src_tok._sp.encode("Z", out_type=str)[-1]  # the model knows it...
+    assert not any("Z" in piece for piece in codec.src_vocab.itos)  # ...the vocabulary does not
+
+
 def test_a_folder_as_a_data_file_names_the_config_key(tmp_path: Path) -> None:
     """data.train_tgt=/some/folder said only '<folder>: is a directory', without the key."""
     from cometnmt.config import DataConfig

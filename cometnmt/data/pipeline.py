@@ -186,8 +186,27 @@ def warn_training_pairs_in(train: ParallelCorpus, held_out: ParallelCorpus, spli
                     "is a training pair" if len(shared) == 1 else "are training pairs", min(shared), split)
 
 
+def too_long(src_tokens: list[str], tgt_tokens: list[str], max_len: int | None) -> bool:
+    """Whether a training pair is dropped at ``data.max_len``: more tokens than it on either side
+    (the tokenizer's tokens, before <s> </s> are added). One test for :func:`build_codec`, which
+    counts the vocabularies on the pairs kept, and :func:`encode_pairs`, which drops the others."""
+    return max_len is not None and (len(src_tokens) > max_len or len(tgt_tokens) > max_len)
+
+
 def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
-    """Fit tokenizers and vocabularies on the training split; also return its tokens."""
+    """Fit tokenizers and vocabularies on the training split; also return its tokens (every pair's,
+    in the corpus's order, as :func:`encode_pairs` takes them).
+
+    The vocabularies (and ``data.min_freq``'s counts) are counted on the pairs training keeps, those
+    of at most ``data.max_len`` tokens a side, as JoeyNMT builds its vocabulary from the filtered
+    training data: a word seen only in a dropped pair had a row of its own that no gradient reached
+    (an untrained embedding, and an output the softmax kept but no target ever asked for), and counted
+    towards another word's ``min_freq``. The order is fit the tokenizer, tokenise, filter, count: the
+    filter counts tokens, so it needs the tokenizer first. spaCy's word tokenizer learns nothing.
+    A SentencePiece model is trained on every pair of the split: the pairs it keeps are measured in
+    its own pieces, and one retrained on the kept pairs would cut them otherwise (moving pairs across
+    ``data.max_len``) at twice the fitting time; the pieces seen only in dropped pairs are left out
+    of the vocabulary (``<unk>``) all the same, so no row goes untrained."""
     def fit(key: str, lang: str, texts: list[str]):
         try:
             return build_tokenizer(cfg.tokenizer, lang, texts, lowercase=cfg.lowercase, sp_vocab_size=cfg.sp_vocab_size,
@@ -200,12 +219,13 @@ def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]],
 
     src_tok, tgt_tok = fit("src_lang", cfg.src_lang, train.src), fit("tgt_lang", cfg.tgt_lang, train.tgt)
     src_tokens, tgt_tokens = src_tok.tokenize_many(train.src), tgt_tok.tokenize_many(train.tgt)
+    kept = [i for i, (s, t) in enumerate(zip(src_tokens, tgt_tokens)) if not too_long(s, t, cfg.max_len)]
     min_freq = cfg.min_freq if cfg.tokenizer == "spacy" else 1
     codec = TextCodec(
         src_tok,
         tgt_tok,
-        Vocab.build(src_tokens, min_freq=min_freq, max_size=cfg.max_vocab),
-        Vocab.build(tgt_tokens, min_freq=min_freq, max_size=cfg.max_vocab),
+        Vocab.build((src_tokens[i] for i in kept), min_freq=min_freq, max_size=cfg.max_vocab),
+        Vocab.build((tgt_tokens[i] for i in kept), min_freq=min_freq, max_size=cfg.max_vocab),
         cfg.src_sos_eos,
     )
     log.info("vocabularies: %s %d, %s %d types", cfg.src_lang, len(codec.src_vocab), cfg.tgt_lang, len(codec.tgt_vocab))
@@ -221,13 +241,13 @@ def encode_pairs(
     """Tokenise and index a corpus; pairs longer than ``max_len`` on either side are dropped (training)."""
     src_tokens, tgt_tokens = tokens or (codec.src_tok.tokenize_many(corpus.src), codec.tgt_tok.tokenize_many(corpus.tgt))
     out = Examples([], [], [], [])
-    too_long = [0, 0]  # pairs over max_len on the source side, on the target side (a pair may count in both)
+    over = [0, 0]  # pairs over max_len on the source side, on the target side (a pair may count in both)
     dropped = 0
     for s_tok, t_tok, s_txt, t_txt in zip(src_tokens, tgt_tokens, corpus.src, corpus.tgt):
-        if max_len is not None and (len(s_tok) > max_len or len(t_tok) > max_len):
+        if too_long(s_tok, t_tok, max_len):
             dropped += 1
-            too_long[0] += len(s_tok) > max_len
-            too_long[1] += len(t_tok) > max_len
+            over[0] += len(s_tok) > max_len
+            over[1] += len(t_tok) > max_len
             continue
         out.src_ids.append(codec.encode_src(s_tok))
         out.tgt_ids.append(codec.encode_tgt(t_tok))
@@ -236,7 +256,7 @@ def encode_pairs(
     if dropped:
         # both files named: the target side's sentences (or its tokenizer) may be the long ones
         log.info("%s / %s: dropped %d pairs longer than data.max_len=%d tokens (%d over it on the source side, "
-                 "%d on the target side)", corpus.src_path, corpus.tgt_path, dropped, max_len, *too_long)
+                 "%d on the target side)", corpus.src_path, corpus.tgt_path, dropped, max_len, *over)
     return out
 
 
