@@ -59,6 +59,41 @@ class FolderLock:
             self._fd = None
 
 
+@contextmanager
+def file_lock(path: str | Path) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the file ``path`` (created where missing, and left in place:
+    removed, a process waiting on it would hold a lock on a file no longer named ``path`` while a
+    third locked a new one), waiting for it, around a short read-modify-write that other processes
+    and threads do too (a tag cache's index). :class:`FolderLock` does not wait (it refuses a second
+    run in a folder) and locks the folder itself, which a run's process holds already where the
+    two folders are one (a tag cache inside a run folder): waiting there, it would wait for itself.
+    Yields whether the lock is held: False where there is no flock (Windows), the file can be
+    neither created nor opened (a read-only folder: the write guarded fails there anyway) or the
+    file system takes no locks; the block runs unguarded then, as it did before."""
+    fd = None
+    if fcntl is not None:
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):  # another user's lock file: read-only serves
+            try:
+                fd = os.open(path, flags, 0o644)
+                break
+            except OSError:
+                continue
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks
+            os.close(fd)
+            fd = None
+        except BaseException:  # Ctrl-C while waiting
+            os.close(fd)
+            raise
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)  # drops the flock
+
+
 def output_path(path: str | Path) -> Path:
     """The file an output path names: a symbolic link is written through, as the shell's ``>``
     does (the file it names, through every link; a dangling one: where it points)."""

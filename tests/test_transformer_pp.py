@@ -262,6 +262,57 @@ def test_the_tag_cache_index_is_a_json_file_and_an_older_txt_index_is_still_read
     assert "cut from the cache of 4 sentences" in caplog.text and "cut from the cache of 12 sentences" in caplog.text
 
 
+def _add_to_the_index(folder: str, prefix: str, times: int, start) -> None:
+    """One process of the test below: list ``times`` cache files named ``prefix``-i in a tag index,
+    the read-modify-write widened by a sleep between its read and its write (a slow disk, a busy
+    machine), after ``start`` (a barrier both processes wait at) lets both begin together."""
+    import time
+    from types import SimpleNamespace
+
+    from cometnmt.data import tagging
+
+    read = tagging._index_read
+
+    def slow_read(annotator, at):
+        files = read(annotator, at)
+        time.sleep(0.005)
+        return files
+
+    tagging._index_read = slow_read  # a spawned process: patched here alone
+    annotator = SimpleNamespace(name="test-tagger 1.0", tasks=("pos",))
+    start.wait()
+    for i in range(times):
+        tagging._index_add(annotator, Path(folder), f"{prefix}-{i}.json", i + 1)
+
+
+def test_two_processes_listing_cache_files_at_once_lose_none(tmp_path):
+    """_index_add read the index, added a file and rewrote it, unlocked: two processes tagging into
+    one cache folder at once (reproduce --jobs 2, two DDP ranks) each read the index the other was
+    about to rewrite, and the second write dropped the first's file (never cut from again). The
+    read-modify-write now holds a lock file beside the index (a dot file: the index's glob and the
+    cache files' are left as they were)."""
+    import multiprocessing
+
+    from cometnmt.data.tagging import _index_path, _index_read
+
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(2)
+    times = 25
+    workers = [context.Process(target=_add_to_the_index, args=(str(tmp_path), prefix, times, start))
+               for prefix in ("a", "b")]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    from types import SimpleNamespace
+
+    annotator = SimpleNamespace(name="test-tagger 1.0", tasks=("pos",))
+    assert sorted(_index_read(annotator, tmp_path)) == sorted(f"{p}-{i}.json" for p in "ab" for i in range(times))
+    index = _index_path(annotator, tmp_path)
+    assert [p.name for p in tmp_path.glob("index-*")] == [index.name] and (tmp_path / f".{index.stem}.lock").exists()
+
+
 # -- clear errors ------------------------------------------------------------------------------
 
 

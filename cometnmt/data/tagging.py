@@ -20,9 +20,10 @@ The flow, run once before training (``attach_training_tags``):
    beside the Multi30k download cache), keyed by the SHA-256 of the exact
    sentences annotated (the split's source side after filtering) plus the annotator's name and
    version, so a rerun does not tag again. A file keeps its sentences too, and an index per
-   annotator (name and version), ``index-<hash>.json``, lists its files: a corpus whose every sentence a larger cached
-   one holds (a ``data.max_train_pairs`` slice of a corpus tagged whole) is cut from that file,
-   not tagged again.
+   annotator (name and version), ``index-<hash>.json``, lists its files (rewritten under the lock
+   file ``.index-<hash>.lock``, as processes may tag into one folder at once): a corpus whose every
+   sentence a larger cached one holds (a ``data.max_train_pairs`` slice of a corpus tagged whole)
+   is cut from that file, not tagged again.
 3. The word labels are carried onto the tokens of our tokenizer: each token is located in the raw
    sentence by its characters (SentencePiece's "▁" is a space, the spaCy tokenizer's "@-@" is a
    hyphen, unless the text holds "@-@" itself, as Moses-tokenised text does), takes the label of
@@ -47,7 +48,7 @@ import os
 from pathlib import Path
 from typing import Optional, Protocol
 
-from cometnmt.atomic import atomic_write
+from cometnmt.atomic import atomic_write, file_lock
 from cometnmt.data.multi30k import default_cache_dir
 from cometnmt.errors import ConfigError, DataError
 from cometnmt.models.transformer_pp import IGNORE, UPOS, tag_labels
@@ -413,9 +414,16 @@ def _index_read(annotator: Annotator, folder: Path) -> dict[str, int]:
 
 
 def _index_add(annotator: Annotator, folder: Path, name: str, n: int) -> None:
-    files = {**_index_read(annotator, folder), name: n}
-    with atomic_write(_index_path(annotator, folder)) as f:
-        json.dump({"annotator": annotator.name, "files": files}, f)
+    """List cache file ``name`` (``n`` sentences) in ``annotator``'s index: read, add, rewrite whole.
+    Two processes tagging into one folder at once (reproduce --jobs, DDP ranks, two runs) each read
+    the index before the other wrote it, and the second write dropped the first's file, which was
+    then never cut from (its corpus tagged again). The read-modify-write is done under a lock file
+    beside the index (:func:`~cometnmt.atomic.file_lock`; a dot file, kept out of the index's glob)."""
+    index = _index_path(annotator, folder)
+    with file_lock(folder / f".{index.stem}.lock"):
+        files = {**_index_read(annotator, folder), name: n}
+        with atomic_write(index) as f:
+            json.dump({"annotator": annotator.name, "files": files}, f)
 
 
 def _cut_from_larger(annotator: Annotator, texts: list[str], folder: Path) -> Optional[dict[str, list[list[Span]]]]:
