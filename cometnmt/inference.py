@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from tqdm import tqdm
@@ -106,13 +106,14 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
                   length_penalty: float | None = None, batch_sentences: int | None = None,
                   flags: bool = True, *, sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
                   temperature: float | None = None, seed: int | None = None,
-                  replace_unk: bool | None = None) -> DecodeConfig:
+                  replace_unk: bool | None = None, warn: Callable[[str], None] | None = None) -> DecodeConfig:
     """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
     means beam search of that width; ``nbest`` above 1 implies beam search, unless sampling.
     ``sampling`` True samples (``nbest`` samples a sentence), False leaves a sampling ``base`` for
     greedy search; ``topk``, ``topp``, ``temperature`` and ``seed`` set sampling's keys and need it.
     ``replace_unk`` sets ``decode.replace_unk`` (any search). Errors name the setting as a
-    command-line flag (``--beam 0``) or, with ``flags=False``, as a keyword (``beam=0``)."""
+    command-line flag (``--beam 0``) or, with ``flags=False``, as a keyword (``beam=0``).
+    ``warn`` logs a warning's text (default: every call logs it; a :class:`Translator` logs each text once)."""
     def name(option: str, value: object) -> str:
         return setting(option, value, flags)
 
@@ -150,10 +151,14 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
         raise ConfigError(f"sampling=False: greedy search of the default nbest, {data['nbest']} (decode.nbest), is a beam "
                           f"search, and the default beam, {data['beam_size']} (decode.beam_size), keeps fewer; {fix}")
     if length_penalty is not None and data["method"] != "beam" and length_penalty != base.length_penalty:
-        log.warning("%s: %s has no length penalty; it applies with a beam of 2 or more (%s)",
-                    name("length_penalty", length_penalty), "sampling" if data["method"] == "sample" else "greedy search",
-                    name("beam", "N"))
+        (warn or _log_warning)(f"{name('length_penalty', length_penalty)}: "
+                               f"{'sampling' if data['method'] == 'sample' else 'greedy search'} has no length penalty; "
+                               f"it applies with a beam of 2 or more ({name('beam', 'N')})")
     return from_dict(DecodeConfig, data, "decode")
+
+
+def _log_warning(text: str) -> None:
+    log.warning("%s", text)
 
 
 def plain_number(value):
@@ -375,6 +380,9 @@ def _one_call_at_a_time(method):
     return locked
 
 
+_WARNED_TEXTS = 1000  # how many distinct warning texts a Translator remembers having logged (_warn_once)
+
+
 class Translator:
     """A model plus everything needed to turn text into text; built from a checkpoint alone.
 
@@ -404,6 +412,8 @@ class Translator:
         self.workdir: str | None = None  # the folder the model was trained in (its data paths' anchor)
         self.checkpoints: list[str] = []  # what from_checkpoint loaded, for the repr
         self._lock = threading.RLock()  # one call at a time (the class docstring); re-entered by calls within a call
+        self._warned: set[str] = set()  # the search warnings logged already (_warn_once)
+        self._warned_lock = threading.Lock()  # cometnmt serve checks requests' settings on their own threads
         if device.type == "cpu":
             keep_freed_memory()  # as in training: the per-step logits are re-allocated at every step
 
@@ -485,9 +495,23 @@ class Translator:
         """
         decode = decode_config(decode_cfg or self.cfg.decode, beam, nbest, length_penalty, batch_size, flags=flags,
                                sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                               replace_unk=replace_unk)
+                               replace_unk=replace_unk, warn=self._warn_once)
         self._check_replace_unk(decode, flags)
         return decode
+
+    def _warn_once(self, text: str) -> None:
+        """Log a search setting's warning (a length penalty under greedy search) the first time this
+        Translator meets its text: ``cometnmt serve`` checks every request's settings here, and a
+        client sending ``"length_penalty": 0.6`` without a beam logged the same warning with every
+        request. Another value or search is another text, warned of once too. Past
+        ``_WARNED_TEXTS`` texts (a client trying value after value) each is logged every time, as
+        before, rather than kept: the set must not grow with what clients send."""
+        with self._warned_lock:
+            if text in self._warned:
+                return
+            if len(self._warned) < _WARNED_TEXTS:
+                self._warned.add(text)
+        log.warning("%s", text)
 
     def _check_replace_unk(self, decode: DecodeConfig, flags: bool = False) -> None:
         """``replace_unk`` copies source words, so both sides must be words (spaCy): a SentencePiece

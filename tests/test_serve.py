@@ -563,6 +563,35 @@ def test_text_not_in_nfc_is_warned_of_once_a_minute_with_a_count(server, monkeyp
         assert len(warnings()) == 3
 
 
+def test_a_length_penalty_under_greedy_search_is_warned_of_once_a_setting(server, caplog):
+    """Every request's settings are checked by the Translator's search_config, which logged "length_penalty=...:
+    greedy search has no length penalty" again with each request sending one without a beam: a client
+    doing so on every request filled the log with one line a request. Now the server's Translator logs
+    each such text once; another value is another text, logged once too. Values of this test alone
+    (the server is the module's)."""
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "has no length penalty" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert call(server, "/translate", {"text": "Ein Hund.", "beam": 1, "length_penalty": 0.77})[0] == 200
+        assert warned() == ["length_penalty=0.77: greedy search has no length penalty; it applies with a beam of 2 "
+                            "or more (beam=N)"]
+        for _ in range(2):
+            assert call(server, "/translate", {"texts": ["Ein Hund."], "beam": 1, "length_penalty": 0.78})[0] == 200
+        assert len(warned()) == 2 and warned()[1].startswith("length_penalty=0.78: greedy search")
+    # the module function, as the command line's options are checked (once a command), logs every call
+    from cometnmt.config import DecodeConfig
+    from cometnmt.inference import decode_config
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            decode_config(DecodeConfig(), beam=1, length_penalty=0.77)
+    assert warned() == ["--length-penalty 0.77: greedy search has no length penalty; it applies with a beam of 2 "
+                        "or more (--beam N)"] * 2
+
+
 def test_the_nfc_warning_interval_is_an_option(checkpoint, caplog):
     """The interval between two warnings of text not in NFC was fixed at 60 s: a server whose clients
     should be told at once (or rarely) could not say so. --nfc-warning-interval (nfc_warning_interval)
