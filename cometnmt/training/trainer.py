@@ -713,8 +713,9 @@ class Trainer:
                 torch.compiler.cudagraph_mark_step_begin()
             with (nullcontext() if sync else self.net.no_sync()), self.autocast():
                 extra = {"tags": batch.tags} if batch.tags else {}  # Transformer++ POS/NER targets
-                out = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in,
-                               **({"features_only": True} if self.fused_loss else {}), **extra)  # B,T,D or B,T,V
+                if self.fused_loss:  # only then: a plugin's forward need not take features_only
+                    extra["features_only"] = True
+                out = self.net(batch.src, self.model.training_source_mask(batch), batch.tgt_in, **extra)  # B,T,D or B,T,V
                 if self.fused_loss:  # the output layer inside the loss: no B,T,V logits
                     proj = self.model.out_proj
                     loss = linear_cross_entropy(out.flatten(0, 1), proj.weight, proj.bias, batch.tgt_out.flatten(),
