@@ -37,6 +37,7 @@ from pathlib import Path
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, save_split, test_hyps, validation_bleu_label
+from cometnmt.training.run_files import strict_json
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ def add_arguments(p) -> None:
                    help="metrics of the table and the bootstrap test: bleu = sacreBLEU (default); paper = the COMET "
                         "paper's average sentence BLEU on tokenised text")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
-    p.add_argument("--deadline", type=float, help="seconds: start no run or evaluation after this, stop running ones (they stay resumable), report what finished")
+    p.add_argument("--deadline", type=float, help="seconds: start no run or evaluation after this, stop running trainings and evaluations "
+                        "(they stay resumable; an evaluation stopped is done again by the next call), report what finished")
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -325,8 +327,6 @@ def aux_summary(records: list[dict]) -> list[dict]:
 
 
 def build_report(args, names: list[str], records: list[dict], missing: list[str], seconds: float) -> dict:
-    import json
-
     out = Path(args.out)
     report = {"provenance": provenance(args, seconds, records, missing), "systems": names, "metrics": args.metrics,
               "table": summarise(names, records), "significance": significance(args, out, names, records),
@@ -334,7 +334,9 @@ def build_report(args, names: list[str], records: list[dict], missing: list[str]
     _curves(out, names, records)
     # whole or not at all (write_text_file): a report cut short by a kill or a full disk was kept by
     # the next call that finished nothing
-    write_text_file(out / "report.json", json.dumps(report, indent=1, default=str))
+    # strict JSON: a number that is not finite (a run's NaN validation loss, a mean over it) is null,
+    # named under "nonfinite"; a bare NaN was refused by render's schema and by strict readers
+    write_text_file(out / "report.json", strict_json(report, indent=1, default=str))
     write_text_file(out / "report.md", _markdown(report))
     return report
 

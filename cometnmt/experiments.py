@@ -4,14 +4,17 @@ side by side, each resumable, and recording what produced the results.
 Each run trains in its own subprocess (``cometnmt train PRESET --set train.seed=S``) in its own
 folder. A finished run has a ``done.json`` (training record plus the caller's evaluation) and is
 skipped; an interrupted one continues from its ``last.pt``. With a deadline, runs still going are
-stopped with SIGTERM (the trainer saves ``last.pt`` first) and no new run starts, so the next call
-picks up where this one stopped.
+stopped with SIGTERM (the trainer saves ``last.pt`` first), an evaluation under way stops at its
+next batch (no ``done.json``: evaluated again), and no new run starts, so the next call picks up
+where this one stopped. ``done.json`` and ``report.json`` are strict JSON (``run_files.strict_json``:
+a number that is not finite is null, named under ``nonfinite``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import shlex
@@ -30,6 +33,7 @@ from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.interrupts import Stopped, stop_on
 from cometnmt.progress import progress_bar
+from cometnmt.training.run_files import read_strict_json, strict_json
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,21 @@ def check_run_architectures(configs) -> None:
                                 f"registers it there, e.g. {PLUGINS_ENV}=my_arch (importable) or {PLUGINS_ENV}=path/to/my_arch.py")
 
 
+class _EvaluationStop:
+    """What asks a run's evaluation to stop (:func:`~cometnmt.interrupts.stop_on`, read by
+    ``check_stop`` between decoded batches): Ctrl-C or SIGTERM (``_stopping``), or the deadline
+    ``stop_at`` (a ``time.time()``; None: none) having passed. The clock is read at each check, so
+    no timer thread sets an event: an evaluation that starts before the deadline stops within a
+    batch of it, as a training stops at it, where it ran to its end (the whole test split, minutes
+    on a CPU, past the time the caller had)."""
+
+    def __init__(self, stop_at: Optional[float]) -> None:
+        self.stop_at = stop_at
+
+    def is_set(self) -> bool:
+        return _stopping.is_set() or (self.stop_at is not None and time.time() >= self.stop_at)
+
+
 def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Optional[float],
               evaluate: Evaluate) -> Optional[dict]:
     """Train (or resume) one run in a subprocess, then evaluate it; returns its done.json record,
@@ -173,26 +192,31 @@ def train_run(spec: RunSpec, *, overrides: list[str], device: str, stop_at: Opti
     if len(commits) > 1:  # resumed at other code: every commit the run trained at, in order
         record["commits"] = commits
     try:
-        # Ctrl-C (run_all sets _stopping) stops the decoding within a batch: before, the command
-        # waited for this run's splits to be decoded to their end (the pool's threads get no signal)
-        with stop_on(_stopping):
+        # Ctrl-C (run_all sets _stopping) and the deadline stop the decoding within a batch: before,
+        # the command waited for this run's splits to be decoded to their end (the pool's threads get
+        # no signal), and a deadline passed during them was overrun by the rest of the decoding
+        with stop_on(_EvaluationStop(stop_at)):
             record.update(evaluate(run))
     except Stopped:
         # no done.json: the next call evaluates the run again (its training, finished, resumes at
         # once); the hypothesis files an evaluation writes are its own, rewritten then
         write_text_file(earlier, f"{record['train_seconds']:.3f}\n")
-        log.warning("%s seed %d: its evaluation was interrupted; it is evaluated on the next call", spec.name, spec.seed)
+        log.warning("%s seed %d: its evaluation was %s; it is evaluated on the next call", spec.name, spec.seed,
+                    "interrupted" if _stopping.is_set() else "stopped at the deadline")
         return None
-    write_text_file(done, json.dumps(record, indent=1))  # whole or not at all: a torn one stopped every later call
+    # whole or not at all: a torn one stopped every later call. Strict JSON: a number that is not
+    # finite (a diverged validation in the run's history) is null, named under "nonfinite"
+    write_text_file(done, strict_json(record, indent=1))
     return record
 
 
 def read_done(done: Path) -> dict:
     """A finished run's done.json record; one that is not JSON (a write cut short by a kill or a
     full disk, before done.json was written atomically) is an error naming the file and the fix,
-    not json's traceback naming no file on every later call."""
+    not json's traceback naming no file on every later call. A number written as null and named
+    under "nonfinite" is the float again; the bare NaN of a done.json written before reads as it did."""
     try:
-        return json.loads(done.read_text(encoding="utf-8"))
+        return read_strict_json(done.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CometNMTError(f"{done}: not a finished run's record ({exc}); delete it to evaluate the run again "
                             "(its checkpoints are kept)") from None
@@ -290,7 +314,7 @@ def _reports_all(path: Path, records: list[dict]) -> bool:
     run finished elsewhere was copied in. Kept, it named such a run 'not finished' after every
     later call of the same command."""
     try:
-        held = {(r["row"], r["seed"]) for r in json.loads(path.read_text(encoding="utf-8"))["runs"]}
+        held = {(r["row"], r["seed"]) for r in read_strict_json(path.read_text(encoding="utf-8"))["runs"]}
     except (OSError, ValueError, KeyError, TypeError):  # none, or not a report this code wrote
         return False
     return all((r["row"], r["seed"]) in held for r in records)
@@ -311,18 +335,26 @@ def evaluation_mismatch(runs: list[tuple[str, dict]], options: dict, where: str 
     """A run decoded on the first ``--eval-limit`` sentences, on another checkpoint
     (``--average-last``) or with another search (``--beam``, ``--length-penalty``) cannot be
     reported as if this call had evaluated it: its table row would not be what the report's header
-    says. ``runs`` are (name, record) pairs; the error names every run whose record differs from
-    this call's ``options`` (after ``where``, where they come from), with the value each
-    recorded; ``remedy`` (default: delete their done.json) follows the fix. Options a record
-    predates are not checked."""
+    says. Two ``--eval-limit`` values are one setting where they decode the same sentences of each
+    of the run's splits (:func:`_decoded_alike`: a limit at or above a split's size cuts nothing).
+    ``runs`` are (name, record) pairs; the error names every run whose record differs from this
+    call's ``options`` (after ``where``, where they come from), with the value each recorded;
+    ``remedy`` (default: delete their done.json) follows the fix. Options a record predates are
+    not checked."""
     for key, value in options.items():
         flag, default = EVAL_OPTIONS[key]
         differ: dict[str, tuple[object, list[str]]] = {}  # recorded value -> (value, runs)
+        records = []
         for name, rec in runs:
-            if key in rec and rec[key] != value:
+            if key in rec and rec[key] != value and not (key == "eval_limit" and _decoded_alike(rec, rec[key], value)):
                 differ.setdefault(json.dumps(rec[key]), (rec[key], []))[1].append(name)
+                records.append(rec)
         if not differ:
             continue
+        # runs of several --eval-limit numbers may still be one setting (1014 and none: each split
+        # whole): a value that fits them all, the default first ([]: none does)
+        fits = [v for v in (default, *(v for v, _ in differ.values())) if key == "eval_limit"
+                and all(_decoded_alike(rec, rec[key], v) for rec in records)][:1]
 
         def then(v: object) -> str:
             return f"without {flag}" if v == default else f"with {flag} {v}"
@@ -333,12 +365,31 @@ def evaluation_mismatch(runs: list[tuple[str, dict]], options: dict, where: str 
         if remedy is None:
             one = sum(len(names) for _, names in differ.values()) == 1
             remedy = f"or delete {'its done.json' if one else 'their done.json files'} to evaluate {'it' if one else 'them'} again"
-        if len(differ) == 1:
-            (then_value, _), = differ.values()
+        if len(differ) == 1 or fits:
+            then_value = next(iter(differ.values()))[0] if len(differ) == 1 else fits[0]
             fix = f"{f'leave out {flag}' if then_value == default else f'pass {flag} {then_value}'} as before, {remedy}"
         else:
             fix = f"no one {flag} fits them all: {remedy.removeprefix('or ')}"
         raise CometNMTError(f"{where + ': ' if where else ''}{said}, but this call has {now}; {fix}")
+
+
+def _decoded_alike(rec: dict, limit: Optional[int], other: Optional[int]) -> bool:
+    """Whether ``--eval-limit`` ``limit`` and ``other`` (None: no limit) decode the same sentences
+    of each split of the run ``rec``: the same first min(limit, size) of each, by the split sizes it
+    recorded (``split_sentences``). A limit at or above a split's size decodes all of it, as no
+    limit does: runs evaluated with --eval-limit 1000 on the 1,000 test sentences and 1,014 dev
+    sentences of a call without it (each split whole) were refused as another setting, though the
+    test split was whole; --eval-limit 1014 decodes both whole, the same as none. A run that
+    predates ``split_sentences`` is alike only where the limits are equal."""
+    sizes = [rec.get(split, {}).get("split_sentences") if isinstance(rec.get(split), dict) else None
+             for split in ("valid", "test")]
+    if not all(isinstance(n, int) for n in sizes):
+        return limit == other
+
+    def decoded(cap: Optional[int], size: int) -> int:
+        return size if cap is None else min(cap, size)
+
+    return all(decoded(limit, n) == decoded(other, n) for n in sizes)
 
 
 def _check_evaluations(specs: list[RunSpec], options: dict) -> None:
@@ -577,10 +628,15 @@ def _trained_in(run: Path) -> Optional[str]:
 
 def mean_sd(values: list[float]) -> tuple[Optional[float], Optional[float]]:
     """Mean and sample standard deviation; the deviation is None for fewer than two values (one
-    seed has no spread to report, and 0.00 would claim one)."""
+    seed has no spread to report, and 0.00 would claim one). Over a value that is not finite (a
+    diverged run's NaN) both are NaN: statistics.stdev raised AttributeError on a NaN (Python 3.11's
+    exact-fraction sum), which stopped the whole report."""
     if not values:
         return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, (statistics.stdev(values) if all(math.isfinite(v) for v in values) else math.nan)
 
 
 def fmt(pair: tuple[Optional[float], Optional[float]]) -> str:

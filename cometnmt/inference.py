@@ -553,7 +553,7 @@ class Translator:
                 if b % shard[1] != shard[0]:
                     bar.update(len(idx))
                     continue
-                # a thread asked to stop (reproduce's evaluations after Ctrl-C: interrupts.stop_on)
+                # a thread asked to stop (reproduce's evaluations after Ctrl-C or at --deadline: interrupts.stop_on)
                 # stops here, within one batch, not after the whole split
                 check_stop()
                 batch = collate([src_ids[i] for i in idx], None, idx).to(self.device)

@@ -151,9 +151,11 @@ _stop = threading.local()  # per thread: the Event that asks it to stop (stop_on
 
 
 @contextmanager
-def stop_on(event: threading.Event) -> Iterator[None]:
+def stop_on(event) -> Iterator[None]:
     """Within the block, in this thread, :func:`check_stop` raises :class:`Stopped` once ``event``
-    is set. Python delivers signals to the main thread only, and a worker thread runs on whatever
+    is set (a ``threading.Event``, or any object whose ``is_set()`` says so: `reproduce`'s
+    evaluations stop on Ctrl-C or once their deadline passed, ``experiments._EvaluationStop``).
+    Python delivers signals to the main thread only, and a worker thread runs on whatever
     the main thread's handler did: `reproduce` evaluates its runs in a thread pool, and after Ctrl-C
     the command waited for the running decoding to end (minutes on a CPU) before it stopped. The
     main thread sets the event (``experiments._stopping``); the worker's loop checks it at points
@@ -172,7 +174,7 @@ def check_stop() -> None:
     (outside any block, in the main thread too, where Ctrl-C raises by itself)."""
     event = getattr(_stop, "event", None)
     if event is not None and event.is_set():
-        raise Stopped("stopped: the command was interrupted")
+        raise Stopped("stopped: the command was interrupted, or its deadline passed")
 
 
 def ignored() -> set[int]:

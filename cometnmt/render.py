@@ -29,12 +29,15 @@ import jsonschema
 from cometnmt.atomic import atomic_write
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
+from cometnmt.training.run_files import read_strict_json
 
 
 def read_report(path: Path) -> dict:
     """A reproduce or compare report.json; an error names the file and what is wrong with it."""
     try:
-        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        # a number that is not finite: null named under "nonfinite" (read_strict_json gives the float
+        # back), or the bare NaN of a report written before, which json.loads takes
+        report = read_strict_json(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CometNMTError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -34,6 +34,7 @@ from typing import Optional
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, eval_limit_cut, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, save_split, test_hyps, validation_bleu_label
+from cometnmt.training.run_files import read_strict_json, strict_json
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ def add_arguments(p) -> None:
                         "(default comet; must be one of --rows when given)")
     p.add_argument("--examples", type=int, default=5, help="Table 2-style examples per direction")
     p.add_argument("--report-only", action="store_true", help="do not train; report the finished runs in OUT/runs")
-    p.add_argument("--deadline", type=float, help="seconds: start no run or evaluation after this, stop running ones (they stay resumable), report what finished")
+    p.add_argument("--deadline", type=float, help="seconds: start no run or evaluation after this, stop running trainings and evaluations "
+                        "(they stay resumable; an evaluation stopped is done again by the next call), report what finished")
     p.add_argument("--merge-report", type=Path, metavar="REPORT_JSON",
                    help="runs asked for but without a folder in OUT/runs are taken from this earlier report.json "
                         "(e.g. runs trained on a machine whose checkpoints are gone); their bootstrap rows and "
@@ -225,7 +227,8 @@ def _previous_report(args, rows: list[str]) -> dict:
     if path is None:
         return {}
     try:
-        prev = json.loads(Path(path).read_text(encoding="utf-8"))
+        # null named under "nonfinite" is the float again; an older report's bare NaN reads as it did
+        prev = read_strict_json(Path(path).read_text(encoding="utf-8"))
         runs = prev["runs"]
         for r in runs:
             # the keys the report needs: paper_bleu, or bleu where it was not computed (a language spaCy lacks)
@@ -299,7 +302,9 @@ def build_report(args, rows: list[str], records: list[dict], missing: list[str],
     _learning_curves(out, rows, records)
     # whole or not at all (write_text_file): a report cut short by a kill or a full disk was kept by
     # the next call that finished nothing, and --merge-report could not read it
-    write_text_file(out / "report.json", json.dumps(report, indent=1, default=str))
+    # strict JSON: a number that is not finite (a run's NaN validation loss, a mean over it) is null,
+    # named under "nonfinite"; a bare NaN was refused by render's schema and by strict readers
+    write_text_file(out / "report.json", strict_json(report, indent=1, default=str))
     write_text_file(out / "report.md", _markdown(args, report))
     return report
 

@@ -21,6 +21,8 @@ def test_one_seed_has_no_spread():
     assert mean_sd([40.0]) == (40.0, None) and fmt(mean_sd([40.0])) == "40.00"  # not "40.00 ± 0.00"
     mean, sd = mean_sd([39.0, 41.0])
     assert mean == 40.0 and abs(sd - 2 ** 0.5) < 1e-12 and fmt((mean, sd)) == "40.00 ± 1.41"
+    mean, sd = mean_sd([39.0, float("nan")])  # a diverged seed: statistics.stdev raised AttributeError, no report
+    assert mean != mean and sd != sd and fmt((mean, sd)) == "nan ± nan"
 
 
 def test_report_commands_name_the_config_as_it_can_be_rerun(tmp_path, monkeypatch):
@@ -1231,3 +1233,218 @@ def test_the_decoding_loop_stops_between_batches_when_its_thread_is_asked_to(mon
     with stop_on(stop), pytest.raises(Stopped):
         translator.translate_ids([[4, 5]] * 3, cfg)
     assert searched == [1]
+
+
+def _strict_json(text: str):
+    """``text`` parsed as a strict reader parses it (jq, JSON.parse, render's schema): a bare NaN,
+    Infinity or -Infinity is an error, where json.loads takes them."""
+    def refuse(name):
+        raise ValueError(f"not JSON: a bare {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_strict_json_names_each_value_that_is_not_finite_and_reads_it_back():
+    """done.json and report.json are written by run_files.strict_json: a float that is not finite,
+    at any depth, is null and named by its JSON Pointer under "nonfinite" (keys with "/" and "~"
+    escaped), and read_strict_json gives the float back; a null of the record's own stays null, and
+    a bare NaN of a file written before reads as it always did."""
+    from cometnmt.training.run_files import read_strict_json, strict_json
+
+    nan, inf = float("nan"), float("inf")
+    record = {"valid": {"bleu": nan, "chrf": 50.0}, "history": [{"val_loss": 2.0}, {"val_loss": inf}],
+              "a/b~c": [-inf, None], "pair": (1.5, nan), "none": None, "checkpoints": {1: ["best.pt"]}}
+    text = strict_json(record, indent=1)
+    strict = _strict_json(text)
+    assert strict["nonfinite"] == {"/valid/bleu": "NaN", "/history/1/val_loss": "Infinity", "/a~1b~0c/0": "-Infinity",
+                                   "/pair/1": "NaN"}
+    assert strict["valid"]["bleu"] is None and strict["pair"] == [1.5, None]
+    back = read_strict_json(text)
+    assert "nonfinite" not in back and back["valid"]["bleu"] != back["valid"]["bleu"] and back["pair"][1] != back["pair"][1]
+    assert back["history"][1]["val_loss"] == inf and back["a/b~c"] == [-inf, None] and back["none"] is None
+    assert strict_json({"bleu": 30.0}) == '{"bleu": 30.0}'  # all finite: as json.dumps writes it, no key
+    old = read_strict_json('{"valid": {"bleu": NaN}, "history": [{"val_loss": Infinity}]}')  # written before
+    assert old["valid"]["bleu"] != old["valid"]["bleu"] and old["history"][0]["val_loss"] == inf
+    with pytest.raises(TypeError):  # a value nothing can name: not written as a bare NaN
+        strict_json([nan])
+
+
+def test_a_runs_done_json_is_strict_json_and_an_old_one_with_nan_still_reads(tmp_path, monkeypatch):
+    """A run whose validation diverged (its learning curve holds a NaN loss, its BLEU NaN) wrote
+    done.json with json.dumps' bare NaN, which is not JSON. It is strict now, with the value named
+    under "nonfinite" (run_files.strict_json), and read back as the float; a done.json written
+    before, with bare NaN, still reads."""
+    import platform
+
+    platform.processor()  # asks `uname -p` through subprocess.Popen once a process, cached: not the mock's to answer
+    monkeypatch.setattr(experiments.subprocess, "Popen", _FinishedTraining)
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    experiments._stopping.clear()  # an earlier test's Ctrl-C (run_all clears it; train_run alone does not)
+    nan = float("nan")
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, tmp_path / "seed1")
+    experiments.train_run(spec, overrides=[], device="cpu", stop_at=None, evaluate=lambda run: {
+        "valid": {"bleu": nan, "chrf": 1.0}, "history": [{"epoch": 1, "val_loss": nan, "val_bleu": 0.0}]})
+    done = spec.run_dir / "done.json"
+    strict = _strict_json(done.read_text(encoding="utf-8"))
+    assert strict["valid"]["bleu"] is None and strict["nonfinite"] == {"/valid/bleu": "NaN", "/history/0/val_loss": "NaN"}
+    again = experiments.train_run(spec, overrides=[], device="cpu", stop_at=None, evaluate=lambda run: {})  # finished: read
+    assert again["valid"]["bleu"] != again["valid"]["bleu"] and again["history"][0]["val_loss"] != again["history"][0]["val_loss"]
+    assert "nonfinite" not in again
+    done.write_text('{"row": "comet", "seed": 1, "valid": {"bleu": NaN}}', encoding="utf-8")  # an older version's
+    old = experiments.read_done(done)
+    assert old["valid"]["bleu"] != old["valid"]["bleu"]
+
+
+@pytest.mark.parametrize("kind,name", [("reproduce", "multi30k_label_smoothing_cpu"), ("compare", "tie_embeddings_cpu")])
+def test_a_run_with_a_nan_score_gives_a_strict_report_json_that_renders(kind, name, tmp_path, monkeypatch):
+    """report.json held a bare NaN for a run whose validation loss or BLEU was NaN (and for the mean
+    and sd of a row over it), which strict readers refuse. It is strict JSON now (the numbers null,
+    named under "nonfinite"), `cometnmt render` draws it with the numbers as they were, and the
+    readers (render, --merge-report, a call's check of the report it keeps) still take the bare NaN
+    of a report.json written before."""
+    import argparse
+
+    from cometnmt import compare, reproduce
+    from cometnmt.render import render_report
+    from conftest import REPO
+
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    committed = json.loads((REPO / "reports" / name / "report.json").read_text(encoding="utf-8"))
+    first, nan = committed["runs"][0], float("nan")
+    history = [dict(h, val_loss=nan, val_bleu=nan) if i == 1 else h for i, h in enumerate(first["history"])]
+    diverged = {**first, "seed": 2, "valid": {**first["valid"], "bleu": nan}, "history": history}
+    runs = [first, diverged, *committed["runs"][1:]]
+    out = tmp_path / "out"
+    out.mkdir()
+    args = argparse.Namespace(out=str(out), device="cpu", set=[], eval_limit=None, seeds=[], merge_report=None,
+                              candidate=None, examples=5, bootstrap=10, metrics=committed.get("metrics", ["bleu"]))
+    if kind == "reproduce":
+        reproduce.build_report(args, ["comet", "transformer"], runs, [], 1.0)
+    else:
+        compare.build_report(args, committed["systems"], runs, [], 1.0)
+    text = (out / "report.json").read_text(encoding="utf-8")
+    strict = _strict_json(text)
+    row = strict["table"][0]
+    assert row["seeds"] == [1, 2] and row["valid_bleu"] == [None, None]  # the mean and sd over the NaN seed
+    assert strict["nonfinite"]["/runs/1/valid/bleu"] == "NaN" and strict["nonfinite"]["/runs/1/history/1/val_loss"] == "NaN"
+    assert strict["nonfinite"]["/table/0/valid_bleu/0"] == "NaN"
+    (out / "learning_curves.png").unlink()
+    md = render_report(out / "report.json").read_text(encoding="utf-8")
+    assert "re-rendered" in md and (out / "learning_curves.png").stat().st_size > 0
+    assert "| nan ± nan |" in md  # the row's dev BLEU over the NaN seed, as before (it stopped the report: mean_sd)
+    assert experiments._reports_all(out / "report.json", runs)
+
+    # a report.json written before: bare NaN, which json.loads takes (render, --merge-report)
+    old = out / "old" / "report.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps(_strict_json(text) | {"runs": runs}, indent=1), encoding="utf-8")
+    assert "NaN" in old.read_text(encoding="utf-8")
+    render_report(old)
+    assert experiments._reports_all(old, runs)
+    if kind == "reproduce":
+        args.merge_report, args.seeds = old, [1, 2]
+        prev = reproduce._previous_report(args, ["comet", "transformer"])
+        assert prev["runs"][1]["valid"]["bleu"] != prev["runs"][1]["valid"]["bleu"]
+
+
+def test_the_deadline_stops_a_runs_evaluation_within_a_batch(tmp_path, monkeypatch):
+    """--deadline started no run or evaluation after it and stopped the trainings at it, but an
+    evaluation under way decoded its splits to their end (minutes on a CPU past the time given),
+    and wrote done.json. It stops within a batch of the deadline now, as Ctrl-C stops it (the same
+    per-thread flag: interrupts.stop_on, checked by Translator.translate_ids between batches): the
+    run has no done.json, the report lists it as not finished, and the next call evaluates it."""
+    import platform
+    import time
+    import types
+
+    import torch
+
+    from cometnmt import inference
+    from cometnmt.config import Config
+
+    platform.processor()  # asks `uname -p` through subprocess.Popen once a process, cached: not the mock's to answer
+    words = types.SimpleNamespace(kind="spacy", detokenize=" ".join)
+    codec = types.SimpleNamespace(src_tok=words, tgt_tok=words, src_sos_eos=False,
+                                  tgt_vocab=types.SimpleNamespace(decode=lambda ids: [str(i) for i in ids]))
+    translator = inference.Translator(torch.nn.Linear(1, 1), codec, Config(), torch.device("cpu"))  # before Popen's mock:
+    monkeypatch.setattr(translator, "_check_positions", lambda *a: None)  # it may look up a library through a process
+    monkeypatch.setattr(experiments.subprocess, "Popen", _FinishedTraining)
+    monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
+    searched = []
+
+    def search(model, src, *args, **kwargs):  # a slow batch: the split's 200 decode for 2 s
+        searched.append(src.shape[0])
+        time.sleep(0.01)
+        return [[types.SimpleNamespace(tokens=[5], score=0.0)] for _ in range(src.shape[0])]
+
+    monkeypatch.setattr(inference, "search", search)
+    cfg = translator.search_config(batch_size=1)
+
+    def evaluate(run):
+        return {"test": {"n_sentences": len(translator.translate_ids([[4, 5]] * 200, cfg))}}
+
+    out = tmp_path / "report"
+    spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")
+    reports = []
+
+    def report(records, missing, seconds):
+        reports.append((records, missing))
+
+    assert run_and_report(_args(out, False, deadline=0.5), [spec], evaluate, report) == 0
+    assert 0 < len(searched) < 200  # it started before the deadline and stopped at it, not after the whole split
+    assert not (spec.run_dir / "done.json").exists() and reports == [([], ["comet seed 1"])]
+    assert float((spec.run_dir / "train_seconds_before.txt").read_text()) >= 0
+    searched.clear()
+    assert run_and_report(_args(out, False, deadline=None), [spec], evaluate, report) == 0  # the next call finishes it
+    assert len(searched) == 200 and reports[-1][1] == [] and reports[-1][0][0]["test"] == {"n_sentences": 200}
+    assert (spec.run_dir / "done.json").exists()
+
+
+def _scored(row: str, seed: int, eval_limit, valid: tuple[int, int], test: tuple[int, int]) -> dict:
+    """A finished run's record: (sentences scored, the split's size) of each split."""
+    return {**_record(row, seed, eval_limit),
+            **{split: {"bleu": 30.0, "n_sentences": n, "split_sentences": size}
+               for split, (n, size) in (("valid", valid), ("test", test))}}
+
+
+def test_an_eval_limit_that_cuts_no_split_is_the_same_evaluation_as_none(tmp_path):
+    """--eval-limit was compared as a number: runs evaluated with --eval-limit 1014 (every sentence
+    of Multi30k's 1,014 dev and 1,000 test sentences) were refused by a call without it, as another
+    evaluation setting, and one without it by a call of --eval-limit 5000. The setting is the
+    sentences each split decoded (split_sentences records the split's size): a limit at or above a
+    split's size cuts nothing, as no limit does; one that cuts a split (1000 of the 1,014 dev
+    sentences) is another setting, whichever way round. A run that predates split_sentences is
+    compared by its number, as before."""
+    whole = ((1014, 1014), (1000, 1000))
+    runs = [("a", _scored("comet", 1, 1014, *whole)), ("b", _scored("comet", 2, None, *whole))]
+    for limit in (None, 1014, 5000):
+        experiments.evaluation_mismatch(runs, {"eval_limit": limit})  # one setting: each split whole
+    cut = [("c", _scored("comet", 3, 1000, (1000, 1014), (1000, 1000)))]  # the dev split's first 1,000
+    for limit in (None, 1014, 1005):
+        with pytest.raises(CometNMTError, match="c was evaluated with --eval-limit 1000, but this call has"):
+            experiments.evaluation_mismatch(cut, {"eval_limit": limit})
+    experiments.evaluation_mismatch(cut, {"eval_limit": 1000})
+    with pytest.raises(CometNMTError) as err:  # 1014 and none: one setting, which the fix names
+        experiments.evaluation_mismatch(runs, {"eval_limit": 1000})
+    assert str(err.value) == ("a was evaluated with --eval-limit 1014; b was evaluated without --eval-limit, but this call "
+                              "has --eval-limit 1000; leave out --eval-limit as before, or delete their done.json files "
+                              "to evaluate them again")
+    older = [("d", _record("comet", 4, 1014))]  # no split_sentences: the number decides
+    with pytest.raises(CometNMTError, match="d was evaluated with --eval-limit 1014, but this call has none"):
+        experiments.evaluation_mismatch(older, {"eval_limit": None})
+
+    # through a call: finished runs of --eval-limit 1014 are reported by one without it, not called a smoke setting
+    out = tmp_path / "report"
+    specs = [RunSpec("comet", Path("comet.yaml"), s, out / "runs" / "comet" / f"seed{s}") for s in (1, 2)]
+    for spec, (_, rec) in zip(specs, runs):
+        spec.run_dir.mkdir(parents=True)
+        (spec.run_dir / "done.json").write_text(json.dumps(rec))
+    reports = []
+    args = _args(out, True)
+    run_and_report(args, specs, lambda run: {}, lambda records, *a: reports.append(records))
+    assert [r["seed"] for r in reports[-1]] == [1, 2]
+    lines = "\n".join(provenance_lines(provenance(args, 1.0, reports[-1], [])))
+    assert "smoke" not in lines and "--eval-limit" not in lines
+    (specs[1].run_dir / "done.json").write_text(json.dumps(cut[0][1] | {"seed": 2}))
+    with pytest.raises(CometNMTError, match="seed2 was evaluated with --eval-limit 1000, but this call has none"):
+        run_and_report(args, specs, lambda run: {}, lambda records, *a: reports.append(records))

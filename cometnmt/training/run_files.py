@@ -1,7 +1,9 @@
 """A run folder's file names, as the trainer writes them; every reader names them by these
 constants (re-exported by :mod:`cometnmt.training.checkpoint`), and metrics.jsonl's lines, as the
-trainer writes and every reader reads them (:func:`metrics_line`, :func:`read_metrics_record`). No
-torch here, so the CLI's ``--help`` spells them without importing it."""
+trainer writes and every reader reads them (:func:`metrics_line`, :func:`read_metrics_record`), and
+the strict JSON of the records `reproduce` and `compare` keep (a run's done.json, report.json:
+:func:`strict_json`, :func:`read_strict_json`). No torch here, so the CLI's ``--help`` spells them
+without importing it."""
 
 from __future__ import annotations
 
@@ -51,6 +53,73 @@ def metrics_line(record: dict) -> str:
     if spelled:
         out[NONFINITE_KEY] = spelled
     return json.dumps(out, allow_nan=False)
+
+
+def _pointer_token(key) -> str:
+    """A key as one token of a JSON Pointer (RFC 6901): "~" and "/" escaped."""
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def strict_json(value, **dumps_kwargs) -> str:
+    """``value`` (an object) as strict JSON text, for the records `reproduce` and `compare` write
+    (a run's done.json, report.json): every float that is not finite, at any depth (a diverged
+    run's validation loss in its learning curve, a mean over such a run), is null, and named with
+    its value under NONFINITE_KEY by its JSON Pointer, ``{"history": [{"val_loss": null}], ...,
+    "nonfinite": {"/history/0/val_loss": "NaN"}}``, so that :func:`read_strict_json` gives the
+    float back. As metrics.jsonl (:func:`metrics_line`) names a record's own keys; a pointer, as
+    these records nest. ``allow_nan=False`` guards the rule: a value it missed is an error, not a
+    bare NaN that strict readers (jq, ``JSON.parse``, ``cometnmt render``'s schema) refuse."""
+    found: dict[str, str] = {}
+
+    def walk(v, at: str):
+        if isinstance(v, float) and not math.isfinite(v):
+            found[at] = _spelled(v)
+            return None
+        if isinstance(v, dict):
+            return {k: walk(x, f"{at}/{_pointer_token(k)}") for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [walk(x, f"{at}/{i}") for i, x in enumerate(v)]
+        return v
+
+    out = walk(value, "")
+    if found:
+        if not isinstance(out, dict):
+            raise TypeError(f"strict_json: a value that is not finite needs an object to be named in, not {type(value).__name__}")
+        out[NONFINITE_KEY] = found
+    return json.dumps(out, allow_nan=False, **dumps_kwargs)
+
+
+def read_strict_json(text: str):
+    """JSON text as :func:`strict_json` wrote it: each value named under NONFINITE_KEY (a JSON
+    Pointer) that is null is that float again, and the key is gone. Text written before (bare NaN,
+    Infinity, which json.loads takes) reads as it always did. A pointer that names no null value
+    (the file edited by hand) is left alone. Not JSON: ValueError (json's JSONDecodeError)."""
+    value = json.loads(text)
+    named = value.pop(NONFINITE_KEY) if isinstance(value, dict) and isinstance(value.get(NONFINITE_KEY), dict) else {}
+    for pointer, spelled in named.items():
+        if spelled not in ("NaN", "Infinity", "-Infinity") or not isinstance(pointer, str) or not pointer.startswith("/"):
+            continue
+        *path, last = [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+        holder = value
+        try:
+            for token in path:
+                holder = holder[_index(holder, token)]
+            key = _index(holder, last)
+            if holder[key] is None:
+                holder[key] = float(spelled)
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue
+    return value
+
+
+def _index(holder, token: str):
+    """A JSON Pointer token as the key of ``holder``: a list's index (digits only: "-1" names no
+    item, as Python's index would name the last), else the token itself."""
+    if isinstance(holder, list):
+        if not token.isdigit():
+            raise IndexError(token)
+        return int(token)
+    return token
 
 
 def read_metrics_record(line: str) -> dict:
