@@ -178,6 +178,8 @@ def test_a_run_finished_at_the_deadline_is_evaluated_on_the_next_call(tmp_path, 
 
     import platform
 
+    import cometnmt.training.checkpoint  # noqa: F401  train_run imports it (torch: seconds cold) before the deadline's
+    # check that starts no run after it: run alone, this test's 0.2 s had passed there, and nothing trained
     platform.processor()  # asks `uname -p` through subprocess.Popen once a process, cached: not the mock's to answer
     monkeypatch.setattr(experiments.subprocess, "Popen", SlowProcess)
     evaluated = []
@@ -1372,7 +1374,7 @@ def test_the_deadline_stops_a_runs_evaluation_within_a_batch(tmp_path, monkeypat
     monkeypatch.setenv("COMETNMT_COMMIT", "abc1234")
     searched = []
 
-    def search(model, src, *args, **kwargs):  # a slow batch: the split's 200 decode for 2 s
+    def search(model, src, *args, **kwargs):  # a slow batch: the split's 400 decode for 4 s
         searched.append(src.shape[0])
         time.sleep(0.01)
         return [[types.SimpleNamespace(tokens=[5], score=0.0)] for _ in range(src.shape[0])]
@@ -1381,7 +1383,7 @@ def test_the_deadline_stops_a_runs_evaluation_within_a_batch(tmp_path, monkeypat
     cfg = translator.search_config(batch_size=1)
 
     def evaluate(run):
-        return {"test": {"n_sentences": len(translator.translate_ids([[4, 5]] * 200, cfg))}}
+        return {"test": {"n_sentences": len(translator.translate_ids([[4, 5]] * 400, cfg))}}
 
     out = tmp_path / "report"
     spec = RunSpec("comet", Path("configs/multi30k/comet.yaml"), 1, out / "runs" / "comet" / "seed1")
@@ -1390,13 +1392,14 @@ def test_the_deadline_stops_a_runs_evaluation_within_a_batch(tmp_path, monkeypat
     def report(records, missing, seconds):
         reports.append((records, missing))
 
-    assert run_and_report(_args(out, False, deadline=0.5), [spec], evaluate, report) == 0
-    assert 0 < len(searched) < 200  # it started before the deadline and stopped at it, not after the whole split
+    # the training (a stand-in) ends at once: the evaluation starts well before the deadline
+    assert run_and_report(_args(out, False, deadline=1.0), [spec], evaluate, report) == 0
+    assert 0 < len(searched) < 400  # it started before the deadline and stopped at it, not after the whole split
     assert not (spec.run_dir / "done.json").exists() and reports == [([], ["comet seed 1"])]
     assert float((spec.run_dir / "train_seconds_before.txt").read_text()) >= 0
     searched.clear()
     assert run_and_report(_args(out, False, deadline=None), [spec], evaluate, report) == 0  # the next call finishes it
-    assert len(searched) == 200 and reports[-1][1] == [] and reports[-1][0][0]["test"] == {"n_sentences": 200}
+    assert len(searched) == 400 and reports[-1][1] == [] and reports[-1][0][0]["test"] == {"n_sentences": 400}
     assert (spec.run_dir / "done.json").exists()
 
 
