@@ -187,11 +187,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="trained checkpoints; each replaces the random-init model of its architecture")
     p.add_argument("--decode-sentences", type=int, help="decode only the first N test sentences (default: all 1,000)")
     p.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
-    p.add_argument("--search-without", nargs="+", default=[], choices=sorted(SEARCH_PARTS), metavar="PART",
-                   help="also decode with a search speed-up of 2026-11-29 turned off, interleaved batch by batch with "
-                        "the other methods, so its gain is measured side by side: few_query (SDPA for every attention "
-                        "of a search step: greedy and beam again), row_topk (torch.topk for beam search's candidates: "
-                        "beam again)")
     p.add_argument("--beam", type=int, default=5, help="beam size of the beam-search run (default 5)")
     p.add_argument("--max-len-a", type=float, help="output length bound a*S+b (default 1.0 for random init, else the checkpoint's)")
     p.add_argument("--max-len-b", type=int, help="output length bound a*S+b (default 2 for random init, else the checkpoint's)")
@@ -673,10 +668,6 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
         f"beam{args.beam}": lambda src, mask: [h[0] for h in beam_search(
             model, src, mask, BOS, EOS, args.beam, cfg.decode.length_penalty, 1, a, b, cfg.decode.length_norm)],
     }
-    for part in args.search_without:
-        for name in list(methods)[:3]:
-            if name != "greedy_full_prefix" and (name != "greedy" or part != "row_topk"):  # greedy takes no top-k
-                methods[f"{name}_without_{part}"] = _without(part, methods[name])
     model.eval()
     out = {"sentences": len(ids), "batch_sentences": size, "max_len_a": a, "max_len_b": bound_b, "src_specials": specials,
            "schedule": "methods interleaved batch by batch (a drifting machine slows all alike)", "methods": {}}
@@ -708,35 +699,11 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
         out["methods"][name] = {"seconds": seconds[name], "sentences_per_s": len(ids) / seconds[name],
                                 "mean_output_tokens": n_out / len(ids), "output_tokens_per_s": n_out / seconds[name],
                                 "cpu_share": cpu[name] / (seconds[name] * torch.get_num_threads())}
-    greedy, full, beam = (out["methods"][k]["seconds"] for k in list(methods)[:3])
-    if args.search_without:  # time without the part over time with it: > 1 where the part is faster
-        out["without_over_with_time"] = {name: out["methods"][name]["seconds"] / out["methods"][name.split("_without_")[0]]["seconds"]
-                                         for name in methods if "_without_" in name}
+    greedy, full, beam = (out["methods"][k]["seconds"] for k in methods)
     out["incremental_speedup_over_full_prefix"] = full / greedy
     out[f"beam{args.beam}_over_greedy_time"] = beam / greedy
     out["greedy_equals_full_prefix"] = sum(x == y for x, y in zip(hyps["greedy"], hyps["greedy_full_prefix"])) / len(ids)
     return out
-
-
-SEARCH_PARTS = {"few_query": ("cometnmt.modules.attention", "FEW_QUERIES"), "row_topk": ("cometnmt.decoding", "TOPK_BLOCK")}
-"""--search-without's parts: the module constant whose 0 turns each off."""
-
-
-def _without(part: str, method):
-    """``method`` run with search speed-up ``part`` (:data:`SEARCH_PARTS`) turned off."""
-    import importlib
-
-    module, name = SEARCH_PARTS[part]
-    module = importlib.import_module(module)
-
-    def run(src, mask):
-        kept = getattr(module, name)
-        setattr(module, name, 0)
-        try:
-            return method(src, mask)
-        finally:
-            setattr(module, name, kept)
-    return run
 
 
 # -- one model -----------------------------------------------------------------------------------

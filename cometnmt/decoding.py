@@ -302,42 +302,13 @@ def _top_candidates(lp: torch.Tensor, scores: torch.Tensor, m: int) -> tuple[tor
     and the final top-m runs over k*m values, not k*V (bench/README.md has the measured effect)."""
     n, k = scores.shape
     per_row = min(m, lp.size(-1))
-    top_lp, top_tok = row_topk(lp, per_row)  # n*k,per_row
+    top_lp, top_tok = lp.topk(per_row, dim=-1)  # n*k,per_row
     cand = (top_lp + scores.view(-1, 1)).view(n, k * per_row)  # n,k*per_row
     if k * per_row < m:  # tiny vocabulary, first step: fill up with impossible candidates
         cand = F.pad(cand, (0, m - k * per_row), value=float("-inf"))
     best, flat = cand.topk(m, dim=1)  # n,m
     flat = flat.clamp(max=k * per_row - 1)  # a filler slot reads a real candidate; its score stays -inf
     return best, flat // per_row, top_tok.reshape(n, -1).gather(1, flat)
-
-
-TOPK_BLOCK = 64  # row_topk's block width (CPU); 0: torch.topk everywhere
-
-
-def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x.topk(k, dim=-1)`` of a 2-D ``x`` (a step's log-probabilities over the vocabulary), on the
-    CPU by blocks: each row is cut into blocks of :data:`TOPK_BLOCK` values, the k blocks with the
-    largest maxima are found, and the top k is taken over their values (and the few left over past
-    the last whole block). The k largest values of a row lie in those blocks: a value outside them
-    has k block maxima, k distinct values, at least as large. One pass over ``x`` (the blocks' maxima)
-    instead of ``torch.topk``'s selection over every row, which for beam search's n*K x 2K over a
-    6,000-word vocabulary took about as long as half the output layer's product; bench/README.md has
-    the measurement. Values and their order are torch.topk's; among equal values the index taken
-    may differ (torch.topk promises none either). Elsewhere (a GPU's topk kernel is one launch; a
-    small vocabulary) it is torch.topk."""
-    A, V = x.shape
-    block = TOPK_BLOCK
-    n_blocks = V // block if block else 0
-    if x.device.type != "cpu" or n_blocks < 4 * k:
-        return x.topk(k, dim=-1)
-    whole = n_blocks * block
-    maxima = x[:, :whole].view(A, n_blocks, block).amax(dim=-1)  # A,n_blocks
-    blocks = maxima.topk(k, dim=-1).indices  # A,k
-    index = (blocks[:, :, None] * block + torch.arange(block, device=x.device)).view(A, k * block)
-    if whole < V:  # the values past the last whole block are always candidates
-        index = torch.cat([index, torch.arange(whole, V, device=x.device).expand(A, -1)], dim=1)
-    top, pick = x.gather(1, index).topk(k, dim=-1)  # A,k
-    return top, index.gather(1, pick)
 
 
 def _collect_eos(finished, active, eos_mask, scores, src_beam, seqs, k, t, alpha, norm) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cometnmt.config import DecodeConfig
-from cometnmt.decoding import (beam_search, row_topk, greedy_search, greedy_search_full_prefix, length_normalise, sample_search,
+from cometnmt.decoding import (beam_search, greedy_search, greedy_search_full_prefix, length_normalise, sample_search,
                                search, target_log_probs)
 from cometnmt.models.base import Seq2Seq, reorder_nested
 
@@ -490,25 +490,3 @@ def test_sample_uniforms_are_keyed_streams():
     assert torch.equal(sample_uniforms(5, [8], 1, [6])[0], u[3])  # sample 0 is sample 0 with more copies
     assert torch.equal(sample_uniforms(5, [7], 3, [4]), u[:3, :4])
     assert not torch.equal(sample_uniforms(6, [7], 3, [4]), u[:3, :4]) and not torch.equal(u[0], u[1])
-
-
-@pytest.mark.parametrize("block", [64, 7])
-def test_row_topk_gives_torch_topk_values_by_blocks(block, monkeypatch):
-    """The blocked top-k of beam search's candidates (CPU): torch.topk's values in its order, and
-    indices that hold them, distinct in each row: random rows, a width that is no multiple of the
-    block, rows of many ties, -inf entries (padding, <s>), and k where the blocks are too few (torch.topk)."""
-    from cometnmt import decoding
-
-    monkeypatch.setattr(decoding, "TOPK_BLOCK", block)
-    gen = torch.Generator().manual_seed(0)
-    for rows, width, k in [(64, 6191, 10), (7, 6191, 2), (3, 300, 1), (5, 257, 10), (2, 6191, 40), (4, 100, 20)]:
-        for x in (torch.randn(rows, width, generator=gen), torch.randint(0, 4, (rows, width), generator=gen).float()):
-            x[:, :2] = float("-inf")
-            x[0, -3:] = 9.0  # the row's best past the last whole block
-            want = x.topk(k, dim=-1)
-            top, index = row_topk(x, k)
-            assert torch.equal(top, want.values)
-            assert torch.equal(x.gather(1, index), top)
-            assert all(len(set(r)) == k for r in index.tolist())
-    x = torch.randn(6, 6191, generator=gen)  # no ties: torch.topk's indices too
-    assert torch.equal(row_topk(x, 10)[1], x.topk(10, dim=-1).indices)

@@ -572,33 +572,3 @@ def test_a_plugin_that_does_not_import_is_one_line_in_collection_and_in_the_cli(
                               text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert proc.returncode == code, (args, proc.stderr[-2000:])
         assert proc.stderr == ("" if code == 0 else f"cometnmt: error: {line}\n"), (args, proc.stderr[-2000:])
-
-
-@pytest.mark.parametrize("lq", [1, 5])
-def test_few_query_attention_computes_what_sdpa_does(lq, monkeypatch):
-    """A search step's attention (few queries, CPU, float32, no gradients) runs as matrix products
-    and a softmax, not SDPA: the same outputs as SDPA, over masked keys too; with gradients, or in
-    training with attention dropout, SDPA still runs (the dropout would otherwise be skipped)."""
-    from cometnmt.modules import attention
-
-    torch.manual_seed(0)
-    mha = attention.MultiHeadAttention(32, 4, dropout=0.5).eval()
-    q, kv = torch.randn(3, lq, 32), torch.randn(3, 9, 32)
-    pad = torch.zeros(3, 9, dtype=torch.bool)
-    pad[0, 4:], pad[2, 7:] = True, True
-    taken, few = [], attention._attend_few
-    monkeypatch.setattr(attention, "_attend_few", lambda *a: taken.append(1) or few(*a))
-    with torch.no_grad():
-        got = mha(q, kv, pad)
-        assert taken
-        monkeypatch.setattr(attention, "FEW_QUERIES", 0)
-        want = mha(q, kv, pad)
-        assert len(taken) == 1  # the SDPA run above
-        torch.testing.assert_close(got, want)
-        mha.train()  # attention dropout: SDPA with its dropout, in training under no_grad too
-        monkeypatch.setattr(attention, "FEW_QUERIES", 8)
-        mha(q, kv, pad)
-        assert len(taken) == 1
-    mha.eval()
-    mha(q, kv, pad).sum().backward()  # with gradients: SDPA
-    assert len(taken) == 1

@@ -18,27 +18,6 @@ def key_mask(pad_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return (~pad_mask)[:, None, None, :]  # B,1,1,S
 
 
-FEW_QUERIES = 8
-"""Up to this many queries per sentence and head (a search step: 1, or beam search's K over the
-source), on the CPU in float32 without gradients, attention is two batched matrix products and a
-softmax (:func:`_attend_few`) instead of SDPA: for one query over 5-40 keys, SDPA's CPU kernel
-tiles for long query blocks and took 1.2-1.5x as long (bench/README.md has the measurement)."""
-
-
-def _few_queries(qh: torch.Tensor) -> bool:
-    return (qh.size(2) <= FEW_QUERIES and qh.device.type == "cpu" and qh.dtype == torch.float32
-            and not torch.is_grad_enabled())
-
-
-def _attend_few(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """SDPA without dropout or causal mask, for few queries: qh B,H,Lq,D/H; k, v B,H,Lk,D/H; mask
-    B,1,1,Lk (True = may attend; every row attends somewhere) -> B,H,Lq,D/H."""
-    scores = torch.matmul(qh, k.transpose(-1, -2)).mul_(qh.size(-1) ** -0.5)  # B,H,Lq,Lk
-    if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
 class KeepsWeights:
     """An attention module that can keep its attention weights (``Seq2Seq.cross_attention``): while
     ``keep_weights`` is set, each forward calls :meth:`keep` with its weights B,H,Lq,Lk (float32
@@ -112,11 +91,9 @@ class MultiHeadAttention(KeepsWeights, nn.Module):
         if self.keep_weights:  # the weights themselves, which the fused kernel never forms (eval only)
             out = self._attend_keeping(qh, k, v, mask, causal)
         else:
-            p = self.attn_dropout.p if self.training else 0.0
-            if not causal and not p and _few_queries(qh):
-                out = _attend_few(qh, k, v, mask)
-            else:
-                out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)  # B,H,Lq,D/H
+            out = F.scaled_dot_product_attention(
+                qh, k, v, attn_mask=mask, dropout_p=self.attn_dropout.p if self.training else 0.0, is_causal=causal
+            )  # B,H,Lq,D/H
         return self.out_proj(out.transpose(1, 2).reshape(B, Lq, -1))  # B,Lq,D
 
     def _attend_keeping(self, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
