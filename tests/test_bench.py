@@ -25,6 +25,13 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def _rerun_env() -> list[str]:
+    """The NAME=VALUE words a recorded bench command starts with in this process (bench.RERUN_ENV)."""
+    import os
+
+    return [f"{name}={os.environ[name]}" for name in _script("bench.py").RERUN_ENV if name in os.environ]
+
+
 def _script(name: str):
     """bench/NAME (a script, not a package module) imported for its functions."""
     import importlib.util
@@ -356,7 +363,7 @@ def test_bench_transformer_pp_steps_both_models(data_dir, tmp_path):
     # script's bare name (bench/results/transformer_pp_cpu.json), each argument unquoted
     import shlex
 
-    assert shlex.split(result["command"]) == [sys.executable, str(REPO / "bench" / "bench_transformer_pp.py"), *args]
+    assert shlex.split(result["command"]) == [*_rerun_env(), sys.executable, str(REPO / "bench" / "bench_transformer_pp.py"), *args]
     assert f"command: {result['command']}" in proc.stdout
     assert set(result["results"]) == {"transformer_pp", "transformer"}
     assert all(r["timed_steps"] == 2 for r in result["results"].values()) and result["ratio_pp_over_transformer"] > 0
@@ -451,7 +458,7 @@ def test_bench_convs2s_decodes_a_few_sentences(tmp_path):
     # the command that reruns it, recorded and printed (the results files had none)
     import shlex
 
-    assert shlex.split(result["meta"]["command"]) == [sys.executable, str(REPO / "bench" / "bench_convs2s.py"), *args]
+    assert shlex.split(result["meta"]["command"]) == [*_rerun_env(), sys.executable, str(REPO / "bench" / "bench_convs2s.py"), *args]
     assert f"command: {result['meta']['command']}" in proc.stdout
     assert [r["arch"] for r in rows] == ["transformer", "convs2s", "rnn"]
     assert all(r["tokens"] == 3 + 2 + 4 + 3 * 2 for r in rows)  # </s> suppressed: 1.0 * S + 2 tokens each
