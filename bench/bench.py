@@ -66,7 +66,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from cometnmt.config import COMPILE_MODES, Config, config_from_dict, load_config, to_dict
 from cometnmt.data.batching import collate
-from cometnmt.data.pipeline import Examples, TextCodec, build_codec, encode_pairs, read_split
+from cometnmt.data.pipeline import VOCAB_COUNT, Examples, TextCodec, build_codec, encode_pairs, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
 from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix
 from cometnmt.inference import set_cuda_backends
@@ -413,9 +413,10 @@ def model_config(name: str, args: argparse.Namespace, save_dir: str) -> Config:
 
 def _data_key(cfg: Config) -> dict:
     d = cfg.data
-    return {k: getattr(d, k) for k in ("corpus", "src_lang", "tgt_lang", "train_split", "test_split", "tokenizer",
-                                       "lowercase", "min_freq", "max_vocab", "sp_vocab_size", "sp_model_type",
-                                       "max_len", "src_sos_eos", "max_train_pairs")}
+    return {**{k: getattr(d, k) for k in ("corpus", "src_lang", "tgt_lang", "train_split", "test_split", "tokenizer",
+                                          "lowercase", "min_freq", "max_vocab", "sp_vocab_size", "sp_model_type",
+                                          "max_len", "src_sos_eos", "max_train_pairs")},
+            "vocab_count": VOCAB_COUNT}
 
 
 class Data:

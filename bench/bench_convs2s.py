@@ -35,7 +35,7 @@ import torch
 
 from cometnmt.config import Config, load_config, to_dict
 from cometnmt.data.batching import collate
-from cometnmt.data.pipeline import build_codec, read_split
+from cometnmt.data.pipeline import VOCAB_COUNT, build_codec, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
 from cometnmt.decoding import greedy_search
 from cometnmt.models import build_model
@@ -71,14 +71,14 @@ def load_test_ids(cfg: Config, cache: str | None) -> tuple[list[list[int]], int,
     ``cache`` holds them with the data config they came from (``data``); one written for another
     data config (or without it) is rebuilt: read as it was, it gave the models the old vocabularies'
     sizes and ids, and every number of the run was for them, without a word."""
-    key = to_dict(cfg.data)
+    key = {**to_dict(cfg.data), "vocab_count": VOCAB_COUNT}  # and how the vocabularies were counted
     if cache and Path(cache).exists():
         data = json.loads(Path(cache).read_text(encoding="utf-8"))
         if data.get("data") == key:
             return data["ids"], data["src_vocab"], data["tgt_vocab"]
         stored = data.get("data") or {}
-        changed = sorted(k for k in key if stored.get(k, "<absent>") != key[k])
-        print(f"--ids {cache}: written for another data config (data.{', data.'.join(changed)} differ); rebuilding it",
+        changed = sorted(k if k == "vocab_count" else f"data.{k}" for k in key if stored.get(k, "<absent>") != key[k])
+        print(f"--ids {cache}: written for another data config ({', '.join(changed)} differ); rebuilding it",
               file=sys.stderr)
     codec, _, _ = build_codec(cfg.data, read_split(cfg.data, "train"))
     test = read_split(cfg.data, "test").src

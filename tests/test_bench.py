@@ -373,7 +373,9 @@ def _ids_key() -> dict:
     """The data config a bench_convs2s.py --ids cache must have been written for: the Transformer preset's."""
     from cometnmt.config import load_config, to_dict
 
-    return to_dict(load_config(REPO / "configs" / "multi30k" / "transformer.yaml").data)
+    from cometnmt.data.pipeline import VOCAB_COUNT
+
+    return {**to_dict(load_config(REPO / "configs" / "multi30k" / "transformer.yaml").data), "vocab_count": VOCAB_COUNT}
 
 
 def test_bench_convs2s_ids_cache_of_another_data_config_is_rebuilt(monkeypatch, tmp_path, capsys):
@@ -399,6 +401,12 @@ def test_bench_convs2s_ids_cache_of_another_data_config_is_rebuilt(monkeypatch, 
     assert json.loads(cache.read_text())["data"] == _ids_key()
     monkeypatch.setattr(bench, "build_codec", None)  # the rewritten cache is read as it is
     assert bench.load_test_ids(cfg, str(cache)) == ([[6, 5], [5]], 30, 40)
+    # one written before the vocabularies were counted on the pairs kept at data.max_len: rebuilt too
+    before = {k: v for k, v in _ids_key().items() if k != "vocab_count"}
+    cache.write_text(json.dumps({"data": before, "ids": [[5, 6]], "src_vocab": 20, "tgt_vocab": 20}))
+    monkeypatch.setattr(bench, "build_codec", lambda data, corpus: (vocab, None, None))
+    assert bench.load_test_ids(cfg, str(cache)) == ([[6, 5], [5]], 30, 40)
+    assert "(vocab_count differ)" in capsys.readouterr().err
 
 
 def test_bench_transformer_pp_times_the_trainers_step(data_dir, tmp_path, monkeypatch):

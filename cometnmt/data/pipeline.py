@@ -193,6 +193,12 @@ def too_long(src_tokens: list[str], tgt_tokens: list[str], max_len: int | None) 
     return max_len is not None and (len(src_tokens) > max_len or len(tgt_tokens) > max_len)
 
 
+VOCAB_COUNT = "pairs kept at data.max_len"
+"""What :func:`build_codec` counts the vocabularies on (every pair before 2026-11-29): part of the
+key of a cache of encoded data (bench.py ``--data-cache``, bench_convs2s.py ``--ids``), so that
+one written under the other rule is rebuilt, not read with its vocabularies."""
+
+
 def build_codec(cfg, train: ParallelCorpus) -> tuple[TextCodec, list[list[str]], list[list[str]]]:
     """Fit tokenizers and vocabularies on the training split; also return its tokens (every pair's,
     in the corpus's order, as :func:`encode_pairs` takes them).
