@@ -32,15 +32,20 @@ def _spelled(value: float) -> str:
     return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
 
 
-def null_nonfinite(value):
+def null_nonfinite(value, found: dict[str, str] | None = None, at: str = ""):
     """``value`` with every float that is not finite (NaN, infinities), at any depth, as None: for
-    JSON that strict readers take (metrics.jsonl here, ``evaluate --json``)."""
+    JSON that strict readers take (metrics.jsonl here, ``evaluate --json``). ``found``: each such
+    value's spelling is put there under its JSON Pointer (``at``: the pointer of ``value``)."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        if math.isfinite(value):
+            return value
+        if found is not None:
+            found[at] = _spelled(value)
+        return None
     if isinstance(value, dict):
-        return {k: null_nonfinite(v) for k, v in value.items()}
+        return {k: null_nonfinite(v, found, f"{at}/{_pointer_token(k)}") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [null_nonfinite(v) for v in value]
+        return [null_nonfinite(v, found, f"{at}/{i}") for i, v in enumerate(value)]
     return value
 
 
@@ -70,18 +75,7 @@ def strict_json(value, **dumps_kwargs) -> str:
     these records nest. ``allow_nan=False`` guards the rule: a value it missed is an error, not a
     bare NaN that strict readers (jq, ``JSON.parse``, ``cometnmt render``'s schema) refuse."""
     found: dict[str, str] = {}
-
-    def walk(v, at: str):
-        if isinstance(v, float) and not math.isfinite(v):
-            found[at] = _spelled(v)
-            return None
-        if isinstance(v, dict):
-            return {k: walk(x, f"{at}/{_pointer_token(k)}") for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [walk(x, f"{at}/{i}") for i, x in enumerate(v)]
-        return v
-
-    out = walk(value, "")
+    out = null_nonfinite(value, found)
     if found:
         if not isinstance(out, dict):
             raise TypeError(f"strict_json: a value that is not finite needs an object to be named in, not {type(value).__name__}")
