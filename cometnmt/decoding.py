@@ -12,7 +12,8 @@ its positions). Beam search keeps ``beam_size`` hypotheses per sentence on tenso
 hypothesis when it emits </s> among the top ``beam_size`` candidates, ranks finished hypotheses by
 log-probability / ((5 + length) / 6) ** length_penalty (Wu et al. 2016; or, with
 ``decode.length_norm: length``, log-probability / length ** length_penalty, as fairseq), and stops a sentence once
-it has ``beam_size`` finished hypotheses or reaches its length bound. Sampling (as fairseq's
+it has ``beam_size`` finished hypotheses or reaches its length bound, or earlier, once no live hypothesis can
+still outscore its ``nbest`` best finished ones (which leaves the output as it was). Sampling (as fairseq's
 ``--sampling``, e.g. for back-translation) decodes like greedy search but draws each token at
 random, with optional temperature, top-k and nucleus (top-p) truncation; ``nbest`` samples per
 sentence are ``nbest`` copies of its row. Each sentence draws from its own stream of random
@@ -23,6 +24,7 @@ its samples do not depend on the sentences batched with it.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -248,7 +250,12 @@ def beam_search(
 
     A sentence leaves the batch once it has ``beam_size`` finished hypotheses (as fairseq does):
     with a length penalty a live hypothesis could still have ended above them, so this is the
-    usual approximation, not an exact search for the best-scoring finished hypothesis."""
+    usual approximation, not an exact search for the best-scoring finished hypothesis.
+    It leaves earlier where going on cannot change its ``nbest`` best (:func:`_settled`): the
+    hypotheses it would have finished later all rank below them, so the output is the same, in
+    fewer steps (as Hugging Face's ``early_stopping="never"`` bound). On test_2016_flickr with a
+    trained Transformer that saves 12% of the rows decoded at length penalty 0, 3% at 0.5, 0.6% at
+    1 (bench/README.md)."""
     B, K, device = src.size(0), beam_size, src.device
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.position_limit())  # B
     state = model.init_state(model.encode(src, src_pad_mask))
@@ -275,7 +282,9 @@ def beam_search(
         at_limit = limits[active].le(t + 1)  # n
         for i in at_limit.nonzero().squeeze(1).tolist():  # sentences out of length: keep their beams
             _finish_rows(finished[int(active[i])], scores[i], seqs[i * K : (i + 1) * K], length_penalty, length_norm)
-        enough = torch.tensor([len(finished[int(s)]) >= K for s in active.tolist()], device=device)
+        reachable = length_normalise(scores[:, 0], limits[active], length_penalty, length_norm).tolist()  # n
+        enough = torch.tensor([_settled(finished[s], K, nbest, r) for s, r in zip(active.tolist(), reachable)],
+                              device=device)
         done = at_limit | enough  # n
         if bool(done.all()):
             break
@@ -290,6 +299,26 @@ def beam_search(
         hyps.sort(key=lambda h: -h[0])
         results.append([Hypothesis(toks, score) for score, toks in hyps[:nbest]])
     return results
+
+
+def _settled(bucket: list, beam_size: int, nbest: int, reachable: float) -> bool:
+    """Whether a sentence's beam search is over, given its finished hypotheses ``bucket`` ((score,
+    tokens), ranked by score): it has ``beam_size`` of them (fairseq's rule), or its ``nbest`` best
+    already score at least ``reachable``, the best score any of its live hypotheses can still end
+    with. A live hypothesis's log-probability only falls as it grows, and the length penalty
+    divides a negative score by at most its value at the length bound, so ``reachable`` is the best
+    live score normalised at the sentence's length bound (with no length penalty, the best live
+    score). A hypothesis finished later then ranks below the ``nbest`` (a tie too: the ranking
+    sort is stable, earlier first), so stopping leaves the output unchanged. The bound is loosened
+    by a relative 1e-5, for the float32 rounding of the scores compared."""
+    if len(bucket) >= beam_size:
+        return True
+    if len(bucket) < nbest:
+        return False
+    if reachable == float("-inf"):  # no live hypothesis left
+        return True
+    nth = heapq.nlargest(nbest, (score for score, _ in bucket))[-1]
+    return nth >= reachable + 1e-5 * abs(reachable)
 
 
 def _top_candidates(lp: torch.Tensor, scores: torch.Tensor, m: int) -> tuple[torch.Tensor, ...]:

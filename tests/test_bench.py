@@ -862,6 +862,20 @@ def test_bench_serve_times_batching_on_and_off(data_dir, tmp_path, monkeypatch):
     assert "on/off:" in proc.stdout
 
 
+def test_bench_beam_stop_compares_the_early_stop_with_fairseqs_rule(data_dir, tmp_path, monkeypatch):
+    """bench/bench_beam_stop.py on a few sentences: both stopping rules translate alike, the early
+    one steps no more decoder rows (timings not asserted)."""
+    monkeypatch.setenv("COMETNMT_MULTI30K_DIR", str(data_dir))
+    out = tmp_path / "stop.json"
+    proc = run("bench_beam_stop.py", "--sentences", "12", "--rounds", "1", "--threads", "1",
+               "--length-penalty", "0", "1", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert [r["length_penalty"] for r in result["results"]] == [0.0, 1.0] and "--sentences 12" in result["command"]
+    for r in result["results"]:
+        assert r["same_translations"] == 1.0 and 0 < r["rows_stepped"]["on"] <= r["rows_stepped"]["off"]
+    assert "on/off" in proc.stdout
+
+
 def test_bench_startup_times_a_spacy_checkpoints_load_and_first_translation(data_dir, tmp_path, monkeypatch):
     """bench/startup.py with one run: it trains the tiny spaCy-tokenized model, times its load and
     first translation in a fresh interpreter, and says what they imported: from_checkpoint spaCy

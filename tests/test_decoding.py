@@ -96,6 +96,46 @@ def test_nbest_keeps_every_hypothesis_that_ends_on_the_last_step():
     assert model.logprob(1, [EOS]) < hyps[1].score  # the hypothesis it replaced scores lower
 
 
+def _counted(model: Markov) -> list[int]:
+    """Count the rows ``model.step`` runs (patched on the instance); returns the one-item counter."""
+    rows, step = [0], model.step
+
+    def counting(tokens, state):
+        rows[0] += tokens.numel()
+        return step(tokens, state)
+
+    model.step = counting
+    return rows
+
+
+@pytest.mark.parametrize("alpha,norm", [(0.0, "gnmt"), (0.5, "gnmt"), (1.0, "gnmt"), (1.0, "length")])
+@pytest.mark.parametrize("nbest", [1, 2])
+def test_a_sentence_stops_once_no_live_hypothesis_can_outscore_its_nbest(monkeypatch, alpha, norm, nbest):
+    """The early stop (decoding._settled) leaves every hypothesis and score as the search without it
+    (fairseq's rule alone: stop at beam_size finished), in fewer steps. A bound that ignored what live
+    hypotheses can still reach (stop at nbest finished) changes the output here, so the comparison
+    can fail."""
+    import cometnmt.decoding as decoding
+
+    src, mask = torch.arange(40)[:, None], torch.zeros(40, 1, dtype=torch.bool)
+
+    def run(settled) -> tuple[list, int]:
+        model = Markov(n_sent=40, max_len=12, vocab=7, seed=5)
+        rows = _counted(model)
+        monkeypatch.setattr(decoding, "_settled", settled)
+        found = beam_search(model, src, mask, BOS, EOS, 4, alpha, nbest, 0.0, 12, norm)
+        return [[(h.tokens, h.score) for h in hyps] for hyps in found], rows[0]
+
+    early, early_rows = run(decoding._settled)
+    full, full_rows = run(lambda bucket, k, n, reachable: len(bucket) >= k)
+    hasty, _ = run(lambda bucket, k, n, reachable: len(bucket) >= n)
+    assert early == full
+    assert early_rows <= full_rows
+    if alpha < 1.0 or nbest == 1:  # at penalty 1 the bound (the best live score at the length bound) is loose
+        assert early_rows < full_rows
+    assert hasty != full
+
+
 def test_markov_beam_one_equals_greedy():
     model = Markov(n_sent=4, max_len=10, vocab=7, seed=1)
     src = torch.tensor([[0], [1], [2], [3]])
