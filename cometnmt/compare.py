@@ -37,7 +37,7 @@ from pathlib import Path
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.experiments import RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, save_split, test_hyps, validation_bleu_label
-from cometnmt.training.run_files import strict_json
+from cometnmt.training.run_files import EVAL_SPLITS, strict_json
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ def _evaluate_run(args, run: Path) -> dict:
     tok = paper_tokenizer(data.tgt_lang)  # None: BLEU and chrF alone (a language spaCy cannot tokenise)
     out = {"checkpoint": used, "decode": to_dict(decode), "arch": translator.cfg.model.arch,
            "parameters": sum(p.numel() for p in translator.model.parameters())}
-    for split in ("valid", "test"):
+    for split in EVAL_SPLITS:
         start = time.perf_counter()
         done = translator.translate_split(split, decode, limit=args.eval_limit)
         out[f"{split}_decode_seconds"] = time.perf_counter() - start
@@ -273,7 +273,7 @@ def summarise(names: list[str], records: list[dict]) -> list[dict]:
         if recs:
             entry.update(arch=recs[0]["arch"], parameters=recs[0]["parameters"], search=_search_label(recs[0]["decode"]),
                          checkpoint=recs[0]["checkpoint"], checkpoints={r["seed"]: r["checkpoint"] for r in recs})
-        for split in ("valid", "test"):
+        for split in EVAL_SPLITS:
             for metric in ("bleu", "chrf", "paper_bleu"):
                 entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs if metric in r[split]])
         entry["epochs"] = mean_sd([r["epochs"] for r in recs])
@@ -428,7 +428,7 @@ def _markdown(report: dict) -> str:
     for r in sorted(report["runs"], key=lambda r: (r["seed"], names.index(r["row"]) if r["row"] in names else 0)):
         lines.append(f"| {r['row']} | {r['seed']} | {r['epochs']} | {r['valid']['bleu']:.2f} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} |"
                      + ("".join(f" {r[split]['paper_bleu']:.2f} |" if "paper_bleu" in r[split] else " – |"
-                                for split in ("valid", "test")) if paper else ""))
+                                for split in EVAL_SPLITS) if paper else ""))
     if report["significance"]:
         lines += ["", "## Paired bootstrap (test; bleu = sacreBLEU BLEU, paper = the COMET paper's metric)", "",
                   "p = fraction of bootstrap samples in which the second system scores at least as high as the first "

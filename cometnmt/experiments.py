@@ -33,7 +33,7 @@ from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.interrupts import Stopped, stop_on
 from cometnmt.progress import progress_bar
-from cometnmt.training.run_files import read_strict_json, strict_json
+from cometnmt.training.run_files import EVAL_SPLITS, read_strict_json, strict_json
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +382,7 @@ def _decoded_alike(rec: dict, limit: Optional[int], other: Optional[int]) -> boo
     test split was whole; --eval-limit 1014 decodes both whole, the same as none. A run that
     predates ``split_sentences`` is alike only where the limits are equal."""
     sizes = [rec.get(split, {}).get("split_sentences") if isinstance(rec.get(split), dict) else None
-             for split in ("valid", "test")]
+             for split in EVAL_SPLITS]
     if not all(isinstance(n, int) for n in sizes):
         return limit == other
 
@@ -534,14 +534,14 @@ def keep_hypotheses(out: Path, records: list[dict]) -> None:
     removes the copies of runs the report does not cover after it (:func:`drop_hypotheses`)."""
     for rec in records:
         run = run_dir(out, rec["row"], rec["seed"])
-        for split in ("valid", "test"):
+        for split in EVAL_SPLITS:
             hyp = run / hypothesis_file(split)
             if hyp.exists():
                 write_text_file(out / "hypotheses" / rec["row"] / f"seed{rec['seed']}" / hyp.name,
                                 hyp.read_bytes().decode("utf-8"))
 
 
-HYPOTHESIS_FILES = tuple(map(hypothesis_file, ("valid", "test")))  # what keep_hypotheses writes in a run's OUT/hypotheses/NAME/seedS
+HYPOTHESIS_FILES = tuple(map(hypothesis_file, EVAL_SPLITS))  # what keep_hypotheses writes in a run's OUT/hypotheses/NAME/seedS
 
 
 def drop_hypotheses(out: Path, runs: list[dict]) -> list[Path]:
@@ -911,10 +911,10 @@ def provenance(args, seconds: float, records: list[dict], missing: list[str]) ->
         "eval_limit": args.eval_limit,
         # the splits --eval-limit cut (a limit at or above a split's size decoded all of it): what
         # report.md calls a smoke setting
-        "eval_limit_cut": [split for split in ("valid", "test") if eval_limit_cut(records, split, args.eval_limit)],
+        "eval_limit_cut": [split for split in EVAL_SPLITS if eval_limit_cut(records, split, args.eval_limit)],
         # as decoded: data.max_valid_pairs cuts the dev split too, below --eval-limit or without it
         "sentences": {split: sorted({r[split]["n_sentences"] for r in records if "n_sentences" in r.get(split, {})})
-                      for split in ("valid", "test")},
+                      for split in EVAL_SPLITS},
     }
 
 

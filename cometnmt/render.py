@@ -29,7 +29,7 @@ import jsonschema
 from cometnmt.atomic import atomic_write
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
-from cometnmt.training.run_files import read_strict_json
+from cometnmt.training.run_files import EVAL_SPLITS, read_strict_json
 
 
 def read_report(path: Path) -> dict:
@@ -95,9 +95,9 @@ _PROVENANCE = _obj(
      "wall_seconds": _NUM, "train_hours": _NUM, "overrides": {**_STRS, "type": ["array", "null"]},
      "missing_runs": _STRS, "eval_limit": {"type": ["integer", "null"]}},
     {"runs_without_overrides": _map(_STRS), "merged_from": {"type": ["string", "null"]},
-     "eval_limit_cut": {**_list({"enum": ["valid", "test"]}), "description": "the splits --eval-limit cut"},
+     "eval_limit_cut": {**_list({"enum": list(EVAL_SPLITS)}), "description": "the splits --eval-limit cut"},
      "sentences": {**_map(_INTS), "if": {"additionalProperties": {"maxItems": 0}},
-                   "else": {"required": ["valid", "test"]}}},
+                   "else": {"required": list(EVAL_SPLITS)}}},
     **{"if": {"properties": {"merged_from": {"type": "string", "minLength": 1}}, "required": ["merged_from"]},
        "then": {"properties": {"merged_runs": _INT}, "required": ["merged_runs"]}})
 
@@ -127,7 +127,7 @@ def _reproduce_schema() -> dict:
     return _obj(
         {"provenance": _PROVENANCE,
          "table": _list(_obj({"row": _STR, "label": _STR, "seeds": _INTS, "epochs": _MEAN_SD, "paper_dev": paper,
-                              "paper_test": paper, **{f"{split}_{metric}": _MEAN_SD for split in ("valid", "test")
+                              "paper_test": paper, **{f"{split}_{metric}": _MEAN_SD for split in EVAL_SPLITS
                                                       for metric in ("paper_bleu", "bleu", "chrf")}})),
          "runs": _list(_run({"test": test}))},
         {"candidate": {"enum": list(ROWS), "description": "a row of this commit's Table 1 (cometnmt reproduce --rows)"},

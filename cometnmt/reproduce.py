@@ -34,7 +34,7 @@ from typing import Optional
 from cometnmt.data.corpus import write_text_file
 from cometnmt.errors import CometNMTError
 from cometnmt.experiments import PRESETS, REPO, RunSpec, best_behind_lines, capped_lines, case_note, check_run_args, check_run_configs, command_lines, curve_marker, eval_limit_cut, evaluation_mismatch, evaluation_options, fmt, fmt_p, how_it_ended, mean_sd, metrics, mixed_recipe_lines, provenance, provenance_lines, run_and_report, run_dir, run_test_split, save_split, test_hyps, validation_bleu_label
-from cometnmt.training.run_files import read_strict_json, strict_json
+from cometnmt.training.run_files import EVAL_SPLITS, read_strict_json, strict_json
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def _evaluate_run(args, run: Path) -> dict:
     data = translator.cfg.data
     tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # None where spaCy lacks the language (warned)
     out = {}
-    for split in ("valid", "test"):
+    for split in EVAL_SPLITS:
         done = translator.translate_split(split, dcfg, limit=args.eval_limit)
         size = save_split(run, split, done)
         out[split] = {**score_with(done.hyps, done.refs, tgt_tok, src_tok, lang=data.tgt_lang, src_lang=data.src_lang,
@@ -213,7 +213,7 @@ def summarise(rows: list[str], records: list[dict]) -> list[dict]:
         recs = sorted((r for r in records if r["row"] == row), key=lambda r: r["seed"])  # not in merge order
         entry = {"row": row, "label": ROWS[row].label, "paper_dev": ROWS[row].paper_dev,
                  "paper_test": ROWS[row].paper_test, "seeds": [r["seed"] for r in recs]}
-        for split in ("valid", "test"):
+        for split in EVAL_SPLITS:
             for metric in ("paper_bleu", "bleu", "chrf"):  # paper_bleu: not where spaCy lacks the language
                 entry[f"{split}_{metric}"] = mean_sd([r[split][metric] for r in recs if metric in r[split]])
         entry["epochs"] = mean_sd([r["epochs"] for r in recs])

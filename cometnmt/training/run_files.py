@@ -17,6 +17,7 @@ EPOCH_CHECKPOINT = re.compile(r"epoch(\d+)\.pt")  # epoch_checkpoint_name's name
 EPOCH_CHECKPOINT_GLOB = "epoch*.pt"  # a glob finding them (and names the trainer does not write: epoch_avg.pt)
 METRICS_FILE = "metrics.jsonl"  # the run folder's log of train and valid records, one JSON object a line
 CONFIG_FILE = "config.yaml"  # the run's config, written by train() as the run starts
+EVAL_SPLITS = ("valid", "test")  # the splits reproduce and compare decode and score for each run, in report order
 
 # metrics.jsonl has no NaN or Infinity: JSON has none, and json.dumps' bare NaN, Infinity and -Infinity
 # (a diverged run's loss, an fp16 validation that overflowed) are refused by strict readers (jq,
