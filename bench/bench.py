@@ -68,7 +68,7 @@ from cometnmt.config import COMPILE_MODES, Config, config_from_dict, load_config
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import VOCAB_COUNT, Examples, TextCodec, build_codec, encode_pairs, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
-from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix
+from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix, precision_context
 from cometnmt.inference import set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.training.checkpoint import load_checkpoint
@@ -188,6 +188,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-sentences", type=int, help="decode only the first N test sentences (default: all 1,000)")
     p.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
     p.add_argument("--beam", type=int, default=5, help="beam size of the beam-search run (default 5)")
+    p.add_argument("--decode-precision", dest="decode_precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="the searches' arithmetic, as decode.precision (default fp32; bf16 pays on CPUs with AMX); "
+                        "bench_precision.py compares them side by side")
     p.add_argument("--max-len-a", type=float, help="output length bound a*S+b (default 1.0 for random init, else the checkpoint's)")
     p.add_argument("--max-len-b", type=int, help="output length bound a*S+b (default 2 for random init, else the checkpoint's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every model (repeatable)")
@@ -671,6 +674,7 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
     }
     model.eval()
     out = {"sentences": len(ids), "batch_sentences": size, "max_len_a": a, "max_len_b": bound_b, "src_specials": specials,
+           "precision": args.decode_precision,
            "schedule": "methods interleaved batch by batch (a drifting machine slows all alike)", "methods": {}}
     hyps = {name: [] for name in methods}
     seconds = dict.fromkeys(methods, 0.0)
@@ -681,7 +685,7 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
     # greedy's timed first batch, as greedy went first there, and in no other method's
     warm = batches[0][:8]
     warm_batch = collate([ids[i] or [EOS] for i in warm], None, warm).to(device)
-    with torch.inference_mode():
+    with torch.inference_mode(), precision_context(device, args.decode_precision):
         for name in names:
             methods[name](warm_batch.src, warm_batch.src_pad_mask)
     for j, idx in enumerate(batches):
@@ -690,7 +694,7 @@ def bench_decoding(model: torch.nn.Module, cfg: Config, data: Data, device: torc
             sync(device)
             cpu0 = _cpu_seconds()
             t0 = time.perf_counter()
-            with torch.inference_mode():
+            with torch.inference_mode(), precision_context(device, args.decode_precision):
                 hyps[name] += [h.tokens for h in methods[name](batch.src, batch.src_pad_mask)]
             sync(device)
             seconds[name] += time.perf_counter() - t0
@@ -942,7 +946,8 @@ def format_report(res: dict) -> str:
         d0 = dec[0]["decoding"]
         names = list(d0["methods"])
         lines += ["", f"decoding test_2016_flickr ({d0['sentences']} sentences, batches of {d0['batch_sentences']}, "
-                      f"output <= {d0['max_len_a']:g}*S+{d0['max_len_b']:g} tokens{', </s> suppressed (random init)' if d0['eos_suppressed'] else ''})",
+                      f"output <= {d0['max_len_a']:g}*S+{d0['max_len_b']:g} tokens{', </s> suppressed (random init)' if d0['eos_suppressed'] else ''}"
+                      f"{'' if d0.get('precision', 'fp32') == 'fp32' else ', search in ' + d0['precision']})",
                   f"{'model':<{w}}" + "".join(f"{n + ' s':>22}" for n in names) + f"{'incr. speed-up':>16}{names[2] + '/greedy':>15}"
                   + f"{'mean len':>10}{'agree':>7}"]
         for r in dec:

@@ -28,21 +28,65 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def search_bench_parser(description: str, rounds: str) -> argparse.ArgumentParser:
+    """The options this script and bench_precision.py share; ``rounds``: what a round times."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--checkpoint", help="a trained checkpoint (default: train configs/tiny.yaml for a minute)")
-    p.add_argument("--length-penalty", type=float, nargs="+", default=[0.0, 0.5, 1.0],
-                   help="the length penalties (alpha) to run (default 0 0.5 1)")
     p.add_argument("--beam", type=int, default=5, help="beam size (default 5)")
     p.add_argument("--sentences", type=int, help="translate only the first N test sentences (default: all 1,000)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds, each timing both rules (default 2)")
+    p.add_argument("--rounds", type=int, default=2, help=f"rounds, each timing {rounds} (default 2)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's choice)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", help="also write the results to this JSON file")
+    return p
+
+
+def parse_search_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: must be at least 1")
     return args
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = search_bench_parser(__doc__.split("\n\n")[0], "both rules")
+    p.add_argument("--length-penalty", type=float, nargs="+", default=[0.0, 0.5, 1.0],
+                   help="the length penalties (alpha) to run (default 0 0.5 1)")
+    return parse_search_args(p, argv)
+
+
+def test_split(side: str, limit: int | None) -> list[str]:
+    """The first ``limit`` lines (None: all) of Multi30k's test_2016_flickr in language ``side``."""
+    with gzip.open(Path(data_dir()) / f"test_2016_flickr.{side}.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f][:limit]
+
+
+def data_dir() -> str:
+    return os.environ.get("COMETNMT_MULTI30K_DIR", str(REPO.parent / "shared" / "data" / "multi30k"))
+
+
+def load_translator(args: argparse.Namespace):
+    """(the Translator of ``--checkpoint`` on ``--device``, its path); without ``--checkpoint``,
+    configs/tiny.yaml trained for a minute first (the path then names a folder already removed)."""
+    from bench_serve import tiny_checkpoint
+    from cometnmt.inference import Translator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint or str(tiny_checkpoint(Path(tmp) / "run", data_dir()))
+        return Translator.from_checkpoint(checkpoint, device=args.device), checkpoint
+
+
+def write_record(args: argparse.Namespace, script: str, argv: list[str] | None, record: dict) -> None:
+    """``--out``'s JSON: ``record`` with the date, the command that reruns it and the machine."""
+    import torch
+
+    from bench import command_line, machine_info
+
+    if args.out:
+        record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command_line(script, argv),
+                  "machine": machine_info(torch.device(args.device)), "threads": torch.get_num_threads(), **record}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,20 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import cometnmt.decoding as decoding
-    from bench import command_line, machine_info
-    from bench_serve import tiny_checkpoint
-    from cometnmt.inference import Translator
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    data_dir = os.environ.get("COMETNMT_MULTI30K_DIR", str(REPO.parent / "shared" / "data" / "multi30k"))
-    with gzip.open(Path(data_dir) / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
-        sentences = [line.rstrip("\n") for line in f][: args.sentences]
+    sentences = test_split("de", args.sentences)
     early = decoding._settled
     rules = {"off": lambda bucket, beam_size, nbest, reachable: len(bucket) >= beam_size, "on": early}
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = args.checkpoint or str(tiny_checkpoint(Path(tmp) / "run", data_dir))
-        translator = Translator.from_checkpoint(checkpoint, device=args.device)
+    translator, checkpoint = load_translator(args)
     rows, step = [0], translator.model.step
 
     def counting(tokens, state):
@@ -97,13 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['length_penalty']:5.2f} {r['seconds']['off']:7.2f} {r['seconds']['on']:7.2f} "
               f"{r['time_on_over_off']:6.3f} {r['rows_stepped']['off']:9d} {r['rows_stepped']['on']:9d} "
               f"{r['rows_saved']:6.1%} {r['same_translations']:6.1%}")
-    if args.out:
-        record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command_line(__file__, argv),
-                  "machine": machine_info(torch.device(args.device)), "checkpoint": checkpoint,
-                  "threads": torch.get_num_threads(), "beam": args.beam, "sentences": len(sentences),
-                  "results": results}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args, __file__, argv, {"checkpoint": checkpoint, "beam": args.beam, "sentences": len(sentences),
+                                        "results": results})
     return 0
 
 

@@ -65,7 +65,8 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
                         limit: int | None = None, progress: bool = False, flags: bool = False,
                         sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
                         temperature: float | None = None, seed: int | None = None, replace_unk: bool | None = None,
-                        hyp_out: str | Path | None = None, json_out: str | Path | None = None) -> tuple[dict, SplitTranslation]:
+                        precision: str | None = None, hyp_out: str | Path | None = None,
+                        json_out: str | Path | None = None) -> tuple[dict, SplitTranslation]:
     """Translate a split of the checkpoint's own data and score it, as ``cometnmt evaluate
     --checkpoint``: the search is the checkpoint's ``decode`` config with the given settings
     replaced; the scores are :func:`~cometnmt.evaluation.score`'s, with BLEU by source length (on
@@ -77,6 +78,7 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     :param sampling: score one random sample per sentence (``topk``, ``topp``, ``temperature``,
         ``seed``: :meth:`Translator.translate`'s).
     :param replace_unk: copy the source word attended to most in place of each ``<unk>`` output.
+    :param precision: the search's arithmetic (``decode.precision``: fp32, bf16 or fp16).
     :param hyp_out: also write the hypotheses there, a line each; ``json_out``: the scores, as
         :func:`~cometnmt.evaluation.write_json`. Neither may be the split's source or reference
         file nor a checkpoint (refused before anything is translated).
@@ -91,7 +93,7 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], split: st
     translator = Translator.from_checkpoint(checkpoint, device)
     decode = translator.search_config(beam=beam, length_penalty=length_penalty, batch_size=batch_size, nbest=1,
                                       sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                                      replace_unk=replace_unk, flags=flags)
+                                      replace_unk=replace_unk, precision=precision, flags=flags)
     data = translator.cfg.data
     tgt_tok, src_tok = paper_tokenizers(data.tgt_lang, data.src_lang)  # what spaCy cannot tokenise: said now, not after decoding
     if hyp_out is not None or json_out is not None:

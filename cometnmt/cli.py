@@ -131,13 +131,13 @@ def _decode_cfg(base, args):
 
     return decode_config(base, args.beam, args.nbest, args.length_penalty, args.batch_sentences, sampling=args.sampling,
                          topk=args.topk, topp=args.topp, temperature=args.temperature, seed=args.seed,
-                         replace_unk=args.replace_unk)
+                         replace_unk=args.replace_unk, precision=args.precision)
 
 
 def _search_args(args) -> dict:
-    """The sampling options and --replace-unk, as keywords of the library's functions."""
+    """The sampling options, --replace-unk and --precision, as keywords of the library's functions."""
     return {"sampling": args.sampling, "topk": args.topk, "topp": args.topp, "temperature": args.temperature,
-            "seed": args.seed, "replace_unk": args.replace_unk}
+            "seed": args.seed, "replace_unk": args.replace_unk, "precision": args.precision}
 
 
 def _checkpoints(paths) -> list[tuple[str, str]]:
@@ -300,7 +300,7 @@ def _continue_command(args, decode) -> str:
                ("--length-penalty", args.length_penalty), ("--sampling", args.sampling), ("--topk", args.topk),
                ("--topp", args.topp), ("--temperature", args.temperature),
                ("--seed", decode.sampling_seed if decode.method == "sample" else None),
-               ("--replace-unk", args.replace_unk), ("--batch-size", args.batch_sentences),
+               ("--replace-unk", args.replace_unk), ("--precision", args.precision), ("--batch-size", args.batch_sentences),
                ("--buffer-size", args.buffer_size), ("--device", None if args.device == "auto" else args.device)]
     command = ["cometnmt", "translate", *args.checkpoint]
     for flag, value in options:
@@ -720,6 +720,9 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="put the source word the decoder attends to most in place of each <unk> of the output (word "
                         "vocabularies, data.tokenizer spacy); default: the checkpoint's decode.replace_unk, usually off")
     p.add_argument("--batch-size", dest="batch_sentences", type=int, help="sentences per batch")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),  # config.PRECISIONS (config imports torch)
+                   help="the search's arithmetic: fp32, or bf16 / fp16 under autocast (bf16: faster on CPUs with AMX "
+                        "and on GPUs from Ampere; fp16: GPUs); default: the checkpoint's decode.precision, usually fp32")
     _device_option(p)
 
 

@@ -168,6 +168,7 @@ class TrainConfig:
 
 
 COMPILE_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])  # train.compile_mode's choices
+PRECISIONS = typing.get_args(typing.get_type_hints(TrainConfig)["precision"])  # train.precision's and decode.precision's choices
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the ones that replay CUDA graphs (on CUDA)
 SEED_LIMIT = 2**63  # seeds are 63-bit: torch.manual_seed refuses 2**64 and above
 TIED_ARCHS = ("transformer", "comet", "transformer_pp")  # the Transformer family: they read the shared sizes (model.d_model, ...) and may tie embeddings
@@ -191,6 +192,7 @@ class DecodeConfig:
     max_len_a: float = 1.5  # output length bound: a * source tokens (without src_sos_eos specials) + b
     max_len_b: int = 10  # the b of max_len_a's bound (tokens, </s> included)
     batch_sentences: int = 128  # source sentences per search batch, sorted by length (validation BLEU, translate, evaluate, logprob)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # search arithmetic: fp32; bf16, fp16: autocast (bf16 on CPUs with AMX or AVX-512 BF16 and on GPUs from Ampere; fp16 on GPUs)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -32,6 +33,16 @@ import torch
 import torch.nn.functional as F
 
 from cometnmt.models.base import Seq2Seq
+
+
+def precision_context(device: torch.device, precision: str):
+    """The context a model runs in under ``train.precision`` or ``decode.precision``: nothing for
+    fp32; for bf16 and fp16, autocast on ``device``'s kind (matrix products and convolutions in the
+    16-bit type, reductions, norms and softmax in float32, as PyTorch's autocast lists them). A
+    search reads the logits back in float32 (``logits.float()``) before its log-softmax."""
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 @dataclass

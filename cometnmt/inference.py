@@ -18,14 +18,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from tqdm import tqdm
 
-from cometnmt.config import (SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
+from cometnmt.config import (PRECISIONS, SEED_LIMIT, Config, DecodeConfig, check_decode, config_from_dict, from_dict,
                              length_penalty_problem, positions_key, temperature_problem, to_dict)
 from cometnmt.data.batching import collate
 from cometnmt.data.corpus import drop_byte_order_marks, nul_note, read_lines, warn_not_nfc
 from cometnmt.data.pipeline import TextCodec, anchor_paths, read_split, split_files
 from cometnmt.data.vocab import BOS, EOS, PAD, UNK
 from cometnmt.errors import CheckpointError, ConfigError, DataError, a_type, setting
-from cometnmt.decoding import sampling_seed, search, target_log_probs
+from cometnmt.decoding import precision_context, sampling_seed, search, target_log_probs
 from cometnmt.interrupts import check_stop
 from cometnmt.models import build_model
 from cometnmt.models.base import Seq2Seq
@@ -106,12 +106,14 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
                   length_penalty: float | None = None, batch_sentences: int | None = None,
                   flags: bool = True, *, sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
                   temperature: float | None = None, seed: int | None = None,
-                  replace_unk: bool | None = None, warn: Callable[[str], None] | None = None) -> DecodeConfig:
+                  replace_unk: bool | None = None, precision: str | None = None,
+                  warn: Callable[[str], None] | None = None) -> DecodeConfig:
     """``base`` with the given settings replaced (None keeps base's): ``beam`` 1 means greedy, more
     means beam search of that width; ``nbest`` above 1 implies beam search, unless sampling.
     ``sampling`` True samples (``nbest`` samples a sentence), False leaves a sampling ``base`` for
     greedy search; ``topk``, ``topp``, ``temperature`` and ``seed`` set sampling's keys and need it.
-    ``replace_unk`` sets ``decode.replace_unk`` (any search). Errors name the setting as a
+    ``replace_unk`` sets ``decode.replace_unk`` (any search), ``precision`` ``decode.precision``
+    (fp32, bf16 or fp16: the search's arithmetic, :func:`~cometnmt.decoding.precision_context`). Errors name the setting as a
     command-line flag (``--beam 0``) or, with ``flags=False``, as a keyword (``beam=0``).
     ``warn`` logs a warning's text (default: every call logs it; a :class:`Translator` logs each text once)."""
     def name(option: str, value: object) -> str:
@@ -126,13 +128,15 @@ def decode_config(base: DecodeConfig, beam: int | None = None, nbest: int | None
     _check_sampling_settings(name, sampling, topk, topp, temperature, seed)
     if replace_unk is not None and not isinstance(replace_unk, bool):
         raise ConfigError(f"{name('replace_unk', repr(replace_unk))}: must be true or false")
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError(f"{name('precision', repr(precision))}: must be one of {', '.join(PRECISIONS)}")
     data = to_dict(base)
     data["method"] = _method(base.method, beam, nbest or base.nbest, sampling, name, flags)
     if beam is not None:
         data["beam_size"] = beam
     for key, value in (("nbest", nbest), ("length_penalty", length_penalty), ("batch_sentences", batch_sentences),
                        ("sampling_topk", topk), ("sampling_topp", topp), ("temperature", temperature), ("sampling_seed", seed),
-                       ("replace_unk", replace_unk)):
+                       ("replace_unk", replace_unk), ("precision", precision)):
         if value is not None:
             data[key] = value
     for option, value in (("topk", topk), ("topp", topp), ("temperature", temperature), ("seed", seed)):
@@ -475,7 +479,7 @@ class Translator:
                       nbest: int | None = None, length_penalty: float | None = None, batch_size: int | None = None,
                       sampling: bool | None = None, topk: int | None = None, topp: float | None = None,
                       temperature: float | None = None, seed: int | None = None,
-                      replace_unk: bool | None = None, flags: bool = False) -> DecodeConfig:
+                      replace_unk: bool | None = None, precision: str | None = None, flags: bool = False) -> DecodeConfig:
         """The search a :meth:`translate` call given these settings runs, checked and normalised as
         that call checks them, without translating anything: ``decode_cfg`` (default the
         checkpoint's ``decode`` config) with the settings given replaced (:meth:`translate`'s
@@ -495,7 +499,7 @@ class Translator:
         """
         decode = decode_config(decode_cfg or self.cfg.decode, beam, nbest, length_penalty, batch_size, flags=flags,
                                sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                               replace_unk=replace_unk, warn=self._warn_once)
+                               replace_unk=replace_unk, precision=precision, warn=self._warn_once)
         self._check_replace_unk(decode, flags)
         return decode
 
@@ -549,20 +553,22 @@ class Translator:
         bar.update(len(src_ids) - len(todo))  # the blank ones: done
         self.model.eval()
         try:
-            for b, idx in enumerate(self._batches(src_ids, decode_cfg.batch_sentences, among=todo)):
-                if b % shard[1] != shard[0]:
+            # the search's arithmetic (decode.precision): autocast for bf16 and fp16
+            with precision_context(self.device, decode_cfg.precision):
+                for b, idx in enumerate(self._batches(src_ids, decode_cfg.batch_sentences, among=todo)):
+                    if b % shard[1] != shard[0]:
+                        bar.update(len(idx))
+                        continue
+                    # a thread asked to stop (reproduce's evaluations after Ctrl-C or at --deadline: interrupts.stop_on)
+                    # stops here, within one batch, not after the whole split
+                    check_stop()
+                    batch = collate([src_ids[i] for i in idx], None, idx).to(self.device)
+                    results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
+                                     src_specials=2 if self.codec.src_sos_eos else 0, seed=seed,
+                                     keys=[start + i for i in idx])  # bound on words
+                    for i, hyps in zip(idx, results):
+                        out[i] = [self._text(h.tokens, h.score) for h in hyps]
                     bar.update(len(idx))
-                    continue
-                # a thread asked to stop (reproduce's evaluations after Ctrl-C or at --deadline: interrupts.stop_on)
-                # stops here, within one batch, not after the whole split
-                check_stop()
-                batch = collate([src_ids[i] for i in idx], None, idx).to(self.device)
-                results = search(self.model, batch.src, batch.src_pad_mask, BOS, EOS, decode_cfg,
-                                 src_specials=2 if self.codec.src_sos_eos else 0, seed=seed,
-                                 keys=[start + i for i in idx])  # bound on words
-                for i, hyps in zip(idx, results):
-                    out[i] = [self._text(h.tokens, h.score) for h in hyps]
-                bar.update(len(idx))
         finally:
             if own:
                 bar.close()
@@ -783,7 +789,8 @@ class Translator:
                   beam: int | None = None, nbest: int | None = None, length_penalty: float | None = None,
                   batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
                   topp: float | None = None, temperature: float | None = None,
-                  seed: int | None = None, replace_unk: bool | None = None, start: int = 0) -> list[list[Translation]]:
+                  seed: int | None = None, replace_unk: bool | None = None, precision: str | None = None,
+                  start: int = 0) -> list[list[Translation]]:
         """Plain-text sentences in, n-best detokenised translations out, best first, in input
         order (a blank line gives ``nbest`` blank translations).
 
@@ -802,13 +809,17 @@ class Translator:
         :param progress: True shows a progress bar; a bar (tqdm) is advanced instead (:meth:`translate_ids`).
         :param replace_unk: True puts the source word the decoder attends to most in place of each
             ``<unk>`` of the output (word vocabularies only; the score stays the search's).
+        :param precision: the search's arithmetic, ``decode.precision``: "fp32", or "bf16" / "fp16"
+            under autocast (faster where the hardware has 16-bit matrix units: bf16 on CPUs with AMX,
+            GPUs; a translation may then differ from fp32's where two words score nearly alike).
         :raises DataError: a sentence longer than the model's positions (before any decoding).
         """
         if isinstance(texts, str):
             raise TypeError("Translator.translate takes a list of sentences; for one sentence call translator(text)")
         decode_cfg = self.search_config(decode_cfg, beam=beam, nbest=nbest, length_penalty=length_penalty,
                                         batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
-                                        temperature=temperature, seed=seed, replace_unk=replace_unk)
+                                        temperature=temperature, seed=seed, replace_unk=replace_unk,
+                                        precision=precision)
         start = plain_number(start)
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:  # "x" was a TypeError from an addition
             raise ConfigError(f"start={start!r}: must be an integer at least 0 (the first sentence's place in the input)")
@@ -821,13 +832,13 @@ class Translator:
     def __call__(self, text: str | Sequence[str], *, beam: int | None = None, length_penalty: float | None = None,
                  batch_size: int | None = None, sampling: bool | None = None, topk: int | None = None,
                  topp: float | None = None, temperature: float | None = None, seed: int | None = None,
-                 replace_unk: bool | None = None) -> str | list[str]:
+                 replace_unk: bool | None = None, precision: str | None = None) -> str | list[str]:
         """The best translation of one sentence (a string), or of each sentence of a list (with
         ``sampling``, one sample each; the settings are :meth:`translate`'s)."""
         single = isinstance(text, str)
         results = self.translate([text] if single else text, beam=beam, length_penalty=length_penalty,
                                  batch_size=batch_size, nbest=1, sampling=sampling, topk=topk, topp=topp,
-                                 temperature=temperature, seed=seed, replace_unk=replace_unk)
+                                 temperature=temperature, seed=seed, replace_unk=replace_unk, precision=precision)
         best = [r[0].text for r in results]
         return best[0] if single else best
 

@@ -1216,10 +1216,10 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
                 flags: bool = False,
                 sampling: bool | None = None, topk: int | None = None,
                 topp: float | None = None, temperature: float | None = None, seed: int | None = None,
-                replace_unk: bool | None = None) -> TranslationServer:
+                replace_unk: bool | None = None, precision: str | None = None) -> TranslationServer:
     """Load ``checkpoint`` (a list of several: an ensemble) and bind the server (``port`` 0 picks a
     free port: ``server.server_port``).
-    ``beam``, ``nbest``, ``length_penalty``, ``batch_size``, ``replace_unk`` and the sampling settings (those of
+    ``beam``, ``nbest``, ``length_penalty``, ``batch_size``, ``replace_unk``, ``precision`` and the sampling settings (those of
     :meth:`Translator.translate`) replace the checkpoint's search settings as the default of every
     request. ``max_sentences``, ``max_chars`` (per sentence), ``max_body_bytes`` and ``max_beam`` (also
     ``nbest``) bound what one request may ask for. ``nfc_warning_interval``: the seconds between two
@@ -1266,7 +1266,7 @@ def make_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int 
         translator.cfg.decode = translator.search_config(beam=beam, nbest=nbest, length_penalty=length_penalty,
                                                          batch_size=batch_size, sampling=sampling, topk=topk, topp=topp,
                                                          temperature=temperature, seed=seed, replace_unk=replace_unk,
-                                                         flags=flags)
+                                                         precision=precision, flags=flags)
     except BaseException:
         server.server_close()
         raise

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -14,8 +15,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import cometnmt
+from cometnmt.errors import ConfigError
 from conftest import REPO, tiny_train_cfg
 
 
@@ -435,7 +438,8 @@ def test_translate_takes_its_search_from_search_config(monkeypatch):
                 if p.kind is p.KEYWORD_ONLY and name not in besides]
 
     assert keywords(Translator.search_config, "flags") == keywords(Translator.translate, "start") == [
-        "beam", "nbest", "length_penalty", "batch_size", "sampling", "topk", "topp", "temperature", "seed", "replace_unk"]
+        "beam", "nbest", "length_penalty", "batch_size", "sampling", "topk", "topp", "temperature", "seed", "replace_unk",
+        "precision"]
     words = types.SimpleNamespace(kind="spacy")
     translator = Translator(torch.nn.Linear(1, 1), types.SimpleNamespace(src_tok=words, tgt_tok=words), Config(),
                             torch.device("cpu"))
@@ -532,6 +536,8 @@ def test_evaluate_checkpoint_and_score(run_dir, translator):
     _, sampled = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu", sampling=True,
                                               temperature=1.5, seed=2)
     assert sampled.hyps == translator(out.src, sampling=True, temperature=1.5, seed=2) != out.hyps  # one sample each
+    bf16, _ = cometnmt.evaluate_checkpoint(run_dir / "best.pt", "valid", limit=7, device="cpu", precision="bf16")
+    assert bf16["decode"]["precision"] == "bf16" and result["decode"]["precision"] == "fp32"
     with pytest.raises(cometnmt.ConfigError, match="split='dev'"):
         cometnmt.evaluate_checkpoint(run_dir / "best.pt", "dev")
     with pytest.raises(TypeError, match="lists of sentences"):
@@ -1431,3 +1437,26 @@ def test_checkpoint_arguments_of_the_wrong_type_say_what_they_got(run_dir):
     assert type(ensemble.model).__name__ == "Ensemble"  # any iterable of paths still works
     with pytest.raises(cometnmt.CheckpointError, match=r"^last='2': must be an integer at least 1"):
         cometnmt.last_epoch_checkpoints(run_dir, "2")
+
+
+def test_precision_runs_the_search_under_autocast_and_a_bad_one_is_named(translator, monkeypatch):
+    """decode.precision (translate's precision=): bf16 runs the model's products in bfloat16 (the
+    output layer's logits come out bf16: the search would see float32 ones if the setting were
+    ignored), fp32 does not; the translations stay translations; a value not offered is an error
+    naming the keyword, and the checkpoint's setting is the default."""
+    seen = []
+    hook = translator.model.out_proj.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    try:
+        sentences = ["Ein Hund läuft.", "Zwei Kinder spielen im Park."]
+        fp32 = translator.translate(sentences, beam=2)
+        assert set(seen) == {torch.float32}
+        seen.clear()
+        bf16 = translator.translate(sentences, beam=2, precision="bf16")
+        assert set(seen) == {torch.bfloat16}
+        assert [len(h) for h in bf16] == [len(h) for h in fp32] and all(h[0].text for h in bf16)
+        assert all(math.isfinite(h[0].score) for h in bf16)
+    finally:
+        hook.remove()
+    assert translator.cfg.decode.precision == "fp32" and translator.search_config(precision="bf16").precision == "bf16"
+    with pytest.raises(ConfigError, match=r"precision='int8': must be one of fp32, bf16, fp16"):
+        translator.translate(["Ein Hund."], precision="int8")

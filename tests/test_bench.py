@@ -561,7 +561,7 @@ def test_beam_search_ranks_as_the_config_says(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(bench, "beam_search", beam_search)
-    args = argparse.Namespace(decode_sentences=None, beam=2)
+    args = argparse.Namespace(decode_sentences=None, beam=2, decode_precision="fp32")
     bench.bench_decoding(model, cfg, data, torch.device("cpu"), args, 1.0, 2)
     assert seen and set(seen) == {"length"}
 
@@ -580,9 +580,9 @@ def test_decoding_bound_counts_source_words_not_sos_eos():
 
     bench = _script("bench.py")
     words = [[5, 6, 7], [8, 9]]
-    args = argparse.Namespace(decode_sentences=None, beam=2)
     lengths = {}
-    for sos_eos in (False, True):
+    for sos_eos, precision in ((False, "fp32"), (True, "fp32"), (True, "bf16")):
+        args = argparse.Namespace(decode_sentences=None, beam=2, decode_precision=precision)
         cfg = bench.load_config(bench.PRESETS / "transformer.yaml", [
             "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.enc_layers=1", "model.dec_layers=1",
             f"data.src_sos_eos={str(sos_eos).lower()}"])
@@ -593,9 +593,10 @@ def test_decoding_bound_counts_source_words_not_sos_eos():
         src = [[BOS, *w, EOS] for w in words] if sos_eos else words
         result = bench.bench_decoding(model, cfg, bench.Data(Examples([], [], [], []), src, 30, 30), torch.device("cpu"),
                                       args, 1.0, 2)
-        lengths[sos_eos] = {name: m["mean_output_tokens"] for name, m in result["methods"].items()}
-        assert result["max_len_b"] == 2
-    assert lengths[True] == lengths[False] == dict.fromkeys(lengths[False], (3 + 2) / 2 + 2)
+        lengths[sos_eos, precision] = {name: m["mean_output_tokens"] for name, m in result["methods"].items()}
+        assert result["max_len_b"] == 2 and result["precision"] == precision
+    assert len(set(map(str, lengths.values()))) == 1 and lengths[False, "fp32"] == dict.fromkeys(lengths[False, "fp32"],
+                                                                                               (3 + 2) / 2 + 2)
 
 
 def test_decoding_times_no_methods_first_call(monkeypatch):
@@ -626,7 +627,8 @@ def test_decoding_times_no_methods_first_call(monkeypatch):
     cfg = bench.load_config(bench.PRESETS / "transformer.yaml", ["decode.batch_sentences=2"])
     src = [[5, 6, 7], [8, 9], [10], [11, 12], [13]]  # 3 batches of <= 2 sentences
     result = bench.bench_decoding(torch.nn.Linear(1, 1), cfg, bench.Data(Examples([], [], [], []), src, 30, 30),
-                                  torch.device("cpu"), argparse.Namespace(decode_sentences=None, beam=5), 1.0, 2)
+                                  torch.device("cpu"), argparse.Namespace(decode_sentences=None, beam=5,
+                                                                          decode_precision="fp32"), 1.0, 2)
     assert {name: m["seconds"] for name, m in result["methods"].items()} == dict.fromkeys(result["methods"], 3.0)
     assert result["beam5_over_greedy_time"] == 1.0
 
@@ -874,6 +876,20 @@ def test_bench_beam_stop_compares_the_early_stop_with_fairseqs_rule(data_dir, tm
     for r in result["results"]:
         assert r["same_translations"] == 1.0 and 0 < r["rows_stepped"]["on"] <= r["rows_stepped"]["off"]
     assert "on/off" in proc.stdout
+
+
+def test_bench_precision_runs_each_search_in_each_precision(data_dir, tmp_path, monkeypatch):
+    """bench/bench_precision.py on a few sentences: greedy and beam search in fp32 and bf16, with
+    fp32 the reference of the speed-ups and of the share of equal translations (timings not asserted)."""
+    monkeypatch.setenv("COMETNMT_MULTI30K_DIR", str(data_dir))
+    out = tmp_path / "precision.json"
+    proc = run("bench_precision.py", "--sentences", "6", "--rounds", "1", "--threads", "1", "--beam", "2",
+               "--precisions", "bf16", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert [r["precision"] for r in result["results"]] == ["fp32", "bf16"] and result["sentences"] == 6
+    fp32, bf16 = result["results"]
+    assert fp32["greedy_same_as_fp32"] == fp32["beam2_same_as_fp32"] == 1.0 and fp32["greedy_speedup_over_fp32"] == 1.0
+    assert 0 <= bf16["beam2_same_as_fp32"] <= 1 and bf16["beam2_over_greedy"] > 0 and "beam2/greedy" in proc.stdout
 
 
 def test_bench_startup_times_a_spacy_checkpoints_load_and_first_translation(data_dir, tmp_path, monkeypatch):

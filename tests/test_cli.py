@@ -44,6 +44,20 @@ def test_every_option_of_every_command_says_what_it_is():
     assert not bare
 
 
+def test_precision_flag_offers_the_configs_choices():
+    """--precision's choices are written out in cli.py (config imports torch, which the parser does
+    not load); they must be decode.precision's."""
+    import argparse
+
+    from cometnmt.cli import build_parser
+    from cometnmt.config import PRECISIONS
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name in ("translate", "evaluate", "serve"):
+        [flag] = [a for a in commands[name]._actions if "--precision" in a.option_strings]
+        assert tuple(flag.choices) == PRECISIONS and flag.default is None
+
+
 def test_train_help_points_to_the_keys_and_the_own_corpus_config():
     """train --help named one preset and nothing else: where the keys are listed, or how to train
     on one's own files (data.corpus: files), was in the README alone (a practitioner's walk)."""

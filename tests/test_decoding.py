@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from cometnmt.config import DecodeConfig
-from cometnmt.decoding import (beam_search, greedy_search, greedy_search_full_prefix, length_normalise, sample_search,
+from cometnmt.decoding import (beam_search, greedy_search, greedy_search_full_prefix, length_normalise, precision_context,
+                               sample_search,
                                search, target_log_probs)
 from cometnmt.models.base import Seq2Seq, reorder_nested
 
@@ -160,6 +161,28 @@ def test_beam_one_equals_greedy(trained_like):
     greedy = greedy_search(trained_like, src, mask, BOS, EOS, 1.5, 5)
     beam = beam_search(trained_like, src, mask, BOS, EOS, 1, 0.0, 1, 1.5, 5)
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
+
+
+def test_search_runs_under_bf16_autocast(trained_like):
+    """decode.precision bf16 on every architecture: greedy and beam search run with the output layer's
+    step's logits in bfloat16 (the products under autocast), and give bounded hypotheses of finite score."""
+    src, mask = random_batch([7, 2, 5, 9], 23, torch.Generator().manual_seed(1))
+    seen, step = [], trained_like.step
+
+    def recording(tokens, state):
+        logits, state = step(tokens, state)
+        seen.append(logits.dtype)
+        return logits, state
+
+    trained_like.step = recording
+    with precision_context(torch.device("cpu"), "bf16"):
+        greedy = greedy_search(trained_like.eval(), src, mask, BOS, EOS, 1.5, 5)
+        beam = beam_search(trained_like, src, mask, BOS, EOS, 3, 1.0, 2, 1.5, 5)
+    assert seen and set(seen) == {torch.bfloat16}
+    bound = [int(int(n) * 1.5 + 5) for n in (~mask).sum(1)]
+    for i, (g, b) in enumerate(zip(greedy, beam)):
+        assert len(g.tokens) <= bound[i] and len(b) == 2 and all(len(h.tokens) <= bound[i] for h in b)
+        assert math.isfinite(g.score) and all(math.isfinite(h.score) for h in b)
 
 
 def test_cached_greedy_equals_full_prefix(trained_like):

@@ -456,9 +456,10 @@ def test_an_ensemble_is_served(checkpoint):
     finally:
         srv.shutdown()
         srv.server_close()
-    one = make_server([str(checkpoint)], port=0, device="cpu")
+    one = make_server([str(checkpoint)], port=0, device="cpu", precision="bf16")
     try:
         assert one.health()["checkpoint"] == str(checkpoint) and one.health()["arch"] == "transformer"
+        assert one.translator.cfg.decode.precision == "bf16"  # --precision: every request's search
     finally:
         one.server_close()
 

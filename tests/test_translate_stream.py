@@ -315,3 +315,36 @@ def test_the_bar_total_of_an_input_within_one_chunk_is_counted_as_read_not_by_a_
     assert total == n_lines and got == chunks(False)[1]
     assert [line for _, lines, _ in got for line in lines] == [f"Satz {i}." for i in range(n_lines)]
     assert counted == ([str(path)] if n_lines >= 10 else [])  # 10 lines: the end is not seen in the first chunk
+
+
+def test_precision_is_a_search_setting_of_the_partial_output(ckpt, src, tmp_path, capsys, monkeypatch):
+    """--precision bf16 is recorded with the search: the printed command continues with it, a resume
+    without it is refused naming decode.precision, and the continued file is the uninterrupted bf16
+    run's. A record written before decode.precision existed (no key) resumes as the fp32 search it was."""
+    out = tmp_path / "out.en"
+    assert translate(capsys, ckpt, "-i", src, "-o", str(tmp_path / "whole.en"), "--precision", "bf16")[0] == 0
+    _interrupt_at(monkeypatch, 3)
+    code, _, err = translate(capsys, ckpt, "-i", src, "-o", str(out), "--buffer-size", "3", "--precision", "bf16")
+    assert code == 130
+    command = shlex.split(err.split("continue with: ")[1].strip())
+    assert command[command.index("--precision") + 1] == "bf16"
+    monkeypatch.undo()
+    code, _, err = translate(capsys, ckpt, "-i", src, "-o", str(out), "--resume")
+    assert code == 2 and 'decode.precision: "bf16" there, "fp32" now' in err
+    from cometnmt import cli
+
+    assert cli.main(command[1:] + ["--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert out.read_text(encoding="utf-8") == (tmp_path / "whole.en").read_text(encoding="utf-8")
+
+    older = tmp_path / "older.en"
+    _interrupt_at(monkeypatch, 3)
+    assert translate(capsys, ckpt, "-i", src, "-o", str(older), "--buffer-size", "3")[0] == 130
+    monkeypatch.undo()
+    record_path = tmp_path / "older.en.partial.json"
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    del record["belongs_to"]["decode"]["precision"]
+    record_path.write_text(json.dumps(record), encoding="utf-8")
+    assert translate(capsys, ckpt, "-i", src, "-o", str(older), "--resume")[0] == 0
+    assert translate(capsys, ckpt, "-i", src, "-o", str(tmp_path / "fp32.en"))[0] == 0
+    assert older.read_text(encoding="utf-8") == (tmp_path / "fp32.en").read_text(encoding="utf-8")

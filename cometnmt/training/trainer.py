@@ -52,6 +52,7 @@ from cometnmt.data.pipeline import Examples, TextCodec
 from cometnmt.data.tagging import labelled_counts, select_tags
 from cometnmt.data.tokenizers import paper_tokenizer
 from cometnmt.data.vocab import PAD
+from cometnmt.decoding import precision_context
 from cometnmt.errors import TrainingDiverged
 from cometnmt.evaluation import corpus_scores, paper_bleu, paper_label
 from cometnmt.inference import Translator
@@ -217,10 +218,7 @@ class Trainer:
         return net
 
     def autocast(self):
-        if self.tc.precision == "fp32":
-            return nullcontext()
-        dtype = torch.bfloat16 if self.tc.precision == "bf16" else torch.float16
-        return torch.autocast(self.device.type, dtype=dtype)
+        return precision_context(self.device, self.tc.precision)
 
     # -- state ---------------------------------------------------------------------------------
 
