@@ -302,16 +302,21 @@ def matmul_throughput(device: torch.device, dtype: torch.dtype, sizes: list[int]
 PROBE_N, PROBE_REPS = 2048, 2
 
 
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 class MatmulProbe:
-    """GFLOP/s of the best of PROBE_REPS fp32 PROBE_N^3 products on the CPU (about 0.2 s a call),
+    """GFLOP/s of the best of PROBE_REPS PROBE_N^3 products on the CPU (about 0.2 s a call), in
+    ``dtype`` (the training precision's: on a CPU with AMX bf16's run at several times fp32's),
     into matrices made (and written once) at construction. Make it before the run's peak memory is
     reset: the probe runs between timed steps, inside that window, and it allocated two random
     matrices and their product at every call (kept resident by the trainer's keep_freed_memory),
     which the CPU's ``peak mem`` counted as the model's: 94 against 16 MiB for a tiny model, 616
     against 589 MiB for the paper-size Transformer."""
 
-    def __init__(self) -> None:
-        self.a, self.b = torch.randn(PROBE_N, PROBE_N), torch.randn(PROBE_N, PROBE_N)
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype
+        self.a, self.b = torch.randn(PROBE_N, PROBE_N, dtype=dtype), torch.randn(PROBE_N, PROBE_N, dtype=dtype)
         self.out = torch.mm(self.a, self.b)  # its pages touched now, not in the first probe
 
     def __call__(self) -> float:
@@ -325,8 +330,11 @@ class MatmulProbe:
 
 def measure_matmul(device: torch.device, precision: str) -> dict:
     """The throughput that MFU is measured against: the training precision's matmul."""
-    if device.type == "cpu":
-        return {"fp32": matmul_throughput(device, torch.float32, [1024, 2048], reps=5)}
+    if device.type == "cpu":  # and the training precision's, where it is not fp32: bf16 under autocast on AMX
+        res = {"fp32": matmul_throughput(device, torch.float32, [1024, 2048], reps=5)}
+        if precision != "fp32":
+            res[precision] = matmul_throughput(device, PRECISION_DTYPES[precision], [1024, 2048], reps=5)
+        return res
     res = {"fp32": matmul_throughput(device, torch.float32, [2048, 4096, 8192], reps=5),
            "bf16": matmul_throughput(device, torch.bfloat16, [2048, 4096, 8192], reps=5)}
     if precision == "fp16":
@@ -582,7 +590,8 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
     trainer, groups = training_groups(cfg, model, data, device, args, args.steps)
     G = cfg.train.accum_steps
     torch.manual_seed(args.seed)
-    probe = MatmulProbe() if device.type == "cpu" else None  # before the peak is reset: its matrices are no model's
+    # before the peak is reset: its matrices are no model's
+    probe = MatmulProbe(PRECISION_DTYPES[cfg.train.precision]) if device.type == "cpu" else None
     memory = PeakMemory(device)
     memory.start()
     warm_shapes = warm_up(trainer, groups, device, args)
@@ -647,7 +656,8 @@ def bench_training(cfg: Config, model: torch.nn.Module, data: Data, device: torc
             "median": statistics.median(per_step),
             "per_step": per_step,
             "matmul_gflops": probes,
-            "method": f"each step's FLOP/s over the best of {PROBE_REPS} fp32 {PROBE_N}x{PROBE_N} matmuls timed right after it",
+            "method": f"each step's FLOP/s over the best of {PROBE_REPS} {str(probe.dtype).replace('torch.', '')} "
+                      f"{PROBE_N}x{PROBE_N} matmuls timed right after it",
         }
     return out
 

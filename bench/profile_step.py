@@ -20,6 +20,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from cometnmt.config import load_config  # noqa: E402
+from cometnmt.decoding import precision_context  # noqa: E402
 from cometnmt.models import build_model  # noqa: E402
 from cometnmt.training.loss import linear_cross_entropy  # noqa: E402
 
@@ -44,6 +45,8 @@ def main(argv=None) -> None:
                         "on the decoder's features); logits: the B,T,V logits and F.cross_entropy (default: fused)")
     p.add_argument("--steps", type=int, default=5, help="timed steps (after 3 untimed)")
     p.add_argument("--rows", type=int, default=22, help="operators listed")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="the forward and loss under autocast, as train.precision (not fp32: the logits loss, as the trainer)")
     args = p.parse_args(argv)
     check_step_counts(p, args)
     if args.fallback_random:
@@ -62,14 +65,19 @@ def main(argv=None) -> None:
     src, tgt, gold = torch.randint(4, V_src, (B, S)), torch.randint(4, V_tgt, (B, T)), torch.randint(4, V_tgt, (B, T))
     net = torch.compile(model, dynamic=args.dynamic or None) if args.compile else model
 
+    if args.precision != "fp32":
+        args.loss = "logits"  # the trainer fuses the loss in fp32 only
+
     def step() -> None:
-        if args.loss == "fused":  # as the trainer on the CPU in fp32
-            hidden = net(src, None, tgt, features_only=True)
-            proj = model.out_proj
-            linear_cross_entropy(hidden.flatten(0, 1), proj.weight, proj.bias, gold.reshape(-1), -1).backward()
-        else:
-            logits = net(src, None, tgt)
-            F.cross_entropy(logits.reshape(-1, V_tgt), gold.reshape(-1), reduction="sum").backward()
+        with precision_context(torch.device("cpu"), args.precision):
+            if args.loss == "fused":  # as the trainer on the CPU in fp32
+                hidden = net(src, None, tgt, features_only=True)
+                proj = model.out_proj
+                loss = linear_cross_entropy(hidden.flatten(0, 1), proj.weight, proj.bias, gold.reshape(-1), -1)
+            else:
+                logits = net(src, None, tgt)
+                loss = F.cross_entropy(logits.reshape(-1, V_tgt).float(), gold.reshape(-1), reduction="sum")
+        loss.backward()
         model.zero_grad(set_to_none=True)
 
     for _ in range(3):
@@ -79,7 +87,7 @@ def main(argv=None) -> None:
         step()
     mode = ("compiled, " + ("dynamic" if args.dynamic else "static") + " shapes") if args.compile else "eager"
     mode += "".join(f", {flag}" for flag, on in (("no dropout", args.no_dropout), ("fallback_random", args.fallback_random)) if on)
-    mode += f", {args.loss} loss"
+    mode += f", {args.loss} loss, {args.precision}"
     print(f"{args.preset}, {mode}: {(time.perf_counter() - start) / args.steps:.3f} s/step "
           f"(batch {B} x {S} -> {T}, {torch.get_num_threads()} threads)")
     with torch.profiler.profile() as prof:

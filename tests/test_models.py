@@ -572,3 +572,41 @@ def test_a_plugin_that_does_not_import_is_one_line_in_collection_and_in_the_cli(
                               text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert proc.returncode == code, (args, proc.stderr[-2000:])
         assert proc.stderr == ("" if code == 0 else f"cometnmt: error: {line}\n"), (args, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_sixteen_bit_attention_on_the_cpu_trains_in_float32_where_its_kernel_is_slow(monkeypatch, dtype, dropout_p):
+    """modules.attention.sdpa: 16-bit inputs that need gradients, without dropout, go to SDPA cast to
+    float32 (PyTorch's CPU 16-bit flash-attention backward without dropout is ~10x slower); the
+    output keeps the inputs' dtype and equals the 16-bit call's to its rounding, gradients too.
+    With dropout, or without gradients (decoding), SDPA gets the 16-bit inputs as they are."""
+    import torch.nn.functional as F
+
+    from cometnmt.modules import attention
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kwargs):
+        seen.append(q.dtype)
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    out = attention.sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=False)
+    assert out.dtype == dtype and seen == [torch.float32 if dropout_p == 0.0 else dtype]
+    with torch.no_grad():
+        attention.sdpa(q, k, v, attn_mask=mask)
+    assert seen[-1] == dtype  # decoding: as it was
+    if dropout_p == 0.0:
+        out.float().sum().backward()
+        want = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        real(*want, attn_mask=mask).sum().backward()
+        tol = dict(atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(out.float(), real(*(w.detach() for w in want), attn_mask=mask), **tol)
+        for got, ref in zip((q, k, v), want):
+            torch.testing.assert_close(got.grad.float(), ref.grad, **tol)

@@ -78,7 +78,7 @@ from torch import nn
 from cometnmt.errors import ConfigError
 from cometnmt.models.base import State
 from cometnmt.models.transformer import FeedForward, Transformer
-from cometnmt.modules.attention import key_mask
+from cometnmt.modules.attention import key_mask, sdpa
 from cometnmt.modules.dropout import Dropout
 from cometnmt.modules.embeddings import ScaledEmbedding
 
@@ -189,7 +189,7 @@ class ConvAttention(nn.Module):
         """qkv B,L,3Da; attn_mask: the key_mask B,1,1,L of the pad mask (None: no padding)."""
         q, k, v = (self._heads(t, self.n_attn) for t in qkv.chunk(3, dim=-1))  # B,Ha,L,D/H each
         p = self.attn_dropout.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=causal)  # B,Ha,L,D/H
+        out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=causal)  # B,Ha,L,D/H
         return out.transpose(1, 2).flatten(2)  # B,L,Da
 
     # -- convolution heads (eqs. 2-4) ------------------------------------------------------------
