@@ -46,11 +46,14 @@ def test_every_option_of_every_command_says_what_it_is():
 
 def test_precision_flag_offers_the_configs_choices():
     """--precision's choices are written out in cli.py (config imports torch, which the parser does
-    not load); they must be decode.precision's."""
+    not load); they must be decode.precision's, and those train.precision's (config.PRECISIONS)."""
     import argparse
+    import typing
 
     from cometnmt.cli import build_parser
-    from cometnmt.config import PRECISIONS
+    from cometnmt.config import PRECISIONS, DecodeConfig
+
+    assert typing.get_args(typing.get_type_hints(DecodeConfig)["precision"]) == PRECISIONS
 
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     for name in ("translate", "evaluate", "serve"):
