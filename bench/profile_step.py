@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (after 3 untimed)")
     p.add_argument("--rows", type=int, default=22, help="operators listed")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="the forward and loss under autocast, as train.precision (not fp32: the logits loss, as the trainer)")
+                   help="the forward and loss under autocast, as train.precision (fp16: the logits loss, as the trainer)")
     args = p.parse_args(argv)
     check_step_counts(p, args)
     if args.fallback_random:
@@ -65,15 +65,16 @@ def main(argv=None) -> None:
     src, tgt, gold = torch.randint(4, V_src, (B, S)), torch.randint(4, V_tgt, (B, T)), torch.randint(4, V_tgt, (B, T))
     net = torch.compile(model, dynamic=args.dynamic or None) if args.compile else model
 
-    if args.precision != "fp32":
-        args.loss = "logits"  # the trainer fuses the loss in fp32 only
+    if args.precision == "fp16":
+        args.loss = "logits"  # the trainer fuses the loss in fp32 and bf16 only
+    low = torch.bfloat16 if args.precision == "bf16" else None
 
     def step() -> None:
         with precision_context(torch.device("cpu"), args.precision):
             if args.loss == "fused":  # as the trainer on the CPU in fp32
                 hidden = net(src, None, tgt, features_only=True)
                 proj = model.out_proj
-                loss = linear_cross_entropy(hidden.flatten(0, 1), proj.weight, proj.bias, gold.reshape(-1), -1)
+                loss = linear_cross_entropy(hidden.flatten(0, 1), proj.weight, proj.bias, gold.reshape(-1), -1, low=low)
             else:
                 logits = net(src, None, tgt)
                 loss = F.cross_entropy(logits.reshape(-1, V_tgt).float(), gold.reshape(-1), reduction="sum")

@@ -500,13 +500,12 @@ def test_profile_step_times_and_profiles_a_tiny_step(monkeypatch):
     """bench/profile_step.py on its smallest setting (it had no test): the mean step time line, then
     the profiler's table. One thread: two OpenMP threads on a shared 2-core machine took a minute."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    # the CPU trainer's loss (the default), the B,T,V logits, and bf16 (which takes the logits, as the trainer)
+    # the CPU trainer's loss (the default), the B,T,V logits, and bf16 (its products in bf16, as the trainer's)
     for loss, precision in (("fused", "fp32"), ("logits", "fp32"), ("fused", "bf16")):
         proc = run("profile_step.py", "--preset", "comet", "--batch", "2", "--src-len", "3", "--tgt-len", "4", "--vocab", "40",
                    "30", "--steps", "1", "--rows", "3", "--no-dropout", "--loss", loss, "--precision", precision)
         first = proc.stdout.splitlines()[0]
-        shown = "logits" if precision == "bf16" else loss
-        assert first.startswith(f"comet, eager, no dropout, {shown} loss, {precision}: ")
+        assert first.startswith(f"comet, eager, no dropout, {loss} loss, {precision}: ")
         assert "s/step (batch 2 x 3 -> 4, 1 threads)" in first
         assert "Self CPU time total" in proc.stdout
 

@@ -60,6 +60,34 @@ def test_linear_cross_entropy_equals_linear_then_cross_entropy(eps, bias):
         torch.testing.assert_close(linear_cross_entropy(hidden, weight, b, gold, 1, eps), ref.detach())
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_linear_cross_entropy_in_bf16_is_autocasts_linear_then_float32_cross_entropy(eps):
+    """``low=torch.bfloat16`` (train.precision bf16 on the CPU): what autocast's F.linear and a float32
+    cross-entropy of its logits give, over several blocks, to bf16's rounding (the weight's gradient
+    is summed over blocks in float32, where autocast's one product rounds it once to bf16), and
+    further from the float32 loss than that: the products are bf16's."""
+    gen = torch.Generator().manual_seed(2)
+    V = 1500
+    hidden = torch.randn(3000, 24, generator=gen).requires_grad_()
+    weight = (0.5 * torch.randn(V, 24, generator=gen)).requires_grad_()
+    b = torch.randn(V, generator=gen).requires_grad_()
+    gold = torch.randint(0, V, (3000,), generator=gen)
+    gold[::7] = 1
+    inputs = [hidden, weight, b]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = linear_cross_entropy(hidden, weight, b, gold, 1, eps, low=torch.bfloat16)
+        logits = F.linear(hidden, weight, b)
+    assert ours.dtype == torch.float32 and logits.dtype == torch.bfloat16
+    ref = F.cross_entropy(logits.float(), gold, ignore_index=1, label_smoothing=eps, reduction="sum")
+    g_ours, g_ref = torch.autograd.grad(ours, inputs), torch.autograd.grad(ref, inputs)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0)
+    for a, r in zip(g_ours, g_ref):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, r, rtol=2e-2, atol=2e-2 * float(r.abs().max()))
+    exact = F.cross_entropy(F.linear(hidden, weight, b), gold, ignore_index=1, label_smoothing=eps, reduction="sum")
+    assert abs(float(ours - exact)) > 1e-6 * float(exact)  # the bf16 products, not float32's
+
+
 def test_linear_cross_entropy_rejects_wrong_shapes():
     with pytest.raises(ValueError, match="N,D"):
         linear_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(5, 4), None, torch.zeros(2, 3, dtype=torch.long), 0)

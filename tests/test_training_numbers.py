@@ -408,13 +408,11 @@ def test_a_resume_under_another_measure_makes_best_pt_the_new_best(tmp_path, dat
         assert "best_behind" not in how_it_ended(run)
 
 
-@pytest.mark.parametrize("arch", ["transformer", "comet", "convs2s", "rnn", "transformer_pp"])
-def test_the_cpu_fused_loss_gives_the_gradients_of_logits_and_token_loss(tmp_path, data_dir, arch):
-    """On the CPU in float32 the trainer takes the decoder's features and the output layer's
-    weights into one loss (loss.linear_cross_entropy) instead of the B,T,V logits: the same loss
-    and gradients as the logits path, dropout and label smoothing on (the same masks: each
-    micro-batch is seeded), for every built-in architecture. A model whose own ``decode`` replaces
-    the base class's keeps the logits path."""
+def _fused_and_logits(tmp_path, data_dir, arch: str, *overrides: str):
+    """A tiny ``arch`` Trainer on the CPU with label smoothing, and its loss and gradients over two
+    micro-batches through the fused loss and through the logits (the same dropout masks: each
+    micro-batch is seeded): (cfg, trainer, (fused loss, grads), (logits loss, grads)), the grads by
+    parameter name."""
     import torch
 
     from cometnmt.data.pipeline import encode_pairs, read_split
@@ -423,7 +421,7 @@ def test_the_cpu_fused_loss_gives_the_gradients_of_logits_and_token_loss(tmp_pat
 
     tags = ["model.transformer_pp.tasks=[]"] if arch == "transformer_pp" else []
     cfg = tiny_train_cfg(tmp_path, data_dir, f"model.arch={arch}", "train.label_smoothing=0.1",
-                         "data.max_train_pairs=40", *tags)
+                         "data.max_train_pairs=40", *tags, *overrides)
     codec, train = run_module.training_examples(cfg, read_split(cfg.data, "train"))
     valid = encode_pairs(codec, read_split(cfg.data, "valid"), None)
     torch.manual_seed(0)
@@ -437,20 +435,55 @@ def test_the_cpu_fused_loss_gives_the_gradients_of_logits_and_token_loss(tmp_pat
         trainer.fused_loss = fused
         model.zero_grad(set_to_none=True)
         loss = trainer.backward([a, b], n_tokens)
-        return loss, [p.grad.clone() for p in model.parameters()]
+        return loss, {name: p.grad.clone() for name, p in model.named_parameters()}
 
-    fused_loss, fused = loss_and_gradients(True)
-    plain_loss, plain = loss_and_gradients(False)
+    return cfg, trainer, loss_and_gradients(True), loss_and_gradients(False)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "comet", "convs2s", "rnn", "transformer_pp"])
+def test_the_cpu_fused_loss_gives_the_gradients_of_logits_and_token_loss(tmp_path, data_dir, arch):
+    """On the CPU in float32 the trainer takes the decoder's features and the output layer's
+    weights into one loss (loss.linear_cross_entropy) instead of the B,T,V logits: the same loss
+    and gradients as the logits path, dropout and label smoothing on (the same masks: each
+    micro-batch is seeded), for every built-in architecture. A model whose own ``decode`` replaces
+    the base class's keeps the logits path."""
+    import torch
+
+    from cometnmt.training.trainer import Trainer
+
+    cfg, trainer, (fused_loss, fused), (plain_loss, plain) = _fused_and_logits(tmp_path, data_dir, arch)
     torch.testing.assert_close(fused_loss, plain_loss)
-    for g_fused, g_plain in zip(fused, plain):
-        torch.testing.assert_close(g_fused, g_plain, rtol=1e-4, atol=1e-6)
+    for name in plain:
+        torch.testing.assert_close(fused[name], plain[name], rtol=1e-4, atol=1e-6)
+    model = trainer.model
 
     class OwnDecode(type(model)):  # a plugin's decode: its logits are its own business
         def decode(self, tgt_in, memory):
             return super().decode(tgt_in, memory)
 
     model.__class__ = OwnDecode
-    assert not Trainer(cfg, model, codec, train, valid, torch.device("cpu")).fused_loss
+    assert not Trainer(cfg, model, trainer.codec, trainer.train_data, trainer.valid_data, torch.device("cpu")).fused_loss
+
+
+@pytest.mark.parametrize("arch", ["transformer", "comet"])
+def test_the_cpu_fused_loss_in_bf16_gives_the_logits_paths_numbers_to_bf16_rounding(tmp_path, data_dir, arch):
+    """Under train.precision bf16 on the CPU the trainer fuses the output layer and the loss too, its
+    products in bf16 (loss.linear_cross_entropy's ``low``): the loss of the logits path (autocast's
+    bf16 logits, a float32 cross-entropy) and its gradients to bf16's rounding, each parameter's
+    within 5% (L2), but the attention key biases': theirs is zero but for rounding (a shift shared
+    by all keys leaves the softmax as it is), so two roundings differ wholly. fp16 keeps the logits."""
+    import torch
+
+    from cometnmt.training.trainer import Trainer
+
+    cfg, trainer, (fused_loss, fused), (plain_loss, plain) = _fused_and_logits(tmp_path, data_dir, arch,
+                                                                                "train.precision=bf16")
+    assert trainer.fused_low is torch.bfloat16
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=1e-5, atol=0)
+    off = {name: float((fused[name] - g).norm() / g.norm()) for name, g in plain.items() if not name.endswith("k_proj.bias")}
+    assert len(off) > 20 and max(off.values()) < 0.05, sorted(off.items(), key=lambda kv: -kv[1])[:3]
+    cfg.train.precision = "fp16"
+    assert not Trainer(cfg, trainer.model, trainer.codec, trainer.train_data, trainer.valid_data, torch.device("cpu")).fused_loss
 
 
 def _nan_from_step(first: int, *, fp16: bool = False):

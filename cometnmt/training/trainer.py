@@ -159,12 +159,14 @@ class Trainer:
         self.cuda_graphs = self.tc.compile and self.tc.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
         self.running_stats = SyncedRunningStatistics(model, dist)  # before compiling: it sets defer_running
         self.net = self._wrap(model)
-        # the CPU in float32: the output layer and the loss in one pass over row blocks (loss.py), for a
-        # model whose decode is its output layer out_proj, a linear layer, on decode_features (the base
-        # class's: every built-in one; a plugin's own decode keeps its logits); elsewhere (CUDA,
-        # bf16/fp16) logits and token_loss
-        self.fused_loss = (device.type == "cpu" and self.tc.precision == "fp32" and type(model).decode is Seq2Seq.decode
+        # the CPU in float32 or bf16: the output layer and the loss in one pass over row blocks (loss.py),
+        # for a model whose decode is its output layer out_proj, a linear layer, on decode_features (the
+        # base class's: every built-in one; a plugin's own decode keeps its logits); elsewhere (CUDA,
+        # fp16) logits and token_loss
+        self.fused_loss = (device.type == "cpu" and self.tc.precision in ("fp32", "bf16")
+                           and type(model).decode is Seq2Seq.decode
                            and type(getattr(model, "out_proj", None)).forward in (nn.Linear.forward, VocabProjection.forward))
+        self.fused_low = torch.bfloat16 if self.tc.precision == "bf16" else None  # the fused loss's products
         self.step, self.epoch, self.consumed = 0, 0, 0  # optimizer steps; current epoch; micro-batches of it done
         self.history: list[dict] = []
         self.mid_epoch: list[dict] = []  # the valid_mid_epoch records (max_steps), outside the history
@@ -717,7 +719,7 @@ class Trainer:
                 if self.fused_loss:  # the output layer inside the loss: no B,T,V logits
                     proj = self.model.out_proj
                     loss = linear_cross_entropy(out.flatten(0, 1), proj.weight, proj.bias, batch.tgt_out.flatten(),
-                                                PAD, self.tc.label_smoothing)
+                                                PAD, self.tc.label_smoothing, low=self.fused_low)
                 else:
                     loss = token_loss(out, batch.tgt_out, self.tc.label_smoothing)
                 objective = loss / n_tokens
