@@ -10,8 +10,8 @@ per second, each client sending one sentence per request, for three servers side
     python bench/bench_serve.py                      # trains configs/tiny.yaml on 300 pairs first (~1 min)
     python bench/bench_serve.py --checkpoint best.pt --clients 8 --requests 40 --threads 2
 
-The servers run in this process on one Translator each, in turn (off, wait, on, off, ... for
-``--rounds``), on the CPU unless ``--device`` says otherwise; the sentences are Multi30k's test
+The servers run in this process on one Translator each, in turn, the order rotating between the
+``--rounds`` (off wait on, wait on off, on off wait, ...), on the CPU unless ``--device`` says otherwise; the sentences are Multi30k's test
 sources (German). The table goes to stdout; nothing is asserted.
 """
 
@@ -127,8 +127,12 @@ def main(argv: list[str] | None = None) -> int:
             servers[name] = srv
         for name in names:  # warm-up, untimed
             run_clients(servers[name].server_port, sentences, args.clients, 2)
-        for _ in range(args.rounds):
-            for name in names:
+        orders = []
+        for r in range(args.rounds):
+            # the order rotating (off wait on, wait on off, on off wait, ...): a machine whose speed
+            # drifts through a round does not favour one server in every round
+            orders.append(names[r % len(names):] + names[: r % len(names)])
+            for name in orders[-1]:
                 port, seconds = servers[name].server_port, []
                 run_clients(port, sentences, 1, args.latency_requests, seconds)
                 latency_ms[name].append(statistics.median(seconds) * 1000)
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{latency['on'] / latency['wait']:.2f}x one client's latency")
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), **rates, "latency_ms": latency_ms, "per_batch": per_batch,
-                                              "ratio": rate["on"] / rate["off"]}, indent=1) + "\n")
+                                              "ratio": rate["on"] / rate["off"], "orders": orders}, indent=1) + "\n")
     return 0
 
 

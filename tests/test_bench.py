@@ -858,11 +858,12 @@ def test_bench_serve_times_batching_on_and_off(data_dir, tmp_path, monkeypatch):
     on/off ratio (not asserted: speed lives in bench/)."""
     monkeypatch.setenv("COMETNMT_MULTI30K_DIR", str(data_dir))
     out = tmp_path / "serve.json"
-    proc = run("bench_serve.py", "--clients", "2", "--requests", "1", "--rounds", "1", "--threads", "1",
+    proc = run("bench_serve.py", "--clients", "2", "--requests", "1", "--rounds", "2", "--threads", "1",
                "--latency-requests", "2", "--out", str(out))
     result = json.loads(out.read_text())
-    assert len(result["off"]) == len(result["wait"]) == len(result["on"]) == 1 and result["ratio"] > 0
-    assert {name: len(rounds) for name, rounds in result["latency_ms"].items()} == {"off": 1, "wait": 1, "on": 1}
+    assert len(result["off"]) == len(result["wait"]) == len(result["on"]) == 2 and result["ratio"] > 0
+    assert {name: len(rounds) for name, rounds in result["latency_ms"].items()} == {"off": 2, "wait": 2, "on": 2}
+    assert result["orders"] == [["off", "wait", "on"], ["wait", "on", "off"]]  # rotating, not one fixed order
     assert "on/off:" in proc.stdout
 
 
