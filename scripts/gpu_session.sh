@@ -271,6 +271,7 @@ case "$part" in
     done
     once check 300 || exit 0
     if [ -f runs/gpu_session/check.ok ] || done_before check-passed; then once benchcg 420 || exit 0; fi
+    once decprec 300 left_s=280 || exit 0  # bf16 search against fp32's, one call
     echo "next: every piece ran; cgrun, tcbn and gridtime remain (see the top of this file)" ;;
   check)  # compiled training computes what eager does, with CUDA graphs (compile_mode reduce-overhead)
     # and bf16: loss, gradients and batch-norm statistics step by step (bench/check_compile.py);
@@ -327,6 +328,12 @@ case "$part" in
       --precision bf16 --no-decode --compile reduce-overhead --out "$out/gpu_bf16_cudagraphs.json"
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 8 --compile reduce-overhead \
       --out "$out/gpu_transformer_pp_cudagraphs.json" ;;
+  decprec)  # decode.precision on the GPU (added 2026-11-29, measured on the CPU only): greedy and beam 5 over
+    # test_2016_flickr in fp32 and bf16, the paper-size random-init models (</s> suppressed), few training steps
+    for p in fp32 bf16; do
+      timeout -k 10 $((left_s / 2)) python bench/bench.py --gpu --steps 8 --warmup 4 --rounds 0 \
+        --data-cache /tmp/bench_data.json.gz --decode-precision "$p" --out "$out/gpu_decode_$p.json"
+    done ;;
   benchpp)  # Transformer++ against its same-size Transformer at the preset's micro-batches and the GPU recipe's
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 8 --out "$out/gpu_transformer_pp.json"
     python bench/bench_transformer_pp.py --device cuda --precision bf16 --steps 60 --batch-tokens 8192 --set train.accum_steps=1 --out "$out/gpu_transformer_pp_8192.json" ;;
@@ -344,5 +351,5 @@ case "$part" in
   benchq)  # the one bench line that measures the unpadded-source change (bf16, eager, no decoding)
     python bench/bench.py --gpu --steps 160 --warmup 40 --data-cache /tmp/bench_data.json.gz \
       --precision bf16 --no-decode --out "$out/${BENCHQ_OUT:-gpu_bf16_unpadded.json}" ;;
-  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, kernels, cgbisect2, cgbisect, check, benchcg, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; use next, bench, benchq, gcq, gcab, kernels, cgbisect2, cgbisect, check, benchcg, decprec, cgrun, benchpp, tpp, tcbn, gridtime, bnlen, grid or paper" >&2; exit 2 ;;
 esac
