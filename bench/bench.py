@@ -64,11 +64,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from cometnmt.config import COMPILE_MODES, Config, config_from_dict, load_config, to_dict
+from cometnmt.config import COMPILE_MODES, PRECISIONS, Config, config_from_dict, load_config, to_dict
 from cometnmt.data.batching import collate
 from cometnmt.data.pipeline import VOCAB_COUNT, Examples, TextCodec, build_codec, encode_pairs, read_split
 from cometnmt.data.vocab import BOS, EOS, PAD
-from cometnmt.decoding import beam_search, greedy_search, greedy_search_full_prefix, precision_context
+from cometnmt.decoding import (PRECISION_DTYPES, beam_search, greedy_search, greedy_search_full_prefix,
+                               precision_context)
 from cometnmt.inference import set_cuda_backends
 from cometnmt.models import build_model
 from cometnmt.training.checkpoint import load_checkpoint
@@ -188,7 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-sentences", type=int, help="decode only the first N test sentences (default: all 1,000)")
     p.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
     p.add_argument("--beam", type=int, default=5, help="beam size of the beam-search run (default 5)")
-    p.add_argument("--decode-precision", dest="decode_precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+    p.add_argument("--decode-precision", dest="decode_precision", choices=PRECISIONS, default="fp32",
                    help="the searches' arithmetic, as decode.precision (default fp32; bf16 pays on CPUs with AMX); "
                         "bench_precision.py compares them side by side")
     p.add_argument("--max-len-a", type=float, help="output length bound a*S+b (default 1.0 for random init, else the checkpoint's)")
@@ -300,9 +301,6 @@ def matmul_throughput(device: torch.device, dtype: torch.dtype, sizes: list[int]
 
 
 PROBE_N, PROBE_REPS = 2048, 2
-
-
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class MatmulProbe:
@@ -1040,8 +1038,13 @@ def start_run(args: argparse.Namespace) -> tuple[torch.device, dict]:
     device = torch.device("cuda" if args.gpu else "cpu")
     if device.type == "cuda":  # as `cometnmt train` sets them (training/run.py)
         set_cuda_backends()
-    return device, {"date": _dt.datetime.now().isoformat(timespec="seconds"), "command": command_line(sys.argv[0]),
-                    "machine": machine_info(device)}
+    return device, run_header(device, sys.argv[0])
+
+
+def run_header(device: torch.device, script: str, argv: list[str] | None = None) -> dict:
+    """A result's header: the date, the command that reruns ``script`` (:func:`command_line`) and the machine."""
+    return {"date": _dt.datetime.now().isoformat(timespec="seconds"), "command": command_line(script, argv),
+            "machine": machine_info(device)}
 
 
 RERUN_ENV = ("COMETNMT_MULTI30K_DIR", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")

@@ -14,9 +14,7 @@ Nothing is asserted; ``--out`` writes the results as JSON with the command that 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -55,24 +53,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parse_search_args(p, argv)
 
 
-def test_split(side: str, limit: int | None) -> list[str]:
-    """The first ``limit`` lines (None: all) of Multi30k's test_2016_flickr in language ``side``."""
-    with gzip.open(Path(data_dir()) / f"test_2016_flickr.{side}.gz", "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f][:limit]
-
-
-def data_dir() -> str:
-    return os.environ.get("COMETNMT_MULTI30K_DIR", str(REPO.parent / "shared" / "data" / "multi30k"))
-
-
 def load_translator(args: argparse.Namespace):
     """(the Translator of ``--checkpoint`` on ``--device``, its path); without ``--checkpoint``,
     configs/tiny.yaml trained for a minute first (the path then names a folder already removed)."""
-    from bench_serve import tiny_checkpoint
+    from bench_serve import multi30k_dir, tiny_checkpoint
     from cometnmt.inference import Translator
 
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = args.checkpoint or str(tiny_checkpoint(Path(tmp) / "run", data_dir()))
+        checkpoint = args.checkpoint or str(tiny_checkpoint(Path(tmp) / "run", multi30k_dir()))
         return Translator.from_checkpoint(checkpoint, device=args.device), checkpoint
 
 
@@ -80,11 +68,10 @@ def write_record(args: argparse.Namespace, script: str, argv: list[str] | None, 
     """``--out``'s JSON: ``record`` with the date, the command that reruns it and the machine."""
     import torch
 
-    from bench import command_line, machine_info
+    from bench import run_header
 
     if args.out:
-        record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command_line(script, argv),
-                  "machine": machine_info(torch.device(args.device)), "threads": torch.get_num_threads(), **record}
+        record = {**run_header(torch.device(args.device), script, argv), "threads": torch.get_num_threads(), **record}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -97,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    sentences = test_split("de", args.sentences)
+    from bench_serve import test_sources
+
+    sentences = test_sources("de", args.sentences)
     early = decoding._settled
     rules = {"off": lambda bucket, beam_size, nbest, reachable: len(bucket) >= beam_size, "on": early}
     translator, checkpoint = load_translator(args)

@@ -27,9 +27,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from bench_beam_stop import parse_search_args, search_bench_parser
+    from cometnmt.config import PRECISIONS
 
     p = search_bench_parser(__doc__.split("\n\n")[0], "every precision and search")
-    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=PRECISIONS,
                    help="the precisions to run (default fp32 bf16); fp32 is added where missing, as the reference")
     args = parse_search_args(p, argv)
     if args.beam < 2:
@@ -43,11 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     import sacrebleu
     import torch
 
-    from bench_beam_stop import load_translator, test_split, write_record
+    from bench_beam_stop import load_translator, write_record
+    from bench_serve import test_sources
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    sources, references = test_split("de", args.sentences), test_split("en", args.sentences)
+    sources, references = test_sources("de", args.sentences), test_sources("en", args.sentences)
     translator, checkpoint = load_translator(args)
     runs = [(precision, beam) for precision in args.precisions for beam in (1, args.beam)]
     for precision in args.precisions:  # untimed warm-up: first calls, and autocast's first casts

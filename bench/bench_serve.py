@@ -44,6 +44,17 @@ def tiny_checkpoint(folder: Path, data_dir: str) -> Path:
     return folder / "best.pt"
 
 
+def multi30k_dir() -> str:
+    """The Multi30k folder the bench scripts read: $COMETNMT_MULTI30K_DIR, else ../shared's copy."""
+    return os.environ.get("COMETNMT_MULTI30K_DIR", str(REPO.parent / "shared" / "data" / "multi30k"))
+
+
+def test_sources(lang: str = "de", limit: int | None = None) -> list[str]:
+    """The first ``limit`` lines (None: all) of Multi30k's test_2016_flickr in language ``lang``."""
+    with gzip.open(Path(multi30k_dir()) / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f][:limit]
+
+
 def run_clients(port: int, sentences: list[str], clients: int, requests: int, latencies: list | None = None) -> float:
     """Sentences per second: ``clients`` threads, each sending ``requests`` one-sentence requests in
     turn; each request's seconds are added to ``latencies``, if given."""
@@ -105,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    data_dir = os.environ.get("COMETNMT_MULTI30K_DIR", str(REPO.parent / "shared" / "data" / "multi30k"))
-    with gzip.open(Path(data_dir) / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
-        sentences = [line.rstrip("\n") for line in f][:500]
+    data_dir, sentences = multi30k_dir(), test_sources("de", 500)
     names = ("off", "wait", "on")
     batches: dict[str, list[int]] = {name: [] for name in names}  # the sentences of each translate call (a batch)
     rates: dict[str, list[float]] = {name: [] for name in names}

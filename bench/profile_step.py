@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from cometnmt.config import load_config  # noqa: E402
+from cometnmt.config import PRECISIONS, load_config  # noqa: E402
 from cometnmt.decoding import precision_context  # noqa: E402
 from cometnmt.models import build_model  # noqa: E402
 from cometnmt.training.loss import linear_cross_entropy  # noqa: E402
@@ -45,7 +45,7 @@ def main(argv=None) -> None:
                         "on the decoder's features); logits: the B,T,V logits and F.cross_entropy (default: fused)")
     p.add_argument("--steps", type=int, default=5, help="timed steps (after 3 untimed)")
     p.add_argument("--rows", type=int, default=22, help="operators listed")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="the forward and loss under autocast, as train.precision (fp16: the logits loss, as the trainer)")
     args = p.parse_args(argv)
     check_step_counts(p, args)

@@ -35,6 +35,9 @@ import torch.nn.functional as F
 from cometnmt.models.base import Seq2Seq
 
 
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # train/decode.precision's
+
+
 def precision_context(device: torch.device, precision: str):
     """The context a model runs in under ``train.precision`` or ``decode.precision``: nothing for
     fp32; for bf16 and fp16, autocast on ``device``'s kind (matrix products and convolutions in the
@@ -42,7 +45,7 @@ def precision_context(device: torch.device, precision: str):
     search reads the logits back in float32 (``logits.float()``) before its log-softmax."""
     if precision == "fp32":
         return nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return torch.autocast(device.type, dtype=PRECISION_DTYPES[precision])
 
 
 @dataclass

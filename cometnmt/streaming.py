@@ -188,11 +188,6 @@ def _when(modified_ns) -> str:
     return datetime.fromtimestamp(modified_ns / 1e9).isoformat(sep=" ")
 
 
-# decode keys added since records were first written, each at the value every search had before it:
-# a partial output of an earlier version resumes with the same settings (its record lacks the key)
-DECODE_KEYS_ADDED = {"precision": "fp32"}
-
-
 def differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
     """The keys whose values differ between two records, dotted (``decode.beam_size``), each with
     both values."""
@@ -263,8 +258,12 @@ class PartialOutput:
             raise CometNMTError(f"{self.record}: not a record of cometnmt translate's partial output (format {FORMAT}); "
                                 f"remove it and {self.partial} to start over") from None
         belongs_to = dict(state.get("belongs_to", {}))
-        if isinstance(belongs_to.get("decode"), dict):  # a record older than a decode key: the search it ran then
-            belongs_to["decode"] = {**DECODE_KEYS_ADDED, **belongs_to["decode"]}
+        if isinstance(belongs_to.get("decode"), dict):
+            # a record older than a decode key (decode.precision) lacks it: the key's default is the search
+            # every run made before the key existed, so the partial output resumes with the same settings
+            from cometnmt.config import DecodeConfig, to_dict
+
+            belongs_to["decode"] = {**to_dict(DecodeConfig()), **belongs_to["decode"]}
         differ = checkpoint_differences(belongs_to.pop("checkpoints", []), self.identity["checkpoints"])
         differ += differences(belongs_to, {k: v for k, v in self.identity.items() if k != "checkpoints"})
         if differ:
